@@ -1,0 +1,39 @@
+"""AttentionMetadata: how one packed step's tokens map onto the paged KV cache.
+
+The model runner builds it (runtime/model_runner.py); the attention layer reads it
+(runtime/models/attention.py). This is the only contract between scheduling and model code.
+
+A step packs B sequences' new tokens back to back: sequence b contributes `query_lens[b]` tokens
+(a whole prompt, a prefill chunk, one decode token, or K+1 speculative tokens) whose positions are
+`context_lens[b] .. seq_lens[b]-1`. Each new token's K/V is written to `slot_mapping[t]`
+(= block_id * block_size + offset) before attention; every new token then attends causally to all
+of its sequence's cached tokens up to and including itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    query_start_loc: torch.Tensor  # int32 [B+1], cumulative new-token counts
+    context_lens: torch.Tensor  # int32 [B], tokens already cached before this step
+    seq_lens: torch.Tensor  # int32 [B], context_lens + query lens
+    block_tables: torch.Tensor  # int32 [B, max_blocks_per_seq], padded with 0
+    slot_mapping: torch.Tensor  # int64 [T], cache slot of each new token
+    block_size: int
+    max_query_len: int  # host-side copies, so kernels need no device sync
+    max_seq_len: int
+    query_lens_host: list[int]
+    seq_lens_host: list[int]
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.query_lens_host)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1

@@ -1,0 +1,50 @@
+"""EngineConfig: every engine knob in one object (filled by the gateway's settings)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+SchedulerPolicy = Literal["max_utilization", "guaranteed_no_evict"]
+
+
+@dataclass
+class EngineConfig:
+    """Knobs of both backends. Field names match the CLI flags (`--max-batch-size` -> max_batch_size)."""
+
+    model: str | None = None  # checkpoint folder; None: the embedded demo model
+    tokenizer: str | None = None  # tokenizer folder when it differs from `model`
+    served_model_name: str | None = None  # default: the folder's name ("demo" for the demo model)
+    backend: Literal["native", "trtllm"] = "native"
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    dtype: str = "auto"  # "auto" | "bfloat16" | "float16" | "float32"
+    seed: int = 0
+    max_model_len: int | None = None  # default: the model's context window
+    # batching and KV cache
+    max_batch_size: int = 64
+    max_num_tokens: int = 2048  # tokens per step (prefill + decode)
+    max_queue_size: int = 1024  # waiting requests; over it: QueueFullError
+    kv_block_size: int = 16  # tokens per KV block
+    max_kv_tokens: int | None = None  # KV cache size in tokens; None: from kv_cache_fraction
+    kv_cache_fraction: float = 0.9  # of free device memory after weights (GPU); of a budget on CPU
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    scheduler_policy: SchedulerPolicy = "max_utilization"
+    max_beam_width: int = 4
+    # LoRA
+    lora_modules: dict[str, str] = field(default_factory=dict)  # name -> PEFT folder
+    max_loras: int = 8  # adapter slots on the device
+    max_cpu_loras: int = 32  # adapters kept in host memory
+    max_lora_rank: int = 64
+    # speculative decoding
+    speculative: Literal["none", "draft", "ngram"] = "none"
+    draft_model: str | None = None
+    num_draft_tokens: int = 4
+    ngram_min: int = 1
+    ngram_max: int = 4
+    # GPU execution
+    enable_cuda_graphs: bool = True
+    # TensorRT-LLM only
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    trtllm_extra: dict[str, object] = field(default_factory=dict)  # pass-through LLM(...) kwargs

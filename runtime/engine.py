@@ -1,0 +1,97 @@
+"""The engine interface both backends implement (native PyTorch runtime and TensorRT-LLM)."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from runtime.request import GenerationRequest, OutputDelta
+
+if TYPE_CHECKING:
+    from runtime.tokenizer import Tokenizer
+
+
+@dataclass
+class ModelInfo:
+    """What the gateway needs to know about the served model."""
+
+    name: str  # served model name
+    context_window: int  # max prompt + output tokens
+    vocab_size: int
+    backend: str  # "native" | "trtllm"
+    dtype: str = ""
+    device: str = ""
+
+
+@dataclass
+class EngineStats:
+    """A snapshot of the engine's state; feeds /metrics (our names and the nv_trt_llm_* families)."""
+
+    waiting: int = 0  # queued requests not yet scheduled
+    running: int = 0  # requests holding KV blocks (decoding or prefilling)
+    paused: int = 0  # preempted requests waiting to resume
+    scheduled: int = 0  # requests in the last step
+    context_requests: int = 0  # requests prefilling in the last step
+    generation_requests: int = 0  # requests decoding in the last step
+    context_tokens: int = 0  # prompt tokens computed in the last step
+    max_batch_size: int = 0
+    max_num_tokens: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_free: int = 0
+    kv_tokens_per_block: int = 0
+    iterations: int = 0  # engine steps since start
+    prompt_tokens_total: int = 0  # prompt tokens admitted since start
+    prefill_tokens_computed: int = 0  # prompt tokens actually run through the model (prefix hits excluded)
+    prefix_cache_hit_tokens: int = 0
+    generation_tokens_total: int = 0
+    preemptions: int = 0
+    memory_bytes: dict[str, int] = field(default_factory=dict)  # "gpu" | "cpu" | "pinned"
+    lora_loaded: int = 0
+    lora_cache_hits: int = 0
+    lora_cache_misses: int = 0
+    lora_evictions: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_steps: int = 0
+
+
+class Engine(abc.ABC):
+    """Generate deltas for requests; both backends implement this.
+
+    Lifecycle: `await start()` (loads the model), then any number of `generate()` calls from the
+    event loop, then `await shutdown(drain_timeout)`.
+    """
+
+    model_info: ModelInfo
+    tokenizer: Tokenizer
+
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    @abc.abstractmethod
+    async def shutdown(self, drain_timeout: float = 0.0) -> None:
+        """Stop taking requests, let running ones finish for up to `drain_timeout` s, abort the rest."""
+
+    @abc.abstractmethod
+    def generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
+        """Validate and enqueue `request`; iterate its deltas.
+
+        Raises typed errors (runtime.errors) from the first `__anext__` for requests that are
+        rejected before generation starts (invalid option, prompt too long, queue full, unknown
+        adapter). Closing the iterator early (client gone) aborts the request.
+        """
+
+    @abc.abstractmethod
+    def abort(self, request_id: str) -> None:
+        """Cancel a request; its KV blocks return to the pool. Unknown ids are ignored."""
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats: ...
+
+    @property
+    def ready(self) -> bool:
+        """True once started and until shutdown begins."""
+        return False

@@ -1,0 +1,118 @@
+"""What a caller hands the engine (GenerationRequest) and what it gets back (OutputDelta).
+
+Both backends speak exactly these types; the protocol adapters translate to and from them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "abort", "error", "tool_calls"]
+
+
+@dataclass
+class SamplingOptions:
+    """Per-request decoding knobs. Neutral defaults mean "off"."""
+
+    max_tokens: int | None = None  # None: up to the context window
+    temperature: float = 1.0  # 0: greedy
+    top_k: int = 0  # 0: all tokens
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    length_penalty: float = 1.0  # beam search only
+    min_tokens: int = 0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    bad_words: list[str] = field(default_factory=list)  # banned token sequences, as text
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    n: int = 1  # independent samples sharing the prompt's KV blocks
+    beam_width: int = 1  # > 1: beam search, returns beam_width beams
+    logprobs: int | None = None  # None: none; 0: sampled token only; k: plus top-k alternatives
+    prompt_logprobs: int | None = None  # same for prompt tokens (OpenAI echo + logprobs)
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
+    skip_special_tokens: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass
+class GuidedDecoding:
+    """Constrain output to a grammar. Exactly one field is set."""
+
+    json_schema: dict[str, Any] | None = None
+    json_object: bool = False
+    regex: str | None = None
+    grammar: str | None = None  # EBNF
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt to complete. `prompt` text or `prompt_token_ids` (ids win when both are given)."""
+
+    request_id: str
+    prompt: str | None = None
+    prompt_token_ids: list[int] | None = None
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    adapter: str | None = None  # LoRA adapter name; None = base model
+    num_draft_tokens: int | None = None  # speculation: None = engine default, 0 = off
+    use_draft_logits: bool = False
+    guided: GuidedDecoding | None = None
+    add_special_tokens: bool = True  # when tokenising `prompt`
+    arrival_time: float = field(default_factory=time.monotonic)
+    deadline: float | None = None  # time.monotonic() value after which the request is aborted
+
+
+@dataclass
+class TokenLogprob:
+    """Log-probability of one chosen token, with its top alternatives (id, logprob), best first."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class OutputDelta:
+    """What one sequence of a request produced since the last delta.
+
+    A request with n > 1 (or beam_width > 1) yields deltas for each `index`. Every sequence's last
+    delta carries `finish_reason`; the request's very last delta also carries `usage` (summed over
+    all its sequences).
+    """
+
+    request_id: str
+    index: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it
+    cumulative_logprob: float | None = None
+    prompt_token_ids: list[int] | None = None  # on the request's first delta only
+    prompt_logprobs: list[TokenLogprob | None] | None = None  # first delta, when asked
+    context_logits: Any = None  # final delta, when asked: tensor [prompt_len, vocab]
+    generation_logits: Any = None  # final delta, when asked: tensor [generated, vocab]
+    usage: Usage | None = None
+    error: str | None = None  # with finish_reason "error"
