@@ -1,0 +1,67 @@
+"""Linear: a projection that may fuse several checkpoint projections (q/k/v, gate/up) into one matmul.
+
+Each fused part keeps its checkpoint name and width (`parts`), so the loader can fill it and a LoRA
+delta can be applied per part. `delta` is the seam for per-token low-rank updates: when set, it is
+called as `delta(x, y)` and returns the corrected output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+Delta = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class Linear(nn.Module):
+    """y = x W^T + b over packed tokens; `parts` names the output slices when checkpoints store them apart."""
+
+    def __init__(
+        self,
+        in_features: int,
+        parts: Sequence[tuple[str, int]],
+        *,
+        bias: bool = False,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.part_names: tuple[str, ...] = tuple(name for name, _ in parts)
+        self.part_sizes: tuple[int, ...] = tuple(size for _, size in parts)
+        self.out_features = sum(self.part_sizes)
+        # empty, not initialised: every value is overwritten by the checkpoint
+        self.weight = nn.Parameter(torch.empty(self.out_features, in_features, dtype=dtype), requires_grad=False)
+        self.bias = (
+            nn.Parameter(torch.empty(self.out_features, dtype=dtype), requires_grad=False) if bias else None
+        )
+        self.delta: Delta | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        if self.delta is not None:
+            y = self.delta(x, y)
+        return y
+
+    def part_range(self, part: str) -> tuple[int, int]:
+        """(start, size) of a named part along the output dimension."""
+        index = self.part_names.index(part)
+        return sum(self.part_sizes[:index]), self.part_sizes[index]
+
+    def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The output cut into its parts, in order."""
+        return y.split(self.part_sizes, dim=-1)
+
+    def load(self, attr: str, tensor: torch.Tensor, part: str | None) -> None:
+        """Copy a checkpoint tensor into `weight`/`bias`, or into one part's rows of it."""
+        param: torch.Tensor = getattr(self, attr)
+        target = param.data
+        if part is not None:
+            start, size = self.part_range(part)
+            target = target.narrow(0, start, size)
+        if target.shape != tensor.shape:
+            raise ValueError(f"shape mismatch for {attr}[{part}]: checkpoint {tuple(tensor.shape)}, "
+                             f"model {tuple(target.shape)}")
+        target.copy_(tensor)

@@ -1,0 +1,101 @@
+"""load_model: build our model for an HF checkpoint folder and fill it from its safetensors files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm.auto import tqdm
+
+from runtime.models.base import CausalLM
+from runtime.models.linear import Linear
+from runtime.models.registry import UnsupportedArchitectureError, model_class
+from runtime.models.spec import ModelSpec
+
+
+def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu") -> CausalLM:
+    """Our CausalLM for the folder `path` (config.json + model.safetensors or sharded with an index).
+
+    dtype None keeps the checkpoint's dtype (float32 if config.json names none). Tensors are
+    converted and moved as they are copied in; a progress bar counts them. Raises
+    UnsupportedArchitectureError for architectures or options we do not implement.
+    """
+    folder = Path(path)
+    spec = ModelSpec.from_pretrained(folder)
+    cls = model_class(spec.architecture)
+    dtype = dtype or spec.torch_dtype
+    try:
+        # parameters are allocated empty on the target device; the checkpoint fills every one
+        with torch.device(device):
+            model = cls(spec, dtype)
+    except ValueError as exc:  # an option of this config that we do not implement (rope type, activation, ...)
+        raise UnsupportedArchitectureError(spec.architecture, str(exc)) from exc
+    files = checkpoint_files(folder)
+    _fill(model, files)
+    return model.eval()
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: the shards named by the index, or the single file."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        return [folder / name for name in sorted(set(weight_map.values()))]
+    single = folder / "model.safetensors"
+    if single.exists():
+        return [single]
+    found = sorted(folder.glob("*.safetensors"))
+    if not found:
+        raise FileNotFoundError(f"no safetensors weights in {folder} (expected model.safetensors or an index)")
+    return found
+
+
+def _fill(model: CausalLM, files: list[Path]) -> None:
+    params = dict(model.named_parameters())
+    loaded: dict[str, set[str | None]] = {name: set() for name in params}
+    keys: list[tuple[Path, list[str]]] = []
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            keys.append((file, list(f.keys())))
+    with tqdm(total=sum(len(k) for _, k in keys), desc="Loading weights", unit="tensor") as bar:
+        for file, names in keys:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for name in names:
+                    target = model.checkpoint_target(name)
+                    if target is not None:
+                        param_name, part = target
+                        if param_name not in params:
+                            raise ValueError(f"checkpoint tensor {name!r} in {file.name} matches no model parameter")
+                        _copy(model, param_name, part, model.convert_tensor(param_name, f.get_tensor(name)))
+                        loaded[param_name].add(part)
+                    bar.update(1)
+    missing = [name for name, parts in loaded.items() if parts != _expected_parts(model, name)]
+    if missing:
+        raise ValueError(f"checkpoint is missing weights for: {', '.join(missing)}")
+
+
+def _owner(model: CausalLM, param_name: str) -> tuple[torch.nn.Module, str]:
+    module_name, _, attr = param_name.rpartition(".")
+    return model.get_submodule(module_name), attr
+
+
+def _expected_parts(model: CausalLM, param_name: str) -> set[str | None]:
+    module, _ = _owner(model, param_name)
+    if isinstance(module, Linear) and len(module.part_names) > 1:
+        return set(module.part_names)
+    return {None}
+
+
+def _copy(model: CausalLM, param_name: str, part: str | None, tensor: torch.Tensor) -> None:
+    module, attr = _owner(model, param_name)
+    if isinstance(module, Linear):
+        module.load(attr, tensor, part)
+        return
+    target = getattr(module, attr).data
+    if target.shape != tensor.shape:
+        raise ValueError(
+            f"shape mismatch for {param_name}: checkpoint {tuple(tensor.shape)}, model {tuple(target.shape)}"
+        )
+    target.copy_(tensor)

@@ -1,0 +1,131 @@
+"""Tiny random-weight Hugging Face checkpoints (and a tiny tokenizer) for tests.
+
+`build_tiny_model(root, "llama")` writes config.json, safetensors weights, generation_config.json and a
+byte-level BPE tokenizer (ChatML chat template) into a folder under `root` and returns it. Builds are
+cached per process, keyed by every argument, so repeated fixtures cost nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TINY_ARCHITECTURES = ("llama", "llama3", "llama-untied", "mistral", "qwen2", "gpt2")
+
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+TOKENIZER_VOCAB_SIZE = 300  # 256 byte symbols + 3 specials + 41 merges
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# a fixed corpus keeps the learned merges (and so every token id) deterministic
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello, world! Hello there, how are you today?",
+    "the cat sat on the mat and the dog sat on the log",
+    "In the beginning there was the word, and the word was tokenized.",
+    "A tiny model for tests: hello hello hello world world world.",
+] * 4
+
+_BUILT: dict[tuple[Any, ...], Path] = {}
+
+
+def build_tiny_tokenizer(folder: Path) -> Any:
+    """Train and save a deterministic byte-level BPE tokenizer (PreTrainedTokenizerFast) into `folder`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS, trainer=trainer)
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        bos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    hf.chat_template = CHATML_TEMPLATE
+    hf.save_pretrained(folder)
+    return hf
+
+
+def _config(arch: str, vocab_size: int, special: dict[str, int], overrides: dict[str, Any]) -> Any:
+    from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
+
+    ids = {"bos_token_id": special["<|endoftext|>"], "eos_token_id": special["<|endoftext|>"],
+           "pad_token_id": special["<|endoftext|>"]}
+    if arch == "gpt2":
+        kwargs = dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, **ids)
+        return GPT2Config(vocab_size=vocab_size, **{**kwargs, **overrides})
+    llama_like = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256, **ids)
+    if arch == "llama3":
+        llama_like["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+        llama_like["rope_theta"] = 500000.0
+    cls = {"llama": LlamaConfig, "llama3": LlamaConfig, "llama-untied": LlamaConfig,
+           "mistral": MistralConfig, "qwen2": Qwen2Config}[arch]
+    llama_like["tie_word_embeddings"] = arch not in ("llama-untied", "mistral")
+    return cls(vocab_size=vocab_size, **{**llama_like, **overrides})
+
+
+def build_tiny_model(
+    root: Path,
+    arch: str = "llama",
+    *,
+    dtype: torch.dtype = torch.float32,
+    shard: bool = False,
+    seed: int = 0,
+    **overrides: Any,
+) -> Path:
+    """Write a tiny random checkpoint of `arch` (one of TINY_ARCHITECTURES) under `root`; return its folder.
+
+    dtype: the weights' dtype on disk; shard: split the weights into several files with an index;
+    overrides: config fields (e.g. num_hidden_layers=1, head_dim=32). vocab_size always equals the
+    tokenizer's size (300).
+    """
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    if arch not in TINY_ARCHITECTURES:
+        raise ValueError(f"unknown tiny architecture {arch!r}; choose from {TINY_ARCHITECTURES}")
+    key = (str(root), arch, dtype, shard, seed, json.dumps(overrides, sort_keys=True, default=str))
+    if key in _BUILT and _BUILT[key].exists():
+        return _BUILT[key]
+    dtype_name = str(dtype).removeprefix("torch.")
+    folder = Path(root) / f"tiny-{arch}-{dtype_name}{'-sharded' if shard else ''}-s{seed}-{len(_BUILT)}"
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tiny_tokenizer(folder)
+    special = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    config = _config(arch, len(tokenizer), special, overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    # random init with std 0.02 gives near-uniform logits and greedy output that repeats one token;
+    # larger weights give varied, decisive greedy choices, so comparisons exercise the model
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 1.0 if "emb" in name or "wte" in name or "wpe" in name else 0.2)
+    model = model.to(dtype)
+    model.generation_config = GenerationConfig(
+        bos_token_id=special["<|endoftext|>"],
+        eos_token_id=[special["<|endoftext|>"], special["<|im_end|>"]],
+        pad_token_id=special["<|endoftext|>"],
+    )
+    model.save_pretrained(folder, max_shard_size="40KB" if shard else "10GB")
+    _BUILT[key] = folder
+    return folder
