@@ -1,0 +1,76 @@
+"""IncrementalDetokenizer: turns a growing list of output ids into text deltas.
+
+Invariant: the concatenation of every `push()` plus the final `flush()` equals
+`tokenizer.decode(output_ids, skip_special_tokens)`. Leading spaces and multi-byte characters split across
+tokens come out exactly as in that one-shot decode.
+
+Method (the one vLLM uses, written anew): keep two offsets into the ids. `read` ends the text already
+emitted; `prefix` starts a short context window before it. Each push decodes `ids[prefix:read]` and
+`ids[prefix:]` and emits the difference. The context matters for tokenizers whose decoders treat the first
+token of a string specially (SentencePiece strips its leading space); it holds at least the last emitted
+token, so a push costs O(window), not O(sequence length). Text ending in U+FFFD (an incomplete UTF-8
+character) is held back until a later token completes it, or until `flush()`; so is a trailing run of
+SentencePiece byte pieces, whose text transformers decides only when the run ends (Tokenizer docs).
+Text of the same push before the held part goes out at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from runtime.tokenizer import Tokenizer
+
+_REPLACEMENT_CHAR = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Text for one output sequence, emitted as token ids arrive."""
+
+    def __init__(
+        self, tokenizer: Tokenizer, prompt_token_ids: Sequence[int], skip_special_tokens: bool = True
+    ) -> None:
+        # prompt_token_ids is part of the shared contract but deliberately unused: output text is
+        # decode(output_ids) alone (as TensorRT-LLM and transformers' streamers define it), so it never
+        # depends on how the prompt ended.
+        del prompt_token_ids
+        self._tokenizer = tokenizer
+        self._skip_special = skip_special_tokens
+        # Skipped special tokens are dropped before windowing: left in, one could start a window and
+        # make the decoder treat the next real token as the first of the string.
+        self._dropped = tokenizer.special_token_ids if skip_special_tokens else frozenset()
+        self._ids: list[int] = []
+        self._prefix = 0  # start of the decode window (context already emitted)
+        self._read = 0  # ids before this are emitted as text
+        self._sent = 0  # chars of ids[read:]'s text emitted ahead (the settled part of a held push)
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        """Append new output ids; return the text they complete (may be "" while a char is split)."""
+        self._ids.extend(t for t in token_ids if t not in self._dropped)
+        return self._emit(final=False)
+
+    def flush(self) -> str:
+        """Text still held back at the end of the sequence (an incomplete character shows as U+FFFD)."""
+        return self._emit(final=True)
+
+    def _emit(self, final: bool) -> str:
+        ids, read = self._ids, self._read
+        if read == len(ids):
+            return ""
+        decode = self._tokenizer.decode
+        prefix_text = decode(ids[self._prefix : read], self._skip_special)
+        end = len(ids)
+        if not final:  # an open run of byte pieces is not final text yet
+            while end > read and ids[end - 1] in self._tokenizer.byte_fallback_ids:
+                end -= 1
+        text = decode(ids[self._prefix : end], self._skip_special)[len(prefix_text) :] if end > read else ""
+        if final or (end == len(ids) and not text.endswith(_REPLACEMENT_CHAR)):
+            # every new token's text is settled: move the window on
+            out = text[self._sent :]
+            self._prefix, self._read, self._sent = read, len(ids), 0
+            return out
+        # Text before a trailing incomplete character (or open byte run) is settled already: emit it
+        # now and remember how much of the unsettled tokens' text went out.
+        stable = text.rstrip(_REPLACEMENT_CHAR)
+        out = stable[self._sent :]
+        self._sent = max(self._sent, len(stable))
+        return out

@@ -1,0 +1,200 @@
+"""Sampler: picks one token per row from a batch of logits, and reports raw-distribution logprobs.
+
+Pipeline per step (rows are vectorised; only per-request generators are looped over):
+1. `processed_logits`: float32 copy -> logits processors (runtime/logits_processors.py) -> temperature ->
+   top_k -> top_p -> min_p. Masked tokens are -inf.
+2. `processed_probs`: the distribution each row samples from ([N, V]; one-hot at the argmax for greedy
+   rows). Speculative decoding's acceptance test uses the same function.
+3. Sampling: greedy rows take the argmax; the others take argmax(probs / E) with E ~ Exp(1) noise, which
+   is an exact draw from probs. A row with its own generator draws its noise from it alone, so its samples
+   do not depend on the rest of the batch.
+4. Logprobs of the raw model distribution (log_softmax of the unprocessed logits, as vLLM's default):
+   the chosen token's, and the top-k for k = the largest number any row asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from runtime.logits_processors import apply_logits_processors
+from runtime.request import SamplingOptions
+
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass
+class SamplingRow:
+    """One sequence's sampling state for one step."""
+
+    options: SamplingOptions
+    prompt_token_ids: Sequence[int]
+    output_token_ids: Sequence[int]
+    generator: torch.Generator | None  # per-request seed; None: the sampler's shared generator
+    eos_token_ids: Sequence[int]
+    bad_words_ids: Sequence[Sequence[int]] = ()
+
+
+@dataclass
+class SamplerOutput:
+    """Chosen ids and their raw logprobs; top alternatives when any row asked for them."""
+
+    token_ids: torch.Tensor  # long [N]
+    logprobs: torch.Tensor  # float [N], log-softmax of the raw (unprocessed) logits at the chosen id
+    top_ids: torch.Tensor | None  # long [N, k] for k = max requested top logprobs (raw distribution)
+    top_logprobs: torch.Tensor | None
+
+
+def make_generator(seed: int | None, index: int, device: torch.device | str) -> torch.Generator | None:
+    """A generator for sample `index` of a request seeded with `seed` (None: no seed, no generator).
+
+    Each index gets a distinct, deterministic stream: the seed is (seed, index) mixed by splitmix64,
+    a bijection, so distinct indices never share a seed.
+    """
+    if seed is None:
+        return None
+    z = (int(seed) * 0x9E3779B97F4A7C15 + int(index)) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    z ^= z >> 31
+    gen = torch.Generator(device=torch.device(device))
+    gen.manual_seed(z)
+    return gen
+
+
+def processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Float32 [N, V] logits after processors, temperature and top_k/top_p/min_p truncation (-inf)."""
+    x = logits.to(torch.float32, copy=True)
+    apply_logits_processors(x, rows)
+    if any(r.bad_words_ids or len(r.output_token_ids) < r.options.min_tokens for r in rows):
+        # A row whose every token got banned cannot be sampled; it falls back to its raw logits
+        # rather than producing NaNs. (torch.where: no host sync.)
+        dead = torch.isneginf(x).all(dim=-1, keepdim=True)
+        x = torch.where(dead, logits.to(torch.float32), x)
+    device, vocab = x.device, x.shape[-1]
+    opts = [r.options for r in rows]
+
+    temps = [1.0 if o.greedy else float(o.temperature) for o in opts]
+    if any(t != 1.0 for t in temps):
+        x.div_(torch.tensor(temps, device=device)[:, None])
+
+    top_k = [o.top_k if 0 < o.top_k < vocab else 0 for o in opts]
+    top_p = [float(o.top_p) for o in opts]
+    if any(p < 1.0 for p in top_p):
+        x = _top_k_top_p_sorted(x, torch.tensor(top_k, device=device), torch.tensor(top_p, device=device))
+    elif any(top_k):
+        _top_k(x, torch.tensor(top_k, device=device), max(top_k))
+
+    min_p = [float(o.min_p) for o in opts]
+    if any(m > 0.0 for m in min_p):
+        probs = torch.softmax(x, dim=-1)
+        threshold = torch.tensor(min_p, device=device)[:, None] * probs.amax(dim=-1, keepdim=True)
+        x.masked_fill_(probs < threshold, float("-inf"))
+    return x
+
+
+def processed_probs(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Float32 [N, V]: the distribution each row samples from (one-hot at the argmax for greedy rows)."""
+    x = processed_logits(logits, rows)
+    return _probs(x, _greedy_rows(rows))
+
+
+def compute_logprobs(
+    logits: torch.Tensor, token_ids: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Raw log_softmax(logits) at token_ids [N], and the top-k (ids, logprobs) best first (k > 0)."""
+    x = logits.to(torch.float32)
+    lse = torch.logsumexp(x, dim=-1)
+    chosen = x.gather(1, token_ids[:, None]).squeeze(1) - lse
+    if k <= 0:
+        return chosen, None, None
+    values, ids = x.topk(min(k, x.shape[-1]), dim=-1)
+    return chosen, ids, values - lse[:, None]
+
+
+class Sampler:
+    """Chooses the next token of every row in a batch (see the module docstring)."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self._generators: dict[torch.device, torch.Generator] = {}
+
+    def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
+        if logits.shape[0] != len(rows):
+            raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sampling rows")
+        x = processed_logits(logits, rows)
+        greedy = _greedy_rows(rows)
+        if len(greedy) == len(rows):
+            token_ids = x.argmax(dim=-1)
+        else:
+            probs = _probs(x, greedy)
+            noise = self._noise(probs, rows)
+            if greedy:  # one-hot rows: argmax is the greedy token
+                noise.index_fill_(0, torch.tensor(greedy, device=noise.device), 1.0)
+            token_ids = probs.div_(noise).argmax(dim=-1)
+        k = max((r.options.logprobs or 0) for r in rows) if rows else 0
+        chosen, top_ids, top_lp = compute_logprobs(logits, token_ids, k)
+        return SamplerOutput(token_ids=token_ids, logprobs=chosen, top_ids=top_ids, top_logprobs=top_lp)
+
+    def _noise(self, probs: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+        """Exp(1) noise [N, V]: shared-generator rows in one draw, seeded rows from their own generator."""
+        noise = torch.empty_like(probs)
+        if any(r.generator is None and not r.options.greedy for r in rows):
+            noise.exponential_(generator=self._shared_generator(probs.device))
+        for i, r in enumerate(rows):
+            if r.generator is None or r.options.greedy:
+                continue
+            if r.generator.device == probs.device:
+                noise[i].exponential_(generator=r.generator)
+            else:  # a generator made for another device: draw there, then move
+                row = torch.empty(probs.shape[-1], device=r.generator.device)
+                noise[i].copy_(row.exponential_(generator=r.generator))
+        # Exp(1) can return exactly 0, which would make p/0 win (or NaN for p = 0).
+        return noise.clamp_(min=torch.finfo(noise.dtype).tiny)
+
+    def _shared_generator(self, device: torch.device) -> torch.Generator:
+        gen = self._generators.get(device)
+        if gen is None:
+            gen = torch.Generator(device=device)
+            gen.manual_seed(self.seed)
+            self._generators[device] = gen
+        return gen
+
+
+def _greedy_rows(rows: Sequence[SamplingRow]) -> list[int]:
+    return [i for i, r in enumerate(rows) if r.options.greedy]
+
+
+def _probs(x: torch.Tensor, greedy: list[int]) -> torch.Tensor:
+    """Softmax of processed logits; greedy rows become one-hot at their argmax."""
+    probs = torch.softmax(x, dim=-1)
+    if greedy:
+        index = torch.tensor(greedy, device=x.device)
+        best = x.index_select(0, index).argmax(dim=-1)
+        probs.index_copy_(0, index, torch.nn.functional.one_hot(best, x.shape[-1]).to(probs.dtype))
+    return probs
+
+
+def _top_k(x: torch.Tensor, k: torch.Tensor, kmax: int) -> None:
+    """Keep tokens whose logit is >= the row's k-th largest (ties kept); k = 0 keeps all."""
+    values = x.topk(kmax, dim=-1).values
+    kth = values.gather(1, (k.clamp(min=1) - 1)[:, None])
+    kth = torch.where(k[:, None] > 0, kth, torch.full_like(kth, float("-inf")))
+    x.masked_fill_(x < kth, float("-inf"))
+
+
+def _top_k_top_p_sorted(x: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """top_k (same tie rule as `_top_k`) then top_p, over one descending sort of each row."""
+    sorted_x, order = x.sort(dim=-1, descending=True, stable=True)  # ties: lowest id first, as argmax
+    kth = sorted_x.gather(1, (k.clamp(min=1) - 1)[:, None])
+    sorted_x.masked_fill_((k[:, None] > 0) & (sorted_x < kth), float("-inf"))
+    probs = torch.softmax(sorted_x, dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    # Drop a token once the tokens ranked above it already reach top_p; the best token always stays,
+    # and rows with top_p >= 1 are left bit-identical (float cumsums can exceed 1 in the tail).
+    drop = (mass_before >= p[:, None]) & (p[:, None] < 1.0)
+    drop[:, 0] = False
+    sorted_x.masked_fill_(drop, float("-inf"))
+    return torch.empty_like(x).scatter_(1, order, sorted_x)
