@@ -1,0 +1,44 @@
+"""Where the native runtime runs and in which dtype (EngineConfig.device / .dtype resolution).
+
+device "auto": the first CUDA device when one is available, else the CPU.
+dtype "auto":
+  CUDA  the checkpoint's dtype when it is bfloat16 or float16; a float32 checkpoint runs in bfloat16
+        (float16 on GPUs without bfloat16 support), as serving in float32 wastes half the memory;
+  CPU   bfloat16 when the checkpoint is bfloat16 (halves memory; recent CPUs have bf16 matmuls),
+        otherwise float32 (float16 matmuls are slow or missing on CPUs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def resolve_device(name: str) -> torch.device:
+    """torch.device for "auto" | "cpu" | "cuda" | "cuda:N"; ValueError when CUDA is asked for but absent."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} was requested but CUDA is not available")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"unsupported device {name!r} (use auto, cpu, cuda or cuda:N)")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device, checkpoint_dtype: torch.dtype) -> torch.dtype:
+    """torch dtype for "auto" | "bfloat16" | "float16" | "float32" (see the module docstring)."""
+    if name != "auto":
+        if name not in DTYPES:
+            raise ValueError(f"unsupported dtype {name!r} (use auto, {', '.join(DTYPES)})")
+        return DTYPES[name]
+    if device.type == "cuda":
+        if checkpoint_dtype in (torch.bfloat16, torch.float16):
+            return checkpoint_dtype
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if checkpoint_dtype == torch.bfloat16 else torch.float32
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,404 @@
+"""NativeEngine: our PyTorch runtime behind the Engine interface.
+
+A background thread runs the step loop: take new requests and aborts, schedule (runtime/scheduler.py),
+run the model and sample (runtime/model_runner.py), turn tokens into deltas (runtime/request_state.py).
+Deltas cross to the event loop with ONE `loop.call_soon_threadsafe` per step and event loop, into
+per-request asyncio queues read by `generate()`. The thread sleeps on a Condition while idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from runtime.block_manager import BlockManager
+from runtime.config import EngineConfig
+from runtime.device import dtype_name, resolve_device, resolve_dtype
+from runtime.engine import Engine, EngineStats, ModelInfo
+from runtime.errors import EngineNotReadyError, InvalidRequestError, QueueFullError
+from runtime.kv_cache import num_kv_blocks
+from runtime.model_runner import ModelRunner, StepInput, StepResult
+from runtime.models import ModelSpec, kv_cache_bytes_per_token, load_model
+from runtime.request import GenerationRequest, OutputDelta
+from runtime.request_state import RequestState
+from runtime.sampler import Sampler
+from runtime.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
+from runtime.sequence import SequenceStatus
+from runtime.tokenizer import Tokenizer
+from runtime.validation import validate_request
+
+logger = logging.getLogger(__name__)
+
+_END = object()  # queued after a request's last delta
+
+
+def resolve_model_path(config: EngineConfig) -> tuple[str, bool]:
+    """(checkpoint folder, is it the embedded demo model)."""
+    if config.model is not None:
+        return config.model, False
+    try:
+        from runtime.demo import demo_model_path
+    except ImportError as exc:
+        raise ValueError("no model given (--model) and the embedded demo model is not available") from exc
+    return demo_model_path(), True
+
+
+class NativeEngine(Engine):
+    """In-flight batching over a paged KV cache, in-process (see the module docstring)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_path, is_demo = resolve_model_path(config)
+        self.spec = ModelSpec.from_pretrained(self.model_path)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device, self.spec.torch_dtype)
+        window = config.max_model_len or self.spec.max_position_embeddings
+        if window > self.spec.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len {window} exceeds the model's max_position_embeddings "
+                f"({self.spec.max_position_embeddings})"
+            )
+        name = config.served_model_name or ("demo" if is_demo else Path(self.model_path).name)
+        self.model_info = ModelInfo(
+            name=name,
+            context_window=window,
+            vocab_size=self.spec.vocab_size,
+            backend="native",
+            dtype=dtype_name(self.dtype),
+            device=str(self.device),
+        )
+        self._cond = threading.Condition()
+        self._inbox: list[RequestState] = []  # guarded by _cond, like the three fields below
+        self._aborts: list[str] = []
+        self._active_ids: set[str] = set()
+        self._num_waiting = 0  # scheduler's waiting requests as of the last step
+        self._requests: dict[str, RequestState] = {}  # loop thread only
+        self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
+        self._thread: threading.Thread | None = None
+        self._accepting = False
+        self._stopping = False
+        self._loop_error: BaseException | None = None
+        self._stats = EngineStats(max_batch_size=config.max_batch_size, max_num_tokens=config.max_num_tokens)
+        self._stats_lock = threading.Lock()
+        self._loaded = False
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def load(self) -> None:
+        """Load tokenizer, weights and KV cache (blocking; `start` runs it in a worker thread)."""
+        if self._loaded:
+            return
+        cfg = self.config
+        self.tokenizer = Tokenizer.from_pretrained(cfg.tokenizer or self.model_path)
+        self.eos_token_ids = list(dict.fromkeys(self.tokenizer.eos_token_ids + self.spec.eos_token_ids))
+        model = load_model(self.model_path, self.dtype, self.device)
+        self.runner = ModelRunner(model, cfg.kv_block_size, Sampler(cfg.seed))
+        window = self.model_info.context_window
+        activations = self.runner.profile_activation_bytes(cfg.max_num_tokens, cfg.max_batch_size, window)
+        bytes_per_token = kv_cache_bytes_per_token(self.spec, self.dtype)
+        blocks = num_kv_blocks(cfg, bytes_per_token, window, self.device, activations)
+        self.runner.allocate_kv_cache(blocks)
+        self.block_manager = BlockManager(blocks, cfg.kv_block_size, cfg.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_batch_size=cfg.max_batch_size,
+            max_num_tokens=cfg.max_num_tokens,
+            policy=cfg.scheduler_policy,
+            enable_chunked_prefill=cfg.enable_chunked_prefill,
+        )
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        self._memory = {"gpu" if self.device.type == "cuda" else "cpu": weights + self.runner.kv_cache_bytes}
+        self._stats.kv_blocks_total = self._stats.kv_blocks_free = blocks
+        self._stats.kv_tokens_per_block = cfg.kv_block_size
+        self._stats.memory_bytes = dict(self._memory)
+        self._loaded = True
+
+    async def start(self) -> None:
+        if self._thread is not None:
+            return
+        await asyncio.to_thread(self.load)
+        self._thread = threading.Thread(target=self._run, name="native-engine", daemon=True)
+        self._accepting = True
+        self._thread.start()
+
+    async def shutdown(self, drain_timeout: float = 0.0) -> None:
+        self._accepting = False
+        if self._thread is None:
+            return
+        deadline = time.monotonic() + drain_timeout
+        while self._busy() and time.monotonic() < deadline and self._thread.is_alive():
+            await asyncio.sleep(0.01)
+        with self._cond:
+            self._aborts.extend(self._active_ids)
+            self._stopping = True
+            self._cond.notify()
+        await asyncio.to_thread(self._thread.join)
+
+    @property
+    def ready(self) -> bool:
+        alive = self._thread is not None and self._thread.is_alive()
+        return self._accepting and alive and self._loop_error is None
+
+    def _busy(self) -> bool:
+        with self._cond:
+            return bool(self._active_ids)
+
+    # ---- requests -----------------------------------------------------------------------------
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
+        state = self._submit(request)
+        done = False
+        try:
+            while True:
+                item = await state.queue.get()  # type: ignore[union-attr]
+                if item is _END:
+                    done = True
+                    return
+                yield item
+        finally:
+            if not done:  # the consumer left early (client gone): free the request's blocks
+                self.abort(request.request_id)
+
+    def _submit(self, request: GenerationRequest) -> RequestState:
+        if not self.ready:
+            reason = "shutting down" if self._thread is not None else "not started"
+            raise EngineNotReadyError(f"The engine is {reason}")
+        prepared = validate_request(
+            request,
+            tokenizer=self.tokenizer,
+            vocab_size=self.spec.vocab_size,
+            context_window=self.model_info.context_window,
+            config=self.config,
+        )
+        if self.config.scheduler_policy == "guaranteed_no_evict":
+            need = request.sampling.n * self.block_manager.blocks_for(len(prepared.prompt_token_ids) + prepared.max_tokens)
+            if need > self.block_manager.num_blocks:
+                raise InvalidRequestError(
+                    f"n x (prompt + max_tokens) needs {need} KV blocks, more than the cache holds "
+                    f"({self.block_manager.num_blocks})",
+                    param="max_tokens",
+                )
+        state = RequestState(
+            request,
+            prepared,
+            tokenizer=self.tokenizer,
+            eos_token_ids=self.eos_token_ids,
+            context_window=self.model_info.context_window,
+            device=self.device,
+            loop=asyncio.get_running_loop(),
+            queue=asyncio.Queue(),
+        )
+        with self._cond:
+            if request.request_id in self._active_ids:
+                raise InvalidRequestError(f"request_id {request.request_id!r} is already running", param="request_id")
+            if len(self._inbox) + self._num_waiting >= self.config.max_queue_size:
+                raise QueueFullError(f"The request queue is full ({self.config.max_queue_size} waiting requests)")
+            self._active_ids.add(request.request_id)
+            self._inbox.append(state)
+            self._cond.notify()
+        return state
+
+    def abort(self, request_id: str) -> None:
+        with self._cond:
+            if request_id in self._active_ids:
+                self._aborts.append(request_id)
+                self._cond.notify()
+
+    # ---- the loop -----------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not (self._stopping or self._inbox or self._aborts or self.scheduler.has_work()):
+                        self._cond.wait()
+                    if self._stopping and not self._aborts:
+                        break
+                if self.step() == 0 and not self._aborts:
+                    time.sleep(0.001)  # work is queued but cannot run yet; do not spin
+        except BaseException as exc:  # the loop must never die silently: fail everyone, turn not ready
+            logger.exception("native engine loop died")
+            self._loop_error = exc
+            self._fail_everything(f"EngineFailedError: the engine loop died: {exc!r}")
+
+    def step(self) -> int:
+        """One iteration: admit, abort, schedule, run, emit. Returns the number of sequences run."""
+        self._take_inbox()
+        self._expire_deadlines()
+        batch = self.scheduler.schedule()
+        if batch:
+            self._stats.iterations += 1
+            self._run_batch(batch)
+        self._publish_stats(batch)
+        self._flush()
+        return len(batch.entries)
+
+    def _take_inbox(self) -> None:
+        with self._cond:
+            inbox, self._inbox = self._inbox, []
+            aborts, self._aborts = self._aborts, []
+            self._num_waiting += len(inbox)  # still counted against max_queue_size until the next publish
+        for state in inbox:
+            self._requests[state.request_id] = state
+            self.scheduler.add(state.new_sequence())
+        for request_id in aborts:
+            state = self._requests.get(request_id)
+            if state is not None:
+                self._end(state, state.end_all("abort"))
+
+    def _expire_deadlines(self) -> None:
+        now = time.monotonic()
+        for state in list(self._requests.values()):
+            if state.request.deadline is not None and now > state.request.deadline:
+                self._end(state, state.end_all("abort"))
+
+    def _run_batch(self, batch: ScheduledBatch) -> None:
+        inputs = [self._step_input(entry) for entry in batch.entries]
+        try:
+            results = self.runner.execute(inputs, batch.copies)
+        except Exception as exc:  # noqa: BLE001 - one failed step fails its requests, not the engine
+            logger.exception("model step failed")
+            for request_id in dict.fromkeys(e.seq.request_id for e in batch.entries):
+                state = self._requests.get(request_id)
+                if state is not None:
+                    self._end(state, state.end_all("error", f"EngineFailedError: model step failed: {exc!r}"))
+            return
+        self.scheduler.advance(batch)
+        produced: dict[str, list[OutputDelta]] = {}
+        for entry, result in zip(batch.entries, results):
+            state = self._requests.get(entry.seq.request_id)
+            if state is None or entry.seq.status is SequenceStatus.FINISHED:
+                continue
+            try:
+                produced.setdefault(state.request_id, []).extend(self._postprocess(state, entry, result))
+            except Exception as exc:  # noqa: BLE001 - a bug in one request's output fails that request only
+                logger.exception("output processing failed for request %s", state.request_id)
+                deltas = produced.pop(state.request_id, []) + state.end_all("error", f"output processing failed: {exc!r}")
+                self._end(state, deltas)
+        for request_id, deltas in produced.items():
+            state = self._requests[request_id]
+            if state.finished:
+                self._end(state, deltas)
+            else:
+                self._emit(state, deltas)
+
+    def _step_input(self, entry: ScheduledSeq) -> StepInput:
+        seq = entry.seq
+        state = self._requests[seq.request_id]
+        start = seq.num_computed_tokens
+        samples = entry.samples
+        return StepInput(
+            token_ids=seq.token_ids[start : start + entry.num_new_tokens],
+            start_pos=start,
+            block_table=seq.block_table,
+            sample_rows=state.sampling_rows(seq) if samples else [],
+            return_all_logits=state.needs_prompt_logits and start < seq.num_prompt_tokens,
+            return_sample_logits=samples and state.options.return_generation_logits,
+        )
+
+    def _postprocess(self, state: RequestState, entry: ScheduledSeq, result: StepResult) -> list[OutputDelta]:
+        seq = entry.seq
+        if entry.cached_tokens is not None:
+            self._stats.prefix_cache_hit_tokens += entry.cached_tokens
+            if seq.num_preemptions == 0:
+                state.num_cached_tokens = entry.cached_tokens
+                self._stats.prompt_tokens_total += seq.num_prompt_tokens
+        if entry.is_prefill:
+            self._stats.prefill_tokens_computed += entry.num_new_tokens
+        if result.all_logits is not None:
+            state.add_prompt_logits(seq.num_computed_tokens - entry.num_new_tokens, result.all_logits)
+            seq.needs_prompt_logits = state.needs_prompt_logits
+        if not result.token_ids:
+            return []
+        seqs = [seq]
+        if seq.num_samples > 1:  # the prompt is done: fork into n samples sharing its blocks
+            seqs += [self.scheduler.fork(seq, i) for i in range(1, seq.num_samples)]
+            seq.num_samples = 1
+            state.seqs.update((s.index, s) for s in seqs)
+        deltas = []
+        for s, token_id, logprob, top in zip(seqs, result.token_ids, result.logprobs, result.top):
+            s.append_token(token_id)
+            self._stats.generation_tokens_total += 1
+            deltas.append(state.add_token(s, token_id, logprob, top, result.sample_logits))
+            if state.samples[s.index].finish_reason is not None:
+                self.scheduler.finish(s)
+                state.seqs.pop(s.index, None)
+        return deltas
+
+    # ---- delivery -----------------------------------------------------------------------------
+    def _emit(self, state: RequestState, deltas: list[OutputDelta]) -> None:
+        state.decorate(deltas)
+        if state.loop is not None:
+            self._outbox.setdefault(state.loop, []).extend((state.queue, d) for d in deltas)  # type: ignore[misc]
+
+    def _end(self, state: RequestState, deltas: list[OutputDelta]) -> None:
+        """Emit the request's last deltas, then drop it and free its blocks."""
+        for seq in list(state.seqs.values()):
+            self.scheduler.finish(seq)
+        state.seqs.clear()
+        self._emit(state, deltas)
+        if state.loop is not None:
+            self._outbox[state.loop].append((state.queue, _END))  # type: ignore[arg-type]
+        self._requests.pop(state.request_id, None)
+        with self._cond:
+            self._active_ids.discard(state.request_id)
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, {}
+        for loop, items in outbox.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the caller's event loop is closed: nobody is listening
+                pass
+
+    def _fail_everything(self, error: str) -> None:
+        try:
+            with self._cond:
+                inbox, self._inbox = self._inbox, []
+            for state in inbox:
+                self._requests[state.request_id] = state
+            for state in list(self._requests.values()):
+                state.seqs.clear()  # the scheduler may be inconsistent; its blocks no longer matter
+                self._end(state, state.end_all("error", error))
+            self._flush()
+        except Exception:  # noqa: BLE001
+            logger.exception("failed to fail the outstanding requests")
+
+    # ---- stats --------------------------------------------------------------------------------
+    def stats(self) -> EngineStats:
+        with self._stats_lock:
+            snapshot = EngineStats(**{**self._stats.__dict__, "memory_bytes": dict(self._stats.memory_bytes)})
+        with self._cond:
+            snapshot.waiting += len(self._inbox)
+        return snapshot
+
+    def _publish_stats(self, batch: ScheduledBatch) -> None:
+        running = waiting = paused = 0
+        for state in self._requests.values():
+            seqs = list(state.seqs.values())
+            if any(s.status is SequenceStatus.RUNNING for s in seqs):
+                running += 1
+            elif any(s.num_preemptions for s in seqs):
+                paused += 1
+            else:
+                waiting += 1
+        prefill = [e for e in batch.entries if e.is_prefill]
+        bm = self.block_manager
+        with self._stats_lock:
+            st = self._stats
+            st.waiting, st.running, st.paused = waiting, running, paused
+            st.scheduled = len({e.seq.request_id for e in batch.entries})
+            st.context_requests = len({e.seq.request_id for e in prefill})
+            st.generation_requests = len({e.seq.request_id for e in batch.entries if not e.is_prefill})
+            st.context_tokens = sum(e.num_new_tokens for e in prefill)
+            st.kv_blocks_used, st.kv_blocks_free = bm.num_used_blocks, bm.num_free_blocks
+            st.preemptions = self.scheduler.num_preemptions
+        with self._cond:
+            self._num_waiting = waiting
+
+
+def _deliver(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
+    for queue, item in items:
+        queue.put_nowait(item)

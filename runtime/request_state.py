@@ -1,0 +1,240 @@
+"""RequestState: the output side of one request in the native engine.
+
+Turns sampled tokens into OutputDelta objects: incremental text, stop conditions (stop token ids, eos,
+stop strings, max_tokens, context window), logprobs, prompt logprobs, context/generation logits and
+usage. One SampleState per sample index (n > 1 samples each have their own text and stop state).
+
+Stop rules (vLLM's, which OpenAI clients expect):
+- a stop token id or eos ends the sample; the id is in `token_ids` and counted in usage, its text is
+  not emitted (unless include_stop_str_in_output, for stop token ids); stop_reason is the id (None
+  for eos); ignore_eos disables eos only;
+- a stop string ends the sample; the text is cut before it (or after it with
+  include_stop_str_in_output); stop_reason is the string;
+- no stop condition applies before `min_tokens` tokens were generated;
+- otherwise "length" at max_tokens or when the sequence fills the context window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from runtime.detokenizer import IncrementalDetokenizer
+from runtime.request import FinishReason, GenerationRequest, OutputDelta, TokenLogprob, Usage
+from runtime.sampler import SamplingRow, compute_logprobs, make_generator
+from runtime.sequence import Sequence
+from runtime.stop import StopStringMatcher
+from runtime.tokenizer import Tokenizer
+from runtime.validation import PreparedRequest
+
+
+@dataclass
+class SampleState:
+    """Text, stop matching and bookkeeping of one sample."""
+
+    detokenizer: IncrementalDetokenizer
+    matcher: StopStringMatcher
+    generator: torch.Generator | None
+    num_tokens: int = 0
+    cumulative_logprob: float = 0.0
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    generation_logits: list[torch.Tensor] = field(default_factory=list)
+
+
+class RequestState:
+    """Everything the engine keeps for one request besides its sequences' tokens and blocks."""
+
+    def __init__(
+        self,
+        request: GenerationRequest,
+        prepared: PreparedRequest,
+        *,
+        tokenizer: Tokenizer,
+        eos_token_ids: list[int],
+        context_window: int,
+        device: torch.device,
+        loop: asyncio.AbstractEventLoop | None = None,
+        queue: asyncio.Queue[Any] | None = None,
+    ) -> None:
+        self.request = request
+        self.request_id = request.request_id
+        self.options = request.sampling
+        self.prompt_token_ids = prepared.prompt_token_ids
+        self.max_tokens = prepared.max_tokens
+        self.bad_words_ids = prepared.bad_words_ids
+        self.eos_token_ids = eos_token_ids
+        self.context_window = context_window
+        self.loop, self.queue = loop, queue
+        opts = self.options
+        self.samples = [
+            SampleState(
+                detokenizer=IncrementalDetokenizer(tokenizer, self.prompt_token_ids, opts.skip_special_tokens),
+                matcher=StopStringMatcher(opts.stop, opts.include_stop_str_in_output),
+                generator=make_generator(opts.seed, i, device),
+            )
+            for i in range(opts.n)
+        ]
+        self.seqs: dict[int, Sequence] = {}  # live sequences by sample index
+        self.num_cached_tokens = 0
+        self.wants_prompt_logits = opts.prompt_logprobs is not None or opts.return_context_logits
+        self.prompt_logprobs: list[TokenLogprob | None] = [None]  # the first prompt token has none
+        self.context_logits: list[torch.Tensor] = []
+        self.num_prompt_positions = 0  # prompt positions whose logits were recorded
+        self._sent_first = False
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.samples)
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """True until the logits of every prompt position were recorded (once, not on recompute)."""
+        return self.wants_prompt_logits and self.num_prompt_positions < len(self.prompt_token_ids)
+
+    def new_sequence(self) -> Sequence:
+        opts = self.options
+        seq = Sequence(
+            self.request_id,
+            self.prompt_token_ids,
+            self.max_tokens,
+            num_samples=opts.n,
+            cache_salt=self.request.adapter,
+            needs_prompt_logits=self.wants_prompt_logits,
+        )
+        self.seqs[0] = seq
+        return seq
+
+    def sampling_rows(self, seq: Sequence) -> list[SamplingRow]:
+        """One row per sample drawn from `seq`'s next-token logits (n of them before the fork)."""
+        indices = range(seq.num_samples) if seq.num_samples > 1 else (seq.index,)
+        return [
+            SamplingRow(
+                options=self.options,
+                prompt_token_ids=self.prompt_token_ids,
+                output_token_ids=seq.output_token_ids,
+                generator=self.samples[i].generator,
+                eos_token_ids=self.eos_token_ids,
+                bad_words_ids=self.bad_words_ids,
+            )
+            for i in indices
+        ]
+
+    # ---- prompt side --------------------------------------------------------------------------
+    def add_prompt_logits(self, start_pos: int, logits: torch.Tensor) -> None:
+        """Record logits [q, vocab] of positions start_pos.. (only prompt positions not seen yet)."""
+        prompt = self.prompt_token_ids
+        first = max(start_pos, self.num_prompt_positions)
+        last = min(start_pos + logits.shape[0], len(prompt))
+        if first >= last:
+            return
+        rows = logits[first - start_pos : last - start_pos]
+        if self.options.return_context_logits:
+            self.context_logits.append(rows.clone())
+        k = self.options.prompt_logprobs
+        if k is not None:
+            # row p predicts prompt token p + 1; the last prompt position predicts the first output
+            n = min(last, len(prompt) - 1) - first
+            if n > 0:
+                targets = torch.tensor(prompt[first + 1 : first + 1 + n])
+                chosen, top_ids, top_lps = compute_logprobs(rows[:n], targets, k)
+                for j in range(n):
+                    top = list(zip(top_ids[j].tolist(), top_lps[j].tolist())) if top_ids is not None else []
+                    self.prompt_logprobs.append(TokenLogprob(int(targets[j]), float(chosen[j]), top))
+        self.num_prompt_positions = last
+
+    # ---- output side --------------------------------------------------------------------------
+    def add_token(
+        self,
+        seq: Sequence,
+        token_id: int,
+        logprob: float,
+        top: list[tuple[int, float]],
+        sample_logits: torch.Tensor | None,
+    ) -> OutputDelta:
+        """`seq` (already extended with `token_id`) produced a token: its delta, finished or not."""
+        opts = self.options
+        s = self.samples[seq.index]
+        s.num_tokens += 1
+        s.cumulative_logprob += logprob
+        delta = OutputDelta(request_id=self.request_id, index=seq.index, token_ids=[token_id])
+        if opts.logprobs is not None:
+            delta.logprobs = [TokenLogprob(token_id, logprob, top[: opts.logprobs])]
+        if opts.return_generation_logits and sample_logits is not None:
+            s.generation_logits.append(sample_logits[0])
+
+        may_stop = s.num_tokens >= opts.min_tokens
+        if may_stop and token_id in opts.stop_token_ids:
+            if opts.include_stop_str_in_output:
+                delta.text = s.detokenizer.push([token_id])
+            self._finish(s, "stop", token_id)
+        elif may_stop and not opts.ignore_eos and token_id in self.eos_token_ids:
+            self._finish(s, "stop", None)
+        else:
+            text = s.detokenizer.push([token_id])
+            if may_stop:
+                text, matched = s.matcher.push(text)
+                if matched is not None:
+                    self._finish(s, "stop", matched)
+            delta.text = text
+        if s.finish_reason is None and (s.num_tokens >= self.max_tokens or seq.num_tokens >= self.context_window):
+            self._finish(s, "length", None)
+        if s.finish_reason is not None:
+            self._close_sample(s, delta)
+        delta.cumulative_logprob = s.cumulative_logprob
+        return delta
+
+    def end_all(self, reason: FinishReason, error: str | None = None) -> list[OutputDelta]:
+        """Final deltas for every unfinished sample (abort, deadline, failure)."""
+        deltas = []
+        for index, s in enumerate(self.samples):
+            if s.finish_reason is None:
+                delta = OutputDelta(request_id=self.request_id, index=index, error=error)
+                self._finish(s, reason, None)
+                if reason != "error":
+                    self._close_sample(s, delta)
+                else:
+                    delta.finish_reason = reason
+                delta.cumulative_logprob = s.cumulative_logprob
+                deltas.append(delta)
+        return deltas
+
+    def decorate(self, deltas: list[OutputDelta]) -> None:
+        """Prompt facts on the request's first delta; usage and context logits on its last."""
+        if not deltas:
+            return
+        if not self._sent_first:
+            first = deltas[0]
+            first.prompt_token_ids = list(self.prompt_token_ids)
+            if self.options.prompt_logprobs is not None:
+                first.prompt_logprobs = self.prompt_logprobs
+            self._sent_first = True
+        if self.finished:
+            last = deltas[-1]
+            last.usage = self.usage()
+            if self.options.return_context_logits and self.context_logits:
+                last.context_logits = torch.cat(self.context_logits)
+
+    def usage(self) -> Usage:
+        return Usage(
+            prompt_tokens=len(self.prompt_token_ids),
+            completion_tokens=sum(s.num_tokens for s in self.samples),
+            cached_tokens=self.num_cached_tokens,
+        )
+
+    def _finish(self, s: SampleState, reason: FinishReason, stop_reason: str | int | None) -> None:
+        s.finish_reason, s.stop_reason = reason, stop_reason
+
+    def _close_sample(self, s: SampleState, delta: OutputDelta) -> None:
+        """Flush held-back text (unless a stop string cut it) and mark `delta` as the sample's last."""
+        if s.matcher.matched is None:
+            tail, matched = s.matcher.push(s.detokenizer.flush())
+            delta.text += tail + (s.matcher.flush() if matched is None else "")
+            if matched is not None and s.finish_reason == "length":
+                s.finish_reason, s.stop_reason = "stop", matched
+        delta.finish_reason, delta.stop_reason = s.finish_reason, s.stop_reason
+        if self.options.return_generation_logits and s.generation_logits:
+            delta.generation_logits = torch.stack(s.generation_logits)
