@@ -1,0 +1,98 @@
+"""Deltas -> /v1/chat/completions responses and stream chunks."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from adapters.openai.choices import ChoiceTracker
+from adapters.openai.logprobs import chat_logprobs
+from adapters.openai.requests import ChatCompletionRequest
+from adapters.openai.responses import (
+    ChatChoice,
+    ChatChoiceLogprobs,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChatResponseMessage,
+    ChatTokenLogprob,
+    UsageInfo,
+)
+from runtime.request import OutputDelta
+from runtime.tokenizer import Tokenizer
+
+
+class ChatOutput:
+    """Turns `(prompt_index, delta)` items into chat chunks (`chunks`) or one response (`add`, then
+    `response`). Each choice's stream opens with a `{"role": "assistant", "content": ""}` chunk."""
+
+    def __init__(self, req: ChatCompletionRequest, response_id: str, model: str, tokenizer: Tokenizer,
+                 created: int | None = None) -> None:
+        self.req = req
+        self.id = response_id
+        self.model = model
+        self.created = int(time.time()) if created is None else created
+        self._tok = tokenizer
+        self._tracker = ChoiceTracker(req.n)
+        self._text: dict[int, list[str]] = {}
+        self._logprobs: dict[int, list[ChatTokenLogprob]] = {}
+
+    def _logprob_entries(self, delta: OutputDelta) -> list[ChatTokenLogprob] | None:
+        if not self.req.logprobs or delta.logprobs is None:
+            return None
+        return chat_logprobs(self._tok, self.req.top_logprobs or 0, delta.token_ids, delta.logprobs)
+
+    def _chunk(self, choice: ChatChunkChoice) -> dict[str, Any]:
+        chunk = ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
+                                    choices=[choice]).model_dump()
+        if self.req.include_usage:
+            chunk["usage"] = None  # OpenAI: every chunk has usage null when usage is requested
+        return chunk
+
+    # -- streaming --
+
+    def chunks(self, item: tuple[int, OutputDelta]) -> list[dict[str, Any]]:
+        """The chunks for one delta: the role chunk before a choice's first output, then its content."""
+        choice, first = self._tracker.see(*item)
+        delta = item[1]
+        out = []
+        if first:
+            out.append(self._chunk(ChatChunkChoice(index=choice, delta=ChatDelta(role="assistant", content=""))))
+        entries = self._logprob_entries(delta)
+        if delta.text or delta.finish_reason is not None or entries:
+            logprobs = ChatChoiceLogprobs(content=entries) if entries is not None else None
+            out.append(self._chunk(ChatChunkChoice(
+                index=choice, delta=ChatDelta(content=delta.text or None), logprobs=logprobs,
+                finish_reason=delta.finish_reason)))
+        return out
+
+    def final_chunks(self) -> list[dict[str, Any]]:
+        """With stream_options.include_usage: one last chunk with no choices and the usage."""
+        if not self.req.include_usage:
+            return []
+        return [ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[],
+                                    usage=UsageInfo.of(self._tracker.usage)).model_dump()]
+
+    # -- whole response --
+
+    def add(self, item: tuple[int, OutputDelta]) -> None:
+        choice, _ = self._tracker.see(*item)
+        delta = item[1]
+        self._text.setdefault(choice, []).append(delta.text)
+        entries = self._logprob_entries(delta)
+        if entries is not None:
+            self._logprobs.setdefault(choice, []).extend(entries)
+
+    def response(self) -> dict[str, Any]:
+        choices = [
+            ChatChoice(
+                index=i,
+                message=ChatResponseMessage(content="".join(self._text[i])),
+                logprobs=ChatChoiceLogprobs(content=self._logprobs.get(i, [])) if self.req.logprobs else None,
+                finish_reason=self._tracker.finish_reasons.get(i),
+            )
+            for i in sorted(self._text)
+        ]
+        return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices,
+                              usage=UsageInfo.of(self._tracker.usage)).model_dump()

@@ -1,0 +1,214 @@
+"""Request schemas of POST /v1/completions and /v1/chat/completions (pydantic v2).
+
+Unknown fields are ignored, as the OpenAI API does. Fields that ARE in the OpenAI spec but that we
+cannot honour yet (tools, response_format, suffix, best_of > n, audio ...) are rejected with a 400
+naming the field rather than silently ignored: a client relying on them would get wrong output.
+vLLM's sampling extras (top_k, min_p, repetition_penalty, ...) are accepted in the body.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from runtime.errors import InvalidRequestError, UnsupportedOptionError
+
+
+class UnsupportedFieldError(UnsupportedOptionError):
+    """An OpenAI request field that this server does not implement (yet)."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        InvalidRequestError.__init__(self, f"Unsupported parameter: '{field}' {detail}.", param=field)
+        self.option = field
+        self.backend = "openai"
+
+
+class _Base(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Base):
+    include_usage: bool = False
+
+
+class ContentPart(_Base):
+    """One part of a message's content; only {"type": "text", "text": ...} is supported."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Base):
+    """One message of the conversation."""
+
+    model_config = ConfigDict(extra="allow")  # name, tool_calls, tool_call_id reach the template
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_parts_only(cls, content: str | list[ContentPart] | None) -> str | list[ContentPart] | None:
+        for part in content if isinstance(content, list) else []:
+            if part.type != "text":
+                raise ValueError(f"content parts of type '{part.type}' are not supported; only 'text'")
+            if part.text is None:
+                raise ValueError("a 'text' content part needs a 'text' string")
+        return content
+
+    @model_validator(mode="after")
+    def _content_present(self) -> ChatMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(f"a '{self.role}' message needs 'content'")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a 'tool' message needs 'tool_call_id'")
+        return self
+
+    def text(self) -> str | None:
+        """The content as one string; text parts are joined with newlines."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text or "" for part in self.content)
+
+
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class SamplingFields(_Base):
+    """Fields shared by both endpoints (OpenAI's and vLLM's sampling extras)."""
+
+    model: str | None = None  # None: the served model
+    n: int = Field(1, ge=1, le=128)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    user: str | None = None
+    # vLLM extras
+    top_k: int | None = Field(None, ge=-1)  # -1 or 0: off
+    min_p: Probability | None = None
+    repetition_penalty: float | None = Field(None, gt=0.0)
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    num_draft_tokens: int | None = Field(None, ge=0)  # speculation: 0 off, None engine default
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not key.lstrip("-").isdigit() or int(key) < 0:
+                raise ValueError(f"keys must be token ids (non-negative integers as strings), got {key!r}")
+        return value
+
+    def stop_list(self) -> list[str]:
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return [s for s in stops if s]
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+def _reject_unsupported(data: Any, fields: dict[str, Any]) -> None:
+    """Fail on spec fields we cannot honour; `fields` maps name -> a predicate "value is harmless"."""
+    if not isinstance(data, dict):
+        return
+    for name, harmless in fields.items():
+        if name in data and data[name] is not None and not harmless(data[name]):
+            raise UnsupportedFieldError(name, "is not supported by this server yet")
+
+
+def _never(_: Any) -> bool:
+    return False
+
+
+_CHAT_UNSUPPORTED = {
+    "tools": lambda v: v == [],
+    "tool_choice": lambda v: v == "none",
+    "functions": lambda v: v == [],
+    "function_call": lambda v: v == "none",
+    "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
+    "audio": _never,
+    "modalities": lambda v: v == ["text"],
+    "prediction": _never,
+    "web_search_options": _never,
+}
+_COMPLETION_UNSUPPORTED = {
+    "suffix": lambda v: v == "",
+}
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported(cls, data: Any) -> Any:
+        _reject_unsupported(data, _CHAT_UNSUPPORTED)
+        return data
+
+    @model_validator(mode="after")
+    def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
+        return self
+
+    @property
+    def output_limit(self) -> int | None:
+        """max_completion_tokens wins over the deprecated max_tokens; None: up to the context window."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+Prompt = str | list[str] | list[int] | list[list[int]]
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions."""
+
+    prompt: Prompt
+    max_tokens: int | None = Field(16, ge=0)  # OpenAI's default for completions is 16
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    best_of: int | None = Field(None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported(cls, data: Any) -> Any:
+        _reject_unsupported(data, _COMPLETION_UNSUPPORTED)
+        return data
+
+    @model_validator(mode="after")
+    def _checks(self) -> CompletionRequest:
+        if self.best_of is not None and self.best_of != self.n:
+            raise UnsupportedFieldError("best_of", "must equal n (best_of > n is not supported)")
+        p = self.prompt
+        if isinstance(p, list) and (not p or any(isinstance(x, list) and not x for x in p)):
+            raise InvalidRequestError("prompt must not be empty", param="prompt")
+        return self
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt as text or token ids; each becomes one engine request."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]

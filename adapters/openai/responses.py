@@ -1,0 +1,156 @@
+"""Response and stream-chunk schemas, shaped like the official OpenAI API objects.
+
+Fields listed in a class's `_omit_if_none` are left out when unset (as OpenAI leaves out, e.g.,
+`delta.role` after the first chunk); every other field is always present, `null` included.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, model_serializer
+
+from runtime.request import Usage
+
+
+class _Wire(BaseModel):
+    _omit_if_none: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        for name in self._omit_if_none:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+
+class PromptTokensDetails(_Wire):
+    cached_tokens: int
+
+
+class UsageInfo(_Wire):
+    _omit_if_none = frozenset({"prompt_tokens_details"})
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
+
+    @classmethod
+    def of(cls, usage: Usage) -> UsageInfo:
+        details = PromptTokensDetails(cached_tokens=usage.cached_tokens) if usage.cached_tokens else None
+        return cls(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+                   total_tokens=usage.total_tokens, prompt_tokens_details=details)
+
+
+# ----- /v1/completions -----
+
+class CompletionLogprobs(_Wire):
+    """Legacy completions logprobs: parallel lists, one entry per token."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(_Wire):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class Completion(_Wire):
+    """Both the response and each stream chunk of /v1/completions (OpenAI uses one object for both)."""
+
+    _omit_if_none = frozenset({"usage", "system_fingerprint"})
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+# ----- /v1/chat/completions -----
+
+class TopLogprob(_Wire):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatChoiceLogprobs(_Wire):
+    content: list[ChatTokenLogprob] | None
+    refusal: None = None
+
+
+class ChatResponseMessage(_Wire):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+
+
+class ChatChoice(_Wire):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatChoiceLogprobs | None = None
+    finish_reason: str | None
+
+
+class ChatCompletion(_Wire):
+    _omit_if_none = frozenset({"system_fingerprint"})
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class ChatDelta(_Wire):
+    _omit_if_none = frozenset({"role", "content"})
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(_Wire):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatChoiceLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(_Wire):
+    _omit_if_none = frozenset({"usage", "system_fingerprint"})
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatChunkChoice]
+    usage: UsageInfo | None = None
+
+
+# ----- /v1/models -----
+
+class ModelCard(_Wire):
+    _omit_if_none = frozenset({"parent", "root", "max_model_len"})
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    root: str | None = None
+    parent: str | None = None  # LoRA adapters: the base model's id
+    max_model_len: int | None = None
+
+
+class ModelList(_Wire):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,1 @@
+"""HTTP side of trtllm-gateway: Starlette app, routes, SSE, errors, metrics, settings, CLI."""

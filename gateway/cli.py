@@ -1,0 +1,109 @@
+"""`trtllm-gateway serve ...` (the server) and `trtllm-gateway bench ...` (benchmarks.serve.main).
+
+Every serve flag is generated from a Settings/EngineConfig field (gateway.settings.options), so
+flag, env var and field share one name; precedence: flag > TRTLLM_GATEWAY_<NAME> > default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gateway.settings import ENV_PREFIX, Option, Settings, env_values, options, settings_from
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (list, dict)) and not value:
+        return "empty"
+    return "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _add_option(group: argparse._ArgumentGroup, opt: Option) -> None:
+    help_text = f"{opt.help} [env: {opt.env}; default: {_describe(opt.default)}]"
+    base = opt.base
+    kwargs: dict[str, Any] = {"dest": opt.name, "default": argparse.SUPPRESS, "help": help_text}
+    origin = getattr(base, "__origin__", None)
+    if base is bool:
+        group.add_argument(opt.flag, action=argparse.BooleanOptionalAction, **kwargs)
+    elif origin is list:
+        group.add_argument(opt.flag, nargs="+", metavar="VALUE", **kwargs)
+    elif origin is dict:
+        meta = "NAME=VALUE" if opt.base.__args__[1] is str else "JSON"
+        group.add_argument(opt.flag, nargs="+", metavar=meta, type=str, **kwargs)
+    elif opt.choices is not None:
+        group.add_argument(opt.flag, choices=list(opt.choices), **kwargs)
+    else:
+        group.add_argument(opt.flag, type=opt.parse, metavar=opt.name.upper(), **kwargs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trtllm-gateway",
+        description="OpenAI- and Triton-compatible LLM server over an in-process runtime.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,bench}")
+    serve = sub.add_parser(
+        "serve", help="serve a model over HTTP",
+        description="Serve a model (default: the embedded demo model). Every option can also be set "
+                    f"with an environment variable {ENV_PREFIX}<NAME>; a flag wins over its variable.",
+    )
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for opt in options():
+        if opt.group not in groups:
+            groups[opt.group] = serve.add_argument_group(opt.group)
+        _add_option(groups[opt.group], opt)
+    sub.add_parser("bench", help="benchmark a running server (arguments go to benchmarks.serve)",
+                   add_help=False)
+    return parser
+
+
+def parse_serve_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Settings:
+    """Settings for `serve` from `argv` (without the "serve" word) over the environment."""
+    ns = build_parser().parse_args(["serve", *argv])
+    by_name = {o.name: o for o in options()}
+    values = env_values(os.environ if environ is None else environ)
+    for name, value in vars(ns).items():
+        if name == "command":
+            continue
+        opt = by_name[name]
+        if getattr(opt.base, "__origin__", None) is dict:
+            value = opt.parse_mapping(value)
+        values[name] = value
+    return settings_from(values)
+
+
+def serve(settings: Settings) -> int:
+    """Run the server until interrupted; 1 if the engine failed to start."""
+    import uvicorn
+
+    from gateway.app import create_app
+
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
+                                           log_level=settings.log_level, lifespan="on"))
+    app.state.on_fatal = lambda: setattr(server, "should_exit", True)
+    server.run()
+    return 1 if app.state.startup_error else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `trtllm-gateway` console script and `python -m gateway`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] == "bench":
+        from benchmarks.serve import main as bench_main  # lazily: benchmarks are optional
+
+        return int(bench_main(args[1:]) or 0)
+    parser = build_parser()
+    if not args or args[0] not in ("serve",):
+        parser.parse_args(args)  # prints usage / help, exits
+        return 2
+    try:
+        settings = parse_serve_args(args[1:])
+    except ValueError as exc:  # a bad env var value: argparse already handled bad flags
+        parser.error(str(exc))
+    return serve(settings)

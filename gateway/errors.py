@@ -1,0 +1,131 @@
+"""The ONE table from error classes to HTTP status, and its rendering in both dialects.
+
+OpenAI dialect: `{"error": {"message", "type", "param", "code"}}` with the `type`/`code` values the
+OpenAI API itself returns for the same situation. Triton dialect: `{"error": "<message>"}`.
+Every route (OpenAI and Triton) turns exceptions into responses only through this module.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import JSONResponse
+
+from runtime.errors import (
+    EngineError,
+    EngineFailedError,
+    EngineNotReadyError,
+    InvalidRequestError,
+    PromptTooLongError,
+    QueueFullError,
+    UnknownAdapterError,
+    UnsupportedOptionError,
+)
+
+log = logging.getLogger("gateway.errors")
+
+
+class ModelNotFoundError(EngineError):
+    """The request names a model that is neither the served model nor a loaded adapter."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"The model `{model}` does not exist.")
+        self.model = model
+
+
+class AuthenticationError(EngineError):
+    """Missing or wrong API key."""
+
+
+class ClientDisconnected(Exception):
+    """The client went away before the response was ready (logged, never rendered)."""
+
+
+@dataclass(frozen=True)
+class ErrorKind:
+    """How one error class looks on the wire."""
+
+    status: int
+    type: str  # OpenAI error "type"
+    code: str | None  # OpenAI error "code"
+
+
+# Most specific classes first: lookup walks the exception's MRO, so subclasses win over bases.
+ERROR_TABLE: dict[type[BaseException], ErrorKind] = {
+    PromptTooLongError: ErrorKind(400, "invalid_request_error", "context_length_exceeded"),
+    UnsupportedOptionError: ErrorKind(400, "invalid_request_error", "unsupported_parameter"),
+    InvalidRequestError: ErrorKind(400, "invalid_request_error", None),
+    AuthenticationError: ErrorKind(401, "invalid_request_error", "invalid_api_key"),
+    ModelNotFoundError: ErrorKind(404, "invalid_request_error", "model_not_found"),
+    UnknownAdapterError: ErrorKind(404, "invalid_request_error", "model_not_found"),
+    # OpenAI answers rate limits with type "requests" (or "tokens") and code "rate_limit_exceeded".
+    QueueFullError: ErrorKind(429, "requests", "rate_limit_exceeded"),
+    EngineNotReadyError: ErrorKind(503, "server_error", "service_unavailable"),
+    EngineFailedError: ErrorKind(500, "server_error", None),
+}
+_INTERNAL = ErrorKind(500, "server_error", None)
+
+
+def error_kind(exc: BaseException) -> ErrorKind:
+    """The table row for `exc` (unknown exceptions are internal errors: 500)."""
+    for cls in type(exc).__mro__:
+        kind = ERROR_TABLE.get(cls)
+        if kind is not None:
+            return kind
+    return _INTERNAL
+
+
+def error_message(exc: BaseException, request_id: str | None = None) -> str:
+    """The user-facing message. Server errors carry the request id so logs can be matched."""
+    kind = error_kind(exc)
+    if kind.status >= 500 and kind.status != 503:
+        detail = exc.message if isinstance(exc, EngineError) else "internal error"
+        return f"The server had an error while processing your request: {detail} (request id: {request_id})"
+    if isinstance(exc, EngineError):
+        return exc.message
+    return str(exc)
+
+
+def log_error(exc: BaseException, request_id: str | None) -> None:
+    """Log a rejection at INFO, a server error with its traceback at ERROR."""
+    kind = error_kind(exc)
+    if kind.status >= 500 and kind.status != 503:
+        log.error("request %s failed", request_id, exc_info=exc)
+    else:
+        log.info("request %s rejected with %d: %s", request_id, kind.status, exc)
+
+
+def openai_error_body(exc: BaseException, request_id: str | None = None) -> dict[str, Any]:
+    """OpenAI's error object, e.g. {"error": {"message": ..., "type": "invalid_request_error", ...}}."""
+    kind = error_kind(exc)
+    return {
+        "error": {
+            "message": error_message(exc, request_id),
+            "type": kind.type,
+            "param": getattr(exc, "param", None),
+            "code": kind.code,
+        }
+    }
+
+
+def triton_error_body(exc: BaseException, request_id: str | None = None) -> dict[str, Any]:
+    """Triton's error object: {"error": "<message>"}."""
+    return {"error": error_message(exc, request_id)}
+
+
+def _headers(request_id: str | None) -> dict[str, str] | None:
+    return {"x-request-id": request_id} if request_id else None
+
+
+def openai_error_response(exc: BaseException, request_id: str | None = None) -> JSONResponse:
+    """A JSON response with the table's status and OpenAI's error object (logs server errors)."""
+    log_error(exc, request_id)
+    return JSONResponse(openai_error_body(exc, request_id), error_kind(exc).status, _headers(request_id))
+
+
+def triton_error_response(exc: BaseException, request_id: str | None = None) -> JSONResponse:
+    """A JSON response with the table's status and Triton's error object (logs server errors)."""
+    log_error(exc, request_id)
+    return JSONResponse(triton_error_body(exc, request_id), error_kind(exc).status, _headers(request_id))

@@ -1,0 +1,172 @@
+"""OpenAI routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
+
+Both POST routes share one path (`_serve`): parse -> translate -> GenerationStream -> either the
+shared SSE writer or one JSON body. The endpoints differ only in their adapter functions.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from adapters.openai import (
+    ChatCompletionRequest,
+    ChatOutput,
+    CompletionOutput,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    chat_request,
+    completion_requests,
+    parse_request,
+)
+from gateway.disconnect import until_disconnected
+from gateway.errors import (
+    ClientDisconnected,
+    ModelNotFoundError,
+    log_error,
+    openai_error_body,
+    openai_error_response,
+)
+from gateway.generation import GenerationStream
+from gateway.middleware import request_id_of
+from gateway.streaming import sse_response
+from runtime.engine import Engine
+from runtime.errors import EngineNotReadyError, InvalidRequestError
+from runtime.request import GenerationRequest, OutputDelta
+from runtime.tokenizer import Tokenizer
+
+OWNED_BY = "trtllm-gateway"
+# nginx's "client closed request": logged and counted, never seen by the (gone) client.
+CLIENT_CLOSED = 499
+
+
+class _Output(Protocol):
+    def chunks(self, item: tuple[int, OutputDelta]) -> list[dict[str, Any]]: ...
+    def final_chunks(self) -> list[dict[str, Any]]: ...
+    def add(self, item: tuple[int, OutputDelta]) -> None: ...
+    def response(self) -> dict[str, Any]: ...
+
+
+# (parsed request, response id, model name, adapter, tokenizer) -> (engine requests, output builder)
+_Plan = Callable[[Any, str, str, str | None, Tokenizer], tuple[list[GenerationRequest], _Output]]
+
+
+def ready_engine(request: Request) -> Engine:
+    """The app's engine, or EngineNotReadyError (503) while it loads or after it failed."""
+    engine: Engine = request.app.state.engine
+    if not engine.ready:
+        why = request.app.state.startup_error
+        raise EngineNotReadyError(f"The model failed to load: {why}" if why else
+                                  "The model is still loading; retry when GET /health returns 200.")
+    return engine
+
+
+def resolve_model(request: Request, engine: Engine, name: str | None) -> tuple[str, str | None]:
+    """(model name to report, LoRA adapter or None) for the request's `model` field."""
+    base = engine.model_info.name
+    if name is None or name == base:
+        return base, None
+    if name in request.app.state.settings.engine.lora_modules:
+        return name, name
+    raise ModelNotFoundError(name)
+
+
+async def read_json(request: Request) -> Any:
+    """The decoded JSON body, or InvalidRequestError (400) when it does not parse."""
+    body = await request.body()
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(
+            f"We could not parse the JSON body of your request: {exc}. The OpenAI API expects a JSON "
+            "payload (Content-Type: application/json)."
+        ) from None
+
+
+async def _collect(stream: GenerationStream, output: _Output) -> dict[str, Any]:
+    try:
+        async for item in stream:
+            output.add(item)
+    finally:
+        stream.close()
+    return output.response()
+
+
+async def _serve(request: Request, schema: type[BaseModel], id_prefix: str, plan: _Plan) -> Response:
+    request_id = request_id_of(request.scope)
+    try:
+        req: Any = parse_request(schema, await read_json(request))
+        engine = ready_engine(request)
+        model, adapter = resolve_model(request, engine, req.model)
+        response_id = f"{id_prefix}-{uuid.uuid4().hex}"
+        gen_requests, output = plan(req, response_id, model, adapter, engine.tokenizer)
+        stream = GenerationStream(engine, gen_requests, request.app.state.metrics)
+        # Wait for the first outputs before answering, so rejections get a real status code.
+        await until_disconnected(request, stream.start())
+        if req.stream:
+            def render_error(exc: BaseException) -> dict[str, Any]:
+                log_error(exc, request_id)
+                return openai_error_body(exc, request_id)
+
+            return sse_response(stream, output.chunks, render_error=render_error, finish=output.final_chunks,
+                                on_close=stream.close, done_marker="[DONE]")
+        return JSONResponse(await until_disconnected(request, _collect(stream, output)))
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
+    except Exception as exc:
+        return openai_error_response(exc, request_id)
+
+
+def _plan_completion(req: CompletionRequest, response_id: str, model: str, adapter: str | None,
+                     tokenizer: Tokenizer) -> tuple[list[GenerationRequest], _Output]:
+    return (completion_requests(req, response_id, adapter),
+            CompletionOutput(req, response_id, model, tokenizer))
+
+
+def _plan_chat(req: ChatCompletionRequest, response_id: str, model: str, adapter: str | None,
+               tokenizer: Tokenizer) -> tuple[list[GenerationRequest], _Output]:
+    return ([chat_request(req, response_id, tokenizer, adapter)],
+            ChatOutput(req, response_id, model, tokenizer))
+
+
+async def completions(request: Request) -> Response:
+    return await _serve(request, CompletionRequest, "cmpl", _plan_completion)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _serve(request, ChatCompletionRequest, "chatcmpl", _plan_chat)
+
+
+async def list_models(request: Request) -> Response:
+    try:
+        engine = ready_engine(request)
+    except EngineNotReadyError as exc:
+        return openai_error_response(exc, request_id_of(request.scope))
+    info = engine.model_info
+    settings = request.app.state.settings
+    created = request.app.state.created
+    cards = [ModelCard(id=info.name, created=created, owned_by=OWNED_BY, root=settings.engine.model or info.name,
+                       max_model_len=info.context_window)]
+    cards += [ModelCard(id=name, created=created, owned_by=OWNED_BY, root=path, parent=info.name,
+                        max_model_len=info.context_window)
+              for name, path in settings.engine.lora_modules.items()]
+    return JSONResponse(ModelList(data=cards).model_dump())
+
+
+def openai_routes() -> list[BaseRoute]:
+    return [
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    ]
+
+
+__all__ = ["openai_routes", "ready_engine", "read_json", "resolve_model"]

@@ -1,0 +1,27 @@
+"""Operational routes: GET /health (readiness) and GET /metrics (Prometheus exposition)."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+
+async def health(request: Request) -> Response:
+    """200 {"status": "ready"} once the engine serves; 503 while loading, after a failed start, or stopping."""
+    state = request.app.state
+    if state.engine.ready:
+        return JSONResponse({"status": "ready"})
+    if state.startup_error:
+        return JSONResponse({"status": "failed", "error": state.startup_error}, status_code=503)
+    return JSONResponse({"status": "loading"}, status_code=503)
+
+
+async def metrics(request: Request) -> Response:
+    """Everything in the app's CollectorRegistry, in the Prometheus text format."""
+    return Response(request.app.state.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+
+def ops_routes() -> list[BaseRoute]:
+    return [Route("/health", health, methods=["GET"]), Route("/metrics", metrics, methods=["GET"])]

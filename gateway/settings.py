@@ -1,0 +1,193 @@
+"""Settings: every option of `trtllm-gateway serve`, from env vars (TRTLLM_GATEWAY_<NAME>) and flags.
+
+Options are generated from the dataclass fields of `Settings` (HTTP side) and `EngineConfig`
+(engine side), so a field, its flag `--max-batch-size` and its env var
+`TRTLLM_GATEWAY_MAX_BATCH_SIZE` always share one name. A field's help text is its trailing comment
+in the source, and section comments become help groups, so documentation lives next to the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from runtime.config import EngineConfig
+
+ENV_PREFIX = "TRTLLM_GATEWAY_"
+
+
+@dataclass
+class Settings:
+    """The gateway's configuration; engine knobs live in `engine`."""
+
+    # server
+    host: str = "127.0.0.1"  # interface to listen on (0.0.0.0: all)
+    port: int = 8000  # TCP port
+    api_keys: list[str] = field(default_factory=list)  # accepted bearer tokens; empty: no authentication
+    log_level: Literal["debug", "info", "warning", "error"] = "info"  # log verbosity
+    drain_timeout: float = 5.0  # seconds running requests may finish at shutdown before being aborted
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Settings from TRTLLM_GATEWAY_* variables (defaults for the rest)."""
+        return settings_from(env_values(os.environ if environ is None else environ))
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One settings field as a command-line flag and an environment variable."""
+
+    name: str  # field name, e.g. "max_batch_size"
+    owner: type  # Settings or EngineConfig
+    hint: Any  # resolved type annotation
+    default: Any
+    help: str
+    group: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def base(self) -> Any:
+        """The annotation without `| None`."""
+        args = [a for a in typing.get_args(self.hint) if a is not type(None)]
+        if _is_union(self.hint) and len(args) == 1:
+            return args[0]
+        return self.hint
+
+    @property
+    def optional(self) -> bool:
+        return _is_union(self.hint) and type(None) in typing.get_args(self.hint)
+
+    @property
+    def choices(self) -> tuple[Any, ...] | None:
+        return typing.get_args(self.base) if typing.get_origin(self.base) is Literal else None
+
+    def parse(self, text: str) -> Any:
+        """Convert an env-var string (or one CLI word for scalars) to the field's type."""
+        base, origin = self.base, typing.get_origin(self.base)
+        if self.optional and text.strip().lower() in ("", "none", "null"):
+            return None
+        if base is bool:
+            return _parse_bool(text, self.env)
+        if base in (int, float, str):
+            try:
+                return base(text)
+            except ValueError:
+                raise ValueError(f"{self.env}/{self.flag}: expected {base.__name__}, got {text!r}") from None
+        if origin is Literal:
+            if text not in self.choices:
+                raise ValueError(f"{self.env}/{self.flag}: expected one of {list(self.choices)}, got {text!r}")
+            return text
+        if origin is list:
+            return [item.strip() for item in text.split(",") if item.strip()]
+        if origin is dict:
+            return self.parse_mapping(text.split(",") if typing.get_args(base)[1] is str else [text])
+        raise TypeError(f"no parser for option {self.name}: {self.hint}")
+
+    def parse_mapping(self, items: list[str]) -> dict[str, Any]:
+        """dict[str, str] options take NAME=VALUE items; others one JSON object."""
+        if typing.get_args(self.base)[1] is not str:
+            merged: dict[str, Any] = {}
+            for item in items:
+                value = json.loads(item)
+                if not isinstance(value, dict):
+                    raise ValueError(f"{self.flag}: expected a JSON object, got {item!r}")
+                merged.update(value)
+            return merged
+        out: dict[str, str] = {}
+        for item in items:
+            if not item.strip():
+                continue
+            key, sep, value = item.partition("=")
+            if not sep or not key.strip():
+                raise ValueError(f"{self.env}/{self.flag}: expected NAME=VALUE, got {item!r}")
+            out[key.strip()] = value.strip()
+        return out
+
+
+def _is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+def _parse_bool(text: str, what: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{what}: expected true/false, got {text!r}")
+
+
+_FIELD_LINE = re.compile(r"^\s+(\w+)\s*:[^#]*?(?:#\s*(?P<doc>.*))?$")
+_SECTION_LINE = re.compile(r"^\s+#\s*(?P<section>.+)$")
+
+
+def _field_docs(cls: type) -> dict[str, tuple[str, str]]:
+    """field name -> (trailing comment, section comment above it), read from the class source."""
+    docs: dict[str, tuple[str, str]] = {}
+    section = "engine" if cls is EngineConfig else "server"
+    for line in inspect.getsource(cls).splitlines():
+        if m := _SECTION_LINE.match(line):
+            section = m["section"].strip()
+        elif m := _FIELD_LINE.match(line):
+            docs[m[1]] = ((m["doc"] or "").strip(), section)
+    return docs
+
+
+def _default(f: dataclasses.Field) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory()  # type: ignore[misc]
+
+
+def options() -> list[Option]:
+    """Every option, Settings' own first, then EngineConfig's, in declaration order."""
+    result: list[Option] = []
+    for cls in (Settings, EngineConfig):
+        hints = typing.get_type_hints(cls)
+        docs = _field_docs(cls)
+        for f in dataclasses.fields(cls):
+            if f.name == "engine" and cls is Settings:
+                continue
+            doc, section = docs.get(f.name, ("", "engine"))
+            result.append(Option(f.name, cls, hints[f.name], _default(f), doc or f.name.replace("_", " "),
+                                 section))
+    names = [o.name for o in result]
+    duplicates = {n for n in names if names.count(n) > 1}
+    if duplicates:  # one name per option everywhere: a clash would make a flag ambiguous
+        raise RuntimeError(f"options defined twice (Settings and EngineConfig): {sorted(duplicates)}")
+    return result
+
+
+def env_values(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Typed values of every TRTLLM_GATEWAY_* variable that names an option."""
+    return {o.name: o.parse(environ[o.env]) for o in options() if o.env in environ}
+
+
+def settings_from(values: Mapping[str, Any]) -> Settings:
+    """Settings with `values` (option name -> typed value) over the defaults."""
+    unknown = set(values) - {o.name for o in options()}
+    if unknown:
+        raise ValueError(f"unknown options: {sorted(unknown)}")
+    own = {o.name: values[o.name] for o in options() if o.owner is Settings and o.name in values}
+    engine = {o.name: values[o.name] for o in options() if o.owner is EngineConfig and o.name in values}
+    return Settings(**own, engine=EngineConfig(**engine))

@@ -1,0 +1,122 @@
+"""/v1/completions through the official openai SDK (sync and async) against the real server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+from tests.e2e.conftest import MODEL_NAME, RunningServer, reference_greedy
+
+
+@pytest.fixture
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+def aclient(server: RunningServer) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+def encode(server: RunningServer, text: str) -> list[int]:
+    return server.engine.tokenizer.encode(text)
+
+
+def test_greedy_matches_transformers_with_exact_usage(client: openai.OpenAI, server: RunningServer,
+                                                      hf_model) -> None:
+    prompt = "The quick brown fox"
+    out = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=6, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    ids = encode(server, prompt)
+    want, _ = reference_greedy(hf_model, ids, 6)
+    tok = server.engine.tokenizer
+    assert out.object == "text_completion" and out.model == MODEL_NAME and out.id.startswith("cmpl-")
+    assert out.choices[0].text == tok.decode(want)
+    assert out.choices[0].finish_reason == "length" and out.choices[0].index == 0
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (len(ids), 6, len(ids) + 6)
+
+
+def test_stream_equals_non_stream_and_include_usage(client: openai.OpenAI) -> None:
+    args = dict(model=MODEL_NAME, prompt="Hello, world", max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**args)
+    chunks = list(client.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    text_chunks, last = chunks[:-1], chunks[-1]
+    assert "".join(c.choices[0].text for c in text_chunks) == whole.choices[0].text
+    assert text_chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.choices[0].finish_reason is None for c in text_chunks[:-1])
+    assert last.choices == [] and last.usage == whole.usage
+
+
+def test_logprobs_match_transformers(client: openai.OpenAI, server: RunningServer, hf_model) -> None:
+    prompt = "the cat sat"
+    out = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=4, temperature=0, logprobs=2,
+                                    extra_body={"ignore_eos": True})
+    want_ids, want_lps = reference_greedy(hf_model, encode(server, prompt), 4)
+    lp = out.choices[0].logprobs
+    tok = server.engine.tokenizer
+    assert lp.tokens == [tok.token_text(t) for t in want_ids]
+    assert lp.token_logprobs == pytest.approx(want_lps, abs=1e-4)
+    for token, top in zip(lp.tokens, lp.top_logprobs):
+        assert token in top and 2 <= len(top) <= 3  # top-2 plus the sampled token
+        assert max(top.values()) == pytest.approx(top[token], abs=1e-4)  # greedy picks the best
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(4)]
+
+
+def test_echo_with_logprobs_includes_the_prompt(client: openai.OpenAI, server: RunningServer) -> None:
+    prompt = "Hello there"
+    ids = encode(server, prompt)
+    out = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=2, temperature=0, echo=True,
+                                    logprobs=1, extra_body={"ignore_eos": True})
+    choice = out.choices[0]
+    assert choice.text.startswith(prompt)
+    assert len(choice.logprobs.tokens) == len(ids) + 2
+    assert choice.logprobs.token_logprobs[0] is None and choice.logprobs.top_logprobs[0] is None
+    assert all(isinstance(x, float) for x in choice.logprobs.token_logprobs[1:])
+
+
+def test_stop_string_cuts_the_text(client: openai.OpenAI) -> None:
+    args = dict(model=MODEL_NAME, prompt="In the beginning", max_tokens=12, temperature=0,
+                extra_body={"ignore_eos": True})
+    full = client.completions.create(**args).choices[0].text
+    stop = full[3:5]
+    assert stop.strip(), f"degenerate output {full!r}"
+    cut = client.completions.create(**args, stop=[stop]).choices[0]
+    assert cut.text == full[: full.index(stop)] and cut.finish_reason == "stop"
+
+
+def test_list_of_prompts_and_n_index_choices(client: openai.OpenAI) -> None:
+    prompts = ["the dog", "hello hello"]
+    out = client.completions.create(model=MODEL_NAME, prompt=prompts, n=2, max_tokens=3, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in out.choices) == [0, 1, 2, 3]
+    by_index = {c.index: c.text for c in out.choices}
+    for i, p in enumerate(prompts):
+        alone = client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=3, temperature=0,
+                                          extra_body={"ignore_eos": True}).choices[0].text
+        assert by_index[2 * i] == by_index[2 * i + 1] == alone  # greedy: both samples agree
+    assert out.usage.completion_tokens == 12
+
+
+def test_seed_reproducible_and_n_samples_differ(client: openai.OpenAI) -> None:
+    args = dict(model=MODEL_NAME, prompt="A tiny model", max_tokens=8, temperature=1.0, n=2, seed=1234,
+                extra_body={"ignore_eos": True})
+    a = client.completions.create(**args)
+    b = client.completions.create(**args)
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]
+    assert a.choices[0].text != a.choices[1].text
+
+
+async def test_async_client_concurrent_streams(aclient: openai.AsyncOpenAI) -> None:
+    async def one(prompt: str) -> str:
+        stream = await aclient.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=4, temperature=0,
+                                                  stream=True, extra_body={"ignore_eos": True})
+        return "".join([c.choices[0].text async for c in stream])
+
+    prompts = ["the cat", "the dog", "the mat"]
+    streamed = await asyncio.gather(*(one(p) for p in prompts))
+    for p, text in zip(prompts, streamed):
+        whole = await aclient.completions.create(model=MODEL_NAME, prompt=p, max_tokens=4, temperature=0,
+                                                 extra_body={"ignore_eos": True})
+        assert whole.choices[0].text == text

@@ -1,0 +1,377 @@
+"""The gateway's routes over a scripted test-only engine (unit level; e2e tests use the real engine).
+
+ScriptedEngine "generates" the prompt's own token ids back, one per step, with fixed logprobs, so
+every byte of a response is predictable without a model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from starlette.testclient import TestClient
+
+from gateway.app import create_app
+from gateway.settings import Settings
+from runtime.engine import Engine, EngineStats, ModelInfo
+from runtime.errors import EngineError, EngineFailedError, PromptTooLongError
+from runtime.request import GenerationRequest, OutputDelta, TokenLogprob, Usage
+from runtime.tokenizer import Tokenizer
+from tests.tiny_models import build_tiny_tokenizer
+
+CONTEXT = 64
+
+
+class ScriptedEngine(Engine):
+    """Test-only Engine: sample i of step s is prompt token (s + i) % len(prompt), logprob -0.5."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.model_info = ModelInfo(name="tiny", context_window=CONTEXT, vocab_size=tokenizer.vocab_size,
+                                    backend="scripted", dtype="float32", device="cpu")
+        self.requests: list[GenerationRequest] = []
+        self.aborted: list[str] = []
+        self.closed: list[str] = []
+        self.reject: EngineError | None = None  # raised at the first __anext__
+        self.fail_at_step: int | None = None  # yields an error delta at this step
+        self.start_gate = asyncio.Event()
+        self.start_gate.set()
+        self.step_delay = 0.0
+        self._ready = False
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    async def start(self) -> None:
+        await self.start_gate.wait()
+        self._ready = True
+
+    async def shutdown(self, drain_timeout: float = 0.0) -> None:
+        self._ready = False
+
+    def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+
+    def stats(self) -> EngineStats:
+        return EngineStats(running=len(self.requests) - len(self.closed), kv_blocks_total=10,
+                           kv_blocks_used=len(self.requests) - len(self.closed))
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
+        self.requests.append(request)
+        try:
+            if self.reject is not None:
+                raise self.reject
+            s = request.sampling
+            ids = request.prompt_token_ids or self.tokenizer.encode(request.prompt, request.add_special_tokens)
+            max_tokens = CONTEXT - len(ids) if s.max_tokens is None else s.max_tokens
+            if len(ids) + max_tokens > CONTEXT:
+                raise PromptTooLongError(len(ids), max_tokens, CONTEXT)
+            for step in range(max_tokens):
+                if step == self.fail_at_step:
+                    yield OutputDelta(request.request_id, finish_reason="error", error="device on fire")
+                for index in range(s.n):
+                    tok = ids[(step + index) % len(ids)]
+                    d = OutputDelta(request.request_id, index, [tok], self.tokenizer.decode([tok]))
+                    if s.logprobs is not None:
+                        d.logprobs = [TokenLogprob(tok, -0.5, [(tok, -0.5), (0, -2.0)][: s.logprobs])]
+                    if step == 0 and index == 0:
+                        d.prompt_token_ids = list(ids)
+                        if s.prompt_logprobs is not None:
+                            d.prompt_logprobs = [None] + [TokenLogprob(t, -1.0, [(t, -1.0)][: s.prompt_logprobs])
+                                                          for t in ids[1:]]
+                    if step == max_tokens - 1:
+                        d.finish_reason = "length"
+                        if index == s.n - 1:
+                            d.usage = Usage(len(ids), max_tokens * s.n)
+                    yield d
+                await asyncio.sleep(self.step_delay)
+        finally:
+            self.closed.append(request.request_id)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    folder = tmp_path_factory.mktemp("tok")
+    build_tiny_tokenizer(Path(folder))
+    return Tokenizer.from_pretrained(str(folder))
+
+
+@pytest.fixture
+def engine(tokenizer: Tokenizer) -> ScriptedEngine:
+    return ScriptedEngine(tokenizer)
+
+
+@pytest.fixture
+def client(engine: ScriptedEngine):
+    with TestClient(create_app(Settings(), engine)) as c:
+        for _ in range(100):
+            if c.get("/health").status_code == 200:
+                break
+        yield c
+
+
+def sse_data(text: str) -> list[str]:
+    return [line[len("data: "):] for line in text.splitlines() if line.startswith("data: ")]
+
+
+# ----- health, models, metrics -----
+
+def test_health_is_503_while_loading_then_200(engine: ScriptedEngine) -> None:
+    engine.start_gate.clear()
+    with TestClient(create_app(Settings(), engine)) as c:
+        r = c.get("/health")
+        assert (r.status_code, r.json()) == (503, {"status": "loading"})
+        r = c.post("/v1/completions", json={"prompt": "hi"})
+        assert r.status_code == 503
+        assert r.json()["error"]["type"] == "server_error"
+        c.portal.call(engine.start_gate.set)
+        for _ in range(100):
+            if c.get("/health").status_code == 200:
+                break
+        assert c.get("/health").json() == {"status": "ready"}
+
+
+def test_models_lists_served_model_and_lora_adapters(engine: ScriptedEngine) -> None:
+    settings = Settings()
+    settings.engine.lora_modules = {"sql": "/adapters/sql"}
+    with TestClient(create_app(settings, engine)) as c:
+        body = c.get("/v1/models").json()
+    created = body["data"][0]["created"]
+    assert body == {"object": "list", "data": [
+        {"id": "tiny", "object": "model", "created": created, "owned_by": "trtllm-gateway", "root": "tiny",
+         "max_model_len": CONTEXT},
+        {"id": "sql", "object": "model", "created": created, "owned_by": "trtllm-gateway",
+         "root": "/adapters/sql", "parent": "tiny", "max_model_len": CONTEXT},
+    ]}
+
+
+def test_lora_adapter_name_selects_the_adapter(client: TestClient, engine: ScriptedEngine) -> None:
+    client.app.state.settings.engine.lora_modules = {"sql": "/a"}
+    r = client.post("/v1/completions", json={"model": "sql", "prompt": "hi", "max_tokens": 1})
+    assert r.status_code == 200 and r.json()["model"] == "sql"
+    assert engine.requests[-1].adapter == "sql"
+
+
+def test_metrics_exposes_requests_latencies_tokens_and_engine_gauges(client: TestClient) -> None:
+    client.post("/v1/completions", json={"prompt": "hello", "max_tokens": 3})
+    text = client.get("/metrics").text
+    assert 'trtllm_gateway_requests_total{endpoint="/v1/completions",status="200"} 1.0' in text
+    assert "trtllm_gateway_time_to_first_token_seconds_count 1.0" in text
+    assert "trtllm_gateway_inter_token_latency_seconds_count 2.0" in text
+    assert "trtllm_gateway_e2e_request_latency_seconds_count 1.0" in text
+    assert "trtllm_gateway_generation_tokens_total 3.0" in text
+    assert "trtllm_gateway_kv_blocks_total 10.0" in text
+    assert "trtllm_gateway_requests_running 0.0" in text
+
+
+# ----- completions / chat over the scripted engine -----
+
+def test_completion_exact_response(client: TestClient, tokenizer: Tokenizer) -> None:
+    r = client.post("/v1/completions", json={"model": "tiny", "prompt": "hello", "max_tokens": 3})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    ids = tokenizer.encode("hello")
+    assert body["id"].startswith("cmpl-") and r.headers["x-request-id"]
+    assert body["choices"] == [{"index": 0, "text": tokenizer.decode([ids[i % len(ids)] for i in range(3)]),
+                                "logprobs": None, "finish_reason": "length"}]
+    assert body["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 3, "total_tokens": len(ids) + 3}
+    openai.types.Completion.model_validate(body)
+
+
+def test_completion_list_prompts_and_n_index_choices(client: TestClient, engine: ScriptedEngine) -> None:
+    r = client.post("/v1/completions", json={"prompt": [[5, 6], [7, 8, 9]], "n": 2, "max_tokens": 2})
+    body = r.json()
+    texts = {c["index"]: c["text"] for c in body["choices"]}
+    dec = engine.tokenizer.decode
+    assert texts == {0: dec([5, 6]), 1: dec([6, 5]), 2: dec([7, 8]), 3: dec([8, 9])}
+    assert [q.request_id for q in engine.requests] == [body["id"] + "-0", body["id"] + "-1"]
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}
+
+
+def test_completion_echo_with_logprobs(client: TestClient, tokenizer: Tokenizer) -> None:
+    r = client.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 1, "echo": True, "logprobs": 1})
+    choice = r.json()["choices"][0]
+    t5, t6 = tokenizer.token_text(5), tokenizer.token_text(6)
+    assert choice["text"] == tokenizer.decode([5, 6], skip_special_tokens=False) + tokenizer.decode([5])
+    assert choice["logprobs"] == {
+        "tokens": [t5, t6, t5],
+        "token_logprobs": [None, -1.0, -0.5],
+        "top_logprobs": [None, {t6: -1.0}, {t5: -0.5}],
+        "text_offset": [0, len(t5), len(t5) + len(t6)],
+    }
+
+
+def test_chat_exact_response_with_logprobs(client: TestClient, engine: ScriptedEngine) -> None:
+    r = client.post("/v1/chat/completions", json={
+        "messages": [{"role": "developer", "content": "be brief"},
+                     {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        "max_completion_tokens": 2, "max_tokens": 9, "logprobs": True, "top_logprobs": 2})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    req = engine.requests[-1]
+    assert req.prompt == "<|im_start|>system\nbe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert req.add_special_tokens is False and req.sampling.max_tokens == 2 and req.sampling.logprobs == 2
+    ids = engine.tokenizer.encode(req.prompt, add_special_tokens=False)
+    tok = engine.tokenizer
+    entry = lambda t: {"token": tok.token_text(t), "logprob": -0.5, "bytes": tok.token_bytes(t),  # noqa: E731
+                       "top_logprobs": [{"token": tok.token_text(t), "logprob": -0.5, "bytes": tok.token_bytes(t)},
+                                        {"token": tok.token_text(0), "logprob": -2.0, "bytes": tok.token_bytes(0)}]}
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": tok.decode(ids[:2])},
+                                "logprobs": {"content": [entry(ids[0]), entry(ids[1])], "refusal": None},
+                                "finish_reason": "length"}]
+    assert body["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 2, "total_tokens": len(ids) + 2}
+    openai.types.chat.ChatCompletion.model_validate(body)
+
+
+def test_chat_stream_role_first_finish_last_usage_then_done(client: TestClient) -> None:
+    r = client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "n": 2, "stream": True,
+        "stream_options": {"include_usage": True}})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = sse_data(r.text)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    for c in chunks:
+        openai.types.chat.ChatCompletionChunk.model_validate(c)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+    assert all(c["usage"] is None for c in chunks[:-1])
+    for index in (0, 1):
+        mine = [c["choices"][0] for c in chunks[:-1] if c["choices"][0]["index"] == index]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert all("role" not in c["delta"] for c in mine[1:])
+        assert [c["finish_reason"] for c in mine] == [None] * (len(mine) - 1) + ["length"]
+
+
+def test_completion_stream_text_matches_non_stream(client: TestClient) -> None:
+    body = {"prompt": "hello world", "max_tokens": 4}
+    whole = client.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    r = client.post("/v1/completions", json={**body, "stream": True})
+    chunks = [json.loads(e) for e in sse_data(r.text)[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == whole
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert all("usage" not in c for c in chunks)
+
+
+# ----- errors -----
+
+def test_malformed_json_is_400(client: TestClient) -> None:
+    r = client.post("/v1/completions", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and "could not parse the JSON body" in err["message"]
+
+
+def test_invalid_field_is_400_naming_param(client: TestClient) -> None:
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "top_p": 7})
+    assert r.status_code == 400
+    assert r.json() == {"error": {"message": "Invalid value for 'top_p': Input should be less than or equal to 1.",
+                                  "type": "invalid_request_error", "param": "top_p", "code": None}}
+
+
+def test_unsupported_spec_field_is_400(client: TestClient) -> None:
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                  "response_format": {"type": "json_object"}})
+    assert r.status_code == 400
+    assert r.json()["error"] == {"message": "Unsupported parameter: 'response_format' is not supported by this "
+                                            "server yet.", "type": "invalid_request_error",
+                                 "param": "response_format", "code": "unsupported_parameter"}
+
+
+def test_unknown_model_is_404(client: TestClient) -> None:
+    r = client.post("/v1/completions", json={"model": "gpt-9", "prompt": "x"})
+    assert r.status_code == 404
+    assert r.json()["error"] == {"message": "The model `gpt-9` does not exist.", "type": "invalid_request_error",
+                                 "param": None, "code": "model_not_found"}
+
+
+def test_prompt_too_long_is_400_with_both_numbers(client: TestClient) -> None:
+    r = client.post("/v1/completions", json={"prompt": [1] * 10, "max_tokens": 60})
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded" and err["param"] == "max_tokens"
+    assert f"maximum context length is {CONTEXT} tokens" in err["message"] and "(10 in the prompt, 60 for the" \
+        in err["message"]
+
+
+def test_engine_rejection_before_stream_gets_real_status(client: TestClient, engine: ScriptedEngine) -> None:
+    from runtime.errors import QueueFullError
+
+    engine.reject = QueueFullError("queue is full (1 waiting)")
+    r = client.post("/v1/completions", json={"prompt": "x", "stream": True})
+    assert r.status_code == 429
+    assert r.json()["error"] == {"message": "queue is full (1 waiting)", "type": "requests", "param": None,
+                                 "code": "rate_limit_exceeded"}
+
+
+def test_engine_failure_is_500_with_request_id(client: TestClient, engine: ScriptedEngine) -> None:
+    engine.fail_at_step = 1
+    r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 3}, headers={"x-request-id": "abc123"})
+    assert r.status_code == 500 and r.headers["x-request-id"] == "abc123"
+    err = r.json()["error"]
+    assert err["type"] == "server_error" and "device on fire" in err["message"] and "abc123" in err["message"]
+
+
+def test_mid_stream_failure_is_an_error_event_then_done(client: TestClient, engine: ScriptedEngine) -> None:
+    engine.fail_at_step = 2
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                  "max_tokens": 5, "stream": True})
+    events = sse_data(r.text)
+    assert r.status_code == 200 and events[-1] == "[DONE]"
+    err = json.loads(events[-2])["error"]
+    assert err["type"] == "server_error" and "device on fire" in err["message"]
+    assert engine.closed == [engine.requests[-1].request_id]
+
+
+def test_unknown_route_is_openai_404(client: TestClient) -> None:
+    r = client.post("/v1/nope", json={})
+    assert r.status_code == 404 and r.json()["error"]["message"] == "Invalid URL (POST /v1/nope)"
+
+
+def test_api_keys_guard_v1_but_not_health(engine: ScriptedEngine) -> None:
+    with TestClient(create_app(Settings(api_keys=["sekrit"]), engine)) as c:
+        assert c.get("/health").status_code in (200, 503)
+        r = c.get("/v1/models")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        assert c.get("/v1/models", headers={"authorization": "Bearer sekrit"}).status_code == 200
+
+
+# ----- disconnects (in-process ASGI: the transport reports the disconnect) -----
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_request_is_aborted_when_client_disconnects(engine: ScriptedEngine, stream: bool) -> None:
+    engine.step_delay = 0.05
+    app = create_app(Settings(), engine)
+    await engine.start()
+    disconnect = asyncio.Event()
+    body = json.dumps({"prompt": "x", "max_tokens": 50, "stream": stream}).encode()  # 50 steps: 2.5 s
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await disconnect.wait()
+        return {"type": "http.disconnect"}
+
+    sent: list[dict] = []
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "query_string": b"",
+             "http_version": "1.1", "scheme": "http", "server": ("t", 80), "client": ("c", 1), "root_path": "",
+             "state": {}}
+    task = asyncio.create_task(app(scope, receive, send))
+    await asyncio.sleep(0.2)
+    disconnect.set()
+    await asyncio.wait_for(task, 5)
+    rid = engine.requests[-1].request_id
+    assert rid in engine.aborted and rid in engine.closed
+    assert len(engine.closed) == 1  # stopped early: the engine generator was closed, not exhausted
+    assert sent[0]["status"] == (200 if stream else 499)
