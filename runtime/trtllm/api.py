@@ -1,0 +1,70 @@
+"""The only place `tensorrt_llm` is imported, lazily: `load_api()` returns the names the backend uses.
+
+Import paths as in tensorrt-llm 1.2 (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/__init__.py @
+5ca85aff65b2c7d0ba06fb6c7d7c015ed78886f8): the PyTorch-backend `LLM` and the config classes from
+`tensorrt_llm.llmapi`, the TensorRT-engine `LLM` from `tensorrt_llm._tensorrt_engine`, `LoraConfig` from
+`tensorrt_llm.lora_helper` (tensorrt_llm/lora_helper.py @ 585c756579dc4d01f21fc13c2f604cdb461ac4f0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.errors import EngineFailedError
+
+INSTALL_HINT = "pip install 'trtllm-gateway[trtllm]'"
+
+
+class TrtllmNotInstalledError(EngineFailedError):
+    """tensorrt_llm cannot be imported; the message is one line naming the install command."""
+
+
+@dataclass(frozen=True)
+class TrtllmApi:
+    """The tensorrt_llm names the backend uses (classes, looked up once)."""
+
+    LLM: Any  # PyTorch backend: Hugging Face checkpoint folders
+    TrtLLM: Any  # TensorRT backend: engine folders built by trtllm-build
+    SamplingParams: Any
+    GuidedDecodingParams: Any
+    LoRARequest: Any
+    LoraConfig: Any
+    KvCacheConfig: Any
+    SchedulerConfig: Any
+    CapacitySchedulerPolicy: Any
+    CudaGraphConfig: Any
+    DraftTargetDecodingConfig: Any
+    NGramDecodingConfig: Any
+    EagleDecodingConfig: Any
+    MedusaDecodingConfig: Any
+    LookaheadDecodingConfig: Any
+    MTPDecodingConfig: Any
+    version: str
+
+
+def load_api() -> TrtllmApi:
+    """Import tensorrt_llm; raise TrtllmNotInstalledError (one clear line) when it is missing."""
+    try:
+        import tensorrt_llm
+        from tensorrt_llm import llmapi
+        from tensorrt_llm._tensorrt_engine import LLM as TrtLLM
+        from tensorrt_llm.lora_helper import LoraConfig
+    except ImportError as exc:
+        raise TrtllmNotInstalledError(
+            f"The trtllm backend needs TensorRT-LLM, which cannot be imported ({exc}); "
+            f"install with `{INSTALL_HINT}`"
+        ) from None
+    return TrtllmApi(
+        LLM=llmapi.LLM, TrtLLM=TrtLLM, SamplingParams=llmapi.SamplingParams,
+        GuidedDecodingParams=llmapi.GuidedDecodingParams, LoRARequest=llmapi.LoRARequest,
+        LoraConfig=LoraConfig, KvCacheConfig=llmapi.KvCacheConfig,
+        SchedulerConfig=llmapi.SchedulerConfig, CapacitySchedulerPolicy=llmapi.CapacitySchedulerPolicy,
+        CudaGraphConfig=llmapi.CudaGraphConfig,
+        DraftTargetDecodingConfig=llmapi.DraftTargetDecodingConfig,
+        NGramDecodingConfig=llmapi.NGramDecodingConfig, EagleDecodingConfig=llmapi.EagleDecodingConfig,
+        MedusaDecodingConfig=llmapi.MedusaDecodingConfig,
+        LookaheadDecodingConfig=llmapi.LookaheadDecodingConfig,
+        MTPDecodingConfig=llmapi.MTPDecodingConfig,
+        version=str(getattr(tensorrt_llm, "__version__", "unknown")),
+    )

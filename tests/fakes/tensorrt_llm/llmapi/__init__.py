@@ -1,0 +1,16 @@
+"""tensorrt_llm.llmapi: the LLM class and its config types (real exports, subset)."""
+
+from tensorrt_llm.executor import CompletionOutput, LoRARequest
+from tensorrt_llm.llmapi.llm import LLM, RequestOutput
+from tensorrt_llm.llmapi.llm_args import (CapacitySchedulerPolicy, ContextChunkingPolicy,
+                                          CudaGraphConfig, DraftTargetDecodingConfig,
+                                          DynamicBatchConfig, EagleDecodingConfig, KvCacheConfig,
+                                          LookaheadDecodingConfig, MedusaDecodingConfig,
+                                          MTPDecodingConfig, NGramDecodingConfig, SchedulerConfig)
+from tensorrt_llm.sampling_params import GuidedDecodingParams, SamplingParams
+
+__all__ = ["LLM", "RequestOutput", "CompletionOutput", "LoRARequest", "SamplingParams",
+           "GuidedDecodingParams", "KvCacheConfig", "SchedulerConfig", "CapacitySchedulerPolicy",
+           "ContextChunkingPolicy", "DynamicBatchConfig", "CudaGraphConfig",
+           "DraftTargetDecodingConfig", "NGramDecodingConfig", "EagleDecodingConfig",
+           "MedusaDecodingConfig", "LookaheadDecodingConfig", "MTPDecodingConfig"]
