@@ -1,0 +1,89 @@
+"""Processes for benchmarks: a uvicorn server on a free loopback port (with its CPU time read from
+/proc), and the load generator run as a separate process (its CPU time from rusage)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A uvicorn server in a subprocess; `base_url` includes any path prefix given."""
+
+    def __init__(self, app: str, *, factory: bool = False, env: dict[str, str] | None = None,
+                 prefix: str = "", wrap: list[str] | None = None) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}{prefix}"
+        cmd = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(self.port),
+               "--log-level", "warning", "--no-access-log"] + (["--factory"] if factory else [])
+        self.cmd = (wrap or []) + cmd
+        self.proc = subprocess.Popen(self.cmd, cwd=REPO_ROOT, env={**os.environ, **(env or {})})
+        self._server_pid: int | None = None
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {' '.join(self.cmd)}")
+            try:
+                if httpx.get(self.base_url + "/v1/models", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"server not ready after {timeout} s: {' '.join(self.cmd)}")
+
+    @property
+    def server_pid(self) -> int:
+        """The uvicorn process (a child of the wrapper, e.g. py-spy, when wrapped)."""
+        if self._server_pid is None:
+            pid = self.proc.pid
+            for _ in range(5):  # follow single-child chains down to the python process
+                kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                if "uvicorn" in Path(f"/proc/{pid}/cmdline").read_text() and not kids:
+                    break
+                if not kids:
+                    break
+                pid = int(kids[0])
+            self._server_pid = pid
+        return self._server_pid
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process (all its threads) so far."""
+        fields = Path(f"/proc/{self.server_pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(2)  # SIGINT: uvicorn (and py-spy) shut down cleanly
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def run_load_generator(argv: list[str], timeout: float = 600.0) -> dict[str, Any]:
+    """Run `python -m benchmarks.serve ARGV --quiet --json TMP` in its own process; returns its JSON."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        subprocess.run([sys.executable, "-m", "benchmarks.serve", *argv, "--quiet", "--json", str(out)],
+                       cwd=REPO_ROOT, check=True, timeout=timeout)
+        return json.loads(out.read_text())
