@@ -140,6 +140,13 @@ class BlockManager:
             seq.block_table.append(self._take())
         return copies
 
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Release `seq`'s blocks past its first `num_tokens` tokens (rejected speculative tokens' slots)."""
+        keep = self.blocks_for(num_tokens)
+        for block in reversed(seq.block_table[keep:]):
+            self._release(block)
+        del seq.block_table[keep:]
+
     def fork(self, child: Sequence) -> None:
         """`child` (from Sequence.fork) now references its parent's blocks too."""
         for block in child.block_table:

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from runtime.errors import UnsupportedOptionError
 from runtime.request import GenerationRequest, OutputDelta
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ class EngineStats:
     lora_cache_hits: int = 0
     lora_cache_misses: int = 0
     lora_evictions: int = 0
+    lora_requests: dict[str, int] = field(default_factory=dict)  # requests per adapter name since start
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_steps: int = 0
@@ -95,3 +97,16 @@ class Engine(abc.ABC):
     def ready(self) -> bool:
         """True once started and until shutdown begins."""
         return False
+
+    # LoRA adapters at run time. Defaults: a backend that only serves the configured adapters.
+    def lora_adapters(self) -> dict[str, str] | None:
+        """Servable LoRA adapters, name -> source folder; None: exactly EngineConfig.lora_modules."""
+        return None
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Register a PEFT adapter folder under `name` (InvalidRequestError when invalid or taken)."""
+        raise UnsupportedOptionError("load_lora_adapter", self.model_info.backend)
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """Remove adapter `name` (UnknownAdapterError if absent); requests using it finish with it."""
+        raise UnsupportedOptionError("unload_lora_adapter", self.model_info.backend)

@@ -21,7 +21,9 @@ from runtime.config import EngineConfig
 from runtime.device import dtype_name, resolve_device, resolve_dtype
 from runtime.engine import Engine, EngineStats, ModelInfo
 from runtime.errors import EngineNotReadyError, InvalidRequestError, QueueFullError
+from runtime.guided import GuidedCompiler
 from runtime.kv_cache import num_kv_blocks
+from runtime.lora import LoraManager
 from runtime.model_runner import ModelRunner, StepInput, StepResult
 from runtime.models import ModelSpec, kv_cache_bytes_per_token, load_model
 from runtime.request import GenerationRequest, OutputDelta
@@ -29,6 +31,7 @@ from runtime.request_state import RequestState
 from runtime.sampler import Sampler
 from runtime.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
 from runtime.sequence import SequenceStatus
+from runtime.speculative import Speculator, build_speculator, load_proposer
 from runtime.tokenizer import Tokenizer
 from runtime.validation import validate_request
 
@@ -86,6 +89,8 @@ class NativeEngine(Engine):
         self._stats = EngineStats(max_batch_size=config.max_batch_size, max_num_tokens=config.max_num_tokens)
         self._stats_lock = threading.Lock()
         self._loaded = False
+        self._guided_compiler: GuidedCompiler | None = None
+        self.speculator: Speculator | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def load(self) -> None:
@@ -97,9 +102,14 @@ class NativeEngine(Engine):
         self.eos_token_ids = list(dict.fromkeys(self.tokenizer.eos_token_ids + self.spec.eos_token_ids))
         model = load_model(self.model_path, self.dtype, self.device)
         self.runner = ModelRunner(model, cfg.kv_block_size, Sampler(cfg.seed))
+        self.lora = LoraManager(cfg, model, on_ready=self._wake)
+        self.runner.lora = self.lora.batch
         window = self.model_info.context_window
+        proposer = load_proposer(cfg, serving_demo=resolve_model_path(cfg)[1], tokenizer=self.tokenizer,
+                                 vocab_size=self.spec.vocab_size, dtype=self.dtype, device=self.device)
         activations = self.runner.profile_activation_bytes(cfg.max_num_tokens, cfg.max_batch_size, window)
         bytes_per_token = kv_cache_bytes_per_token(self.spec, self.dtype)
+        bytes_per_token += getattr(proposer, "kv_bytes_per_token", 0)  # a draft model's cache gets as many blocks
         blocks = num_kv_blocks(cfg, bytes_per_token, window, self.device, activations)
         self.runner.allocate_kv_cache(blocks)
         self.block_manager = BlockManager(blocks, cfg.kv_block_size, cfg.enable_prefix_caching)
@@ -110,7 +120,10 @@ class NativeEngine(Engine):
             policy=cfg.scheduler_policy,
             enable_chunked_prefill=cfg.enable_chunked_prefill,
         )
+        if proposer is not None:
+            self.speculator = build_speculator(proposer, cfg, self.block_manager, window)
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        weights += getattr(proposer, "weight_bytes", 0) + getattr(getattr(proposer, "runner", None), "kv_cache_bytes", 0)
         self._memory = {"gpu" if self.device.type == "cuda" else "cpu": weights + self.runner.kv_cache_bytes}
         self._stats.kv_blocks_total = self._stats.kv_blocks_free = blocks
         self._stats.kv_tokens_per_block = cfg.kv_block_size
@@ -147,6 +160,20 @@ class NativeEngine(Engine):
         with self._cond:
             return bool(self._active_ids)
 
+    # ---- LoRA adapters --------------------------------------------------------------------------
+    def lora_adapters(self) -> dict[str, str] | None:
+        return self.lora.adapters() if self._loaded else dict(self.config.lora_modules)
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        if not self._loaded:
+            raise EngineNotReadyError("The engine is not started")
+        await asyncio.to_thread(self.lora.register, name, path)
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        if not self._loaded:
+            raise EngineNotReadyError("The engine is not started")
+        self.lora.unregister(name)
+
     # ---- requests -----------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
         state = self._submit(request)
@@ -174,13 +201,16 @@ class NativeEngine(Engine):
             config=self.config,
         )
         if self.config.scheduler_policy == "guaranteed_no_evict":
-            need = request.sampling.n * self.block_manager.blocks_for(len(prepared.prompt_token_ids) + prepared.max_tokens)
+            fanout = max(request.sampling.n, request.sampling.beam_width)
+            need = fanout * self.block_manager.blocks_for(len(prepared.prompt_token_ids) + prepared.max_tokens)
             if need > self.block_manager.num_blocks:
                 raise InvalidRequestError(
                     f"n x (prompt + max_tokens) needs {need} KV blocks, more than the cache holds "
                     f"({self.block_manager.num_blocks})",
                     param="max_tokens",
                 )
+        lora_weights = self.lora.prepare(request)  # parses a Triton task's inline weights (no lock held)
+        new_guide = self._guides().guide_factory(request.guided) if request.guided is not None else None
         state = RequestState(
             request,
             prepared,
@@ -190,16 +220,24 @@ class NativeEngine(Engine):
             device=self.device,
             loop=asyncio.get_running_loop(),
             queue=asyncio.Queue(),
+            new_guide=new_guide,
         )
         with self._cond:
             if request.request_id in self._active_ids:
                 raise InvalidRequestError(f"request_id {request.request_id!r} is already running", param="request_id")
             if len(self._inbox) + self._num_waiting >= self.config.max_queue_size:
                 raise QueueFullError(f"The request queue is full ({self.config.max_queue_size} waiting requests)")
+            state.adapter_key = self.lora.acquire(request.request_id, request, lora_weights)
             self._active_ids.add(request.request_id)
             self._inbox.append(state)
             self._cond.notify()
         return state
+
+    def _guides(self) -> GuidedCompiler:
+        """Grammar compiler for this tokenizer, made on the first guided request."""
+        if self._guided_compiler is None:
+            self._guided_compiler = GuidedCompiler(self.tokenizer.hf, self.spec.vocab_size, self.eos_token_ids)
+        return self._guided_compiler
 
     def abort(self, request_id: str) -> None:
         with self._cond:
@@ -212,7 +250,8 @@ class NativeEngine(Engine):
         try:
             while True:
                 with self._cond:
-                    while not (self._stopping or self._inbox or self._aborts or self.scheduler.has_work()):
+                    while not (self._stopping or self._inbox or self._aborts or self.scheduler.has_work()
+                               or self.lora.has_admissible()):
                         self._cond.wait()
                     if self._stopping and not self._aborts:
                         break
@@ -226,6 +265,7 @@ class NativeEngine(Engine):
     def step(self) -> int:
         """One iteration: admit, abort, schedule, run, emit. Returns the number of sequences run."""
         self._take_inbox()
+        self._admit_adapters()
         self._expire_deadlines()
         batch = self.scheduler.schedule()
         if batch:
@@ -242,11 +282,27 @@ class NativeEngine(Engine):
             self._num_waiting += len(inbox)  # still counted against max_queue_size until the next publish
         for state in inbox:
             self._requests[state.request_id] = state
-            self.scheduler.add(state.new_sequence())
+            if state.adapter_key is None:
+                self.scheduler.add(state.new_sequence())
+            else:  # waits in the LoRA manager until its adapter sits in a device slot
+                self.lora.enqueue(state.request_id)
         for request_id in aborts:
             state = self._requests.get(request_id)
             if state is not None:
                 self._end(state, state.end_all("abort"))
+
+    def _admit_adapters(self) -> None:
+        """Schedule requests whose LoRA adapter is now on the device; fail those whose load failed."""
+        ready, failed = self.lora.admit()
+        for request_id in ready:
+            self.scheduler.add(self._requests[request_id].new_sequence())
+        for request_id, error in failed:
+            state = self._requests[request_id]
+            self._end(state, state.end_all("error", f"EngineFailedError: {error}"))
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
 
     def _expire_deadlines(self) -> None:
         now = time.monotonic()
@@ -255,9 +311,16 @@ class NativeEngine(Engine):
                 self._end(state, state.end_all("abort"))
 
     def _run_batch(self, batch: ScheduledBatch) -> None:
+        spec = self.speculator
+        if spec is not None:
+            spec.plan(batch, self._requests)  # drafts for speculating decode entries (runtime/speculative)
         inputs = [self._step_input(entry) for entry in batch.entries]
         try:
+            if spec is not None:
+                spec.patch_inputs(batch, inputs)
             results = self.runner.execute(inputs, batch.copies)
+            if spec is not None:
+                spec.verify(batch, results)  # accepted drafts join; rejected tokens' KV is rolled back
         except Exception as exc:  # noqa: BLE001 - one failed step fails its requests, not the engine
             logger.exception("model step failed")
             for request_id in dict.fromkeys(e.seq.request_id for e in batch.entries):
@@ -295,7 +358,9 @@ class NativeEngine(Engine):
             block_table=seq.block_table,
             sample_rows=state.sampling_rows(seq) if samples else [],
             return_all_logits=state.needs_prompt_logits and start < seq.num_prompt_tokens,
-            return_sample_logits=samples and state.options.return_generation_logits,
+            # beam search ranks continuations by the raw next-token logits (runtime/beam_search.py)
+            return_sample_logits=samples and (state.options.return_generation_logits or state.beam is not None),
+            adapter_slot=self.lora.slot_of(seq.request_id),
         )
 
     def _postprocess(self, state: RequestState, entry: ScheduledSeq, result: StepResult) -> list[OutputDelta]:
@@ -312,6 +377,15 @@ class NativeEngine(Engine):
             seq.needs_prompt_logits = state.needs_prompt_logits
         if not result.token_ids:
             return []
+        if self.speculator is not None:
+            spec_deltas = self.speculator.emit(state, entry, result, self.scheduler)
+            if spec_deltas is not None:
+                self._stats.generation_tokens_total += len(spec_deltas)
+                return spec_deltas
+        if state.beam is not None:  # the beams advance together once all of them reported
+            self._stats.generation_tokens_total += state.beam.advance(seq, result.sample_logits, self.scheduler)
+            state.seqs = {s.seq_id: s for s in state.beam.sequences}
+            return state.beam.final_deltas() if state.beam.done else []
         seqs = [seq]
         if seq.num_samples > 1:  # the prompt is done: fork into n samples sharing its blocks
             seqs += [self.scheduler.fork(seq, i) for i in range(1, seq.num_samples)]
@@ -338,6 +412,7 @@ class NativeEngine(Engine):
         for seq in list(state.seqs.values()):
             self.scheduler.finish(seq)
         state.seqs.clear()
+        self.lora.finish(state.request_id)
         self._emit(state, deltas)
         if state.loop is not None:
             self._outbox[state.loop].append((state.queue, _END))  # type: ignore[arg-type]
@@ -395,6 +470,11 @@ class NativeEngine(Engine):
             st.context_tokens = sum(e.num_new_tokens for e in prefill)
             st.kv_blocks_used, st.kv_blocks_free = bm.num_used_blocks, bm.num_free_blocks
             st.preemptions = self.scheduler.num_preemptions
+            for name, value in self.lora.stats().items():
+                setattr(st, name, value)
+            if self.speculator is not None:
+                c = self.speculator.counters
+                st.spec_draft_tokens, st.spec_accepted_tokens, st.spec_steps = c.draft_tokens, c.accepted_tokens, c.steps
         with self._cond:
             self._num_waiting = waiting
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from runtime.attention_metadata import AttentionMetadata
+from runtime.lora.apply import LoraBatch
 from runtime.models import CausalLM, allocate_kv_cache
 from runtime.sampler import Sampler, SamplingRow
 
@@ -32,6 +33,7 @@ class StepInput:
     sample_rows: list[SamplingRow] = field(default_factory=list)
     return_all_logits: bool = False  # logits of every new token (prompt logprobs, context logits)
     return_sample_logits: bool = False  # the raw logits the sampled rows came from (generation logits)
+    adapter_slot: int = -1  # LoRA device slot of the sequence's adapter; -1: the base model
 
 
 @dataclass
@@ -55,6 +57,7 @@ class ModelRunner:
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self.kv_caches: list[torch.Tensor] = []
+        self.lora: LoraBatch | None = None  # set by the engine when LoRA is available
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """Allocate the paged cache (in the model's dtype); call once, after profiling."""
@@ -69,6 +72,8 @@ class ModelRunner:
         """Copy-on-write copies, one forward pass over every input's new tokens, then sampling."""
         self.copy_blocks(copies)
         input_ids, positions, meta = self.prepare(inputs)
+        if self.lora is not None:  # per-token adapter slots for the hooked Linears (runtime/lora/apply.py)
+            self.lora.set([len(inp.token_ids) for inp in inputs], [inp.adapter_slot for inp in inputs])
         hidden = self.model(input_ids, positions, self.kv_caches, meta)
 
         # Rows needing logits: every new token of inputs that return all logits, else the last one.

@@ -54,6 +54,18 @@ class GuidedDecoding:
     json_object: bool = False
     regex: str | None = None
     grammar: str | None = None  # EBNF
+    # xgrammar's / TensorRT-LLM's structural tag: {"type": "structural_tag", "format": {...}} (tool calls)
+    structural_tag: dict[str, Any] | None = None
+
+
+@dataclass
+class LoraTask:
+    """A Triton-style LoRA task: `task_id`, with `weights` and `config` in TensorRT-LLM's format on first
+    use (rows [module_id, layer_idx, rank] and their flattened A/B rows), the id alone afterwards."""
+
+    task_id: int
+    weights: Any = None  # [rows, R*Hin + Hout*R] numbers
+    config: Any = None  # [rows, 3] ints
 
 
 @dataclass
@@ -65,6 +77,7 @@ class GenerationRequest:
     prompt_token_ids: list[int] | None = None
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     adapter: str | None = None  # LoRA adapter name; None = base model
+    lora_task: LoraTask | None = None  # Triton lora_task_id (+ weights/config); exclusive with `adapter`
     num_draft_tokens: int | None = None  # speculation: None = engine default, 0 = off
     use_draft_logits: bool = False
     guided: GuidedDecoding | None = None

@@ -17,12 +17,15 @@ Stop rules (vLLM's, which OpenAI clients expect):
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from runtime.beam_search import BeamSearch
 from runtime.detokenizer import IncrementalDetokenizer
+from runtime.guided.guide import GuideState
 from runtime.request import FinishReason, GenerationRequest, OutputDelta, TokenLogprob, Usage
 from runtime.sampler import SamplingRow, compute_logprobs, make_generator
 from runtime.sequence import Sequence
@@ -43,6 +46,7 @@ class SampleState:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     generation_logits: list[torch.Tensor] = field(default_factory=list)
+    guide: GuideState | None = None  # grammar-constrained decoding: the sample's matcher
 
 
 class RequestState:
@@ -59,6 +63,7 @@ class RequestState:
         device: torch.device,
         loop: asyncio.AbstractEventLoop | None = None,
         queue: asyncio.Queue[Any] | None = None,
+        new_guide: Callable[[], GuideState] | None = None,
     ) -> None:
         self.request = request
         self.request_id = request.request_id
@@ -75,11 +80,17 @@ class RequestState:
                 detokenizer=IncrementalDetokenizer(tokenizer, self.prompt_token_ids, opts.skip_special_tokens),
                 matcher=StopStringMatcher(opts.stop, opts.include_stop_str_in_output),
                 generator=make_generator(opts.seed, i, device),
+                guide=new_guide() if new_guide is not None else None,
             )
             for i in range(opts.n)
         ]
-        self.seqs: dict[int, Sequence] = {}  # live sequences by sample index
+        self.seqs: dict[int, Sequence] = {}  # live sequences by sample index (by seq_id for beams)
+        self.beam = None if opts.beam_width == 1 else BeamSearch(
+            self.request_id, opts, prompt_token_ids=self.prompt_token_ids, max_tokens=self.max_tokens,
+            context_window=context_window, eos_token_ids=eos_token_ids, tokenizer=tokenizer,
+        )
         self.num_cached_tokens = 0
+        self.adapter_key: str | None = None  # LoRA identity (set by the engine): the prefix-cache salt
         self.wants_prompt_logits = opts.prompt_logprobs is not None or opts.return_context_logits
         self.prompt_logprobs: list[TokenLogprob | None] = [None]  # the first prompt token has none
         self.context_logits: list[torch.Tensor] = []
@@ -88,7 +99,7 @@ class RequestState:
 
     @property
     def finished(self) -> bool:
-        return all(s.finish_reason is not None for s in self.samples)
+        return all(s.finish_reason is not None for s in self.samples) or (self.beam is not None and self.beam.done)
 
     @property
     def needs_prompt_logits(self) -> bool:
@@ -102,10 +113,12 @@ class RequestState:
             self.prompt_token_ids,
             self.max_tokens,
             num_samples=opts.n,
-            cache_salt=self.request.adapter,
+            cache_salt=self.adapter_key,
             needs_prompt_logits=self.wants_prompt_logits,
         )
         self.seqs[0] = seq
+        if self.beam is not None:
+            self.beam.start(seq)
         return seq
 
     def sampling_rows(self, seq: Sequence) -> list[SamplingRow]:
@@ -119,6 +132,7 @@ class RequestState:
                 generator=self.samples[i].generator,
                 eos_token_ids=self.eos_token_ids,
                 bad_words_ids=self.bad_words_ids,
+                guide=self.samples[i].guide,
             )
             for i in indices
         ]
@@ -160,6 +174,8 @@ class RequestState:
         s = self.samples[seq.index]
         s.num_tokens += 1
         s.cumulative_logprob += logprob
+        if s.guide is not None:
+            s.guide.accept_tokens([token_id])
         delta = OutputDelta(request_id=self.request_id, index=seq.index, token_ids=[token_id])
         if opts.logprobs is not None:
             delta.logprobs = [TokenLogprob(token_id, logprob, top[: opts.logprobs])]
@@ -221,7 +237,7 @@ class RequestState:
     def usage(self) -> Usage:
         return Usage(
             prompt_tokens=len(self.prompt_token_ids),
-            completion_tokens=sum(s.num_tokens for s in self.samples),
+            completion_tokens=self.beam.completion_tokens if self.beam else sum(s.num_tokens for s in self.samples),
             cached_tokens=self.num_cached_tokens,
         )
 

@@ -1,7 +1,8 @@
 """Sampler: picks one token per row from a batch of logits, and reports raw-distribution logprobs.
 
 Pipeline per step (rows are vectorised; only per-request generators are looped over):
-1. `processed_logits`: float32 copy -> logits processors (runtime/logits_processors.py) -> temperature ->
+1. `processed_logits`: float32 copy -> logits processors (runtime/logits_processors.py) -> grammar
+   bitmask of guided rows (runtime/guided) -> temperature ->
    top_k -> top_p -> min_p. Masked tokens are -inf.
 2. `processed_probs`: the distribution each row samples from ([N, V]; one-hot at the argmax for greedy
    rows). Speculative decoding's acceptance test uses the same function.
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.guided.bitmask import Guide, apply_bitmask, fill_bitmasks
 from runtime.logits_processors import apply_logits_processors
 from runtime.request import SamplingOptions
 
@@ -35,6 +37,7 @@ class SamplingRow:
     generator: torch.Generator | None  # per-request seed; None: the sampler's shared generator
     eos_token_ids: Sequence[int]
     bad_words_ids: Sequence[Sequence[int]] = ()
+    guide: Guide | None = None  # grammar-constrained decoding (runtime/guided): masks disallowed tokens
 
 
 @dataclass
@@ -68,11 +71,18 @@ def processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch
     """Float32 [N, V] logits after processors, temperature and top_k/top_p/min_p truncation (-inf)."""
     x = logits.to(torch.float32, copy=True)
     apply_logits_processors(x, rows)
+    # The grammar mask comes last: nothing may lift it (runtime/guided/bitmask.py).
+    masks = fill_bitmasks([r.guide for r in rows], x.shape[-1]) if any(r.guide for r in rows) else None
+    if masks is not None:
+        apply_bitmask(x, *masks)
     if any(r.bad_words_ids or len(r.output_token_ids) < r.options.min_tokens for r in rows):
         # A row whose every token got banned cannot be sampled; it falls back to its raw logits
-        # rather than producing NaNs. (torch.where: no host sync.)
+        # (grammar mask kept) rather than producing NaNs. (torch.where: no host sync.)
         dead = torch.isneginf(x).all(dim=-1, keepdim=True)
-        x = torch.where(dead, logits.to(torch.float32), x)
+        fallback = logits.to(torch.float32, copy=True)
+        if masks is not None:
+            apply_bitmask(fallback, *masks)
+        x = torch.where(dead, fallback, x)
     device, vocab = x.device, x.shape[-1]
     opts = [r.options for r in rows]
 

@@ -115,8 +115,8 @@ class Scheduler:
 
         # Decodes before unfinished prompt chunks, so a long prompt never starves ongoing streams.
         for seq in sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1):
-            if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted earlier in this loop
+            if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens == 0:
+                continue  # preempted earlier in this loop, or a beam waiting for its siblings' logits
             if budget == 0 or len(scheduled) == self.max_batch_size:
                 break
             num_new = min(seq.num_uncomputed_tokens, budget)
@@ -127,7 +127,10 @@ class Scheduler:
         # A step that had to preempt admits nothing: the pool is already too small.
         while self.waiting and not batch.preempted and budget > 0:
             seq = self.waiting[0]
-            if len(self.running) + seq.num_samples > self.max_batch_size:
+            # a request fanning out wider than a batch (beam_width > max_batch_size) waits for an empty one
+            if len(self.running) + min(seq.fanout, self.max_batch_size) > self.max_batch_size:
+                if not batch and self._evict_parked():
+                    continue
                 break
             cached = self.block_manager.find_cached_prefix(seq)
             num_new = seq.num_tokens - len(cached) * self.block_manager.block_size
@@ -139,6 +142,8 @@ class Scheduler:
             if self.policy == "guaranteed_no_evict" and not self._fits_worst_case(seq):
                 break
             if not self.block_manager.can_append(seq, num_new, cached):
+                if not batch and self._evict_parked():
+                    continue
                 break
             self.waiting.popleft()
             self.block_manager.attach_prefix(seq, cached)
@@ -177,6 +182,24 @@ class Scheduler:
                 return False
         return True
 
+    def _evict_parked(self) -> bool:
+        """Nothing could run: free the newest beam waiting for its siblings' logits (runtime/beam_search.py).
+
+        Parked beams hold slots and blocks but have nothing to compute; when a sibling they wait for is
+        queued behind them, freeing one is the only way forward. It goes to the back of the queue (its
+        logits are already recorded) and recomputes its tokens when readmitted. False: none parked.
+        """
+        for seq in reversed(self.running):
+            if seq.num_uncomputed_tokens == 0:
+                self.running.remove(seq)
+                self.block_manager.free(seq)
+                seq.status = SequenceStatus.WAITING
+                seq.num_preemptions += 1
+                self.num_preemptions += 1
+                self.waiting.append(seq)
+                return True
+        return False
+
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)
@@ -190,16 +213,16 @@ class Scheduler:
     def _fits_worst_case(self, seq: Sequence) -> bool:
         """guaranteed_no_evict: free blocks cover every running sequence's and `seq`'s worst case."""
         reserved = sum(self._future_blocks(s) for s in self.running)
-        need = seq.num_samples * self.block_manager.blocks_for(seq.max_len)
+        need = seq.fanout * self.block_manager.blocks_for(seq.max_len)
         return self.block_manager.num_free_blocks - reserved >= need
 
     def _future_blocks(self, seq: Sequence) -> int:
         """An upper bound of the free blocks `seq` (and the samples it will fork into) may still take."""
         bm = self.block_manager
         most = bm.blocks_for(seq.max_len)
-        if seq.num_samples > 1:
+        if seq.fanout > 1:
             # each fork may grow to `most` blocks and copy the shared last block
-            return seq.num_samples * most - len(seq.block_table)
+            return seq.fanout * most - len(seq.block_table)
         shared_tail = (
             seq.num_computed_tokens % bm.block_size != 0 and bool(seq.block_table) and bm.ref_counts[seq.block_table[-1]] > 1
         )

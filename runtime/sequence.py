@@ -39,6 +39,7 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.max_len = len(prompt_token_ids) + max_tokens  # the sequence never grows past this
         self.num_samples = num_samples  # > 1 until the prompt is prefilled and the sequence forks
+        self.beam_width = 1  # > 1 until a beam-search request's first round forks it (runtime/beam_search.py)
         self.cache_salt = cache_salt  # e.g. the LoRA adapter: prefix blocks only match the same salt
         # Prompt logprobs / context logits need every prompt position computed, so no prefix-cache hits.
         self.needs_prompt_logits = needs_prompt_logits
@@ -80,6 +81,11 @@ class Sequence:
     def is_prefill(self) -> bool:
         """True while computing the prompt (or recomputing after preemption), False when decoding."""
         return self.num_computed_tokens < self.num_prompt_tokens or self.num_uncomputed_tokens > 1
+
+    @property
+    def fanout(self) -> int:
+        """Sequences this one will become (n samples or beams): what admission must leave room for."""
+        return max(self.num_samples, self.beam_width)
 
     @property
     def is_finished(self) -> bool:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from runtime.beam_search import check_beam_options
 from runtime.config import EngineConfig
-from runtime.errors import InvalidRequestError, PromptTooLongError, UnknownAdapterError, UnsupportedOptionError
+from runtime.errors import InvalidRequestError, PromptTooLongError, UnsupportedOptionError
 from runtime.request import GenerationRequest, SamplingOptions
 from runtime.tokenizer import Tokenizer
 
@@ -38,12 +39,9 @@ def validate_request(
     if not request.request_id:
         raise InvalidRequestError("request_id must be a non-empty string", param="request_id")
     _check_options(opts, vocab_size, config)
-    if request.adapter is not None:
-        if request.adapter not in config.lora_modules:
-            raise UnknownAdapterError(f"The adapter '{request.adapter}' is not loaded")
-        raise UnsupportedOptionError("adapter", "native", "LoRA adapters are not implemented yet")
-    if request.guided is not None:
-        raise UnsupportedOptionError("guided", "native", "guided decoding is not implemented yet")
+    # LoRA adapters (request.adapter / request.lora_task) are resolved by the engine's LoraManager.
+    if request.guided is not None and opts.beam_width > 1:  # the grammar itself is compiled by the engine
+        raise UnsupportedOptionError("guided", "native", "guided decoding cannot be combined with beam search")
     if request.num_draft_tokens is not None and request.num_draft_tokens < 0:
         raise InvalidRequestError("num_draft_tokens must be >= 0", param="num_draft_tokens")
 
@@ -110,7 +108,7 @@ def _check_options(opts: SamplingOptions, vocab_size: int, config: EngineConfig)
             f"beam_width {opts.beam_width} exceeds max_beam_width ({config.max_beam_width})", param="beam_width"
         )
     if opts.beam_width > 1:
-        raise UnsupportedOptionError("beam_width", "native", "beam search is not implemented yet")
+        check_beam_options(opts)
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(opts, name)
         require(

@@ -220,3 +220,22 @@ def test_finish_and_abort_free_blocks() -> None:
     sched.finish(c)  # abort a waiting sequence
     sched.finish(b)
     assert not sched.has_work() and sched.block_manager.num_used_blocks == 0
+
+
+def test_parked_sequences_are_skipped_and_freed_only_when_they_block_everything() -> None:
+    """A beam waiting for its siblings' logits (nothing to compute) is never scheduled; when it holds the
+    blocks a queued sequence needs and nothing else can run, it is freed to the back of the queue."""
+    sched = make_scheduler(4, max_batch_size=2)
+    parked = Sequence("beam", prompt(12), 4)
+    sched.add(parked)
+    sched.advance(sched.schedule())  # its 3 blocks computed, no token appended: parked
+    assert parked.num_uncomputed_tokens == 0
+    assert not sched.schedule() and parked.status is SequenceStatus.RUNNING  # skipped, kept
+
+    sibling = Sequence("beam", prompt(8, 1), 4)  # needs 2 blocks, 1 is free
+    sched.add(sibling)
+    batch = sched.schedule()
+    assert [e.seq for e in batch.entries] == [sibling] and batch.entries[0].num_new_tokens == 8
+    assert parked.status is SequenceStatus.WAITING and list(sched.waiting) == [parked]
+    assert parked.block_table == [] and parked.num_uncomputed_tokens == 12 and sched.num_preemptions == 1
+    sched.block_manager.check_invariants(sched.running + list(sched.waiting))

@@ -1,0 +1,236 @@
+"""Beam search on the native runtime (Triton's `beam_width`, vLLM's `use_beam_search`).
+
+Semantics follow transformers' `generate(num_beams=W, do_sample=False)` (early_stopping=False), so the
+same checkpoint gives the same beams:
+- Beams are ranked by the sum of the raw log-softmax of their tokens (sampling knobs such as
+  temperature, top_k/top_p and seed do not apply; min_tokens masks the stop tokens).
+- Each round takes the best K = max(2, 1 + #stop tokens) * W continuations of all live beams. Of these,
+  the ones among the best W that end (a stop token: eos unless ignore_eos, or stop_token_ids; or
+  max_tokens / the context window reached) become finished hypotheses scored
+  sum_logprobs / generated_len ** length_penalty; the best W continuations that do not end live on.
+- The search stops when every continuation ended, or when W hypotheses are finished and the best live
+  beam, scored at its current length, cannot beat the worst of them.
+- The result is the W best hypotheses, best first, as OutputDelta indices 0..W-1, all at the end (beams
+  are reordered every round, so nothing can be streamed before the search is over).
+
+Each live beam is one Sequence. A round needs the next-token logits of every live beam; a beam whose
+logits arrived waits (it has no uncomputed token, so the scheduler skips it) until its siblings report,
+even across steps and preemptions. The first continuation of a parent reuses its sequence; further ones
+fork it (blocks shared, copy-on-write), and parents without continuations are freed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from runtime.detokenizer import IncrementalDetokenizer
+from runtime.errors import InvalidRequestError, UnsupportedOptionError
+from runtime.request import OutputDelta, SamplingOptions, TokenLogprob
+from runtime.sequence import Sequence, SequenceStatus
+from runtime.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from runtime.scheduler import Scheduler
+
+
+def check_beam_options(opts: SamplingOptions) -> None:
+    """Reject options that beam search cannot honour (named in the error). Call when beam_width > 1."""
+    if opts.n != 1:
+        raise InvalidRequestError(
+            f"n must be 1 with beam search (beam_width {opts.beam_width} returns {opts.beam_width} beams)", param="n"
+        )
+    unsupported = {
+        "stop": bool(opts.stop),
+        "repetition_penalty": opts.repetition_penalty != 1.0,
+        "presence_penalty": opts.presence_penalty != 0.0,
+        "frequency_penalty": opts.frequency_penalty != 0.0,
+        "logit_bias": bool(opts.logit_bias),
+        "bad_words": bool(opts.bad_words),
+        "return_generation_logits": opts.return_generation_logits,
+    }
+    for option, used in unsupported.items():
+        if used:
+            raise UnsupportedOptionError(option, "native", "not available with beam search (beam_width > 1)")
+
+
+@dataclass
+class Beam:
+    """A live beam: its sequence, summed raw logprob and per-token logprobs."""
+
+    seq: Sequence
+    score: torch.Tensor  # float32 scalar, as transformers accumulates
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+@dataclass
+class Hypothesis:
+    """A finished beam."""
+
+    token_ids: list[int]
+    score: float  # length-penalised
+    cumulative_logprob: float
+    logprobs: list[TokenLogprob]
+    stopped_by: int | None  # the stop token id that ended it; None: length
+
+
+class BeamSearch:
+    """The beam state of one request (see the module docstring)."""
+
+    def __init__(
+        self,
+        request_id: str,
+        options: SamplingOptions,
+        *,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        context_window: int,
+        eos_token_ids: list[int],
+        tokenizer: Tokenizer,
+    ) -> None:
+        self.request_id = request_id
+        self.options = options
+        self.width = options.beam_width
+        self.prompt_token_ids = prompt_token_ids
+        self.max_tokens = max_tokens
+        self.context_window = context_window
+        self.tokenizer = tokenizer
+        eos = [] if options.ignore_eos else eos_token_ids
+        self.stop_ids = list(dict.fromkeys([*eos, *options.stop_token_ids]))
+        self.num_candidates = max(2, 1 + len(self.stop_ids)) * self.width
+        self.beams: list[Beam] = []
+        self.finished: list[Hypothesis] = []  # best first, at most `width`
+        self.improvable = True
+        self.done = False
+        self._pending: dict[int, torch.Tensor] = {}  # seq_id -> next-token logits [vocab]
+
+    def start(self, seq: Sequence) -> None:
+        """The request's first sequence (it prefills the prompt once) is the only beam of round one."""
+        seq.beam_width = self.width  # admission reserves KV room for every beam it will fork into
+        self.beams = [Beam(seq, torch.zeros((), dtype=torch.float32))]
+
+    @property
+    def sequences(self) -> list[Sequence]:
+        return [b.seq for b in self.beams]
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens of the returned beams (0 until the search is over)."""
+        return sum(len(h.token_ids) for h in self.finished) if self.done else 0
+
+    def advance(self, seq: Sequence, logits: torch.Tensor, scheduler: Scheduler) -> int:
+        """Record `seq`'s next-token logits [1, vocab]; run a round once every live beam reported.
+
+        Returns the number of tokens appended to live beams.
+        """
+        if self.done or all(b.seq is not seq for b in self.beams):
+            return 0
+        self._pending[seq.seq_id] = logits.reshape(-1)
+        if any(b.seq.seq_id not in self._pending for b in self.beams):
+            return 0  # siblings still computing
+        return self._round(scheduler)
+
+    # ---- one round ----------------------------------------------------------------------------
+    def _round(self, scheduler: Scheduler) -> int:
+        beams = self.beams
+        raw = torch.log_softmax(torch.stack([self._pending.pop(b.seq.seq_id) for b in beams]).float(), dim=-1)
+        vocab = raw.shape[-1]
+        generated = beams[0].seq.num_output_tokens + 1  # length of every continuation
+        logprobs = raw
+        if generated <= self.options.min_tokens and self.stop_ids:
+            logprobs = raw.clone()
+            logprobs[:, self.stop_ids] = float("-inf")
+        scores = torch.stack([b.score for b in beams])
+        flat = (logprobs + scores[:, None]).reshape(-1)
+        top_scores, top_index = flat.topk(min(self.num_candidates, flat.numel()))
+        k_top = self.options.logprobs or 0
+        tops = raw.topk(min(k_top, vocab), dim=-1) if k_top else None
+
+        at_limit = generated >= self.max_tokens or beams[0].seq.num_tokens + 1 >= self.context_window
+        penalty = float(generated) ** self.options.length_penalty
+        live: list[tuple[int, int, torch.Tensor]] = []  # (parent beam, token, score)
+        ended: list[Hypothesis] = []
+        for rank, (score, index) in enumerate(zip(top_scores, top_index.tolist())):
+            parent, token = divmod(index, vocab)
+            stops = token in self.stop_ids
+            if at_limit or stops:
+                if rank < self.width and self.improvable:
+                    lp = self._token_logprob(raw, tops, parent, token)
+                    ended.append(Hypothesis(
+                        token_ids=beams[parent].seq.output_token_ids + [token],
+                        score=float(score / penalty),
+                        cumulative_logprob=sum(t.logprob for t in beams[parent].logprobs) + lp.logprob,
+                        logprobs=beams[parent].logprobs + [lp],
+                        stopped_by=token if stops else None,
+                    ))
+            elif len(live) < self.width:
+                live.append((parent, token, score))
+        self.finished = sorted(self.finished + ended, key=lambda h: -h.score)[: self.width]
+
+        if live and len(self.finished) == self.width:
+            best_possible = float(live[0][2] / penalty)
+            self.improvable = self.improvable and best_possible > self.finished[-1].score
+        if not live or not self.improvable:
+            self.done = True  # the engine frees the remaining sequences when it ends the request
+            return 0
+        self.beams = self._grow(beams, live, raw, tops, scheduler)
+        return len(live)
+
+    def _grow(self, beams: list[Beam], live: list[tuple[int, int, torch.Tensor]], raw: torch.Tensor,
+              tops: torch.return_types.topk | None, scheduler: Scheduler) -> list[Beam]:
+        """Sequences for the next round: reuse each parent once, fork it for further children, free the rest."""
+        used: set[int] = set()
+        seqs = []
+        for parent, _, _ in live:  # all forks before any token is appended
+            source = beams[parent].seq
+            source.beam_width = 1
+            if parent not in used:
+                used.add(parent)
+                seqs.append(source)
+            elif source.status is SequenceStatus.RUNNING:
+                seqs.append(scheduler.fork(source, 0))
+            else:  # a preempted parent holds no blocks: its copy recomputes from scratch, like it will
+                child = source.fork(0)
+                scheduler.add(child)
+                seqs.append(child)
+        for i, beam in enumerate(beams):
+            if i not in used:
+                scheduler.finish(beam.seq)
+        out = []
+        for seq, (parent, token, score) in zip(seqs, live):
+            seq.append_token(token)
+            out.append(Beam(seq, score, beams[parent].logprobs + [self._token_logprob(raw, tops, parent, token)]))
+        return out
+
+    def _token_logprob(self, raw: torch.Tensor, tops: torch.return_types.topk | None, parent: int,
+                       token: int) -> TokenLogprob:
+        top = list(zip(tops.indices[parent].tolist(), tops.values[parent].tolist())) if tops is not None else []
+        return TokenLogprob(token, float(raw[parent, token]), top)
+
+    # ---- output -------------------------------------------------------------------------------
+    def final_deltas(self) -> list[OutputDelta]:
+        """One delta per returned beam (index = rank, best first) with its whole output."""
+        opts = self.options
+        deltas = []
+        for rank, hyp in enumerate(self.finished):
+            shown = hyp.token_ids
+            keep_stop = opts.include_stop_str_in_output and hyp.stopped_by in opts.stop_token_ids
+            if hyp.stopped_by is not None and not keep_stop:
+                shown = shown[:-1]  # a stop token's text is not emitted (as without beam search)
+            detok = IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids, opts.skip_special_tokens)
+            text = detok.push(shown) + detok.flush()
+            stop_reason = hyp.stopped_by if hyp.stopped_by in opts.stop_token_ids else None
+            deltas.append(OutputDelta(
+                request_id=self.request_id,
+                index=rank,
+                token_ids=list(hyp.token_ids),
+                text=text,
+                logprobs=[TokenLogprob(t.token_id, t.logprob, t.top[: opts.logprobs]) for t in hyp.logprobs]
+                if opts.logprobs is not None else None,
+                finish_reason="stop" if hyp.stopped_by is not None else "length",
+                stop_reason=stop_reason,
+                cumulative_logprob=hyp.cumulative_logprob,
+            ))
+        return deltas
