@@ -1,0 +1,91 @@
+"""LoRA adapters at run time, with vLLM's routes and bodies:
+
+    POST /v1/load_lora_adapter    {"lora_name": "sql", "lora_path": "/adapters/sql"}
+    POST /v1/unload_lora_adapter  {"lora_name": "sql"}
+
+Off unless the server runs with --enable-lora-loading (as vLLM needs VLLM_ALLOW_RUNTIME_LORA_UPDATING);
+then 404. Paths must lie inside one of the --lora-root folders when any is given (relative paths are
+taken from there), so clients cannot make the server read arbitrary folders. API keys (--api-keys)
+guard these routes like every other. Success answers are vLLM's plain-text lines.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from gateway.errors import openai_error_response
+from gateway.middleware import request_id_of
+from gateway.openai_routes import read_json, ready_engine
+from runtime.errors import InvalidRequestError
+
+
+def _field(body: Any, name: str) -> str:
+    if not isinstance(body, dict):
+        raise InvalidRequestError("the request body must be a JSON object")
+    value = body.get(name)
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidRequestError(f"'{name}' must be a non-empty string", param=name)
+    return value.strip()
+
+
+def allowed_path(path: str, roots: list[str]) -> str:
+    """The real folder `path` names, checked to be inside one of `roots` (any folder when none)."""
+    if not roots:
+        return os.path.realpath(path)
+    real_roots = [os.path.realpath(r) for r in roots]
+    candidates = [path] if os.path.isabs(path) else [os.path.join(r, path) for r in real_roots]
+    for candidate in candidates:
+        real = os.path.realpath(candidate)
+        if any(os.path.commonpath([real, root]) == root for root in real_roots) and os.path.isdir(real):
+            return real
+    raise InvalidRequestError(
+        f"lora_path '{path}' is not a folder inside the allowed LoRA roots (--lora-root)", param="lora_path")
+
+
+def _disabled(request: Request) -> Response | None:
+    if request.app.state.settings.enable_lora_loading:
+        return None
+    exc = InvalidRequestError("Loading and unloading LoRA adapters at run time is disabled; start the server "
+                              "with --enable-lora-loading to allow it.")
+    response = openai_error_response(exc, request_id_of(request.scope))
+    response.status_code = 404
+    return response
+
+
+async def load_lora_adapter(request: Request) -> Response:
+    if (off := _disabled(request)) is not None:
+        return off
+    try:
+        body = await read_json(request)
+        name, path = _field(body, "lora_name"), _field(body, "lora_path")
+        real = allowed_path(path, request.app.state.settings.lora_root)
+        await ready_engine(request).load_lora_adapter(name, real)
+    except Exception as exc:
+        return openai_error_response(exc, request_id_of(request.scope))
+    return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
+
+
+async def unload_lora_adapter(request: Request) -> Response:
+    if (off := _disabled(request)) is not None:
+        return off
+    try:
+        name = _field(await read_json(request), "lora_name")
+        await ready_engine(request).unload_lora_adapter(name)
+    except Exception as exc:
+        return openai_error_response(exc, request_id_of(request.scope))
+    return PlainTextResponse(f"Success: LoRA adapter '{name}' removed successfully.")
+
+
+def lora_routes() -> list[BaseRoute]:
+    return [
+        Route("/v1/load_lora_adapter", load_lora_adapter, methods=["POST"]),
+        Route("/v1/unload_lora_adapter", unload_lora_adapter, methods=["POST"]),
+    ]
+
+
+__all__ = ["allowed_path", "lora_routes"]

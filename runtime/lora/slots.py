@@ -1,0 +1,150 @@
+"""DeviceSlots: the device-side adapter cache (--max-loras slots) as stacked A/B tensors per Linear.
+
+Slot s of a Linear holds an adapter's pairs side by side along the rank axis: A [cap, S, in] and
+B [out, cap, S], a pair of rank r at rank offset k filling A[k:k+r, s] and B[rows, k:k+r, s]. So a fused
+qkv_proj with separate q, k and v adapters is still ONE low-rank product per token. `cap` is
+max_lora_rank per fused part. Rank-major layout: the first r ranks of every slot are one contiguous
+[r * S, in] matrix (apply.py multiplies all slots at once). A Linear's stacks are allocated when the
+first adapter touching it is placed. Slots are recycled least-recently-used first, and never while pinned by a request.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from runtime.errors import InvalidRequestError
+from runtime.lora.targets import LoraTargets
+from runtime.lora.weights import LoraPair, LoraWeights
+
+
+class LinearSlots:
+    """Stacked low-rank weights of one Linear for every slot."""
+
+    def __init__(self, in_features: int, out_features: int, num_slots: int, capacity: int,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        self.a = torch.zeros(capacity, num_slots, in_features, device=device, dtype=dtype)
+        self.b = torch.zeros(out_features, capacity, num_slots, device=device, dtype=dtype)
+        self.num_slots = num_slots
+        self.ranks = [0] * num_slots  # rank columns used per slot
+        self.used_rank = 0  # max(ranks): the forward multiplies only these columns
+
+    def _set_rank(self, slot: int, rank: int) -> None:
+        self.ranks[slot] = rank
+        self.used_rank = max(self.ranks)
+
+    def write(self, slot: int, pairs: list[LoraPair]) -> None:
+        self.clear(slot)
+        k = 0
+        for p in pairs:
+            self.a[k : k + p.rank, slot].copy_(p.a)
+            self.b[p.start : p.start + p.size, k : k + p.rank, slot].copy_(p.b)
+            k += p.rank
+        self._set_rank(slot, k)
+
+    def clear(self, slot: int) -> None:
+        if self.ranks[slot]:
+            self.a[:, slot].zero_()
+            self.b[:, :, slot].zero_()
+            self._set_rank(slot, 0)
+
+
+class DeviceSlots:
+    """Which adapter (by key) sits in which slot, pin counts, LRU order, and the stacked tensors."""
+
+    def __init__(self, targets: LoraTargets, num_slots: int, max_rank: int,
+                 device: torch.device, dtype: torch.dtype) -> None:
+        if num_slots < 1:
+            raise ValueError("max_loras must be at least 1")
+        self.targets = targets
+        self.num_slots = num_slots
+        self.max_rank = max_rank
+        self.device, self.dtype = device, dtype
+        self.linears: dict[str, LinearSlots] = {}
+        self.owner: list[int | None] = [None] * num_slots  # adapter key per slot
+        self.pins = [0] * num_slots
+        self._slot_of: dict[int, int] = {}
+        self._lru: OrderedDict[int, None] = OrderedDict()  # unpinned occupied slots, oldest first
+        self.on_allocate: list = []  # callbacks(module name, LinearSlots) when a Linear gets stacks
+
+    def capacity(self, module: str) -> int:
+        return self.max_rank * len(self.targets.modules[module].part_names)
+
+    def check_fits(self, weights: LoraWeights) -> None:
+        """InvalidRequestError when a module's pairs need more rank columns than a slot has."""
+        for module, pairs in weights.modules.items():
+            need = sum(p.rank for p in pairs)
+            if need > self.capacity(module):
+                raise InvalidRequestError(
+                    f"the adapter's pairs on '{module}' have total rank {need}, more than the "
+                    f"{self.capacity(module)} columns a slot holds (max_lora_rank x fused parts)", param="adapter")
+
+    def slot_of(self, key: int) -> int | None:
+        return self._slot_of.get(key)
+
+    def can_place(self, key: int) -> bool:
+        """The adapter is resident, or a free or unpinned slot can take it."""
+        return key in self._slot_of or None in self.owner or bool(self._lru)
+
+    def acquire(self, key: int, weights: LoraWeights) -> tuple[int, bool, int | None] | None:
+        """Pin a slot holding adapter `key`: (slot, was it already there, evicted key). None if all are pinned."""
+        slot = self._slot_of.get(key)
+        evicted = None
+        hit = slot is not None
+        if slot is None:
+            if None in self.owner:
+                slot = self.owner.index(None)
+            elif self._lru:
+                slot, _ = self._lru.popitem(last=False)
+                evicted = self.owner[slot]
+                del self._slot_of[evicted]  # type: ignore[arg-type]
+            else:
+                return None
+            self._place(slot, key, weights)
+        self._lru.pop(slot, None)
+        self.pins[slot] += 1
+        return slot, hit, evicted
+
+    def release(self, slot: int) -> None:
+        self.pins[slot] -= 1
+        assert self.pins[slot] >= 0, f"slot {slot} released more often than acquired"
+        if self.pins[slot] == 0 and self.owner[slot] is not None:
+            self._lru[slot] = None  # most recently used at the end
+
+    def drop(self, key: int) -> bool:
+        """Free adapter `key`'s slot now (unloaded adapter); False when it is pinned or absent."""
+        slot = self._slot_of.get(key)
+        if slot is None or self.pins[slot]:
+            return False
+        del self._slot_of[key]
+        self._lru.pop(slot, None)
+        self.owner[slot] = None
+        for stacks in self.linears.values():
+            stacks.clear(slot)
+        return True
+
+    def allocate(self, module: str) -> LinearSlots:
+        """The stacks of `module`, allocated (zeros) on first use."""
+        stacks = self.linears.get(module)
+        if stacks is None:
+            linear = self.targets.modules[module]
+            stacks = LinearSlots(linear.in_features, linear.out_features, self.num_slots,
+                                 self.capacity(module), self.device, self.dtype)
+            self.linears[module] = stacks
+            for callback in self.on_allocate:
+                callback(module, stacks)
+        return stacks
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.a.numel() * s.a.element_size() + s.b.numel() * s.b.element_size() for s in self.linears.values())
+
+    def _place(self, slot: int, key: int, weights: LoraWeights) -> None:
+        for module, stacks in self.linears.items():
+            if module not in weights.modules:
+                stacks.clear(slot)
+        for module, pairs in weights.modules.items():
+            self.allocate(module).write(slot, pairs)
+        self.owner[slot] = key
+        self._slot_of[key] = slot

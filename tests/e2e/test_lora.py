@@ -1,0 +1,122 @@
+"""LoRA end to end with the official openai SDK and raw HTTP: `model` picks the adapter, /v1/models lists
+adapters with their parent, unknown names are OpenAI 404s, run-time load/unload (vLLM's routes) behind
+--enable-lora-loading and --lora-root, and the LoRA metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from gateway.settings import Settings
+from runtime.config import EngineConfig
+from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, MODEL_NAME, RunningServer, free_port
+from tests.lora_adapters import make_peft_adapter, peft_greedy
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("adapters")
+    return {
+        "root": root,
+        "sql": make_peft_adapter(tiny_model_dir, root / "sql", ["q_proj", "v_proj", "down_proj"], r=4, seed=11),
+        "poet": make_peft_adapter(tiny_model_dir, root / "poet", ["o_proj", "gate_proj", "up_proj"], r=8, seed=12),
+    }
+
+
+def start(tiny_model_dir: Path, adapters: dict[str, Path], **gateway: object) -> RunningServer:
+    engine = EngineConfig(**{**DEFAULT_ENGINE_OPTIONS, "model": str(tiny_model_dir)},
+                          lora_modules={"sql": str(adapters["sql"])})
+    settings = Settings(host="127.0.0.1", port=free_port(), drain_timeout=0.0, engine=engine, **gateway)
+    return RunningServer(settings).start()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir: Path, adapters: dict[str, Path]) -> Iterator[RunningServer]:
+    srv = start(tiny_model_dir, adapters, enable_lora_loading=True, lora_root=[str(adapters["root"])])
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def client(server: RunningServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+def complete(client: openai.OpenAI, model: str, prompt: list[int], n: int = 8) -> openai.types.Completion:
+    return client.completions.create(model=model, prompt=prompt, max_tokens=n, temperature=0,
+                                     extra_body={"ignore_eos": True})
+
+
+def test_model_name_selects_the_adapter_and_models_lists_it(client, server, tiny_model_dir, adapters) -> None:
+    prompt = server.engine.tokenizer.encode("The quick brown fox")
+    tok = server.engine.tokenizer
+    out = complete(client, "sql", prompt)
+    assert out.model == "sql"
+    assert out.choices[0].text == tok.decode(peft_greedy(tiny_model_dir, adapters["sql"], prompt, 8))
+    assert complete(client, MODEL_NAME, prompt).choices[0].text != out.choices[0].text
+    cards = {m["id"]: m for m in httpx.get(server.base_url + "/models").json()["data"]}
+    assert cards["sql"]["parent"] == MODEL_NAME and cards["sql"]["root"] == str(adapters["sql"])
+    assert cards[MODEL_NAME].get("parent") is None
+
+
+def test_unknown_adapter_is_an_openai_404(client) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        complete(client, "nope", [1, 2, 3])
+    assert info.value.body == {"message": "The model `nope` does not exist.", "type": "invalid_request_error",
+                               "param": None, "code": "model_not_found"}
+
+
+def test_load_use_unload_at_run_time(client, server, tiny_model_dir, adapters) -> None:
+    url = server.base_url
+    prompt = [5, 17, 33, 80, 120]
+    r = httpx.post(url + "/load_lora_adapter", json={"lora_name": "poet", "lora_path": str(adapters["poet"])})
+    assert (r.status_code, r.text) == (200, "Success: LoRA adapter 'poet' added successfully.")
+    assert "poet" in [m.id for m in client.models.list().data]
+    want = server.engine.tokenizer.decode(peft_greedy(tiny_model_dir, adapters["poet"], prompt, 8))
+    assert complete(client, "poet", prompt).choices[0].text == want
+    again = httpx.post(url + "/load_lora_adapter", json={"lora_name": "poet", "lora_path": "poet"})
+    assert again.status_code == 400 and "already been loaded" in again.json()["error"]["message"]
+    r = httpx.post(url + "/unload_lora_adapter", json={"lora_name": "poet"})
+    assert (r.status_code, r.text) == (200, "Success: LoRA adapter 'poet' removed successfully.")
+    assert "poet" not in [m.id for m in client.models.list().data]
+    with pytest.raises(openai.NotFoundError):
+        complete(client, "poet", prompt)
+    gone = httpx.post(url + "/unload_lora_adapter", json={"lora_name": "poet"})
+    assert gone.status_code == 404 and gone.json()["error"]["code"] == "model_not_found"
+    # a path relative to the LoRA root works too
+    r = httpx.post(url + "/load_lora_adapter", json={"lora_name": "poet2", "lora_path": "poet"})
+    assert r.status_code == 200
+
+
+def test_paths_outside_the_lora_root_and_bad_bodies_are_refused(server, tiny_model_dir) -> None:
+    url = server.base_url + "/load_lora_adapter"
+    outside = httpx.post(url, json={"lora_name": "x", "lora_path": str(tiny_model_dir)})
+    assert outside.status_code == 400
+    assert outside.json()["error"]["message"] == (
+        f"lora_path '{tiny_model_dir}' is not a folder inside the allowed LoRA roots (--lora-root)")
+    escape = httpx.post(url, json={"lora_name": "x", "lora_path": "../"})
+    assert escape.status_code == 400
+    missing = httpx.post(url, json={"lora_path": "sql"})
+    assert missing.status_code == 400 and missing.json()["error"]["param"] == "lora_name"
+
+
+def test_metrics_count_adapter_requests(client, server) -> None:
+    complete(client, "sql", [1, 2, 3], 2)
+    text = httpx.get(server.url + "/metrics").text
+    lines = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line.startswith("trtllm")}
+    assert lines['trtllm_gateway_lora_requests_total{adapter="sql"}'] >= 1
+    assert lines["trtllm_gateway_lora_adapters_loaded"] >= 1
+    assert lines["trtllm_gateway_lora_cache_misses_total"] >= 1
+
+
+def test_run_time_loading_is_off_by_default(tiny_model_dir, adapters) -> None:
+    srv = start(tiny_model_dir, adapters)
+    try:
+        r = httpx.post(srv.base_url + "/load_lora_adapter", json={"lora_name": "p", "lora_path": str(adapters["poet"])})
+        assert r.status_code == 404 and "--enable-lora-loading" in r.json()["error"]["message"]
+    finally:
+        srv.stop()

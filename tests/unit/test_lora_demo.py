@@ -1,0 +1,35 @@
+"""The shipped demo adapter (runtime/demo/adapter, made by runtime/demo/train_adapter.py): small, valid
+PEFT, and served by our engine exactly as transformers + PEFT run it on the demo model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.demo import DEMO_DIR, demo_model_path
+from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
+from tests.lora_adapters import peft_greedy
+
+ADAPTER = DEMO_DIR / "adapter"
+
+
+def test_demo_adapter_is_a_small_peft_lora() -> None:
+    config = json.loads((ADAPTER / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["r"] == 8
+    size = sum(f.stat().st_size for f in ADAPTER.iterdir())
+    assert size < 1_000_000
+    assert "held-out topics" in (ADAPTER / "ADAPTER.md").read_text()
+
+
+@pytest.mark.parametrize("prompt", ["The while statement is used", "def parse(text):"])
+async def test_demo_adapter_output_equals_peft(prompt: str) -> None:
+    base = Path(demo_model_path())
+    async with running_engine(base, lora_modules={"docs": str(ADAPTER)}, kv_block_size=16, max_model_len=256) as engine:
+        ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
+        req = request("d", ids, 16)
+        req.adapter = "docs"
+        out = await collect(engine, req)
+    assert out.tokens[0] == peft_greedy(base, ADAPTER, ids, 16)
+    assert out.tokens[0] != hf_greedy(load_hf(base), ids, 16)
