@@ -1,0 +1,64 @@
+"""Speculative decoding for the native runtime: draft-model and n-gram proposers, exact verification.
+
+- ngram.py: NgramProposer (prompt lookup, no model);
+- draft.py: DraftProposer (a small model with its own paged KV cache) and the tokenizer check;
+- verifier.py: verify(), greedy longest-agreeing-prefix and rejection sampling;
+- speculator.py: Speculator, the engine's per-step hooks (plan, patch_inputs, verify, emit).
+
+`use_draft_logits` (Triton) is accepted and has no effect here: draft-model proposals are always
+verified with the draft's probabilities, n-gram proposals as one-hot ones; both are exact.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.block_manager import BlockManager
+from runtime.config import EngineConfig
+from runtime.speculative.draft import DraftProposer, DraftTokenizerMismatchError, check_same_tokenizer
+from runtime.speculative.ngram import NgramProposer
+from runtime.speculative.speculator import Speculator, SpecCounters
+from runtime.speculative.verifier import Verdict, verify
+from runtime.tokenizer import Tokenizer
+
+__all__ = [
+    "DraftProposer", "DraftTokenizerMismatchError", "NgramProposer", "SpecCounters", "Speculator", "Verdict",
+    "build_speculator", "load_proposer", "resolve_draft_path", "verify",
+]
+
+
+def resolve_draft_path(config: EngineConfig, serving_demo: bool) -> str:
+    """--draft-model, or the demo model's own draft when serving the embedded demo model."""
+    if config.draft_model is not None:
+        return config.draft_model
+    if serving_demo:
+        from runtime.demo import demo_draft_path
+
+        return demo_draft_path()
+    raise ValueError("--speculative draft needs --draft-model DIR (a small model with the target's tokenizer)")
+
+
+def load_proposer(config: EngineConfig, *, serving_demo: bool, tokenizer: Tokenizer, vocab_size: int,
+                  dtype: torch.dtype, device: torch.device) -> NgramProposer | DraftProposer | None:
+    """The configured proposer (the draft model is loaded here, before the KV caches are sized)."""
+    if config.speculative == "none":
+        return None
+    if config.num_draft_tokens < 1:
+        raise ValueError(f"--num-draft-tokens must be >= 1 with --speculative {config.speculative}")
+    if config.speculative == "ngram":
+        return NgramProposer(config.ngram_min, config.ngram_max)
+    if config.speculative != "draft":
+        raise ValueError(f"unknown --speculative {config.speculative!r} (none, draft, ngram)")
+    path = resolve_draft_path(config, serving_demo)
+    check_same_tokenizer(tokenizer, path)
+    generator = torch.Generator().manual_seed(config.seed + 1)
+    return DraftProposer(path, vocab_size, dtype, device, config.kv_block_size, generator)
+
+
+def build_speculator(proposer: NgramProposer | DraftProposer, config: EngineConfig, block_manager: BlockManager,
+                     context_window: int) -> Speculator:
+    """The engine's hook object, once the target's KV cache exists (the draft's cache gets as many blocks)."""
+    if isinstance(proposer, DraftProposer):
+        proposer.allocate(block_manager.num_blocks)
+    return Speculator(proposer, num_draft_tokens=config.num_draft_tokens, block_manager=block_manager,
+                      max_num_tokens=config.max_num_tokens, context_window=context_window, seed=config.seed)

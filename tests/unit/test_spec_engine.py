@@ -1,0 +1,178 @@
+"""Speculative decoding inside NativeEngine: greedy output equals plain greedy decoding (draft model and
+n-gram, alone and beside plain requests), stops cut multi-token steps, rejected KV is freed, counters."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import pytest
+
+from runtime.config import EngineConfig
+from runtime.llm_engine import NativeEngine
+from runtime.request import GenerationRequest
+from runtime.speculative import DraftTokenizerMismatchError
+from tests.engine_harness import collect, request, running_engine
+from tests.tiny_models import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("spec")
+    target = build_tiny_model(root, "llama")
+    draft = build_tiny_model(root, "llama", seed=1, hidden_size=32, intermediate_size=64, num_hidden_layers=1)
+    return target, draft
+
+
+def prompts(count: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    # repeated chunks give the n-gram proposer something to find
+    out = []
+    for _ in range(count):
+        chunk = [rng.randrange(3, 300) for _ in range(rng.randrange(3, 7))]
+        out.append(chunk * rng.randrange(2, 4) + [rng.randrange(3, 300)])
+    return out
+
+
+async def run_all(engine: NativeEngine, reqs: list[GenerationRequest]) -> list:
+    return await asyncio.gather(*(collect(engine, r) for r in reqs))
+
+
+async def plain_greedy(target: Path, ps: list[list[int]], max_tokens: int) -> list[list[int]]:
+    async with running_engine(target) as engine:
+        outs = await run_all(engine, [request(f"p{i}", p, max_tokens) for i, p in enumerate(ps)])
+    return [o.tokens[0] for o in outs]
+
+
+@pytest.mark.parametrize("mode", ["draft-other", "draft-self", "ngram"])
+async def test_greedy_with_speculation_equals_plain_greedy_alone_and_batched(pair, mode: str) -> None:
+    target, draft = pair
+    ps = prompts(4, seed=3)
+    want = await plain_greedy(target, ps, 24)
+    cfg = {"speculative": "ngram"} if mode == "ngram" else {
+        "speculative": "draft", "draft_model": str(target if mode == "draft-self" else draft)}
+    async with running_engine(target, num_draft_tokens=3, **cfg) as engine:
+        alone = (await collect(engine, request("a", ps[0], 24))).tokens[0]
+        batched = await run_all(engine, [request(f"b{i}", p, 24) for i, p in enumerate(ps)])
+        stats = engine.stats()
+        engine.block_manager.check_invariants([])  # every block (target and draft) came back
+        if engine.speculator.proposer.__class__.__name__ == "DraftProposer":
+            engine.speculator.proposer.release_finished()
+            engine.speculator.proposer.block_manager.check_invariants([])
+    assert alone == want[0]
+    assert [o.tokens[0] for o in batched] == want
+    assert all(o.usage.completion_tokens == 24 for o in batched)
+    assert stats.spec_steps > 0 and stats.spec_draft_tokens > 0
+    if mode == "draft-self":  # the draft is the target: every proposal is accepted
+        assert stats.spec_accepted_tokens == stats.spec_draft_tokens
+        assert stats.iterations < 5 * 24 // 2  # far fewer steps than one per token
+
+
+async def test_speculative_and_plain_requests_share_batches_with_identical_output(pair) -> None:
+    target, _ = pair
+    ps = prompts(6, seed=5)
+    want = await plain_greedy(target, ps, 20)
+    async with running_engine(target, speculative="draft", draft_model=str(target), num_draft_tokens=4) as engine:
+        reqs = [request(f"m{i}", p, 20) for i, p in enumerate(ps)]
+        for r in reqs[::2]:
+            r.num_draft_tokens = 0  # off for this request
+        reqs[1].num_draft_tokens = 2
+        outs = await run_all(engine, reqs)
+        stats = engine.stats()
+    assert [o.tokens[0] for o in outs] == want
+    # only the three speculating requests proposed: 2 or 4 tokens at a time
+    assert stats.spec_steps > 0
+    assert stats.spec_draft_tokens <= 4 * stats.spec_steps
+
+
+async def test_stop_id_max_tokens_and_stop_string_cut_a_multi_token_step(pair) -> None:
+    target, _ = pair
+    prompt = prompts(1, seed=7)[0]
+    full = (await plain_greedy(target, [prompt], 16))[0]
+    stop_id = full[6]
+    first = full.index(stop_id)
+    async with running_engine(target, speculative="draft", draft_model=str(target), num_draft_tokens=4) as engine:
+        by_id = await collect(engine, request("s", prompt, 16, stop_token_ids=[stop_id]))
+        by_len = await collect(engine, request("l", prompt, 7))
+        plain = request("t0", prompt, 16)
+        plain.num_draft_tokens = 0
+        plain_text = await collect(engine, plain)
+        needle = plain_text.text[0][5:8]
+        by_str = await collect(engine, request("t", prompt, 16, stop=[needle]))
+        stats = engine.stats()
+    assert by_id.tokens[0] == full[: first + 1] and by_id.finish[0] == "stop" and by_id.stop_reason[0] == stop_id
+    assert by_id.usage.completion_tokens == first + 1
+    assert by_len.tokens[0] == full[:7] and by_len.finish[0] == "length" and by_len.usage.completion_tokens == 7
+    cut = plain_text.text[0].index(needle)
+    assert by_str.text[0] == plain_text.text[0][:cut] and by_str.stop_reason[0] == needle
+    assert plain_text.tokens[0] == full and len(plain_text.text[0]) > 8
+    assert stats.spec_accepted_tokens > 0
+
+
+async def test_streaming_yields_one_delta_per_accepted_token(pair) -> None:
+    target, _ = pair
+    prompt = prompts(1, seed=9)[0]
+    async with running_engine(target, speculative="draft", draft_model=str(target), num_draft_tokens=4) as engine:
+        out = await collect(engine, request("d", prompt, 12, logprobs=1))
+    assert [len(d.token_ids) for d in out.deltas] == [1] * 12
+    assert all(len(d.logprobs) == 1 and d.logprobs[0].token_id == d.token_ids[0] for d in out.deltas)
+
+
+async def test_rejected_tokens_blocks_are_freed_each_step(pair) -> None:
+    target, draft = pair
+    prompt = prompts(1, seed=11)[0]
+    async with running_engine(target, speculative="draft", draft_model=str(draft), num_draft_tokens=8,
+                              kv_block_size=2) as engine:
+        seen: list[tuple[int, int]] = []
+        original = engine.scheduler.advance
+
+        def advance(batch):
+            original(batch)
+            for e in batch.entries:  # after verification no block holds only rejected tokens
+                seen.append((len(e.seq.block_table), engine.block_manager.blocks_for(e.seq.num_computed_tokens)))
+
+        engine.scheduler.advance = advance
+        await collect(engine, request("r", prompt, 20))
+        stats = engine.stats()
+    assert stats.spec_accepted_tokens < stats.spec_draft_tokens  # an unrelated draft gets rejections
+    assert seen and all(have == need for have, need in seen)
+
+
+async def test_draft_with_another_tokenizer_is_a_startup_error(pair, tmp_path: Path) -> None:
+    target, draft = pair
+    from transformers import AutoTokenizer
+
+    other = tmp_path / "other-draft"
+    import shutil
+
+    shutil.copytree(draft, other)
+    tok = AutoTokenizer.from_pretrained(other)
+    tok.add_tokens(["<extra-token>"])
+    tok.save_pretrained(other)
+    engine = NativeEngine(EngineConfig(model=str(target), device="cpu", dtype="float32", max_kv_tokens=256,
+                                       speculative="draft", draft_model=str(other)))
+    with pytest.raises(DraftTokenizerMismatchError, match="tokenizer differs from the target model's"):
+        await engine.start()
+
+
+async def test_draft_mode_without_a_draft_model_names_the_flag(pair) -> None:
+    target, _ = pair
+    engine = NativeEngine(EngineConfig(model=str(target), device="cpu", dtype="float32", max_kv_tokens=256,
+                                       speculative="draft"))
+    with pytest.raises(ValueError, match="--draft-model"):
+        await engine.start()
+
+
+async def test_greedy_equality_holds_when_kv_blocks_run_short_and_sequences_are_preempted(pair) -> None:
+    target, draft = pair
+    ps = prompts(5, seed=13)
+    want = await plain_greedy(target, ps, 24)
+    # 30 blocks of 4 tokens: five requests of up to ~50 tokens cannot all fit, so some get preempted
+    async with running_engine(target, max_kv_tokens=120, max_model_len=64, speculative="draft", draft_model=str(target),
+                              num_draft_tokens=4) as engine:
+        outs = await run_all(engine, [request(f"k{i}", p, 24) for i, p in enumerate(ps)])
+        stats = engine.stats()
+        engine.block_manager.check_invariants([])
+    assert [o.tokens[0] for o in outs] == want
+    assert stats.preemptions > 0 and stats.spec_accepted_tokens > 0
