@@ -12,7 +12,6 @@ by a background task.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,13 +23,18 @@ from runtime.request import GenerationRequest, OutputDelta, Usage
 from runtime.tokenizer import Tokenizer
 from runtime.trtllm.api import load_api
 from runtime.trtllm.llm_config import llm_arguments
-from runtime.trtllm.lora import AdapterRegistry
+from runtime.trtllm.lora import TrtllmAdapters
 from runtime.trtllm.model_folder import ModelFolder
 from runtime.trtllm.output import SequenceStream, convert_prompt_logprobs
 from runtime.trtllm.sampling import SamplingContext, build_sampling_params
 from runtime.trtllm.stats import StatsCollector
 
 _STATS_POLL_S = 0.5
+
+
+def _draft_len(spec: Any) -> int:
+    """Draft tokens per step of the speculative config (0: no speculation)."""
+    return int(getattr(spec, "max_draft_len", 0) or 0) if spec is not None else 0
 
 
 def _default_model_path() -> str:
@@ -48,8 +52,12 @@ class TrtllmEngine(Engine):
         path = config.model or _default_model_path()
         self.folder = ModelFolder.inspect(path, config.tokenizer, config.max_model_len)
         self.tokenizer = Tokenizer.from_pretrained(self.folder.tokenizer_path)
-        self.adapters = AdapterRegistry(config.lora_modules)
+        self.adapters = TrtllmAdapters(config.lora_modules, config.max_lora_rank)
         self._llm_class, self.llm_kwargs = llm_arguments(self._api, config, self.folder, self.adapters)
+        lora_config = self.llm_kwargs.get("lora_config")
+        if lora_config is not None:  # LoRA on (maybe only through trtllm_extra): adapters may be added
+            self.adapters.enabled = True
+            self.adapters.target_modules = list(lora_config.lora_target_modules) or self.adapters.target_modules
         name = config.served_model_name or path.rstrip("/").split("/")[-1]
         self.model_info = ModelInfo(name=name, context_window=self.folder.context_window,
                                     vocab_size=self.tokenizer.vocab_size, backend="trtllm",
@@ -58,7 +66,8 @@ class TrtllmEngine(Engine):
         self._sampling_ctx = SamplingContext(
             context_window=self.folder.context_window, vocab_size=self.folder.vocab_size,
             eos_token_ids=tuple(self.tokenizer.eos_token_ids), default_seed=config.seed,
-            max_beam_width=config.max_beam_width, speculative="speculative_config" in self.llm_kwargs)
+            max_beam_width=config.max_beam_width, speculative="speculative_config" in self.llm_kwargs,
+            num_draft_tokens=_draft_len(self.llm_kwargs.get("speculative_config")))
         self._stats = StatsCollector(config.max_batch_size, config.max_num_tokens)
         self.llm: Any = None
         self._results: dict[str, Any] = {}  # request id -> TRT-LLM result, while running
@@ -81,9 +90,10 @@ class TrtllmEngine(Engine):
         for request_id in list(self._results):
             self.abort(request_id)
         if self._poller is not None:
+            # Cancel, and also stop by flag: a cancellation that lands as a stats item arrives can be
+            # swallowed by asyncio.wait_for (Python 3.11), which would leave the poller running.
             self._poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
+            await asyncio.wait([self._poller], timeout=4 * _STATS_POLL_S)
         if self.llm is not None:
             await asyncio.to_thread(self.llm.shutdown)
             self.llm = None
@@ -93,7 +103,16 @@ class TrtllmEngine(Engine):
         return self._ready
 
     def stats(self) -> EngineStats:
-        return self._stats.snapshot(lora_loaded=len(self.adapters.names))
+        return self._stats.snapshot(lora_loaded=len(self.adapters.adapters()), in_flight=len(self._results))
+
+    def lora_adapters(self) -> dict[str, str] | None:
+        return self.adapters.adapters()
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        self.adapters.add(name, path)  # TRT-LLM reads the folder on the adapter's first request
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        self.adapters.remove(name)  # running requests keep their LoRARequest; TRT-LLM's LRU evicts it
 
     def abort(self, request_id: str) -> None:
         result = self._results.get(request_id)
@@ -101,10 +120,12 @@ class TrtllmEngine(Engine):
             result.abort()
 
     async def _poll_stats(self) -> None:
-        while True:
+        while self._ready:
             try:
                 async for stat in self.llm.get_stats_async(timeout=_STATS_POLL_S):
                     self._stats.absorb(stat)
+                    if not self._ready:
+                        return
             except asyncio.CancelledError:
                 raise
             except Exception:  # stats are best effort; a failing poll must not stop serving
@@ -135,7 +156,7 @@ class TrtllmEngine(Engine):
             raise EngineNotReadyError("The engine is not ready.")
         if len(self._results) >= self.config.max_batch_size + self.config.max_queue_size:
             raise QueueFullError(f"The request queue is full ({self.config.max_queue_size} waiting).")
-        lora = self.adapters.request(self._api, request.adapter)
+        lora = self.adapters.request(self._api, request.adapter, request.lora_task)
         params = build_sampling_params(self._api, request, len(prompt), self._sampling_ctx)
         if request.request_id in self._results:
             raise InvalidRequestError(f"request id {request.request_id} is already running", "request_id")
@@ -147,7 +168,7 @@ class TrtllmEngine(Engine):
         except Exception as exc:
             raise EngineFailedError(f"TensorRT-LLM rejected the request: {exc}") from exc
         self._results[request.request_id] = result
-        self._stats.count_request(len(prompt))
+        self._stats.count_request(len(prompt), lora.lora_name if lora is not None else None)
         return result
 
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:

@@ -31,7 +31,7 @@ from typing import Any
 from runtime.config import EngineConfig
 from runtime.errors import InvalidRequestError, UnsupportedOptionError
 from runtime.trtllm.api import TrtllmApi
-from runtime.trtllm.lora import AdapterRegistry
+from runtime.trtllm.lora import TrtllmAdapters
 from runtime.trtllm.model_folder import ModelFolder
 
 BACKEND = "trtllm"
@@ -78,7 +78,7 @@ def _extra_speculative(api: TrtllmApi, value: Any) -> Any:
 
 
 def llm_arguments(api: TrtllmApi, config: EngineConfig, folder: ModelFolder,
-                  adapters: AdapterRegistry) -> tuple[Any, dict[str, Any]]:
+                  adapters: TrtllmAdapters) -> tuple[Any, dict[str, Any]]:
     """(LLM class, keyword arguments) for `config` over `folder`."""
     if config.device == "cpu":
         raise UnsupportedOptionError("device", BACKEND, "TensorRT-LLM runs on NVIDIA GPUs only")
@@ -93,10 +93,10 @@ def llm_arguments(api: TrtllmApi, config: EngineConfig, folder: ModelFolder,
               "guaranteed_no_evict": api.CapacitySchedulerPolicy.GUARANTEED_NO_EVICT}[config.scheduler_policy]
     sched: dict[str, Any] = dict(capacity_scheduler_policy=policy)
     lora: dict[str, Any] | None = None
-    if adapters.names:
-        lora = dict(lora_dir=adapters.paths, max_lora_rank=config.max_lora_rank,
+    if adapters.enabled:
+        lora = dict(lora_dir=list(adapters.adapters().values()), max_lora_rank=config.max_lora_rank,
                     max_loras=config.max_loras, max_cpu_loras=config.max_cpu_loras,
-                    lora_target_modules=adapters.target_modules())
+                    lora_target_modules=list(adapters.target_modules))
 
     extra = dict(config.trtllm_extra)
     for key, ours in (("kv_cache_config", kv), ("scheduler_config", sched), ("lora_config", lora)):

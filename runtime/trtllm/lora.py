@@ -1,17 +1,25 @@
-"""AdapterRegistry: LoRA adapter names (EngineConfig.lora_modules) -> TensorRT-LLM LoRARequests.
+"""TrtllmAdapters: the gateway's LoRA adapters (names, ids, folders) -> TensorRT-LLM LoRARequests.
 
-Ids are ours: 1, 2, ... in the order the adapters were configured, stable for the process, so the
-same name always reaches the same TRT-LLM adapter-cache slot. The PEFT folders' target modules are
-translated to TRT-LLM module names for LoraConfig.lora_target_modules.
+Names and ids live in the native runtime's registry (runtime.lora.registry.AdapterRegistry), so both
+backends number adapters alike (1, 2, ... in registration order) and a Triton `lora_task_id` naming a
+registered adapter's id reaches the same adapter. PEFT folders are checked by the same reader as the
+native runtime (runtime.lora.peft.read_peft_config). TensorRT-LLM loads the weights itself, from the
+folder in `LoRARequest.lora_path` (NVIDIA/TensorRT-LLM tensorrt_llm/executor/request.py @
+4ce835a571f85cc37dcffb7268b3a4c014039ce6), into its own two-level adapter cache, sized at start by
+LoraConfig (tensorrt_llm/lora_helper.py @ 585c756579dc4d01f21fc13c2f604cdb461ac4f0).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
-from runtime.errors import UnknownAdapterError
+from runtime.errors import InvalidRequestError, UnknownAdapterError, UnsupportedOptionError
+from runtime.lora.peft import read_peft_config
+from runtime.lora.registry import Adapter, AdapterRegistry
+from runtime.request import LoraTask
+
+BACKEND = "trtllm"
 
 # Hugging Face (PEFT) module name -> TensorRT-LLM LoRA module name (lora_helper's default table, inverted).
 HF_TO_TRTLLM_MODULES = {
@@ -21,44 +29,86 @@ HF_TO_TRTLLM_MODULES = {
 }
 
 
-class AdapterRegistry:
-    """Configured adapters by name, with the integer ids TensorRT-LLM keys its cache by."""
+def trtllm_target_modules(folder: str, max_rank: int) -> list[str]:
+    """TRT-LLM module names of one PEFT folder's target_modules (checked: a LoRA folder within max_rank)."""
+    out: list[str] = []
+    for module in read_peft_config(folder, max_rank).target_modules:
+        trt = HF_TO_TRTLLM_MODULES.get(module.split(".")[-1])
+        if trt is None:
+            raise InvalidRequestError(f"LoRA adapter at '{folder}': target module '{module}' has no "
+                                      "TensorRT-LLM LoRA module", param="lora_path")
+        if trt not in out:
+            out.append(trt)
+    return out
 
-    def __init__(self, lora_modules: dict[str, str]) -> None:
-        self._paths = dict(lora_modules)
-        self._ids = {name: i for i, name in enumerate(self._paths, start=1)}
 
-    @property
-    def names(self) -> list[str]:
-        return list(self._paths)
+class TrtllmAdapters:
+    """Servable adapters and the LoraConfig sizing TensorRT-LLM was started with."""
 
-    @property
-    def paths(self) -> list[str]:
-        return list(self._paths.values())
+    def __init__(self, lora_modules: dict[str, str], max_rank: int) -> None:
+        self.registry = AdapterRegistry()
+        self.max_rank = max_rank
+        self.target_modules: list[str] = []  # union over the start-up adapters, for LoraConfig
+        for name, path in lora_modules.items():
+            for module in trtllm_target_modules(path, max_rank):
+                if module not in self.target_modules:
+                    self.target_modules.append(module)
+            self.registry.add_path(name, path)
+        # TRT-LLM sizes its LoRA cache when the LLM is built: adapters can be added later only then.
+        self.enabled = bool(lora_modules)
 
-    def adapter_id(self, name: str) -> int:
-        if name not in self._ids:
-            known = ", ".join(self._paths) or "none"
-            raise UnknownAdapterError(f"The adapter '{name}' is not loaded (loaded: {known}).")
-        return self._ids[name]
+    def adapters(self) -> dict[str, str]:
+        """name -> folder of every servable adapter."""
+        return self.registry.paths()
 
-    def request(self, api: Any, name: str | None) -> Any:
-        """LoRARequest for adapter `name`; None for the base model."""
+    def add(self, name: str, path: str) -> Adapter:
+        """Register a PEFT folder at run time (400 when invalid, taken, or outside start-up sizing)."""
+        if not self.enabled:
+            raise UnsupportedOptionError("load_lora_adapter", BACKEND,
+                                         "TensorRT-LLM sizes its LoRA cache at start: start with --lora-modules")
+        if not name or name != name.strip():
+            raise InvalidRequestError("lora_name must be a non-empty name without surrounding spaces",
+                                      param="lora_name")
+        if not os.path.isdir(path):
+            raise InvalidRequestError(f"LoRA adapter path '{path}' is not a folder", param="lora_path")
+        extra = [m for m in trtllm_target_modules(path, self.max_rank) if m not in self.target_modules]
+        if extra:
+            raise InvalidRequestError(
+                f"LoRA adapter at '{path}' targets {extra}, outside the modules TensorRT-LLM was started "
+                f"with ({self.target_modules})", param="lora_path")
+        if name in self.registry.by_name:
+            raise InvalidRequestError(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
+        return self.registry.add_path(name, path)
+
+    def remove(self, name: str) -> None:
+        adapter = self.registry.by_name.get(name)
+        if adapter is None:
+            raise UnknownAdapterError(f"The lora adapter '{name}' cannot be found.")
+        self.registry.remove(adapter)
+
+    def _find(self, name: str | None, task: LoraTask | None) -> Adapter | None:
+        if task is not None:
+            if task.weights is not None or task.config is not None:
+                raise UnsupportedOptionError(
+                    "lora_weights", BACKEND, "TensorRT-LLM's LLM API loads adapters from folders: register "
+                    "the adapter (--lora-modules or /v1/load_lora_adapter) and send its lora_task_id alone")
+            adapter = self.registry.by_id.get(task.task_id)
+            if adapter is None or adapter.path is None:
+                raise UnknownAdapterError(f"LoRA task {task.task_id} is not loaded.")
+            return adapter
         if name is None:
             return None
-        return api.LoRARequest(lora_name=name, lora_int_id=self.adapter_id(name), lora_path=self._paths[name])
+        adapter = self.registry.by_name.get(name)
+        if adapter is None:
+            known = ", ".join(self.registry.by_name) or "none"
+            raise UnknownAdapterError(f"The adapter '{name}' is not loaded (loaded: {known}).")
+        return adapter
 
-    def target_modules(self) -> list[str]:
-        """TRT-LLM module names covering every adapter's PEFT target_modules (config order)."""
-        out: list[str] = []
-        for path in self._paths.values():
-            cfg_file = os.path.join(path, "adapter_config.json")
-            if not os.path.isfile(cfg_file):
-                continue
-            with open(cfg_file, encoding="utf-8") as f:
-                modules = json.load(f).get("target_modules") or []
-            for m in [modules] if isinstance(modules, str) else modules:
-                trt = HF_TO_TRTLLM_MODULES.get(m.split(".")[-1])
-                if trt and trt not in out:
-                    out.append(trt)
-        return out
+    def request(self, api: Any, name: str | None, task: LoraTask | None = None) -> Any:
+        """The LoRARequest for adapter `name` (or Triton task), None for the base model."""
+        adapter = self._find(name, task)
+        if adapter is None:
+            return None
+        # lora_int_id keys TRT-LLM's adapter cache. The registration key is never reused, so an adapter
+        # unloaded and loaded again (maybe with other weights) under a recycled id cannot hit stale cache.
+        return api.LoRARequest(lora_name=adapter.name, lora_int_id=adapter.key, lora_path=adapter.path)

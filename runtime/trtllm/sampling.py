@@ -10,6 +10,7 @@ request on a match. For the same reason `detokenize=False`: text comes from runt
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,13 +31,16 @@ class SamplingContext:
     default_seed: int  # EngineConfig.seed, used when the request gives none
     max_beam_width: int
     speculative: bool  # a speculative decoding config is active
+    num_draft_tokens: int = 0  # its draft length (fixed when the LLM is built)
 
 
 def check_supported(request: GenerationRequest, ctx: SamplingContext) -> None:
     """Raise UnsupportedOptionError for options TensorRT-LLM's LLM API cannot honour per request."""
-    if request.num_draft_tokens is not None:
+    if request.num_draft_tokens is not None and request.num_draft_tokens != ctx.num_draft_tokens:
+        # Asking for what the engine does anyway is harmless; anything else cannot be honoured.
         raise UnsupportedOptionError("num_draft_tokens", BACKEND,
-                                     "the draft length is fixed when the engine starts (--num-draft-tokens)")
+                                     f"the draft length is fixed when the engine starts "
+                                     f"(--num-draft-tokens; this engine: {ctx.num_draft_tokens})")
     if request.use_draft_logits:
         raise UnsupportedOptionError("use_draft_logits", BACKEND)
     s = request.sampling
@@ -150,6 +154,8 @@ def guided_params(api: TrtllmApi, request: GenerationRequest) -> Any:
         return api.GuidedDecodingParams(regex=g.regex)
     if g.grammar is not None:
         return api.GuidedDecodingParams(grammar=g.grammar)
+    if g.structural_tag is not None:  # tool calls (adapters/openai/tools.py); TensorRT-LLM takes it as JSON text
+        return api.GuidedDecodingParams(structural_tag=json.dumps(g.structural_tag))
     return None
 
 

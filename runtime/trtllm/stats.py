@@ -59,16 +59,25 @@ class StatsCollector:
                 s.spec_accepted_tokens += int(spec.get("numAcceptedTokens", 0))
                 s.spec_steps += int(spec.get("numRequestsWithDraftTokens", 0) > 0)
 
-    def count_request(self, prompt_tokens: int) -> None:
+    def count_request(self, prompt_tokens: int, adapter: str | None = None) -> None:
         with self._lock:
             self._stats.prompt_tokens_total += prompt_tokens
+            if adapter is not None:
+                self._stats.lora_requests[adapter] = self._stats.lora_requests.get(adapter, 0) + 1
 
     def count_generated(self, tokens: int) -> None:
         with self._lock:
             self._stats.generation_tokens_total += tokens
 
-    def snapshot(self, lora_loaded: int = 0) -> EngineStats:
+    def snapshot(self, lora_loaded: int = 0, in_flight: int | None = None) -> EngineStats:
+        """The latest stats. `in_flight`: requests the engine holds now; TensorRT-LLM reports no
+        iteration while idle, so with none in flight the last iteration's occupancy is stale: zero it."""
         with self._lock:
             s = self._stats
-            return EngineStats(**{**s.__dict__, "memory_bytes": dict(s.memory_bytes),
-                                  "lora_loaded": lora_loaded})
+            snap = EngineStats(**{**s.__dict__, "memory_bytes": dict(s.memory_bytes),
+                                  "lora_requests": dict(s.lora_requests), "lora_loaded": lora_loaded})
+        if in_flight == 0:
+            snap.waiting = snap.running = snap.paused = snap.scheduled = 0
+            snap.context_requests = snap.generation_requests = snap.context_tokens = 0
+            snap.kv_blocks_free, snap.kv_blocks_used = snap.kv_blocks_total, 0
+        return snap

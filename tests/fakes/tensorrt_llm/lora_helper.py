@@ -1,16 +1,15 @@
-"""LoraConfig (real: tensorrt_llm/lora_helper.py, a pydantic model)."""
+"""LoraConfig (real: NVIDIA/TensorRT-LLM tensorrt_llm/lora_helper.py @ 585c756579dc4d01f21fc13c2f604cdb461ac4f0)."""
 
 from __future__ import annotations
 
 from typing import Dict, List, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 
 class LoraConfig(BaseModel):
-    """LoRA sizing and adapter folders (PyTorch backend: `lora_dir` adapters are loadable by request)."""
-
-    model_config = ConfigDict(extra="forbid")
+    """LoRA sizing and adapter folders. A plain pydantic BaseModel in the real file (not the
+    extra="forbid" StrictBaseModel of llm_args.py), so unknown keys are ignored there too."""
 
     lora_dir: List[str] = Field(default_factory=list)
     lora_ckpt_source: Literal["hf", "nemo"] = "hf"

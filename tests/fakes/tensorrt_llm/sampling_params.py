@@ -1,6 +1,6 @@
 """SamplingParams and GuidedDecodingParams with the real field names and defaults.
 
-Real: NVIDIA/TensorRT-LLM tensorrt_llm/sampling_params.py (commit in trtllm_api_snapshot.json). Both are
+Real: NVIDIA/TensorRT-LLM tensorrt_llm/sampling_params.py @ a98a9061d72f6fd39f5d055ebdd2c6878a100e2c. Both are
 `@dataclass(slots=True, kw_only=True)` there; `None` for a sampling knob means "the runtime default".
 """
 

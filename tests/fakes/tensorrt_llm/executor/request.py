@@ -1,4 +1,4 @@
-"""LoRARequest (real: tensorrt_llm/executor/request.py)."""
+"""LoRARequest (real: NVIDIA/TensorRT-LLM tensorrt_llm/executor/request.py @ 4ce835a571f85cc37dcffb7268b3a4c014039ce6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""CompletionOutput, GenerationResult, IterationResult (real: tensorrt_llm/executor/result.py).
+"""CompletionOutput, GenerationResult, IterationResult (real: NVIDIA/TensorRT-LLM
+tensorrt_llm/executor/result.py @ a678b91aafbeff265cd0b764abb59d7def624ac2).
 
 GenerationResult, as in the real one, is both awaitable (the final result) and async-iterable (one
 update per runtime iteration when streaming, one at the end otherwise). Each update sets the
@@ -73,7 +74,7 @@ class GenerationResult:
 
     def __init__(self, request_id: int, prompt_token_ids: List[int], sampling_params: Any,
                  streaming: bool, abort_fn: Callable[[int], None]) -> None:
-        self.request_id = request_id
+        self.id = request_id  # GenerationResultBase.id; request_id is a property, as in the real class
         self._prompt_token_ids = list(prompt_token_ids)
         self.sampling_params = sampling_params
         self._streaming = streaming
@@ -84,6 +85,10 @@ class GenerationResult:
         self._aborted = False
         self.cached_tokens = 0
         self.queue: asyncio.Queue[Update] = asyncio.Queue()
+
+    @property
+    def request_id(self) -> int:
+        return self.id
 
     @property
     def prompt_token_ids(self) -> List[int]:

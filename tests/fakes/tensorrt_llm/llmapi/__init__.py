@@ -1,4 +1,5 @@
-"""tensorrt_llm.llmapi: the LLM class and its config types (real exports, subset)."""
+"""tensorrt_llm.llmapi: the LLM class and its config types (real exports, subset: NVIDIA/TensorRT-LLM
+tensorrt_llm/llmapi/__init__.py @ 5ca85aff65b2c7d0ba06fb6c7d7c015ed78886f8)."""
 
 from tensorrt_llm.executor import CompletionOutput, LoRARequest
 from tensorrt_llm.llmapi.llm import LLM, RequestOutput

@@ -1,4 +1,5 @@
-"""The fake LLM (real: tensorrt_llm/llmapi/llm.py, classes LLM (= _TorchLLM) and _TrtLLM).
+"""The fake LLM (real: NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm.py @ 4c05a74891e4df8066f08ed4ce14b0972abe4e25,
+classes LLM (= _TorchLLM) and _TrtLLM).
 
 Constructor, generate_async, get_stats, get_stats_async and shutdown have the real signatures. The
 PyTorch-backend LLM loads the Hugging Face checkpoint in `model` with transformers on the CPU and runs
@@ -133,7 +134,9 @@ class BaseLLM:
     def shutdown(self) -> None:
         self._shutdown = True
         if self._loop_task is not None:
-            self._loop_task.cancel()
+            # The real shutdown blocks (it joins its workers), so callers run it in a thread: cancel
+            # thread-safely, or the event loop would not wake up to process the cancellation.
+            self._loop_task.get_loop().call_soon_threadsafe(self._loop_task.cancel)
 
     def __enter__(self) -> "BaseLLM":
         return self
@@ -169,6 +172,10 @@ class BaseLLM:
             req.aborted = True
             self._wake.set()
 
+    def _post(self, queue: asyncio.Queue, item: Any) -> None:
+        """Queue `item` from the iteration thread (asyncio queues are not thread-safe)."""
+        self._loop_task.get_loop().call_soon_threadsafe(queue.put_nowait, item)
+
     def _ensure_loop(self) -> None:
         if self._loop_task is None:
             self._stats = asyncio.Queue()
@@ -181,7 +188,9 @@ class BaseLLM:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            self._iteration()
+            # Off the event loop, as the real runtime works in its own threads/processes: the
+            # server keeps serving (disconnects, health, metrics) while the model computes.
+            await asyncio.to_thread(self._iteration)
             await asyncio.sleep(0)
 
     def _iteration(self) -> None:
@@ -216,7 +225,7 @@ class _TorchLLM(BaseLLM):
             self._step(req)
         self._iter += 1
         if self._stats_on:
-            self._stats.put_nowait(self._stat_dict(len(running), len(queued), ctx_reqs, ctx_tokens))
+            self._post(self._stats, self._stat_dict(len(running), len(queued), ctx_reqs, ctx_tokens))
 
     def _step(self, req: _Request) -> None:
         sp, first = req.sp, not req.started
@@ -263,7 +272,7 @@ class _TorchLLM(BaseLLM):
                         out.prompt_logprobs = plp
             result._done = done
 
-        req.result.queue.put_nowait(apply)
+        self._post(req.result.queue, apply)
 
     def _advance(self, req: _Request, i: int, seq: _Seq) -> tuple:
         sp = req.sp
@@ -296,7 +305,7 @@ class _TorchLLM(BaseLLM):
         per_block = self._kv.tokens_per_block
         total = (self._kv.max_tokens or 4096) // per_block
         used = sum(-(-(len(r.prompt) + max(len(s.tokens) for s in r.seqs)) // per_block) * len(r.seqs)
-                   for r in self._requests.values() if r.started)
+                   for r in list(self._requests.values()) if r.started)
         return {"iter": self._iter - 1, "iterLatencyMS": 0.0, "numActiveRequests": running,
                 "numQueuedRequests": queued, "numCompletedRequests": 0,
                 "maxNumActiveRequests": self.max_batch_size, "maxBatchSizeRuntime": self.max_batch_size,

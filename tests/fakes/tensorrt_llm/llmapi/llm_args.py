@@ -1,4 +1,5 @@
-"""Config classes of the LLM constructor (real: tensorrt_llm/llmapi/llm_args.py, pydantic models with
+"""Config classes of the LLM constructor (real: NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm_args.py, 1.2 line,
+stored-file id 1090804222 of the search index, which gave no commit; pydantic models with
 extra="forbid"), with the real field names and defaults for every field the fake carries.
 
 TORCH_LLM_ARGS / TRT_LLM_ARGS: the keyword arguments the real LLM classes accept (the fields of
