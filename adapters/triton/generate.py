@@ -19,7 +19,7 @@ from typing import Any
 
 from adapters.triton.inputs import ModelKind, read_inputs
 from runtime.errors import InvalidRequestError
-from runtime.request import GenerationRequest, GuidedDecoding, SamplingOptions
+from runtime.request import GenerationRequest, GuidedDecoding, LoraTask, SamplingOptions
 from runtime.tokenizer import Tokenizer
 
 # Model names a Triton client may address. The ensemble and BLS take text; tensorrt_llm takes ids.
@@ -78,6 +78,7 @@ def parse_generate(
     values = read_inputs(body, kind, model_name)
     sampling = _sampling(values, tokenizer, kind)
     guided = _guided(values)
+    lora_task = _lora_task(values)
     prompts, batched = _prompts(values, kind)
     requests = []
     for i, prompt in enumerate(prompts):
@@ -88,6 +89,7 @@ def parse_generate(
             num_draft_tokens=_nonneg(values, "num_draft_tokens"),
             use_draft_logits=values.get("use_draft_logits", False),
             guided=guided,
+            lora_task=lora_task,
         )
         if kind == "text":
             req.prompt = prompt
@@ -110,6 +112,16 @@ def parse_generate(
         num_return_sequences=sampling.n,
         pad_id=values.get("pad_id", 0),
     )
+
+
+def _lora_task(values: dict[str, Any]) -> LoraTask | None:
+    """lora_task_id, with lora_weights + lora_config on a task's first request (the engine checks them)."""
+    task_id = values.get("lora_task_id")
+    if task_id is None:
+        if "lora_weights" in values or "lora_config" in values:
+            raise InvalidRequestError("lora_weights and lora_config need a lora_task_id", param="lora_task_id")
+        return None
+    return LoraTask(task_id, values.get("lora_weights"), values.get("lora_config"))
 
 
 def _prompts(values: dict[str, Any], kind: ModelKind) -> tuple[list[Any], bool]:
@@ -254,6 +266,11 @@ _GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 def _guided(values: dict[str, Any]) -> GuidedDecoding | None:
     guide_type = values.get("guided_decoding_guide_type")
     guide = values.get("guided_decoding_guide")
+    if values.get("guided_decoding") is not None:  # the JSON-schema shorthand
+        if guide_type is not None or guide is not None:
+            raise InvalidRequestError("give either 'guided_decoding' or 'guided_decoding_guide_type'/"
+                                      "'guided_decoding_guide', not both", param="guided_decoding")
+        guide_type, guide = "json_schema", values["guided_decoding"]
     if guide_type is None:
         if guide is not None:
             raise InvalidRequestError(

@@ -66,10 +66,11 @@ _COMMON: tuple[InputSpec, ...] = (
     _s("use_draft_logits", "bool", "BOOL"),
     _s("guided_decoding_guide_type", "str", "BYTES"),
     _s("guided_decoding_guide", "str", "BYTES"),
-    # LoRA over the Triton dialect lands with the LoRA issue: names accepted, values refused.
-    _s("lora_task_id", "uint64", "UINT64", supported=False),
-    _s("lora_weights", "floats2d", "FP16", (-1, -1), supported=False),
-    _s("lora_config", "ints2d", "INT32", (-1, 3), supported=False),
+    _s("guided_decoding", "str", "BYTES"),  # a JSON schema: shorthand for guide_type json_schema + guide
+    # LoRA (TensorRT-LLM's format; runtime/lora/trtllm_format.py): a task's first request brings weights
+    _s("lora_task_id", "uint64", "UINT64"),
+    _s("lora_weights", "floats2d", "FP16", (-1, -1)),
+    _s("lora_config", "ints2d", "INT32", (-1, 3)),
     _s("prompt_embedding_table", "floats2d", "FP16", (-1, -1), supported=False),
     _s("prompt_vocab_size", "int", "INT32", supported=False),
     _s("return_perf_metrics", "bool", "BOOL", supported=False),

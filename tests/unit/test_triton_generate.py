@@ -171,8 +171,8 @@ def test_ids_model(tokenizer: Tokenizer) -> None:
         ({**DOC_EXAMPLE, "seed": 1, "random_seed": 2}, "input 'random_seed' is given twice"),
         ({**DOC_EXAMPLE, "parameters": {"max_tokens": 3}}, "input 'max_tokens' is given twice"),
         ({**DOC_EXAMPLE, "bad_words": 3}, "input 'bad_words' must be a string or a list of strings"),
-        ({**DOC_EXAMPLE, "lora_task_id": 5}, "input 'lora_task_id' is not supported yet"),
-        ({**DOC_EXAMPLE, "lora_weights": [[0.1]], "lora_config": [[0, 0, 1]]}, "is not supported yet"),
+        ({**DOC_EXAMPLE, "prompt_vocab_size": 5}, "input 'prompt_vocab_size' is not supported yet"),
+        ({**DOC_EXAMPLE, "lora_weights": [[0.1]], "lora_config": [[0, 0, 1]]}, "need a lora_task_id"),
         ({**DOC_EXAMPLE, "end_id": -2}, "input 'end_id' must be a token id or -1"),
         ({**DOC_EXAMPLE, "guided_decoding_guide_type": "xml"}, "must be one of json, json_schema, regex"),
         ([1, 2], "the request body must be a JSON object"),
@@ -186,8 +186,8 @@ def test_bad_requests_name_the_input(tokenizer: Tokenizer, body: Any, message: s
 
 
 def test_unsupported_inputs_with_neutral_values_are_accepted(tokenizer: Tokenizer) -> None:
-    gen = parse(tokenizer, {**DOC_EXAMPLE, "return_perf_metrics": False, "lora_task_id": 0})
-    assert gen.requests[0].adapter is None
+    gen = parse(tokenizer, {**DOC_EXAMPLE, "return_perf_metrics": False, "prompt_vocab_size": 0})
+    assert gen.requests[0].adapter is None and gen.requests[0].lora_task is None
 
 
 def test_ids_model_errors(tokenizer: Tokenizer) -> None:

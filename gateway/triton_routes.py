@@ -1,0 +1,249 @@
+"""Triton routes: the generate extension and the KServe v2 endpoints beside it.
+
+    from gateway.triton_routes import triton_routes     # list[BaseRoute], mounted by create_app
+
+- POST /v2/models/{model}[/versions/{v}]/generate: one JSON object; a batch of prompts (text_input a
+  list) is answered with a JSON list holding one object per prompt, each with `batch_index` (the
+  backend answered a batch as several batch-size-1 responses; /generate has one body to put them in).
+- POST .../generate_stream: Server-Sent Events. With `stream: true`, one event per engine delta (new
+  text only); otherwise one event per prompt holding its complete answer, as the backend's
+  non-streaming mode did over the same endpoint. A failure after the first event is an event
+  `{"error": "..."}`; one before it is a plain JSON error with its status.
+- GET /v2, /v2/health/live, /v2/health/ready, /v2/models/{model}[/versions/{v}], .../ready, .../config.
+
+Model names: the served model name, `ensemble`, `tensorrt_llm_bls` (text in, text out) and
+`tensorrt_llm` (token ids in, token ids out); version "1" only. Errors use Triton's `{"error": "..."}`
+through gateway.errors; an unknown model or version is a 404.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from adapters.triton import ResponseCollector, StreamRenderer, TritonGenerate, model_kind, parse_generate
+from adapters.triton.inputs import ModelKind
+from adapters.triton.metadata import model_config, model_metadata, model_ready, server_metadata
+from gateway.disconnect import until_disconnected
+from gateway.errors import ClientDisconnected, ModelNotFoundError, log_error, triton_error_body, \
+    triton_error_response
+from gateway.generation import GenerationStream
+from gateway.middleware import request_id_of
+from gateway.openai_routes import read_json, ready_engine
+from gateway.streaming import sse_response
+from gateway.triton_metrics import InferenceTimer, metrics_for
+from runtime.engine import Engine
+from runtime.errors import InvalidRequestError
+from runtime.request import OutputDelta
+
+MODEL_VERSION = "1"
+CLIENT_CLOSED = 499  # nginx's "client closed request": counted, never seen by the gone client
+
+
+class UnknownModelError(ModelNotFoundError):
+    """A model name or version we do not serve (-> 404), worded as Triton words it."""
+
+    def __init__(self, model: str, version: str | None = None) -> None:
+        super().__init__(model)
+        which = f"'{model}'" if version is None else f"'{model}' version {version}"
+        self.message = f"Request for unknown model: {which} is not found"
+        self.args = (self.message,)
+
+
+def _served_name(request: Request) -> str:
+    engine: Engine = request.app.state.engine
+    return engine.model_info.name
+
+
+def _resolve(request: Request) -> tuple[str, str, ModelKind]:
+    """(model name, version, kind) of the path; ModelNotFoundError (404) for names and versions we do not serve."""
+    name = request.path_params["model"]
+    version = request.path_params.get("version", MODEL_VERSION)
+    kind = model_kind(name, _served_name(request))
+    if kind is None:
+        raise UnknownModelError(name)
+    if version not in ("", MODEL_VERSION):
+        raise UnknownModelError(name, version)
+    return name, MODEL_VERSION, kind
+
+
+async def _read_body(request: Request) -> Any:
+    """The JSON body. A parse error is worded for Triton clients (the shared reader's names the OpenAI API);
+    the size and depth limits are the shared reader's."""
+    try:
+        json.loads(await request.body())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(f"failed to parse the request JSON buffer: {exc}") from None
+    except RecursionError:
+        pass  # far too deep: read_json words the depth limit
+    return await read_json(request)
+
+
+def _exclude_input_default(request: Request) -> bool:
+    """The serving default of exclude_input_in_output (from a Triton model repository, else false)."""
+    return bool(request.app.state.settings.exclude_input_in_output)
+
+
+def _timer(request: Request, model: str, version: str) -> InferenceTimer | None:
+    metrics = metrics_for(request.app.state.metrics.registry)
+    return metrics.track(model, version) if metrics is not None else None
+
+
+async def _timed(stream: GenerationStream, timer: InferenceTimer | None) -> AsyncIterator[tuple[int, OutputDelta]]:
+    """The stream's items, booking the last output and the outcome on `timer`."""
+    ok = False
+    try:
+        async for item in stream:
+            yield item
+        ok = True
+    finally:
+        if timer is not None:
+            timer.outputs_done()
+            timer.finish(ok)
+
+
+async def _collect(stream: GenerationStream, gen: TritonGenerate, timer: InferenceTimer | None) -> Any:
+    collector = ResponseCollector(gen)
+    try:
+        async for item in _timed(stream, timer):
+            collector(item)
+    finally:
+        stream.close()
+    responses = collector.responses()
+    return responses if gen.batched or len(responses) > 1 else responses[0]
+
+
+async def _generate(request: Request, streaming: bool) -> Response:
+    request_id = request_id_of(request.scope)
+    timer: InferenceTimer | None = None
+    try:
+        name, version, kind = _resolve(request)
+        timer = _timer(request, name, version)
+        body = await _read_body(request)
+        engine = ready_engine(request)
+        gen = parse_generate(body, model_name=name, model_version=version, kind=kind, tokenizer=engine.tokenizer,
+                             request_id=f"triton-{uuid.uuid4().hex}",
+                             exclude_input_default=_exclude_input_default(request))
+        if timer is not None:
+            timer.batch_size = len(gen.requests)
+            timer.inputs_done()
+        settings = request.app.state.settings
+        stream = GenerationStream(engine, gen.requests, request.app.state.metrics, timeout=settings.request_timeout)
+        # Wait for the first outputs before answering, so rejections get a real status code.
+        await until_disconnected(request, stream.start())
+        if timer is not None:
+            timer.first_output()
+        if not streaming:
+            return JSONResponse(await until_disconnected(request, _collect(stream, gen, timer)))
+        return _stream_response(stream, gen, timer, request_id)
+    except ClientDisconnected:
+        if timer is not None:
+            timer.finish(ok=False)
+        return Response(status_code=CLIENT_CLOSED)
+    except Exception as exc:
+        if timer is not None:
+            timer.finish(ok=False)
+        return triton_error_response(exc, request_id)
+
+
+def _stream_response(stream: GenerationStream, gen: TritonGenerate, timer: InferenceTimer | None,
+                     request_id: str) -> Response:
+    def render_error(exc: BaseException) -> dict[str, Any]:
+        log_error(exc, request_id)
+        return triton_error_body(exc, request_id)
+
+    def on_close() -> None:
+        stream.close()
+        if timer is not None:  # a disconnect mid-stream: the request did not complete
+            timer.finish(ok=False)
+
+    if gen.stream:
+        return sse_response(_timed(stream, timer), StreamRenderer(gen), render_error=render_error,
+                            on_close=on_close)
+    collector = ResponseCollector(gen)  # non-streaming mode: the complete answers, one event each
+    return sse_response(_timed(stream, timer), collector, render_error=render_error, finish=collector.responses,
+                        on_close=on_close)
+
+
+async def generate(request: Request) -> Response:
+    return await _generate(request, streaming=False)
+
+
+async def generate_stream(request: Request) -> Response:
+    return await _generate(request, streaming=True)
+
+
+# ---- KServe v2 -----------------------------------------------------------------------------------
+def _is_ready(request: Request) -> bool:
+    state = request.app.state
+    return bool(state.engine.ready and not state.drain.draining and not state.fatal_error)
+
+
+async def server_info(request: Request) -> Response:
+    return JSONResponse(server_metadata())
+
+
+async def health_live(request: Request) -> Response:
+    """200 while the process serves HTTP (the engine may still be loading)."""
+    return Response(status_code=200)
+
+
+async def health_ready(request: Request) -> Response:
+    """200 once the engine serves; 400 otherwise, as Triton answers its readiness probe."""
+    return Response(status_code=200 if _is_ready(request) else 400)
+
+
+async def model_info(request: Request) -> Response:
+    try:
+        name, version, kind = _resolve(request)
+    except ModelNotFoundError as exc:
+        return triton_error_response(exc, request_id_of(request.scope))
+    return JSONResponse(model_metadata(name, kind, version))
+
+
+async def model_ready_route(request: Request) -> Response:
+    try:
+        name, _, _ = _resolve(request)
+    except ModelNotFoundError as exc:
+        return triton_error_response(exc, request_id_of(request.scope))
+    ready = _is_ready(request)
+    return JSONResponse(model_ready(ready, name), status_code=200 if ready else 400)
+
+
+async def model_config_route(request: Request) -> Response:
+    try:
+        name, _, kind = _resolve(request)
+    except ModelNotFoundError as exc:
+        return triton_error_response(exc, request_id_of(request.scope))
+    settings = request.app.state.settings
+    return JSONResponse(model_config(name, kind, settings.engine,
+                                     exclude_input_in_output=_exclude_input_default(request)))
+
+
+def _model_routes() -> list[BaseRoute]:
+    routes: list[BaseRoute] = []
+    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+        routes += [
+            Route(prefix + "/generate", generate, methods=["POST"]),
+            Route(prefix + "/generate_stream", generate_stream, methods=["POST"]),
+            Route(prefix + "/ready", model_ready_route, methods=["GET"]),
+            Route(prefix + "/config", model_config_route, methods=["GET"]),
+            Route(prefix, model_info, methods=["GET"]),
+        ]
+    return routes
+
+
+triton_routes: list[BaseRoute] = [
+    Route("/v2", server_info, methods=["GET"]),
+    Route("/v2/health/live", health_live, methods=["GET"]),
+    Route("/v2/health/ready", health_ready, methods=["GET"]),
+    *_model_routes(),
+]
+
+__all__ = ["triton_routes"]
