@@ -5,7 +5,9 @@
 `engine` None builds one from `settings.engine` (runtime.build_engine). The lifespan starts the
 engine in the background, so the server answers at once (GET /health is 503 until the model is
 loaded, 200 after) and shuts it down on exit. app.state holds `engine`, `settings`, `metrics`
-(gateway.metrics.GatewayMetrics; its `.registry` is what /metrics exposes) and `startup_error`.
+(gateway.metrics.GatewayMetrics; its `.registry` is what /metrics exposes), `auth`
+(gateway.auth.AuthPolicy), `drain` (gateway.shutdown.Drain), `limits` (RequestLimits),
+`startup_error` and `fatal_error` (the engine died while serving).
 """
 
 from __future__ import annotations
@@ -20,16 +22,23 @@ from collections.abc import AsyncIterator, Callable
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
-from gateway.errors import openai_error_response, triton_error_response
+from adapters.openai.limits import RequestLimits
+from gateway.auth import ApiKeyMiddleware, AuthPolicy
+from gateway.errors import render_for_path
+from gateway.limits import BodySizeLimitMiddleware
+from gateway.lora_routes import lora_routes
 from gateway.metrics import GatewayMetrics
-from gateway.middleware import ApiKeyMiddleware, RequestContextMiddleware, request_id_of
+from gateway.middleware import RequestContextMiddleware, request_id_of
 from gateway.openai_routes import openai_routes
+from gateway.openapi import openapi_routes
 from gateway.ops_routes import ops_routes
 from gateway.settings import Settings
+from gateway.shutdown import Drain, DrainMiddleware, watch_engine
 from runtime.engine import Engine
 from runtime.errors import InvalidRequestError
 
@@ -54,18 +63,26 @@ def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     detail = f"Invalid URL ({request.method} {request.url.path})" if exc.status_code == 404 else exc.detail
     err = InvalidRequestError(detail)
-    render = triton_error_response if request.url.path.startswith("/v2") else openai_error_response
-    response = render(err, request_id_of(request.scope))
+    response = render_for_path(request.url.path, err, request_id_of(request.scope))
     response.status_code = exc.status_code
     return response
 
 
 def _internal_error(request: Request, exc: Exception) -> Response:
-    render = triton_error_response if request.url.path.startswith("/v2") else openai_error_response
-    return render(exc, request_id_of(request.scope))
+    return render_for_path(request.url.path, exc, request_id_of(request.scope))
 
 
-async def _start_engine(app: Starlette) -> None:
+def _fatal(app: Starlette, why: str) -> None:
+    """The engine is gone: readiness false for good, and the process should exit non-zero."""
+    app.state.fatal_error = why
+    log.error("fatal: %s; exiting so that the orchestrator restarts the server", why)
+    on_fatal: Callable[[], None] | None = getattr(app.state, "on_fatal", None)
+    if on_fatal is not None:
+        on_fatal()
+
+
+async def _start_engine(app: Starlette) -> bool:
+    """Start the engine; False (and the reason in app.state.startup_error) when it fails."""
     settings: Settings = app.state.settings
     engine: Engine = app.state.engine
     try:
@@ -76,21 +93,27 @@ async def _start_engine(app: Starlette) -> None:
         on_fatal: Callable[[], None] | None = getattr(app.state, "on_fatal", None)
         if on_fatal is not None:
             on_fatal()
-        return
+        return False
     info = engine.model_info
     log.info("ready: model '%s' (%s backend, %s, %s) at %s/v1", info.name, info.backend, info.device,
              info.dtype, settings.url)
+    return True
 
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: Starlette) -> AsyncIterator[None]:
-    task = asyncio.create_task(_start_engine(app))
+    async def start_then_watch() -> None:
+        if await _start_engine(app):
+            await watch_engine(app.state.engine, app.state.drain, lambda why: _fatal(app, why))
+
+    task = asyncio.create_task(start_then_watch())
     try:
         yield
     finally:
+        app.state.drain.begin()  # the watcher must not mistake this shutdown for a death
         if not task.done():
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await asyncio.gather(task, return_exceptions=True)
         await app.state.engine.shutdown(app.state.settings.drain_timeout)
 
 
@@ -102,20 +125,38 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
         engine = build_engine(settings.engine)
     metrics = GatewayMetrics()
     metrics.watch_engine(engine)
-    routes = [*openai_routes(), *ops_routes(), *_triton_routes(metrics, engine)]
+    admin = lora_routes()  # run-time LoRA loading: guarded by --admin-api-key when one is set
+    routes = [*openai_routes(), *admin, *ops_routes(), *openapi_routes(), *_triton_routes(metrics, engine)]
+    auth = AuthPolicy.from_settings(settings, admin_paths=[getattr(r, "path", "") for r in admin])
+    drain = Drain()
+    # Outermost first: ids and counting see every answer, CORS answers preflights before auth,
+    # draining refuses before any work, auth before the body is read.
+    middleware = [Middleware(RequestContextMiddleware, metrics=metrics, routes=routes)]
+    if settings.cors_origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],
+                                     allow_headers=["*"], expose_headers=["x-request-id"]))
+    middleware += [
+        Middleware(DrainMiddleware, drain=drain),
+        Middleware(ApiKeyMiddleware, policy=auth),
+        Middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes),
+    ]
     app = Starlette(
         routes=routes,
         lifespan=_lifespan,
-        middleware=[
-            Middleware(RequestContextMiddleware, metrics=metrics),
-            Middleware(ApiKeyMiddleware, api_keys=settings.api_keys),
-        ],
+        middleware=middleware,
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
     )
     app.state.settings = settings
     app.state.engine = engine
     app.state.metrics = metrics
+    app.state.auth = auth
+    app.state.drain = drain
+    app.state.limits = RequestLimits(
+        max_n=settings.max_n, max_stop_strings=settings.max_stop_strings,
+        max_stop_string_length=settings.max_stop_string_length, max_logit_bias=settings.max_logit_bias,
+        max_messages=settings.max_messages, max_prompts=settings.max_prompts)
     app.state.startup_error = None
+    app.state.fatal_error = None
     app.state.created = int(time.time())  # /v1/models' "created"
     return app
 

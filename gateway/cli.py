@@ -7,7 +7,6 @@ flag, env var and field share one name; precedence: flag > TRTLLM_GATEWAY_<NAME>
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -29,11 +28,11 @@ def _add_option(group: argparse._ArgumentGroup, opt: Option) -> None:
     origin = getattr(base, "__origin__", None)
     if base is bool:
         group.add_argument(opt.flag, action=argparse.BooleanOptionalAction, **kwargs)
-    elif origin is list:
-        group.add_argument(opt.flag, nargs="+", metavar="VALUE", **kwargs)
+    elif origin is list:  # repeatable, and several values per use: --api-key a --api-key b c
+        group.add_argument(opt.flag, nargs="+", action="extend", metavar="VALUE", **kwargs)
     elif origin is dict:
         meta = "NAME=VALUE" if opt.base.__args__[1] is str else "JSON"
-        group.add_argument(opt.flag, nargs="+", metavar=meta, type=str, **kwargs)
+        group.add_argument(opt.flag, nargs="+", action="extend", metavar=meta, type=str, **kwargs)
     elif opt.choices is not None:
         group.add_argument(opt.flag, choices=list(opt.choices), **kwargs)
     else:
@@ -73,22 +72,54 @@ def parse_serve_args(argv: Sequence[str], environ: Mapping[str, str] | None = No
         if getattr(opt.base, "__origin__", None) is dict:
             value = opt.parse_mapping(value)
         values[name] = value
+    if values.get("triton_model_repo"):
+        values = _with_triton_repo(values)
     return settings_from(values)
 
 
+def _with_triton_repo(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` over the settings read from --triton-model-repo (flags and env vars win over the files).
+
+    Raises ValueError (adapters.triton.TritonRepoError) for unfilled required template values."""
+    import logging
+
+    from adapters.triton import load_triton_repo
+
+    repo = load_triton_repo(values["triton_model_repo"], cli_fields=set(values))
+    if repo.warning:
+        logging.getLogger("gateway.cli").warning("%s", repo.warning)
+    merged = {**repo.engine, **values}
+    merged.setdefault("exclude_input_in_output", repo.exclude_input_in_output)
+    return merged
+
+
 def serve(settings: Settings) -> int:
-    """Run the server until interrupted; 1 if the engine failed to start."""
+    """Run the server until SIGTERM/SIGINT (drained: 0); 1 if the engine failed to start or died."""
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.logs import configure_logging
+    from gateway.shutdown import DrainingServer
+    from runtime.errors import EngineError
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(settings)
-    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port,
-                                           log_level=settings.log_level, lifespan="on"))
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        app = create_app(settings)
+    except (EngineError, ValueError) as exc:  # e.g. trtllm without tensorrt_llm, a missing keys file: one line
+        print(f"trtllm-gateway: error: {getattr(exc, 'message', exc)}", file=sys.stderr)
+        return 1
+    # access_log off: gateway.middleware writes one access line per request, with its request id.
+    # The graceful timeout is a backstop: in-flight work was already given --drain-timeout.
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            lifespan="on", log_config=None, access_log=False, timeout_graceful_shutdown=1)
+    server = DrainingServer(config, app.state.drain, settings.drain_timeout)
+    if settings.metrics_port is not None:  # Triton's separate metrics port (8002 there)
+        from gateway.triton_metrics import start_metrics_server
+
+        start_metrics_server(app.state.metrics.registry, settings.metrics_port, settings.host)
     app.state.on_fatal = lambda: setattr(server, "should_exit", True)
     server.run()
-    return 1 if app.state.startup_error else 0
+    return 1 if app.state.startup_error or app.state.fatal_error else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

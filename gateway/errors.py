@@ -39,6 +39,31 @@ class AuthenticationError(EngineError):
     """Missing or wrong API key."""
 
 
+class PermissionDeniedError(EngineError):
+    """A valid key that may not call this route (admin routes with --admin-api-key)."""
+
+
+class BodyTooLargeError(InvalidRequestError):
+    """The request body is over --max-body-bytes."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"The request body is larger than the server's limit of {limit} bytes (--max-body-bytes).")
+        self.limit = limit
+
+
+class RequestTimeoutError(EngineError):
+    """The request ran past --request-timeout and was aborted."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(f"The request did not finish within the server's request timeout of {timeout:g} s "
+                         "(--request-timeout) and was aborted.")
+        self.timeout = timeout
+
+
+class ServerDrainingError(EngineNotReadyError):
+    """The server got SIGTERM and finishes in-flight requests only."""
+
+
 class ClientDisconnected(Exception):
     """The client went away before the response was ready (logged, never rendered)."""
 
@@ -55,16 +80,21 @@ class ErrorKind:
 # Most specific classes first: lookup walks the exception's MRO, so subclasses win over bases.
 ERROR_TABLE: dict[type[BaseException], ErrorKind] = {
     PromptTooLongError: ErrorKind(400, "invalid_request_error", "context_length_exceeded"),
+    BodyTooLargeError: ErrorKind(413, "invalid_request_error", "request_too_large"),
     UnsupportedOptionError: ErrorKind(400, "invalid_request_error", "unsupported_parameter"),
     InvalidRequestError: ErrorKind(400, "invalid_request_error", None),
     AuthenticationError: ErrorKind(401, "invalid_request_error", "invalid_api_key"),
+    PermissionDeniedError: ErrorKind(403, "invalid_request_error", "insufficient_permissions"),
     ModelNotFoundError: ErrorKind(404, "invalid_request_error", "model_not_found"),
     UnknownAdapterError: ErrorKind(404, "invalid_request_error", "model_not_found"),
     # OpenAI answers rate limits with type "requests" (or "tokens") and code "rate_limit_exceeded".
     QueueFullError: ErrorKind(429, "requests", "rate_limit_exceeded"),
     EngineNotReadyError: ErrorKind(503, "server_error", "service_unavailable"),
     EngineFailedError: ErrorKind(500, "server_error", None),
+    RequestTimeoutError: ErrorKind(504, "server_error", "timeout"),
 }
+# Seconds a client should wait before retrying a 429 or 503 (the queue drains in about a step or two).
+RETRY_AFTER_S = 1
 _INTERNAL = ErrorKind(500, "server_error", None)
 
 
@@ -115,17 +145,26 @@ def triton_error_body(exc: BaseException, request_id: str | None = None) -> dict
     return {"error": error_message(exc, request_id)}
 
 
-def _headers(request_id: str | None) -> dict[str, str] | None:
-    return {"x-request-id": request_id} if request_id else None
+def _headers(exc: BaseException, request_id: str | None) -> dict[str, str]:
+    headers = {"x-request-id": request_id} if request_id else {}
+    if error_kind(exc).status in (429, 503):
+        headers["retry-after"] = str(RETRY_AFTER_S)
+    return headers
 
 
 def openai_error_response(exc: BaseException, request_id: str | None = None) -> JSONResponse:
     """A JSON response with the table's status and OpenAI's error object (logs server errors)."""
     log_error(exc, request_id)
-    return JSONResponse(openai_error_body(exc, request_id), error_kind(exc).status, _headers(request_id))
+    return JSONResponse(openai_error_body(exc, request_id), error_kind(exc).status, _headers(exc, request_id))
 
 
 def triton_error_response(exc: BaseException, request_id: str | None = None) -> JSONResponse:
     """A JSON response with the table's status and Triton's error object (logs server errors)."""
     log_error(exc, request_id)
-    return JSONResponse(triton_error_body(exc, request_id), error_kind(exc).status, _headers(request_id))
+    return JSONResponse(triton_error_body(exc, request_id), error_kind(exc).status, _headers(exc, request_id))
+
+
+def render_for_path(path: str, exc: BaseException, request_id: str | None = None) -> JSONResponse:
+    """The error in the dialect of `path`: Triton's shape under /v2, OpenAI's everywhere else."""
+    render = triton_error_response if path.startswith("/v2") else openai_error_response
+    return render(exc, request_id)

@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 
+from gateway.errors import RequestTimeoutError
 from gateway.metrics import GatewayMetrics
 from runtime.engine import Engine
 from runtime.errors import EngineFailedError
@@ -23,14 +24,20 @@ _END = None  # queue marker: one prompt's iterator is exhausted
 class GenerationStream:
     """Runs `requests` on `engine` concurrently; iterate `(prompt_index, OutputDelta)`.
 
-    A delta with finish_reason "error" is raised as EngineFailedError. Call `close()` when done
+    A delta with finish_reason "error" is raised as EngineFailedError; with `timeout` (seconds from
+    arrival) the requests get a deadline, and one aborted past it raises RequestTimeoutError. Call `close()` when done
     (idempotent, synchronous so it is safe inside cancelled scopes).
     """
 
     def __init__(self, engine: Engine, requests: Sequence[GenerationRequest],
-                 metrics: GatewayMetrics | None = None) -> None:
+                 metrics: GatewayMetrics | None = None, timeout: float | None = None) -> None:
         self._engine = engine
         self.requests = list(requests)
+        self._timeout = timeout
+        if timeout is not None:  # the engine aborts at the deadline, freeing the blocks; we report it
+            for request in self.requests:
+                deadline = request.arrival_time + timeout
+                request.deadline = deadline if request.deadline is None else min(request.deadline, deadline)
         self._metrics = metrics
         self._queue: asyncio.Queue[tuple[int, OutputDelta | None, BaseException | None]] = asyncio.Queue()
         self._done = [False] * len(self.requests)
@@ -82,6 +89,9 @@ class GenerationStream:
             if fut.done() and not fut.cancelled():
                 fut.exception()
 
+    def _expired(self, request: GenerationRequest) -> bool:
+        return request.deadline is not None and time.monotonic() >= request.deadline
+
     async def _pump(self, index: int, request: GenerationRequest) -> None:
         first = self._first[index]
         timer = _Timer(request.arrival_time, self._metrics)
@@ -91,6 +101,8 @@ class GenerationStream:
             async for delta in iterator:
                 if delta.finish_reason == "error":
                     raise EngineFailedError(delta.error or "generation failed")
+                if delta.finish_reason == "abort" and self._expired(request):
+                    raise RequestTimeoutError(self._timeout or 0.0)
                 timer.observe(delta)
                 if not first.done():
                     first.set_result(None)

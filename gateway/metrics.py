@@ -52,8 +52,27 @@ class EngineStatsCollector(Collector):
             "preemptions": ("Sequences preempted since start.", s.preemptions),
             "prefix_cache_hit_tokens": ("Prompt tokens served from the prefix cache.", s.prefix_cache_hit_tokens),
         }
+        counters["lora_cache_hits"] = ("LoRA requests that found their adapter in a device slot.", s.lora_cache_hits)
+        counters["lora_cache_misses"] = ("LoRA requests whose adapter was copied into a device slot.",
+                                         s.lora_cache_misses)
+        counters["lora_evictions"] = ("LoRA adapters evicted from a device slot for another.", s.lora_evictions)
+        counters["spec_draft_tokens"] = ("Speculative tokens proposed (draft model or n-gram).", s.spec_draft_tokens)
+        counters["spec_accepted_tokens"] = ("Speculative tokens accepted by the target model.", s.spec_accepted_tokens)
+        counters["spec_steps"] = ("Sequence-steps that verified a speculative proposal.", s.spec_steps)
+        # derived from the counters since start (0 before any speculation)
+        yield GaugeMetricFamily(PREFIX + "spec_acceptance_rate", "Accepted / proposed speculative tokens.",
+                                value=s.spec_accepted_tokens / s.spec_draft_tokens if s.spec_draft_tokens else 0.0)
+        yield GaugeMetricFamily(PREFIX + "spec_mean_accepted_length",
+                                "Mean accepted draft tokens per speculative step (the target adds one more).",
+                                value=s.spec_accepted_tokens / s.spec_steps if s.spec_steps else 0.0)
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(PREFIX + name, doc, value=value)
+        yield GaugeMetricFamily(PREFIX + "lora_adapters_loaded", "LoRA adapters the engine can serve.",
+                                value=s.lora_loaded)
+        per_adapter = CounterMetricFamily(PREFIX + "lora_requests", "Requests per LoRA adapter.", labels=["adapter"])
+        for adapter, count in sorted(s.lora_requests.items()):
+            per_adapter.add_metric([adapter], count)
+        yield per_adapter
 
 
 class GatewayMetrics:

@@ -1,4 +1,4 @@
-"""Pure-ASGI middleware: request ids, per-endpoint request counting, optional API-key auth.
+"""Pure-ASGI middleware: request ids, per-endpoint request counting, the access log.
 
 Pure ASGI (not BaseHTTPMiddleware) so `receive` reaches the routes untouched: the disconnect
 watchers depend on it.
@@ -6,18 +6,20 @@ watchers depend on it.
 
 from __future__ import annotations
 
-import hmac
+import logging
+import time
 import uuid
+from collections.abc import Sequence
 
 from starlette.datastructures import MutableHeaders
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.errors import AuthenticationError, openai_error_response, triton_error_response
+from gateway.logs import request_id_var
 from gateway.metrics import GatewayMetrics
 
 REQUEST_ID_HEADER = "x-request-id"
-# Probes and scrapers never authenticate.
-_OPEN_PATHS = ("/health", "/metrics")
+access_log = logging.getLogger("gateway.access")
 
 
 def request_id_of(scope: Scope) -> str:
@@ -28,9 +30,18 @@ def request_id_of(scope: Scope) -> str:
 class RequestContextMiddleware:
     """Assigns a request id (client's x-request-id if given), echoes it, counts responses by status."""
 
-    def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
+    def __init__(self, app: ASGIApp, metrics: GatewayMetrics, routes: Sequence[BaseRoute] = ()) -> None:
         self.app = app
         self.metrics = metrics
+        self.routes = list(routes)
+
+    def _endpoint(self, scope: Scope) -> str:
+        """The route template (never the raw path: label cardinality stays bounded). Requests refused
+        before routing (401, 413, 503 while draining) are matched here, so they count under their route."""
+        route = scope.get("route")
+        if route is None:
+            route = next((r for r in self.routes if r.matches(scope)[0] is not Match.NONE), None)
+        return getattr(route, "path", None) or "unmatched"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -39,6 +50,8 @@ class RequestContextMiddleware:
         incoming = dict(scope["headers"]).get(REQUEST_ID_HEADER.encode())
         request_id = incoming.decode("latin-1")[:128] if incoming else uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
+        token = request_id_var.set(request_id)
+        started = time.monotonic()
         status = 500  # if the app dies before sending a status line
 
         async def send_wrapper(message: Message) -> None:
@@ -52,29 +65,9 @@ class RequestContextMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
-            route = scope.get("route")
-            # Label by route template, never the raw path, to keep label cardinality bounded.
-            endpoint = getattr(route, "path", None) or "unmatched"
-            self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
-
-
-class ApiKeyMiddleware:
-    """Requires `Authorization: Bearer <key>` with one of `api_keys` (except probes and /metrics)."""
-
-    def __init__(self, app: ASGIApp, api_keys: list[str]) -> None:
-        self.app = app
-        self.keys = [k.encode() for k in api_keys]
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or scope["path"] in _OPEN_PATHS:
-            await self.app(scope, receive, send)
-            return
-        auth = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = auth.partition(b" ")
-        if scheme.lower() == b"bearer" and any(hmac.compare_digest(token.strip(), k) for k in self.keys):
-            await self.app(scope, receive, send)
-            return
-        exc = AuthenticationError("Incorrect API key provided." if auth else
-                                  "You didn't provide an API key (Authorization: Bearer <key>).")
-        render = triton_error_response if scope["path"].startswith("/v2") else openai_error_response
-        await render(exc, request_id_of(scope))(scope, receive, send)
+            self.metrics.requests.labels(endpoint=self._endpoint(scope), status=str(status)).inc()
+            duration_ms = round((time.monotonic() - started) * 1000, 1)
+            access_log.info("%s %s %d %.1fms", scope["method"], scope["path"], status, duration_ms,
+                            extra={"method": scope["method"], "path": scope["path"], "status": status,
+                                   "duration_ms": duration_ms})
+            request_id_var.reset(token)

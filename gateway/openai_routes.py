@@ -7,6 +7,7 @@ shared SSE writer or one JSON body. The endpoints differ only in their adapter f
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -27,6 +28,7 @@ from adapters.openai import (
     completion_requests,
     parse_request,
 )
+from adapters.openai.limits import check_limits
 from gateway.disconnect import until_disconnected
 from gateway.errors import (
     ClientDisconnected,
@@ -36,14 +38,16 @@ from gateway.errors import (
     openai_error_response,
 )
 from gateway.generation import GenerationStream
+from gateway.limits import parse_json
 from gateway.middleware import request_id_of
 from gateway.streaming import sse_response
 from runtime.engine import Engine
-from runtime.errors import EngineNotReadyError, InvalidRequestError
+from runtime.errors import EngineNotReadyError
 from runtime.request import GenerationRequest, OutputDelta
 from runtime.tokenizer import Tokenizer
 
 OWNED_BY = "trtllm-gateway"
+log = logging.getLogger("gateway.openai")
 # nginx's "client closed request": logged and counted, never seen by the (gone) client.
 CLIENT_CLOSED = 499
 
@@ -69,26 +73,31 @@ def ready_engine(request: Request) -> Engine:
     return engine
 
 
+def served_adapters(request: Request, engine: Engine) -> dict[str, str]:
+    """LoRA adapters the engine serves now (name -> folder): run-time loads included where supported."""
+    adapters = engine.lora_adapters()
+    return request.app.state.settings.engine.lora_modules if adapters is None else adapters
+
+
 def resolve_model(request: Request, engine: Engine, name: str | None) -> tuple[str, str | None]:
     """(model name to report, LoRA adapter or None) for the request's `model` field."""
     base = engine.model_info.name
     if name is None or name == base:
         return base, None
-    if name in request.app.state.settings.engine.lora_modules:
+    if name in served_adapters(request, engine):
         return name, name
     raise ModelNotFoundError(name)
 
 
 async def read_json(request: Request) -> Any:
-    """The decoded JSON body, or InvalidRequestError (400) when it does not parse."""
-    body = await request.body()
-    try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequestError(
-            f"We could not parse the JSON body of your request: {exc}. The OpenAI API expects a JSON "
-            "payload (Content-Type: application/json)."
-        ) from None
+    """The decoded JSON body; InvalidRequestError (400) when it does not parse or nests too deep."""
+    return parse_json(await request.body(), request.app.state.settings.max_json_depth)
+
+
+def _log_prompt(request_id: str, req: Any) -> None:
+    # Only with --log-prompts: prompts may hold personal or confidential data.
+    fields = req.model_dump(include={"prompt", "messages"}, exclude_none=True)
+    log.info("request %s prompt: %s", request_id, json.dumps(fields, ensure_ascii=False))
 
 
 async def _collect(stream: GenerationStream, output: _Output) -> dict[str, Any]:
@@ -103,12 +112,16 @@ async def _collect(stream: GenerationStream, output: _Output) -> dict[str, Any]:
 async def _serve(request: Request, schema: type[BaseModel], id_prefix: str, plan: _Plan) -> Response:
     request_id = request_id_of(request.scope)
     try:
+        settings = request.app.state.settings
         req: Any = parse_request(schema, await read_json(request))
+        check_limits(req, request.app.state.limits)
+        if settings.log_prompts:
+            _log_prompt(request_id, req)
         engine = ready_engine(request)
         model, adapter = resolve_model(request, engine, req.model)
         response_id = f"{id_prefix}-{uuid.uuid4().hex}"
         gen_requests, output = plan(req, response_id, model, adapter, engine.tokenizer)
-        stream = GenerationStream(engine, gen_requests, request.app.state.metrics)
+        stream = GenerationStream(engine, gen_requests, request.app.state.metrics, timeout=settings.request_timeout)
         # Wait for the first outputs before answering, so rejections get a real status code.
         await until_disconnected(request, stream.start())
         if req.stream:
@@ -157,7 +170,7 @@ async def list_models(request: Request) -> Response:
                        max_model_len=info.context_window)]
     cards += [ModelCard(id=name, created=created, owned_by=OWNED_BY, root=path, parent=info.name,
                         max_model_len=info.context_window)
-              for name, path in settings.engine.lora_modules.items()]
+              for name, path in served_adapters(request, engine).items()]
     return JSONResponse(ModelList(data=cards).model_dump())
 
 

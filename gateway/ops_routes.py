@@ -9,12 +9,15 @@ from starlette.routing import BaseRoute, Route
 
 
 async def health(request: Request) -> Response:
-    """200 {"status": "ready"} once the engine serves; 503 while loading, after a failed start, or stopping."""
+    """200 {"status": "ready"} once the engine serves; 503 while loading, draining, after a failed start or
+    after the engine died."""
     state = request.app.state
+    if state.drain.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
+    if state.fatal_error or state.startup_error:
+        return JSONResponse({"status": "failed", "error": state.fatal_error or state.startup_error}, status_code=503)
     if state.engine.ready:
         return JSONResponse({"status": "ready"})
-    if state.startup_error:
-        return JSONResponse({"status": "failed", "error": state.startup_error}, status_code=503)
     return JSONResponse({"status": "loading"}, status_code=503)
 
 

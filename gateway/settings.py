@@ -31,9 +31,33 @@ class Settings:
     # server
     host: str = "127.0.0.1"  # interface to listen on (0.0.0.0: all)
     port: int = 8000  # TCP port
-    api_keys: list[str] = field(default_factory=list)  # accepted bearer tokens; empty: no authentication
     log_level: Literal["debug", "info", "warning", "error"] = "info"  # log verbosity
-    drain_timeout: float = 5.0  # seconds running requests may finish at shutdown before being aborted
+    log_format: Literal["text", "json"] = "text"  # json: one JSON object per line, with request ids
+    log_prompts: bool = False  # log prompts and generated text (off: they may hold private data)
+    drain_timeout: float = 5.0  # seconds in-flight requests may finish after SIGTERM before being aborted
+    request_timeout: float | None = None  # seconds a request may run before it is aborted (none: no limit)
+    cors_origins: list[str] = field(default_factory=list)  # origins allowed by CORS (* for any); empty: CORS off
+    # security
+    api_key: list[str] = field(default_factory=list)  # accepted bearer token (repeatable); none: no authentication
+    api_keys_file: str | None = None  # file with one accepted bearer token per line (# comments)
+    admin_api_key: list[str] = field(default_factory=list)  # bearer token required by admin routes (LoRA loading)
+    public_paths: list[str] = field(default_factory=lambda: ["/health", "/metrics"])  # paths open without a key
+    # request limits
+    max_body_bytes: int = 8 * 1024 * 1024  # largest request body; over it: 413
+    max_json_depth: int = 32  # deepest nesting of the JSON body
+    max_n: int = 16  # largest n (samples per prompt)
+    max_stop_strings: int = 16  # most stop strings per request
+    max_stop_string_length: int = 256  # longest stop string, in characters
+    max_logit_bias: int = 300  # most logit_bias entries
+    max_messages: int = 1024  # most chat messages per request
+    max_prompts: int = 256  # most prompts in one /v1/completions request
+    # LoRA
+    enable_lora_loading: bool = False  # allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+    lora_root: list[str] = field(default_factory=list)  # folders run-time adapter paths must lie in (none: any)
+    # Triton
+    triton_model_repo: str | None = None  # Triton TensorRT-LLM model repository: engine settings from its config.pbtxt (flags win)
+    exclude_input_in_output: bool = False  # Triton generate: answer without the prompt unless a request says otherwise
+    metrics_port: int | None = None  # also serve /metrics on this port (Triton used 8002)
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     @classmethod

@@ -335,7 +335,7 @@ def test_unknown_route_is_openai_404(client: TestClient) -> None:
 
 
 def test_api_keys_guard_v1_but_not_health(engine: ScriptedEngine) -> None:
-    with TestClient(create_app(Settings(api_keys=["sekrit"]), engine)) as c:
+    with TestClient(create_app(Settings(api_key=["sekrit"]), engine)) as c:
         assert c.get("/health").status_code in (200, 503)
         r = c.get("/v1/models")
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"

@@ -1,0 +1,212 @@
+"""Every error of the OpenAI API, through the real server: exact status, OpenAI error object, request id.
+
+Fault injection (a request whose output processing raises) wraps one method of the real native
+engine instance; nothing else is mocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from runtime.errors import PromptTooLongError
+from tests.e2e.conftest import MODEL_NAME, RunningServer, reference_greedy, scrape, wait_for
+
+CONTEXT = 256  # max_position_embeddings of the tiny model
+
+
+def assert_openai_error(r: httpx.Response, status: int, type_: str, code: str | None,
+                        param: str | None = None) -> dict[str, Any]:
+    """The response is `status` with exactly OpenAI's error object, and echoes a request id."""
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    err = body["error"]
+    assert (err["type"], err["code"], err["param"]) == (type_, code, param)
+    assert isinstance(err["message"], str) and err["message"]
+    assert r.headers["x-request-id"]
+    return err
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_malformed_json_is_400(http: httpx.Client, path: str) -> None:
+    r = http.post(path, content=b'{"model": "tiny", "prompt": ', headers={"content-type": "application/json"})
+    err = assert_openai_error(r, 400, "invalid_request_error", None)
+    assert err["message"].startswith("We could not parse the JSON body of your request")
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/completions", {"prompt": "hi", "temperature": 5}, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "many"}, "max_tokens"),
+    ("/v1/completions", {"max_tokens": 3}, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_p": 0}, "top_p"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "logit_bias": {"x": 1}},
+     "logit_bias"),
+])
+def test_invalid_field_is_400_naming_it(http: httpx.Client, path: str, body: dict, param: str) -> None:
+    err = assert_openai_error(http.post(path, json={"model": MODEL_NAME, **body}), 400, "invalid_request_error",
+                              None, param)
+    assert f"'{param}'" in err["message"]
+
+
+def test_invalid_field_through_the_sdk_names_param(server: RunningServer) -> None:
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], n=0)
+    assert info.value.status_code == 400 and info.value.param == "n"
+    assert info.value.type == "invalid_request_error"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_unknown_model_is_404(http: httpx.Client, path: str) -> None:
+    body = {"model": "no-such-model", "prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}
+    err = assert_openai_error(http.post(path, json=body), 404, "invalid_request_error", "model_not_found")
+    assert err["message"] == "The model `no-such-model` does not exist."
+
+
+def test_unknown_route_is_404_in_openai_shape(http: httpx.Client) -> None:
+    assert_openai_error(http.post("/v1/nothing", json={}), 404, "invalid_request_error", None)
+
+
+def test_prompt_plus_max_tokens_over_context_is_400_with_both_numbers(http: httpx.Client,
+                                                                        server: RunningServer) -> None:
+    prompt = "the cat sat on the mat"
+    n_prompt = len(server.engine.tokenizer.encode(prompt))
+    r = http.post("/v1/completions", json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": CONTEXT})
+    err = assert_openai_error(r, 400, "invalid_request_error", "context_length_exceeded", "max_tokens")
+    assert err["message"] == PromptTooLongError(n_prompt, CONTEXT, CONTEXT).message
+    assert f"{n_prompt} in the prompt" in err["message"] and f"{CONTEXT} for the completion" in err["message"]
+
+
+def test_chat_over_context_is_400(http: httpx.Client) -> None:
+    r = http.post("/v1/chat/completions", json={"model": MODEL_NAME, "max_tokens": CONTEXT,
+                                                 "messages": [{"role": "user", "content": "hello"}]})
+    err = assert_openai_error(r, 400, "invalid_request_error", "context_length_exceeded", "max_tokens")
+    assert f"maximum context length is {CONTEXT} tokens" in err["message"]
+
+
+# ---- queue full ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def one_slot_server(tiny_model_dir) -> Iterator[RunningServer]:
+    """One running request at a time and one waiting: the third concurrent request overflows."""
+    from tests.e2e.conftest import launch
+
+    srv = launch(tiny_model_dir, "native", max_batch_size=1, max_queue_size=1)
+    yield srv
+    srv.stop()
+
+
+LONG = {"model": MODEL_NAME, "prompt": "count", "max_tokens": 200, "temperature": 0, "ignore_eos": True}
+
+
+def test_queue_full_is_429_with_retry_after_and_others_finish(one_slot_server: RunningServer) -> None:
+    url = one_slot_server.url
+    waiting_result: dict[str, httpx.Response] = {}
+    with httpx.Client(base_url=url, timeout=60) as c, c.stream("POST", "/v1/completions",
+                                                               json={**LONG, "stream": True}) as running:
+        lines = running.iter_lines()
+        assert next(lines).startswith("data: ")  # the first request is running now
+
+        def wait_in_queue() -> None:
+            waiting_result["r"] = httpx.post(url + "/v1/completions", timeout=60,
+                                             json={**LONG, "max_tokens": 5, "prompt": "the dog"})
+
+        queued = threading.Thread(target=wait_in_queue)
+        queued.start()
+        wait_for(lambda: scrape(url)["trtllm_gateway_requests_waiting"] == 1, what="one waiting request")
+        r = c.post("/v1/completions", json={**LONG, "max_tokens": 5})
+        err = assert_openai_error(r, 429, "requests", "rate_limit_exceeded")
+        assert r.headers["retry-after"] == "1"
+        assert "queue is full" in err["message"]
+        rest = [line for line in lines if line]
+    queued.join(60)
+    assert rest[-1] == "data: [DONE]"  # the running stream was not disturbed
+    text = "".join(json.loads(line[6:])["choices"][0]["text"] for line in rest[:-1] if line.startswith("data: {"))
+    assert text  # and produced its output
+    assert waiting_result["r"].status_code == 200
+    assert waiting_result["r"].json()["usage"]["completion_tokens"] == 5
+
+
+# ---- engine failure and fault isolation -----------------------------------------------------------
+
+POISON = "poison pill"
+
+
+@pytest.fixture
+def poisoned(server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> RunningServer:
+    """Output processing raises at the third step of any request whose prompt holds POISON (native engine
+    only), so the failure comes after the first outputs: mid-stream for streams."""
+    if server.settings.engine.backend != "native":
+        pytest.skip("fault injection wraps a method of the native engine")
+    engine = server.engine
+    original = engine._postprocess
+    steps: dict[str, int] = {}
+
+    def faulty(state, *args, **kwargs):
+        if POISON in (state.request.prompt or ""):
+            steps[state.request_id] = steps.get(state.request_id, 0) + 1
+            if steps[state.request_id] >= 3:
+                raise RuntimeError("injected fault")
+        return original(state, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "_postprocess", faulty)
+    return server
+
+
+def test_engine_failure_is_500_with_request_id(poisoned: RunningServer) -> None:
+    r = httpx.post(poisoned.url + "/v1/completions", headers={"x-request-id": "req-fault-1"}, timeout=60,
+                   json={"model": MODEL_NAME, "prompt": POISON, "max_tokens": 8, "ignore_eos": True})
+    err = assert_openai_error(r, 500, "server_error", None)
+    assert r.headers["x-request-id"] == "req-fault-1"
+    assert err["message"].startswith("The server had an error while processing your request")
+    assert "(request id: req-fault-1)" in err["message"]
+
+
+def test_stream_failure_is_an_error_event_with_request_id(poisoned: RunningServer) -> None:
+    with httpx.stream("POST", poisoned.url + "/v1/chat/completions", headers={"x-request-id": "req-fault-2"},
+                      json={"model": MODEL_NAME, "messages": [{"role": "user", "content": POISON}],
+                            "max_tokens": 8, "ignore_eos": True, "stream": True}, timeout=60) as r:
+        lines = [line for line in r.iter_lines() if line]
+    assert r.status_code == 200 and lines[-1] == "data: [DONE]"
+    events = [json.loads(line[6:]) for line in lines[:-1]]
+    assert any(e.get("choices") for e in events[:-1])  # outputs came before the failure
+    assert set(events[-1]) == {"error"} and events[-1]["error"]["type"] == "server_error"
+    assert "(request id: req-fault-2)" in events[-1]["error"]["message"]
+
+
+async def test_a_failing_request_never_disturbs_the_others(poisoned: RunningServer, hf_model) -> None:
+    tok = poisoned.engine.tokenizer
+    prompts = ["the cat", "hello world", "in the beginning"]
+    async with httpx.AsyncClient(base_url=poisoned.url, timeout=60) as c:
+        async def one(prompt: str) -> httpx.Response:
+            return await c.post("/v1/completions", json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": 8,
+                                                         "temperature": 0, "ignore_eos": True})
+        results = await asyncio.gather(*(one(p) for p in [prompts[0], POISON, prompts[1], POISON, prompts[2]]))
+    assert [r.status_code for r in results] == [200, 500, 200, 500, 200]
+    for prompt, r in zip(prompts, [results[0], results[2], results[4]]):
+        want, _ = reference_greedy(hf_model, tok.encode(prompt), 8)
+        assert r.json()["choices"][0]["text"] == tok.decode(want)
+    # The engine goes on: blocks of the failed requests are back and new requests are served.
+    wait_for(lambda: scrape(poisoned.url)["trtllm_gateway_kv_blocks_used"] == 0, what="KV blocks freed")
+    assert httpx.get(poisoned.url + "/health").status_code == 200
+
+
+# ---- request timeout -------------------------------------------------------------------------------
+
+def test_request_timeout_aborts_and_frees_blocks(start_server) -> None:
+    srv = start_server("native", gateway={"request_timeout": 0.1})
+    before = srv.engine.stats().generation_tokens_total
+    r = httpx.post(srv.url + "/v1/completions", timeout=60, json={**LONG, "max_tokens": 240})
+    err = assert_openai_error(r, 504, "server_error", "timeout")
+    assert "request timeout of 0.1 s" in err["message"]
+    wait_for(lambda: scrape(srv.url)["trtllm_gateway_kv_blocks_used"] == 0, what="KV blocks freed")
+    assert srv.engine.stats().generation_tokens_total - before < 240  # aborted, not run to the end
