@@ -70,7 +70,10 @@ class Target:
     def body(self, prompt: Prompt) -> dict[str, Any]:
         """The JSON body for `prompt` in this dialect."""
         if self.api == "triton":
-            body: dict[str, Any] = {"text_input": prompt.text, "max_tokens": prompt.max_tokens, "stream": self.stream}
+            # exclude_input_in_output: Triton's default echoes the prompt in text_output, which would
+            # count as generated tokens when no usage is reported
+            body: dict[str, Any] = {"text_input": prompt.text, "max_tokens": prompt.max_tokens, "stream": self.stream,
+                                    "exclude_input_in_output": True}
         else:
             body = {"model": self.model, "max_tokens": prompt.max_tokens, "stream": self.stream}
             if self.api == "chat":
@@ -79,7 +82,9 @@ class Target:
                 body["prompt"] = prompt.text
             if self.stream:
                 body["stream_options"] = {"include_usage": True}
-        if self.ignore_eos:
+        if self.ignore_eos and self.api == "triton":
+            body["min_length"] = prompt.max_tokens  # the Triton dialect has no ignore_eos; min = max pins the length
+        elif self.ignore_eos:
             body["ignore_eos"] = True  # vLLM's extra field: makes output lengths exact
         body.update(self.extra_body)
         return body

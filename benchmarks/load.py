@@ -55,11 +55,14 @@ class ClientPool:
     def prefill(self, n: int) -> None:
         """Create clients up front, so their construction is not timed."""
         while len(self._all) < n:
-            self.release(self.acquire())
+            self._free.append(self._new_client())  # not acquire(): it would hand back a free one
 
     def acquire(self) -> httpx.AsyncClient:
         if self._free:
             return self._free.pop()
+        return self._new_client()
+
+    def _new_client(self) -> httpx.AsyncClient:
         client = httpx.AsyncClient(
             base_url=self._target.base_url, headers=self._target.headers, timeout=self._timeout, verify=self._ssl,
             limits=httpx.Limits(max_connections=1, max_keepalive_connections=1), http2=False,

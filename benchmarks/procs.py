@@ -28,11 +28,17 @@ class Server:
     """A uvicorn server in a subprocess; `base_url` includes any path prefix given."""
 
     def __init__(self, app: str, *, factory: bool = False, env: dict[str, str] | None = None,
-                 prefix: str = "", wrap: list[str] | None = None) -> None:
+                 prefix: str = "", wrap: list[str] | None = None, command: list[str] | None = None,
+                 ready_path: str = "/v1/models") -> None:
+        """`app` is a uvicorn "module:attr"; or pass `command` (any server; "{port}" in it is replaced)."""
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}{prefix}"
-        cmd = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(self.port),
-               "--log-level", "warning", "--no-access-log"] + (["--factory"] if factory else [])
+        self.ready_path = ready_path
+        if command is not None:
+            cmd = [a.replace("{port}", str(self.port)) for a in command]
+        else:
+            cmd = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(self.port),
+                   "--log-level", "warning", "--no-access-log"] + (["--factory"] if factory else [])
         self.cmd = (wrap or []) + cmd
         self.proc = subprocess.Popen(self.cmd, cwd=REPO_ROOT, env={**os.environ, **(env or {})})
         self._server_pid: int | None = None
@@ -43,7 +49,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {' '.join(self.cmd)}")
             try:
-                if httpx.get(self.base_url + "/v1/models", timeout=2).status_code == 200:
+                if httpx.get(self.base_url + self.ready_path, timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -57,8 +63,6 @@ class Server:
             pid = self.proc.pid
             for _ in range(5):  # follow single-child chains down to the python process
                 kids = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-                if "uvicorn" in Path(f"/proc/{pid}/cmdline").read_text() and not kids:
-                    break
                 if not kids:
                     break
                 pid = int(kids[0])

@@ -95,3 +95,33 @@ def plot_sweep(points: list[dict[str, Any]], key: str, path: str | Path, title: 
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_throughput_by_concurrency(series: dict[str, dict[int, float]], baseline: tuple[str, float] | None,
+                                   path: str | Path, title: str) -> Path:
+    """Output tokens/s against concurrency, one line per server (and a flat baseline line), one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, points in series.items():
+        cs = sorted(points)
+        ax.plot(cs, [points[c] for c in cs], "o-", label=label)
+        for c in cs:
+            ax.annotate(f"{points[c]:.0f}", (c, points[c]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    if baseline:
+        ax.axhline(baseline[1], linestyle="--", color="grey", label=baseline[0])
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent requests")
+    ax.set_ylabel("output tokens/s")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     console = Console(stderr=args.quiet)
     goodput = Goodput.parse(args.goodput)
+    if not args.stream and (goodput.ttft_ms is not None or goodput.tpot_ms is not None):
+        raise SystemExit("ttft and tpot goodput targets need streamed requests; with --no-stream use e2e:MS")
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     model = args.model or _detect_model(args, headers)
 

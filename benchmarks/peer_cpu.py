@@ -1,0 +1,212 @@
+"""Demo model on CPU: our gateway against transformers' sequential `generate` and against
+`transformers serve --continuous-batching`, on the same model and the same load, in one run.
+
+    python -m benchmarks.peer_cpu                                   # concurrency 1,8,32; fp32 and bf16
+    python -m benchmarks.peer_cpu --dtypes float32 --no-transformers-serve --duration 5
+    python -m benchmarks.peer_cpu --append-results                  # also a dated section in RESULTS.md
+
+Baselines, each measured in this run:
+- `generate`: transformers' AutoModelForCausalLM.generate, one prompt at a time (greedy, exactly
+  --output-tokens new tokens), in this process before any server starts.
+- `transformers serve --continuous-batching` from its own virtual environment (--venv, created with
+  --system-site-packages so it uses the same transformers and torch; `pip install
+  'transformers[serving]'` adds FastAPI there), driven by the same load generator as our gateway.
+Targets (issues #2, #5): at concurrency 32 >= 4x transformers serve; at concurrency 1 >= `generate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.overhead import RESULTS_MD, _commit, _machine
+from benchmarks.procs import Server, run_load_generator
+from benchmarks.report import plot_throughput_by_concurrency, write_json
+
+RESULTS_DIR = Path(__file__).parent / "results"
+
+
+def hf_generate_tok_s(model_path: str, dtype: str, prompts: list[list[int]], output_tokens: int) -> float:
+    """Output tokens/s of sequential transformers generate (greedy, fixed output length)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).eval()
+    kwargs = dict(max_new_tokens=output_tokens, min_new_tokens=output_tokens, do_sample=False)
+    with torch.inference_mode():
+        model.generate(torch.tensor([prompts[0]]), **kwargs)  # warm-up
+        t0 = time.perf_counter()
+        for ids in prompts:
+            model.generate(torch.tensor([ids]), **kwargs)
+        return len(prompts) * output_tokens / (time.perf_counter() - t0)
+
+
+def _gateway(model: str, dtype: str, args: argparse.Namespace) -> Server:
+    cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--model", model,
+           "--dtype", dtype, "--log-level", "warning", "--max-batch-size", str(max(args.concurrency))]
+    return Server("", command=cmd, ready_path="/health", env=_thread_env(args))
+
+
+def _thread_env(args: argparse.Namespace) -> dict[str, str]:
+    # the same intra-op thread count for every contender; on a shared 2-core machine, 2 spinning
+    # OpenMP threads lose badly whenever another process takes a core
+    return {"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}
+
+
+def _transformers_serve(model: str, dtype: str, args: argparse.Namespace) -> Server:
+    cmd = [str(Path(args.venv) / "bin" / "python"), "-m", "transformers.cli.transformers", "serve",
+           "--continuous-batching", "--device", "cpu", "--dtype", dtype, "--host", "127.0.0.1", "--port", "{port}", model]
+    return Server("", command=cmd, ready_path="/health", env=_thread_env(args))
+
+
+def _ensure_venv(venv: str, console: Console) -> None:
+    """Create the transformers-serve venv (same transformers via system site packages) if missing."""
+    py = Path(venv) / "bin" / "python"
+    if py.exists() and subprocess.run([str(py), "-c", "import fastapi, uvicorn"], capture_output=True).returncode == 0:
+        return
+    import transformers
+
+    console.print(f"[dim]creating {venv} for transformers serve[/dim]")
+    subprocess.run([sys.executable, "-m", "venv", venv, "--system-site-packages"], check=True)
+    subprocess.run([str(py), "-m", "pip", "install", "-q", f"transformers[serving]=={transformers.__version__}"], check=True)
+
+
+def _load(server: Server, model_name: str | None, c: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One closed-loop point. Greedy everywhere; exact output lengths via ignore_eos for our gateway and
+    via a per-request generation_config for transformers serve (it rejects unknown fields with 422)."""
+    if model_name:
+        n = args.output_tokens
+        gen_config = {"do_sample": False, "min_new_tokens": n, "max_new_tokens": n}
+        extra = ["--no-ignore-eos", "--extra-body", json.dumps({"generation_config": json.dumps(gen_config)})]
+    else:
+        extra = ["--extra-body", json.dumps({"temperature": 0})]
+    argv = ["--base-url", server.base_url, "--api", "completions", "--tokenizer", args.model,
+            "--concurrency", str(c), "--num-prompts", "128", "--input-mean", str(args.input_tokens), "--input-std", "0",
+            "--output-mean", str(args.output_tokens), "--output-std", "0", "--duration", str(args.duration),
+            "--warmup", str(min(c, 8))] + (["--model", model_name] if model_name else []) + extra
+    return run_load_generator(argv)["points"][0]["summary"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from runtime.demo import demo_model_path
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.peer_cpu", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="checkpoint folder (default: the embedded demo model)")
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
+    p.add_argument("--dtypes", default="float32,bfloat16", help="our engine's dtypes, comma list")
+    p.add_argument("--baseline-dtype", default="float32", help="dtype of generate and transformers serve")
+    p.add_argument("--input-tokens", type=int, default=128)
+    p.add_argument("--output-tokens", type=int, default=64)
+    p.add_argument("--duration", type=float, default=15.0, help="seconds of load per point")
+    p.add_argument("--generate-prompts", type=int, default=6, help="prompts for the sequential generate baseline")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads for all (default: torch's)")
+    p.add_argument("--venv", default="/tmp/tsvenv", help="virtual environment for transformers serve")
+    p.add_argument("--no-transformers-serve", dest="tserve", action="store_false")
+    p.add_argument("--append-results", action="store_true")
+    p.add_argument("--note", default="", help="a line added to the RESULTS.md section (e.g. 'machine shared')")
+    args = p.parse_args(argv)
+    args.model = args.model or demo_model_path()
+    command = "python -m benchmarks.peer_cpu " + shlex.join(sys.argv[1:] if argv is None else argv)
+    console = Console()
+
+    from benchmarks.dataset import load_tokenizer, synthetic_prompts
+
+    tok = load_tokenizer(args.model)
+    prompts = synthetic_prompts(tok, args.generate_prompts, args.input_tokens, 0, args.output_tokens, 0, 0)
+    ids = [tok.encode(pr.text, add_special_tokens=False) for pr in prompts]
+    console.print(f"[dim]transformers generate, sequential, {args.baseline_dtype}[/dim]")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    gen = hf_generate_tok_s(args.model, args.baseline_dtype, ids, args.output_tokens)
+
+    # (server label, factory, model name as the load generator sends it)
+    targets = [(f"ours {d}", lambda d=d: _gateway(args.model, d, args), None) for d in args.dtypes.split(",") if d]
+    if args.tserve:
+        _ensure_venv(args.venv, console)
+        targets.append((f"transformers serve --cb {args.baseline_dtype}",
+                        lambda: _transformers_serve(args.model, args.baseline_dtype, args), args.model))
+    rows: dict[str, dict[int, dict[str, Any]]] = {}
+    for label, make, name in targets:
+        server = make()
+        try:
+            server.wait_ready(timeout=300)
+            rows[label] = {}
+            for c in args.concurrency:
+                console.print(f"[dim]{label}: concurrency {c} ({args.duration:.0f} s)[/dim]")
+                rows[label][c] = _load(server, name, c, args)
+        finally:
+            server.stop()
+    md = _report(console, rows, gen, args, command)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    write_json(RESULTS_DIR / f"peer-cpu-{stamp}.json", {"command": command, "generate_tok_s": gen, "points": rows})
+    png = plot_throughput_by_concurrency(
+        {k: {c: s["output_token_throughput"] for c, s in v.items()} for k, v in rows.items()},
+        (f"sequential generate {args.baseline_dtype}", gen), RESULTS_DIR / f"peer-cpu-{stamp}.png",
+        "demo model on CPU: output tokens/s")
+    md += f"\n![output tok/s by concurrency](results/{png.name})\n"
+    console.print(f"plot: {png}")
+    if args.append_results:
+        with RESULTS_MD.open("a") as f:
+            f.write(md)
+        console.print(f"appended to {RESULTS_MD}")
+    return 0
+
+
+def _report(console: Console, rows: dict[str, dict[int, dict[str, Any]]], gen: float,
+            args: argparse.Namespace, command: str) -> str:
+    """Print the table and verdicts; return the RESULTS.md section."""
+    tserve = next((k for k in rows if k.startswith("transformers")), None)
+    cols = ["server", "concurrency", "output tok/s", "x generate", "x transformers serve", "TTFT p50 ms",
+            "ITL p50 ms", "E2E p50 ms", "out tok/req", "failed"]
+    table_rows = []
+    for label, points in rows.items():
+        for c, s in points.items():
+            tput = s["output_token_throughput"]
+            vs_ts = f"{tput / rows[tserve][c]['output_token_throughput']:.2f}" if tserve and rows[tserve][c]["output_token_throughput"] else "-"
+            p50 = lambda k: f"{s[k]['p50']:.1f}" if s.get(k) else "-"  # noqa: E731
+            table_rows.append([label, str(c), f"{tput:.0f}", f"{tput / gen:.2f}", vs_ts, p50("ttft_ms"), p50("itl_ms"),
+                               p50("e2e_ms"), f"{s['mean_output_tokens']:.1f}", str(s["failed"])])
+    t = Table(title=f"demo model on CPU; sequential generate ({args.baseline_dtype}) = {gen:.0f} output tok/s", title_justify="left")
+    for col in cols:
+        t.add_column(col, justify="right")
+    for r in table_rows:
+        t.add_row(*r)
+    console.print(t)
+    verdicts = []
+    top, low = max(args.concurrency), min(args.concurrency)
+    for label in (k for k in rows if k.startswith("ours")):
+        if tserve:
+            r = rows[label][top]["output_token_throughput"] / max(rows[tserve][top]["output_token_throughput"], 1e-9)
+            verdicts.append(f"{label}, concurrency {top}: {r:.2f}x transformers serve ({'PASS' if r >= 4 else 'FAIL'}, target >= 4x)")
+        r = rows[label][low]["output_token_throughput"] / gen
+        verdicts.append(f"{label}, concurrency {low}: {r:.2f}x sequential generate ({'PASS' if r >= 1 else 'FAIL'}, target >= 1x)")
+    for v in verdicts:
+        console.print(v)
+    return "\n".join([
+        f"\n## {time.strftime('%Y-%m-%d %H:%M')} demo model on CPU: ours vs generate vs transformers serve\n",
+        f"- machine: {_machine()}" + (f"; {args.note}" if args.note else ""),
+        f"- commit: {_commit()}",
+        f"- command: `{command}`",
+        f"- torch threads per process: {args.threads or 'default'}\n"
+        f"- load: closed loop, {args.duration:.0f} s per point, /v1/completions streamed, prompts {args.input_tokens} tokens, "
+        f"{args.output_tokens} output tokens (ignore_eos); sequential generate ({args.baseline_dtype}): "
+        f"{gen:.0f} output tok/s over {args.generate_prompts} prompts\n",
+        "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
+        *("| " + " | ".join(r) + " |" for r in table_rows), "", *(f"- {v}" for v in verdicts), "",
+    ])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
