@@ -8,6 +8,7 @@ from typing import Any
 from adapters.openai.choices import ChoiceTracker
 from adapters.openai.logprobs import chat_logprobs
 from adapters.openai.requests import ChatCompletionRequest
+from adapters.openai.tools import ToolCallStream, calls_tools, tool_call_format, with_tool_calls
 from adapters.openai.responses import (
     ChatChoice,
     ChatChoiceLogprobs,
@@ -36,6 +37,10 @@ class ChatOutput:
         self._tok = tokenizer
         self._tracker = ChoiceTracker(req.n)
         self._text: dict[int, list[str]] = {}
+        # tool calls are parsed out of the text when tools are in play (adapters/openai/tools.py)
+        self._tool_format = (tool_call_format(tokenizer.hf.chat_template)
+                             if calls_tools(req.tools, req.tool_choice) else None)
+        self._tool_streams: dict[int, ToolCallStream] = {}
         self._logprobs: dict[int, list[ChatTokenLogprob]] = {}
 
     def _logprob_entries(self, delta: OutputDelta) -> list[ChatTokenLogprob] | None:
@@ -60,11 +65,16 @@ class ChatOutput:
         if first:
             out.append(self._chunk(ChatChunkChoice(index=choice, delta=ChatDelta(role="assistant", content=""))))
         entries = self._logprob_entries(delta)
-        if delta.text or delta.finish_reason is not None or entries:
+        text, calls, finish = delta.text, None, delta.finish_reason
+        if self._tool_format is not None:
+            stream = self._tool_streams.setdefault(choice, ToolCallStream(self._tool_format))
+            text, calls = stream.push(delta.text, final=finish is not None)
+            finish = with_tool_calls(finish, stream.num_calls > 0)
+        if text or calls or finish is not None or entries:
             logprobs = ChatChoiceLogprobs(content=entries) if entries is not None else None
             out.append(self._chunk(ChatChunkChoice(
-                index=choice, delta=ChatDelta(content=delta.text or None), logprobs=logprobs,
-                finish_reason=delta.finish_reason)))
+                index=choice, delta=ChatDelta(content=text or None, tool_calls=calls or None), logprobs=logprobs,
+                finish_reason=finish)))
         return out
 
     def final_chunks(self) -> list[dict[str, Any]]:
@@ -88,11 +98,18 @@ class ChatOutput:
         choices = [
             ChatChoice(
                 index=i,
-                message=ChatResponseMessage(content="".join(self._text[i])),
+                message=(message := self._message("".join(self._text[i]))),
                 logprobs=ChatChoiceLogprobs(content=self._logprobs.get(i, [])) if self.req.logprobs else None,
-                finish_reason=self._tracker.finish_reasons.get(i),
+                finish_reason=with_tool_calls(self._tracker.finish_reasons.get(i), bool(message.tool_calls)),
             )
             for i in sorted(self._text)
         ]
         return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices,
                               usage=UsageInfo.of(self._tracker.usage)).model_dump()
+
+    def _message(self, text: str) -> ChatResponseMessage:
+        """The assistant message; with tools in play, calls are parsed out of the text."""
+        if self._tool_format is None:
+            return ChatResponseMessage(content=text)
+        content, calls = self._tool_format.parse(text)
+        return ChatResponseMessage(content=content, tool_calls=[c.wire() for c in calls] or None)

@@ -44,7 +44,11 @@ class CompletionLogprobsBuilder:
                 out.top_logprobs.append(None)
                 continue
             out.token_logprobs.append(finite(entry.logprob))
-            top = {self._tok.token_text(t): finite(lp) for t, lp in entry.top[: self._top_k]}
+            # Keyed by text, as OpenAI's legacy shape is: distinct ids may render alike (byte tokens
+            # as '\ufffd'); the best-ranked one keeps the key, the alternatives come best first.
+            top: dict[str, float] = {}
+            for t, lp in entry.top[: self._top_k]:
+                top.setdefault(self._tok.token_text(t), finite(lp))
             top.setdefault(text, finite(entry.logprob))
             out.top_logprobs.append(top)
         return out

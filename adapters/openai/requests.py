@@ -1,7 +1,7 @@
 """Request schemas of POST /v1/completions and /v1/chat/completions (pydantic v2).
 
 Unknown fields are ignored, as the OpenAI API does. Fields that ARE in the OpenAI spec but that we
-cannot honour yet (tools, response_format, suffix, best_of > n, audio ...) are rejected with a 400
+cannot honour yet (functions, suffix, best_of > n, audio ...) are rejected with a 400
 naming the field rather than silently ignored: a client relying on them would get wrong output.
 vLLM's sampling extras (top_k, min_p, repetition_penalty, ...) are accepted in the body.
 """
@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from adapters.openai.response_format import ResponseFormat
+from adapters.openai.tools import ToolChoice, ToolSpec, check_tools
 from runtime.errors import InvalidRequestError, UnsupportedOptionError
 
 
@@ -35,7 +37,11 @@ class StreamOptions(_Base):
 class ContentPart(_Base):
     """One part of a message's content; only {"type": "text", "text": ...} is supported."""
 
-    model_config = ConfigDict(extra="allow")
+    # Other part types are refused by ChatMessage's validator (with a clearer message than a type error);
+    # the schema extra documents the one accepted shape in /openapi.json.
+    model_config = ConfigDict(extra="allow", json_schema_extra={"properties": {"type": {"enum": ["text"]},
+                                                                               "text": {"type": "string"}},
+                                                                "required": ["type", "text"]})
     type: str
     text: str | None = None
 
@@ -43,7 +49,13 @@ class ContentPart(_Base):
 class ChatMessage(_Base):
     """One message of the conversation."""
 
-    model_config = ConfigDict(extra="allow")  # name, tool_calls, tool_call_id reach the template
+    # name, tool_calls, tool_call_id reach the template. The schema extra documents the validators
+    # below in /openapi.json: content is required, except for assistant messages that call tools.
+    model_config = ConfigDict(extra="allow", json_schema_extra={"anyOf": [
+        {"required": ["content"], "properties": {"content": {"not": {"type": "null"}}}},
+        {"required": ["tool_calls"], "properties": {"role": {"const": "assistant"},
+                                                    "tool_calls": {"type": "array", "minItems": 1}}},
+    ], "if": {"properties": {"role": {"const": "tool"}}}, "then": {"required": ["tool_call_id"]}})
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -76,6 +88,8 @@ class ChatMessage(_Base):
 
 
 Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+# A token id as a JSON object key; the pattern documents it in /openapi.json, the validator explains it.
+TokenIdKey = Annotated[str, Field(json_schema_extra={"pattern": "^[0-9]+$"})]
 
 
 class SamplingFields(_Base):
@@ -91,7 +105,7 @@ class SamplingFields(_Base):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
+    logit_bias: dict[TokenIdKey, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = None
     user: str | None = None
     # vLLM extras
     top_k: int | None = Field(None, ge=-1)  # -1 or 0: off
@@ -135,11 +149,8 @@ def _never(_: Any) -> bool:
 
 
 _CHAT_UNSUPPORTED = {
-    "tools": lambda v: v == [],
-    "tool_choice": lambda v: v == "none",
     "functions": lambda v: v == [],
     "function_call": lambda v: v == "none",
-    "response_format": lambda v: isinstance(v, dict) and v.get("type") == "text",
     "audio": _never,
     "modalities": lambda v: v == ["text"],
     "prediction": _never,
@@ -158,12 +169,22 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    # structured output and tools: adapters/openai/response_format.py, tools.py
+    response_format: ResponseFormat | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: ToolChoice | None = None  # None: "auto" when tools are given
+    parallel_tool_calls: bool | None = None  # accepted; a constrained call is always a single one
 
     @model_validator(mode="before")
     @classmethod
     def _unsupported(cls, data: Any) -> Any:
         _reject_unsupported(data, _CHAT_UNSUPPORTED)
         return data
+
+    @model_validator(mode="after")
+    def _tools_usable(self) -> ChatCompletionRequest:
+        check_tools(self.tools, self.tool_choice)
+        return self
 
     @model_validator(mode="after")
     def _top_logprobs_needs_logprobs(self) -> ChatCompletionRequest:
@@ -177,7 +198,9 @@ class ChatCompletionRequest(SamplingFields):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
 
-Prompt = str | list[str] | list[int] | list[list[int]]
+# Lists must not be empty: CompletionRequest._checks says so; minItems documents it in /openapi.json.
+_NonEmpty = Field(json_schema_extra={"minItems": 1})
+Prompt = str | Annotated[list[str], _NonEmpty] | Annotated[list[int], _NonEmpty] | Annotated[list[list[int]], _NonEmpty]
 
 
 class CompletionRequest(SamplingFields):

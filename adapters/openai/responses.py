@@ -92,8 +92,10 @@ class ChatChoiceLogprobs(_Wire):
 
 
 class ChatResponseMessage(_Wire):
+    _omit_if_none = frozenset({"tool_calls"})
     role: Literal["assistant"] = "assistant"
     content: str | None
+    tool_calls: list[dict[str, Any]] | None = None  # adapters/openai/tools.py ToolCall.wire()
 
 
 class ChatChoice(_Wire):
@@ -115,9 +117,10 @@ class ChatCompletion(_Wire):
 
 
 class ChatDelta(_Wire):
-    _omit_if_none = frozenset({"role", "content"})
+    _omit_if_none = frozenset({"role", "content", "tool_calls"})
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # ToolCall.wire(index)
 
 
 class ChatChunkChoice(_Wire):
@@ -154,3 +157,18 @@ class ModelCard(_Wire):
 class ModelList(_Wire):
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    """OpenAI's error object: `param` names the offending field, `code` is a stable identifier."""
+
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """Every error answer of the OpenAI routes: {"error": {...}}."""
+
+    error: ErrorInfo

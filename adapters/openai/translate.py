@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from adapters.openai.requests import ChatCompletionRequest, CompletionRequest, SamplingFields
+from adapters.openai.tools import chat_guided, template_tools
 from runtime.request import GenerationRequest, SamplingOptions
 from runtime.tokenizer import Tokenizer
 
@@ -72,7 +73,8 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict]:
 def chat_request(req: ChatCompletionRequest, response_id: str, tokenizer: Tokenizer,
                  adapter: str | None = None) -> GenerationRequest:
     """The chat prompt (template applied) as one GenerationRequest."""
-    prompt = tokenizer.apply_chat_template(chat_messages(req), add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(chat_messages(req), tools=template_tools(req.tools, req.tool_choice),
+                                           add_generation_prompt=True)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return GenerationRequest(
         request_id=response_id,
@@ -81,6 +83,7 @@ def chat_request(req: ChatCompletionRequest, response_id: str, tokenizer: Tokeni
         adapter=adapter,
         num_draft_tokens=req.num_draft_tokens,
         add_special_tokens=False,  # the template already wrote BOS and friends
+        guided=chat_guided(req.tools, req.tool_choice, req.response_format, tokenizer.hf.chat_template),
     )
 
 

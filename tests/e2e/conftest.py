@@ -47,6 +47,9 @@ class Backend:
 
 BACKENDS: dict[str, Backend] = {
     "native": Backend({"backend": "native"}),
+    # TensorRT-LLM backend over the fake tensorrt_llm (tests/fakes): it runs the same checkpoint with
+    # transformers, so the backend's whole mapping is exercised. TensorRT-LLM refuses device=cpu.
+    "trtllm": Backend({"backend": "trtllm", "device": "auto"}, setup=_use_fake_tensorrt_llm),
 }
 
 # Small everything: 2 CPU cores are shared by the whole team.
@@ -113,24 +116,27 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models"), "llama")
 
 
-def launch(model_dir: Path, backend: str, **engine_options: Any) -> RunningServer:
-    """Start a server for `backend` on the tiny model with DEFAULT_ENGINE_OPTIONS, overridden by `engine_options`."""
+def launch(model_dir: Path, backend: str, gateway: dict[str, Any] | None = None,
+           **engine_options: Any) -> RunningServer:
+    """Start a server for `backend` on the tiny model with DEFAULT_ENGINE_OPTIONS, overridden by `engine_options`;
+    `gateway`: Settings fields (api_key, request_timeout, ...)."""
     spec = BACKENDS[backend]
     if backend not in _SET_UP:
         spec.setup()
         _SET_UP.add(backend)
     options = {**DEFAULT_ENGINE_OPTIONS, "model": str(model_dir), **spec.engine_options, **engine_options}
-    settings = Settings(host="127.0.0.1", port=free_port(), drain_timeout=0.0, engine=EngineConfig(**options))
+    settings = Settings(host="127.0.0.1", port=free_port(), drain_timeout=0.0, engine=EngineConfig(**options),
+                        **(gateway or {}))
     return RunningServer(settings).start()
 
 
 @pytest.fixture
 def start_server(tiny_model_dir: Path) -> Iterator[Callable[..., RunningServer]]:
-    """start_server(backend, **engine_options) -> a dedicated RunningServer, stopped after the test."""
+    """start_server(backend, gateway=None, **engine_options) -> a dedicated RunningServer, stopped after the test."""
     started: list[RunningServer] = []
 
-    def _start(backend: str, **engine_options: Any) -> RunningServer:
-        started.append(launch(tiny_model_dir, backend, **engine_options))
+    def _start(backend: str, gateway: dict[str, Any] | None = None, **engine_options: Any) -> RunningServer:
+        started.append(launch(tiny_model_dir, backend, gateway, **engine_options))
         return started[-1]
 
     yield _start
@@ -181,3 +187,24 @@ def reference_greedy(hf_model: Any, prompt_ids: list[int], max_new_tokens: int) 
             ids.append(nxt)
             logprobs.append(float(lp[nxt]))
     return ids[len(prompt_ids):], logprobs
+
+
+def scrape(url: str) -> dict[str, float]:
+    """GET {url}/metrics as {sample name (labels appended as {k=v,...}): value}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+    return out
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll `predicate` every 20 ms until true; AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)

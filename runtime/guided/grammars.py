@@ -1,0 +1,103 @@
+"""GuidedDecoding -> xgrammar Grammar (not yet compiled against a vocabulary).
+
+JSON is generated compactly (no free whitespace): a model, even a tiny random one, then cannot stall
+inside unbounded whitespace, and every schema with bounded strings and numbers forces termination.
+Tool calls come as a structural tag (xgrammar's / TensorRT-LLM's format); the subset we build
+(`sequence`, `or`, `const_string`, `json_schema`) is assembled here so that its JSON is compact too.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import xgrammar as xgr
+
+from runtime.errors import InvalidRequestError
+from runtime.guided.schema_check import check_schema, subschemas
+from runtime.request import GuidedDecoding
+
+
+def guided_kind(guided: GuidedDecoding) -> str:
+    """The one constraint set on `guided` (InvalidRequestError when none or several are)."""
+    kinds = [name for name, on in (
+        ("json_schema", guided.json_schema is not None), ("json_object", guided.json_object),
+        ("regex", guided.regex is not None), ("grammar", guided.grammar is not None),
+        ("structural_tag", guided.structural_tag is not None),
+    ) if on]
+    if len(kinds) != 1:
+        raise InvalidRequestError(f"guided decoding needs exactly one constraint, got {kinds or 'none'}",
+                                  param="guided_decoding")
+    return kinds[0]
+
+
+def build_grammar(guided: GuidedDecoding) -> xgr.Grammar:
+    """The grammar for `guided`; malformed or unsupported constraints raise InvalidRequestError."""
+    kind = guided_kind(guided)
+    try:
+        if kind == "json_object":
+            return _json({"type": "object"})
+        if kind == "json_schema":
+            return _json(guided.json_schema)
+        if kind == "regex":
+            return xgr.Grammar.from_regex(guided.regex)  # type: ignore[arg-type]
+        if kind == "grammar":
+            return xgr.Grammar.from_ebnf(guided.grammar)  # type: ignore[arg-type]
+        return _structural_tag(guided.structural_tag)  # type: ignore[arg-type]
+    except InvalidRequestError:
+        raise
+    except Exception as exc:  # xgrammar raises RuntimeError/ValueError for malformed input
+        raise InvalidRequestError(f"invalid {kind} constraint: {exc}", param="guided_decoding") from exc
+
+
+def _json(schema: Any) -> xgr.Grammar:
+    check_schema(schema)
+    return xgr.Grammar.from_json_schema(json.dumps(_length_as_pattern(schema)), any_whitespace=False,
+                                        strict_mode=True)
+
+
+def _length_as_pattern(schema: Any) -> Any:
+    """A copy of `schema` whose length-bounded strings are patterns.
+
+    xgrammar 0.2's rule for minLength/maxLength admits raw control characters, which are not valid
+    JSON; a pattern of plain characters (no controls, quotes or backslashes) bounds the length and
+    keeps the output parseable.
+    """
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for path, sub in subschemas(schema, ""):
+        keys = path.strip("/").split("/")
+        target = out
+        for key in keys[:-1]:  # re-point the copy's containers at fresh copies before replacing
+            target[key] = dict(target[key]) if isinstance(target[key], dict) else list(target[key])
+            target = target[key]
+        target[keys[-1] if isinstance(target, dict) else int(keys[-1])] = _length_as_pattern(sub)
+    if ("minLength" in out or "maxLength" in out) and "pattern" not in out:
+        low, high = out.pop("minLength", 0), out.pop("maxLength", "")
+        out["pattern"] = f'^[^\\x00-\\x1f"\\\\]{{{low},{high}}}$'
+    return out
+
+
+def _structural_tag(tag: dict[str, Any]) -> xgr.Grammar:
+    fmt = tag.get("format") if tag.get("type") == "structural_tag" else None
+    if not isinstance(fmt, dict):
+        raise InvalidRequestError("structural_tag needs {'type': 'structural_tag', 'format': {...}}",
+                                  param="guided_decoding")
+    grammar = _format(fmt)
+    return grammar if grammar is not None else xgr.Grammar.from_structural_tag(json.dumps(tag))
+
+
+def _format(fmt: dict[str, Any]) -> xgr.Grammar | None:
+    """Our compact grammar for the formats we know; None: let xgrammar build the whole tag."""
+    kind = fmt.get("type")
+    if kind == "const_string":
+        return xgr.Grammar.from_ebnf(f"root ::= {json.dumps(fmt['value'])}")
+    if kind == "json_schema":
+        return _json(fmt["json_schema"])
+    if kind in ("sequence", "or"):
+        parts = [_format(element) for element in fmt.get("elements", [])]
+        if not parts or any(p is None for p in parts):
+            return None
+        return xgr.Grammar.concat(*parts) if kind == "sequence" else xgr.Grammar.union(*parts)  # type: ignore[arg-type]
+    return None

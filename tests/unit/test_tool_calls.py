@@ -1,0 +1,111 @@
+"""adapters/openai/tools.py: format detection, parsing, streaming split, constraints, request checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adapters.openai.requests import ChatCompletionRequest
+from adapters.openai.tools import (
+    HERMES,
+    LLAMA3_JSON,
+    ToolCallStream,
+    chat_guided,
+    tool_call_format,
+    with_tool_calls,
+)
+from runtime.errors import InvalidRequestError
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {
+    "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}
+HERMES_TEXT = ('Let me check. <tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>\n'
+               '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>')
+
+
+def chat(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], **fields})
+
+
+def test_format_follows_the_chat_template() -> None:
+    assert tool_call_format("... <tool_call>{{ x }}</tool_call> ...") is HERMES
+    assert tool_call_format("{{ messages | tojson }}") is LLAMA3_JSON
+    assert tool_call_format({"default": "<tool_call>", "rag": "x"}) is HERMES  # named templates
+
+
+def test_hermes_parse() -> None:
+    content, calls = HERMES.parse(HERMES_TEXT)
+    assert content == "Let me check."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("f", {"x": 1}), ("g", {})]
+    assert len({c.id for c in calls}) == 2 and all(c.id.startswith("call_") for c in calls)
+    # a call cut off before its closing tag (eos) still counts; broken JSON stays text
+    assert [c.name for c in HERMES.parse('<tool_call>\n{"name": "f", "arguments": {}}')[1]] == ["f"]
+    assert HERMES.parse("<tool_call>{oops</tool_call>") == ("<tool_call>{oops</tool_call>", [])
+    assert HERMES.parse("plain answer") == ("plain answer", [])
+
+
+def test_llama3_parse() -> None:
+    content, calls = LLAMA3_JSON.parse(' {"name": "f", "parameters": {"x": 2}}; {"name": "g", "parameters": {}}')
+    assert content is None and [(c.name, c.arguments) for c in calls] == [("f", '{"x": 2}'), ("g", "{}")]
+    assert LLAMA3_JSON.parse('{"no": "name"}') == ('{"no": "name"}', [])
+    assert LLAMA3_JSON.parse("Hello {there}") == ("Hello {there}", [])
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_streaming_split_matches_the_whole_parse(step: int) -> None:
+    stream = ToolCallStream(HERMES)
+    pieces = [stream.push(HERMES_TEXT[i:i + step]) for i in range(0, len(HERMES_TEXT), step)]
+    pieces.append(stream.push("", final=True))
+    content = "".join(p[0] for p in pieces)
+    calls = [c for p in pieces for c in p[1]]
+    assert content == "Let me check. "
+    assert [(c["index"], c["function"]["name"], c["function"]["arguments"]) for c in calls] == \
+        [(0, "f", '{"x": 1}'), (1, "g", "{}")]
+    assert stream.num_calls == 2
+
+
+def test_streaming_holds_back_only_what_may_start_a_tag() -> None:
+    stream = ToolCallStream(HERMES)
+    assert stream.push("a <tool") == ("a ", [])
+    assert stream.push("kit> b") == ("<toolkit> b", [])
+    assert stream.push("<", final=True) == ("<", [])
+    json_stream = ToolCallStream(LLAMA3_JSON)
+    assert json_stream.push("Hi ") == ("Hi ", [])
+    held = ToolCallStream(LLAMA3_JSON)
+    assert held.push(' {"name": "f",') == ("", [])
+    content, calls = held.push(' "parameters": {"x": 3}}', final=True)
+    assert content == "" and calls[0]["function"] == {"name": "f", "arguments": '{"x": 3}'}
+
+
+def test_finish_reason() -> None:
+    assert with_tool_calls("stop", True) == "tool_calls"
+    assert with_tool_calls("length", True) == "length"
+    assert with_tool_calls("stop", False) == "stop"
+
+
+def test_forced_choices_build_one_call_constraint() -> None:
+    req = chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "f"}})
+    tag = chat_guided(req.tools, req.tool_choice, req.response_format, "<tool_call>").structural_tag
+    elements = tag["format"]["elements"]
+    assert [e["type"] for e in elements] == ["const_string", "json_schema", "const_string"]
+    assert elements[1]["json_schema"]["properties"] == {"name": {"const": "f"},
+                                                        "arguments": TOOL["function"]["parameters"]}
+    two = chat(tools=[TOOL, {"type": "function", "function": {"name": "g"}}], tool_choice="required")
+    tag = chat_guided(two.tools, two.tool_choice, None, "llama").structural_tag
+    assert tag["format"]["type"] == "or"
+    assert [e["elements"][0]["json_schema"]["properties"]["name"] for e in tag["format"]["elements"]] == \
+        [{"const": "f"}, {"const": "g"}]
+    assert "parameters" in tag["format"]["elements"][1]["elements"][0]["json_schema"]["properties"]
+    auto = chat(tools=[TOOL])
+    assert chat_guided(auto.tools, auto.tool_choice, auto.response_format, "<tool_call>") is None
+    fmt = chat(response_format={"type": "json_object"})
+    assert chat_guided(fmt.tools, fmt.tool_choice, fmt.response_format, "").json_object
+
+
+def test_unenforceable_parameters_are_a_400() -> None:
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "not": {}}}}
+    with pytest.raises(InvalidRequestError) as info:
+        chat(tools=[bad])
+    assert info.value.param == "tools" and "'not' at #" in str(info.value)
+    with pytest.raises(InvalidRequestError, match="unique"):
+        chat(tools=[TOOL, TOOL])
