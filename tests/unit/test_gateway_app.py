@@ -277,11 +277,11 @@ def test_invalid_field_is_400_naming_param(client: TestClient) -> None:
 
 def test_unsupported_spec_field_is_400(client: TestClient) -> None:
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
-                                                  "response_format": {"type": "json_object"}})
+                                                  "prediction": {"type": "content", "content": "x"}})
     assert r.status_code == 400
-    assert r.json()["error"] == {"message": "Unsupported parameter: 'response_format' is not supported by this "
+    assert r.json()["error"] == {"message": "Unsupported parameter: 'prediction' is not supported by this "
                                             "server yet.", "type": "invalid_request_error",
-                                 "param": "response_format", "code": "unsupported_parameter"}
+                                 "param": "prediction", "code": "unsupported_parameter"}
 
 
 def test_unknown_model_is_404(client: TestClient) -> None:
