@@ -56,6 +56,7 @@ class GuidedDecoding:
     grammar: str | None = None  # EBNF
     # xgrammar's / TensorRT-LLM's structural tag: {"type": "structural_tag", "format": {...}} (tool calls)
     structural_tag: dict[str, Any] | None = None
+    param: str = "guided_decoding"  # the request field the constraint came from: named in errors, not a constraint
 
 
 @dataclass

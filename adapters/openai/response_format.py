@@ -43,7 +43,7 @@ def response_format_guided(fmt: ResponseFormat | None) -> GuidedDecoding | None:
     if fmt is None or fmt.type == "text":
         return None
     if fmt.type == "json_object":
-        return GuidedDecoding(json_object=True)
+        return GuidedDecoding(json_object=True, param="response_format")
     schema = fmt.json_schema.json_schema  # type: ignore[union-attr]
     check_schema(schema, param="response_format")
-    return GuidedDecoding(json_schema=schema)
+    return GuidedDecoding(json_schema=schema, param="response_format")

@@ -6,8 +6,8 @@ format, which we detect from the template text:
   free text around them);
 - Llama 3 JSON: the whole answer is `{"name": ..., "parameters": {...}}` (several joined by ";").
 tool_choice "required" or a named function constrains decoding (runtime/guided) to exactly one call
-whose arguments match the function's `parameters` schema; "auto" parses whatever the model wrote;
-"none" renders no tools at all.
+whose arguments match the function's `parameters` schema; "auto" parses whatever the model wrote
+(only the first call when parallel_tool_calls is false); "none" renders no tools at all.
 """
 
 from __future__ import annotations
@@ -83,8 +83,13 @@ class ToolCall:
 class ToolCallFormat:
     """How a chat template writes calls: Hermes tags or Llama 3 JSON (see the module docstring)."""
 
-    def __init__(self, name: str, args_key: str, begin: str = "", end: str = "") -> None:
+    def __init__(self, name: str, args_key: str, begin: str = "", end: str = "", max_calls: int | None = None) -> None:
         self.name, self.args_key, self.begin, self.end = name, args_key, begin, end
+        self.max_calls = max_calls  # None: every call; 1: parallel_tool_calls=false (later calls are dropped)
+
+    def single(self) -> ToolCallFormat:
+        """This format, returning at most one call."""
+        return ToolCallFormat(self.name, self.args_key, self.begin, self.end, max_calls=1)
 
     def call_structure(self, fn: FunctionSpec) -> dict[str, Any]:
         """A structural-tag format element matching exactly one call of `fn`."""
@@ -111,12 +116,12 @@ class ToolCallFormat:
                 pos = m.end()
             content.append(text[pos:])
             rest = "".join(content).strip()
-            return (rest or None) if calls else text, calls
+            return (rest or None) if calls else text, calls[: self.max_calls]
         stripped = text.strip()
         if stripped.startswith("{"):
             calls = [_call_from_json(part, self.args_key) for part in stripped.split(";")]
             if calls and all(c is not None for c in calls):
-                return None, calls  # type: ignore[return-value]
+                return None, calls[: self.max_calls]  # type: ignore[return-value]
         return text, []
 
 
@@ -124,10 +129,12 @@ HERMES = ToolCallFormat("hermes", "arguments", "<tool_call>", "</tool_call>")
 LLAMA3_JSON = ToolCallFormat("llama3_json", "parameters")
 
 
-def tool_call_format(chat_template: Any) -> ToolCallFormat:
-    """The format the model's chat template teaches: Hermes tags if it mentions them, else Llama 3 JSON."""
+def tool_call_format(chat_template: Any, parallel: bool = True) -> ToolCallFormat:
+    """The format the model's chat template teaches: Hermes tags if it mentions them, else Llama 3 JSON;
+    `parallel` False: at most one call is returned."""
     text = json.dumps(chat_template) if not isinstance(chat_template, str) else chat_template
-    return HERMES if "<tool_call>" in text else LLAMA3_JSON
+    fmt = HERMES if "<tool_call>" in text else LLAMA3_JSON
+    return fmt if parallel else fmt.single()
 
 
 def _call_from_json(body: str, args_key: str) -> ToolCall | None:
@@ -174,7 +181,7 @@ def tool_guided(tools: list[ToolSpec], choice: ToolChoice | None, fmt: ToolCallF
         return None
     options = [fmt.call_structure(fn) for fn in chosen]
     structure = options[0] if len(options) == 1 else {"type": "or", "elements": options}
-    return GuidedDecoding(structural_tag={"type": "structural_tag", "format": structure})
+    return GuidedDecoding(structural_tag={"type": "structural_tag", "format": structure}, param="tools")
 
 
 # ---- output -------------------------------------------------------------------------------------
@@ -209,6 +216,8 @@ class ToolCallStream:
             content += rest or ""
             calls += tail_calls
             self._buf = ""
+        if self.fmt.max_calls is not None:
+            calls = calls[: max(0, self.fmt.max_calls - self.num_calls)]
         if self.num_calls or calls:  # after a call, bare whitespace is not an answer
             content = content if content.strip() else ""
         entries = [call.wire(self.num_calls + i) for i, call in enumerate(calls)]

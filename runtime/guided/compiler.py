@@ -23,7 +23,9 @@ from runtime.request import GuidedDecoding
 
 def constraint_key(guided: GuidedDecoding) -> str:
     """Canonical JSON of the constraint: equal constraints share one compiled grammar."""
-    return json.dumps(asdict(guided), sort_keys=True, separators=(",", ":"))
+    fields = asdict(guided)
+    del fields["param"]  # where it came from does not change the grammar
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
 
 class GuidedCompiler:
@@ -31,7 +33,6 @@ class GuidedCompiler:
 
     def __init__(self, hf_tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int],
                  max_entries: int = 256) -> None:
-        self.vocab_size = vocab_size
         self.stop_token_ids = list(stop_token_ids)
         info = xgr.TokenizerInfo.from_huggingface(hf_tokenizer, vocab_size=vocab_size,
                                                   stop_token_ids=self.stop_token_ids)
@@ -60,7 +61,7 @@ class GuidedCompiler:
 
     def new_guide(self, compiled: xgr.CompiledGrammar) -> GuideState:
         """A fresh matcher at the start of the grammar (one per sample)."""
-        return GuideState(compiled, self.stop_token_ids, self.vocab_size)
+        return GuideState(compiled, self.stop_token_ids)
 
     def guide_factory(self, guided: GuidedDecoding) -> Callable[[], GuideState]:
         """Compile `guided` now (errors surface at submission) and return a maker of fresh matchers."""

@@ -9,6 +9,7 @@ Tool calls come as a structural tag (xgrammar's / TensorRT-LLM's format); the su
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import xgrammar as xgr
@@ -27,7 +28,7 @@ def guided_kind(guided: GuidedDecoding) -> str:
     ) if on]
     if len(kinds) != 1:
         raise InvalidRequestError(f"guided decoding needs exactly one constraint, got {kinds or 'none'}",
-                                  param="guided_decoding")
+                                  param=guided.param)
     return kinds[0]
 
 
@@ -36,22 +37,27 @@ def build_grammar(guided: GuidedDecoding) -> xgr.Grammar:
     kind = guided_kind(guided)
     try:
         if kind == "json_object":
-            return _json({"type": "object"})
+            return _json({"type": "object"}, guided.param)
         if kind == "json_schema":
-            return _json(guided.json_schema)
+            return _json(guided.json_schema, guided.param)
         if kind == "regex":
             return xgr.Grammar.from_regex(guided.regex)  # type: ignore[arg-type]
         if kind == "grammar":
             return xgr.Grammar.from_ebnf(guided.grammar)  # type: ignore[arg-type]
-        return _structural_tag(guided.structural_tag)  # type: ignore[arg-type]
+        return _structural_tag(guided.structural_tag, guided.param)  # type: ignore[arg-type]
     except InvalidRequestError:
         raise
     except Exception as exc:  # xgrammar raises RuntimeError/ValueError for malformed input
-        raise InvalidRequestError(f"invalid {kind} constraint: {exc}", param="guided_decoding") from exc
+        raise InvalidRequestError(f"invalid {kind} constraint: {_xgrammar_message(exc)}", param=guided.param) from exc
 
 
-def _json(schema: Any) -> xgr.Grammar:
-    check_schema(schema)
+def _xgrammar_message(exc: Exception) -> str:
+    """xgrammar's error without its log prefix ("[12:00:00] /project/cpp/file.cc:123: ")."""
+    return re.sub(r"^\[[0-9:]+\] \S+:[0-9]+: ", "", str(exc).strip())
+
+
+def _json(schema: Any, param: str) -> xgr.Grammar:
+    check_schema(schema, param=param)
     return xgr.Grammar.from_json_schema(json.dumps(_length_as_pattern(schema)), any_whitespace=False,
                                         strict_mode=True)
 
@@ -79,24 +85,23 @@ def _length_as_pattern(schema: Any) -> Any:
     return out
 
 
-def _structural_tag(tag: dict[str, Any]) -> xgr.Grammar:
+def _structural_tag(tag: dict[str, Any], param: str) -> xgr.Grammar:
     fmt = tag.get("format") if tag.get("type") == "structural_tag" else None
     if not isinstance(fmt, dict):
-        raise InvalidRequestError("structural_tag needs {'type': 'structural_tag', 'format': {...}}",
-                                  param="guided_decoding")
-    grammar = _format(fmt)
+        raise InvalidRequestError("structural_tag needs {'type': 'structural_tag', 'format': {...}}", param=param)
+    grammar = _format(fmt, param)
     return grammar if grammar is not None else xgr.Grammar.from_structural_tag(json.dumps(tag))
 
 
-def _format(fmt: dict[str, Any]) -> xgr.Grammar | None:
+def _format(fmt: dict[str, Any], param: str) -> xgr.Grammar | None:
     """Our compact grammar for the formats we know; None: let xgrammar build the whole tag."""
     kind = fmt.get("type")
     if kind == "const_string":
         return xgr.Grammar.from_ebnf(f"root ::= {json.dumps(fmt['value'])}")
     if kind == "json_schema":
-        return _json(fmt["json_schema"])
+        return _json(fmt["json_schema"], param)
     if kind in ("sequence", "or"):
-        parts = [_format(element) for element in fmt.get("elements", [])]
+        parts = [_format(element, param) for element in fmt.get("elements", [])]
         if not parts or any(p is None for p in parts):
             return None
         return xgr.Grammar.concat(*parts) if kind == "sequence" else xgr.Grammar.union(*parts)  # type: ignore[arg-type]

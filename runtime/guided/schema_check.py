@@ -52,6 +52,9 @@ def unsupported_features(schema: Any, path: str = "#") -> list[str]:
             found.append(f"non-local '$ref: {value}' at {path}")
     if "pattern" in schema and ("minLength" in schema or "maxLength" in schema):
         found.append(f"'pattern' combined with 'minLength'/'maxLength' at {path}")
+    for key, kind in [*((k, dict) for k in _SCHEMA_MAPS), *((k, list) for k in _SCHEMA_LISTS)]:
+        if key in schema and not isinstance(schema[key], kind):
+            found.append(f"malformed '{key}' (not {'an object' if kind is dict else 'an array'}) at {path}")
     for sub_path, sub in subschemas(schema, path):
         found += unsupported_features(sub, sub_path)
     return found
@@ -60,11 +63,13 @@ def unsupported_features(schema: Any, path: str = "#") -> list[str]:
 def subschemas(schema: dict[str, Any], path: str = "#") -> Iterator[tuple[str, Any]]:
     """The direct subschemas of `schema` with their json-pointers."""
     for key in _SCHEMA_MAPS:
-        for name, sub in (schema.get(key) or {}).items():
-            yield f"{path}/{key}/{name}", sub
+        if isinstance(schema.get(key), dict):
+            for name, sub in schema[key].items():
+                yield f"{path}/{key}/{name}", sub
     for key in _SCHEMA_LISTS:
-        for i, sub in enumerate(schema.get(key) or []):
-            yield f"{path}/{key}/{i}", sub
+        if isinstance(schema.get(key), list):
+            for i, sub in enumerate(schema[key]):
+                yield f"{path}/{key}/{i}", sub
     for key in _SCHEMA_VALUES:
         if isinstance(schema.get(key), dict):
             yield f"{path}/{key}", schema[key]

@@ -142,7 +142,11 @@ def embedding_bias(logit_bias: dict[int, float], vocab_size: int) -> Any:
 
 
 def guided_params(api: TrtllmApi, request: GenerationRequest) -> Any:
-    """GuidedDecoding -> GuidedDecodingParams (None when unconstrained)."""
+    """GuidedDecoding -> GuidedDecodingParams (None when unconstrained), as trtllm-serve maps response_format.
+
+    TensorRT-LLM compiles the guides itself (xgrammar); its JSON grammars allow free whitespace between
+    tokens, where the native runtime writes compact JSON (runtime/guided/grammars.py).
+    """
     g = request.guided
     if g is None:
         return None

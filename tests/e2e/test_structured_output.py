@@ -97,6 +97,16 @@ def test_json_schema_without_schema_member_is_a_400(native: RunningServer) -> No
     assert "json_schema" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_schema_the_grammar_compiler_rejects_is_a_400(native: RunningServer, stream: bool) -> None:
+    r = httpx.post(f"{native.url}/v1/chat/completions", json={
+        "model": MODEL_NAME, "messages": MESSAGES, "stream": stream,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "colour"}}}})
+    assert r.status_code == 400
+    assert r.json() == {"error": {"message": 'invalid json_schema constraint: Unsupported type "colour"',
+                                  "type": "invalid_request_error", "param": "response_format", "code": None}}
+
+
 @pytest.mark.parametrize("method", ["json_schema", "function_calling"])
 def test_langchain_with_structured_output_returns_the_model(native: RunningServer, method: str) -> None:
     llm = ChatOpenAI(base_url=native.base_url, api_key="unused", model=MODEL_NAME, temperature=0, max_tokens=200,
@@ -110,9 +120,18 @@ def test_triton_guided_decoding_input_takes_a_json_schema(native: RunningServer)
             "guided_decoding": json.dumps(Pet.model_json_schema())}
     r = httpx.post(f"{native.url}/v2/models/ensemble/generate", json=body, timeout=60)
     assert r.status_code == 200, r.text
-    Pet.model_validate_json(r.json()["text_output"])
+    pet = Pet.model_validate_json(r.json()["text_output"])
+    streamed = httpx.post(f"{native.url}/v2/models/ensemble/generate_stream", json={**body, "stream": True}, timeout=60)
+    events = [json.loads(line[5:]) for line in streamed.text.splitlines() if line.startswith("data:")]
+    assert len(events) > 1 and Pet.model_validate_json("".join(e["text_output"] for e in events)) == pet  # greedy
     both = httpx.post(f"{native.url}/v2/models/ensemble/generate",
                       json={**body, "guided_decoding_guide_type": "json"}, timeout=60)
     assert both.status_code == 400
     assert both.json() == {"error": "give either 'guided_decoding' or 'guided_decoding_guide_type'/"
                                     "'guided_decoding_guide', not both"}
+    unsupported = httpx.post(f"{native.url}/v2/models/ensemble/generate",
+                             json={**body, "guided_decoding": json.dumps({"type": "array", "uniqueItems": True})})
+    assert unsupported.status_code == 400
+    assert unsupported.json() == {"error": "The JSON schema uses features that constrained decoding does not support: "
+                                           "'uniqueItems' at #"}
+

@@ -128,6 +128,15 @@ def test_forced_call_streams_as_tool_call_deltas(hermes: RunningServer, choice) 
     assert (same.function.name, same.function.arguments) == (calls[0].function.name, calls[0].function.arguments)
 
 
+def test_sdk_parse_with_strict_pydantic_tools(hermes: RunningServer) -> None:
+    tools = [openai.pydantic_function_tool(GetWeather), openai.pydantic_function_tool(Lookup)]  # strict schemas
+    reply = client(hermes).chat.completions.parse(model=MODEL_NAME, messages=MESSAGES, tools=tools,
+                                                  tool_choice="required", temperature=1.0, seed=2, max_tokens=200)
+    call = reply.choices[0].message.tool_calls[0]
+    assert isinstance(call.function.parsed_arguments, {"GetWeather": GetWeather, "Lookup": Lookup}[call.function.name])
+    assert reply.choices[0].finish_reason == "tool_calls"
+
+
 def test_tools_are_rendered_by_the_chat_template(hermes: RunningServer) -> None:
     tok = AutoTokenizer.from_pretrained(hermes.settings.engine.model)
     for choice, rendered in (("auto", TOOLS), ("none", None)):
@@ -142,7 +151,8 @@ def test_a_conversation_with_tool_calls_and_results_is_accepted(hermes: RunningS
     messages = [*MESSAGES,
                 {"role": "assistant", "content": None, "tool_calls": [{
                     "id": "call_1", "type": "function",
-                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius", "days": 1}'}}]},
+                    "function": {"name": "get_weather",
+                                 "arguments": '{"city": "Paris", "unit": "celsius", "days": 1}'}}]},
                 {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees"}]
     reply = client(hermes).chat.completions.create(model=MODEL_NAME, messages=messages, tools=TOOLS,
                                                    tool_choice="required", temperature=0.0, max_tokens=200)

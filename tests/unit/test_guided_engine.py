@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -9,7 +10,9 @@ import pytest
 import torch
 from pydantic import BaseModel, Field
 
-from runtime.errors import InvalidRequestError, UnsupportedOptionError
+from runtime.config import EngineConfig
+from runtime.errors import EngineNotReadyError, InvalidRequestError, UnsupportedOptionError
+from runtime.llm_engine import NativeEngine
 from runtime.request import GenerationRequest, GuidedDecoding, SamplingOptions
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
 from tests.tiny_models import build_tiny_model
@@ -51,9 +54,7 @@ async def test_json_schema_output_validates_and_stops_on_eos(model, sampling) ->
 async def test_constrained_rows_leave_unconstrained_greedy_ids_unchanged(model) -> None:
     path, hf = model
     prompts = [[3 + i, 40 + 7 * i, 90 + i] for i in range(6)]
-    async with running_engine(path) as engine:
-        import asyncio
-
+    async with running_engine(path, max_kv_tokens=4096) as engine:  # room for all 12 at once: one batch
         free = [request(f"free{i}", p, 24) for i, p in enumerate(prompts)]
         bound = [guided_request(f"bound{i}", p, GuidedDecoding(json_schema=SCHEMA), temperature=0.0)
                  for i, p in enumerate(prompts)]
@@ -71,6 +72,12 @@ async def test_json_object_and_regex(model) -> None:
                                                    temperature=0.0))
         assert out.finish[0] == "stop"
         assert out.text[0][:-2] in ("yes-", "no-") and out.text[0][-2:].isdigit()
+        # an unbounded object may run to max_tokens: what was written is then a prefix of one
+        out = await collect(engine, guided_request("o", [9, 9], GuidedDecoding(json_object=True), temperature=0.0,
+                                                   max_tokens=40))
+    assert out.text[0].startswith("{")
+    if out.finish[0] == "stop":
+        assert isinstance(json.loads(out.text[0]), dict)
 
 
 async def test_unsupported_schema_features_are_named(model) -> None:
@@ -87,8 +94,15 @@ async def test_unsupported_schema_features_are_named(model) -> None:
         with pytest.raises(UnsupportedOptionError, match="beam search"):
             await collect(engine, guided_request("w", [1, 2], GuidedDecoding(json_object=True), beam_width=2,
                                                  temperature=0.0))
-        assert engine._guides().misses == 0  # nothing valid was compiled
+        assert engine._guides().misses == 1  # the json_object grammar (compiled before the beam check)
         await collect(engine, guided_request("x", [1, 2], GuidedDecoding(json_schema=SCHEMA), temperature=0.0))
         await collect(engine, guided_request("y", [3, 2], GuidedDecoding(json_schema=json.loads(json.dumps(SCHEMA))),
                                              temperature=0.0))
-        assert (engine._guides().misses, engine._guides().hits) == (1, 1)  # cached by schema
+        assert (engine._guides().misses, engine._guides().hits) == (2, 1)  # cached by schema
+
+
+async def test_guided_request_to_an_engine_not_started_is_not_ready(model) -> None:
+    path, _ = model
+    engine = NativeEngine(EngineConfig(model=str(path), device="cpu"))  # never started: no tokenizer loaded yet
+    with pytest.raises(EngineNotReadyError, match="not started"):
+        await collect(engine, guided_request("n", [1, 2], GuidedDecoding(json_object=True)))

@@ -64,6 +64,21 @@ def test_streaming_split_matches_the_whole_parse(step: int) -> None:
     assert stream.num_calls == 2
 
 
+@pytest.mark.parametrize("step", [1, 1000])
+def test_parallel_tool_calls_false_returns_the_first_call_only(step: int) -> None:
+    single = tool_call_format("<tool_call>", parallel=False)
+    content, calls = single.parse(HERMES_TEXT)
+    assert content == "Let me check." and [c.name for c in calls] == ["f"]
+    stream = ToolCallStream(single)
+    pieces = [stream.push(HERMES_TEXT[i:i + step]) for i in range(0, len(HERMES_TEXT), step)]
+    pieces.append(stream.push("", final=True))
+    assert [c["function"]["name"] for p in pieces for c in p[1]] == ["f"] and stream.num_calls == 1
+    assert "".join(p[0] for p in pieces) == "Let me check. "
+    two = ' {"name": "f", "parameters": {}}; {"name": "g", "parameters": {}}'
+    assert [c.name for c in tool_call_format("llama", parallel=False).parse(two)[1]] == ["f"]
+    assert tool_call_format("<tool_call>", parallel=True) is HERMES
+
+
 def test_streaming_holds_back_only_what_may_start_a_tag() -> None:
     stream = ToolCallStream(HERMES)
     assert stream.push("a <tool") == ("a ", [])

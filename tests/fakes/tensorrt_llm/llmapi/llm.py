@@ -7,7 +7,8 @@ an in-flight batching loop on the event loop: each iteration gives every running
 max_batch_size requests) one token, pushes an update to its GenerationResult, and records an
 iteration-stats dict (when enable_iter_perf_stats, as in the real PyTorch backend).
 Not modelled: beam search, LoRA weights (adapters are validated, not applied), speculative decoding
-(configs are validated, then decoding is plain), TensorRT engines (construction only).
+(configs are validated, then decoding is plain), TensorRT engines (construction only). Guided decoding
+is modelled with xgrammar as the real PyTorch backend does it (tensorrt_llm/_guided.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, List, Literal, Optional, Union
 import torch
 
 from tensorrt_llm import _sampler
+from tensorrt_llm._guided import GuidedDecoder
 from tensorrt_llm.executor.request import LoRARequest
 from tensorrt_llm.executor.result import GenerationResult, IterationResult, Logprob
 from tensorrt_llm.llmapi.llm_args import (TORCH_LLM_ARGS, TRT_LLM_ARGS, CudaGraphConfig,
@@ -41,6 +43,7 @@ class _Seq:
     tokens: List[int] = field(default_factory=list)
     done: bool = False
     logits: List[torch.Tensor] = field(default_factory=list)
+    matcher: Any = None  # the sequence's grammar matcher (guided decoding)
 
 
 @dataclass
@@ -211,6 +214,7 @@ class _TorchLLM(BaseLLM):
 
         self.model = AutoModelForCausalLM.from_pretrained(str(model), torch_dtype=torch.float32,
                                                           local_files_only=True).eval()
+        self._guided: Optional[GuidedDecoder] = None  # made on the first guided request
 
     @torch.no_grad()
     def _logits(self, ids: List[int]) -> torch.Tensor:
@@ -280,7 +284,15 @@ class _TorchLLM(BaseLLM):
         ends = [] if sp.ignore_eos or sp.end_id is None else [sp.end_id]
         blocked = ends + list(sp.stop_token_ids or []) if len(seq.tokens) < (sp.min_tokens or 0) else []
         x = _sampler.processed_logits(raw, sp, req.prompt, seq.tokens, blocked)
+        if sp.guided_decoding is not None:
+            if self._guided is None:
+                self._guided = GuidedDecoder(self.tokenizer, x.shape[-1], [self.tokenizer.eos_token_id])
+            if seq.matcher is None:
+                seq.matcher = self._guided.matcher(sp.guided_decoding)
+            self._guided.mask(seq.matcher, x)
         tok = _sampler.choose(x, sp, req.generators[i])
+        if seq.matcher is not None and not seq.matcher.is_terminated():
+            seq.matcher.accept_token(tok)
         if sp.return_generation_logits:
             seq.logits.append(raw)
         lps = [_as_logprobs(_sampler.top_logprobs(raw, tok, sp.logprobs))] if sp.logprobs is not None else []
