@@ -30,6 +30,7 @@ from starlette.routing import BaseRoute
 from adapters.openai.limits import RequestLimits
 from gateway.auth import ApiKeyMiddleware, AuthPolicy
 from gateway.errors import render_for_path
+from gateway.key_limits import key_limits_middleware
 from gateway.limits import BodySizeLimitMiddleware
 from gateway.lora_routes import lora_routes
 from gateway.metrics import GatewayMetrics
@@ -138,6 +139,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
     middleware += [
         Middleware(DrainMiddleware, drain=drain),
         Middleware(ApiKeyMiddleware, policy=auth),
+        *key_limits_middleware(settings, auth),
         Middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes),
     ]
     app = Starlette(

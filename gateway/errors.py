@@ -60,12 +60,29 @@ class RequestTimeoutError(EngineError):
         self.timeout = timeout
 
 
+class KeyConcurrencyLimitError(QueueFullError):
+    """The caller's API key already has --key-max-concurrency requests in flight."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"Rate limit reached: your API key already has {limit} requests in flight, this "
+                         "server's limit per key (--key-max-concurrency). Retry when one finishes.")
+
+
+class TokenRateLimitError(QueueFullError):
+    """The caller's API key used up its --key-tokens-per-minute; `retry_after` seconds until it may go on."""
+
+    def __init__(self, per_minute: int, retry_after: int) -> None:
+        super().__init__(f"Rate limit reached for tokens: your API key may use {per_minute} tokens per minute "
+                         f"(--key-tokens-per-minute). Please try again in {retry_after}s.")
+        self.retry_after = retry_after
+
+
 class ServerDrainingError(EngineNotReadyError):
     """The server got SIGTERM and finishes in-flight requests only."""
 
 
 class ClientDisconnected(Exception):
-    """The client went away before the response was ready (logged, never rendered)."""
+    """The client went away before the response was ready (answered 499 for the logs and metrics only)."""
 
 
 @dataclass(frozen=True)
@@ -88,10 +105,13 @@ ERROR_TABLE: dict[type[BaseException], ErrorKind] = {
     ModelNotFoundError: ErrorKind(404, "invalid_request_error", "model_not_found"),
     UnknownAdapterError: ErrorKind(404, "invalid_request_error", "model_not_found"),
     # OpenAI answers rate limits with type "requests" (or "tokens") and code "rate_limit_exceeded".
+    TokenRateLimitError: ErrorKind(429, "tokens", "rate_limit_exceeded"),
     QueueFullError: ErrorKind(429, "requests", "rate_limit_exceeded"),
     EngineNotReadyError: ErrorKind(503, "server_error", "service_unavailable"),
     EngineFailedError: ErrorKind(500, "server_error", None),
     RequestTimeoutError: ErrorKind(504, "server_error", "timeout"),
+    # nginx's "client closed request": counted and logged, never seen by the (gone) client.
+    ClientDisconnected: ErrorKind(499, "invalid_request_error", "client_closed_request"),
 }
 # Seconds a client should wait before retrying a 429 or 503 (the queue drains in about a step or two).
 RETRY_AFTER_S = 1
@@ -148,7 +168,7 @@ def triton_error_body(exc: BaseException, request_id: str | None = None) -> dict
 def _headers(exc: BaseException, request_id: str | None) -> dict[str, str]:
     headers = {"x-request-id": request_id} if request_id else {}
     if error_kind(exc).status in (429, 503):
-        headers["retry-after"] = str(RETRY_AFTER_S)
+        headers["retry-after"] = str(getattr(exc, "retry_after", RETRY_AFTER_S))
     return headers
 
 

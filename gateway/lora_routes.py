@@ -35,6 +35,8 @@ def _field(body: Any, name: str) -> str:
 
 def allowed_path(path: str, roots: list[str]) -> str:
     """The real folder `path` names, checked to be inside one of `roots` (any folder when none)."""
+    if "\0" in path:  # no file system takes it (os.path would raise ValueError: a 500)
+        raise InvalidRequestError("lora_path must not contain a NUL character", param="lora_path")
     if not roots:
         return os.path.realpath(path)
     real_roots = [os.path.realpath(r) for r in roots]

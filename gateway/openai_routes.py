@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from pydantic import BaseModel
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
@@ -89,9 +89,17 @@ def resolve_model(request: Request, engine: Engine, name: str | None) -> tuple[s
     raise ModelNotFoundError(name)
 
 
+async def read_body(request: Request) -> bytes:
+    """The raw body; ClientDisconnected (499, nobody to answer) when the client leaves while sending it."""
+    try:
+        return await request.body()
+    except ClientDisconnect:
+        raise ClientDisconnected() from None
+
+
 async def read_json(request: Request) -> Any:
     """The decoded JSON body; InvalidRequestError (400) when it does not parse or nests too deep."""
-    return parse_json(await request.body(), request.app.state.settings.max_json_depth)
+    return parse_json(await read_body(request), request.app.state.settings.max_json_depth)
 
 
 def _log_prompt(request_id: str, req: Any) -> None:
@@ -122,16 +130,17 @@ async def _serve(request: Request, schema: type[BaseModel], id_prefix: str, plan
         response_id = f"{id_prefix}-{uuid.uuid4().hex}"
         gen_requests, output = plan(req, response_id, model, adapter, engine.tokenizer)
         stream = GenerationStream(engine, gen_requests, request.app.state.metrics, timeout=settings.request_timeout)
+        if not req.stream:  # one disconnect watcher for the whole request; rejections raise from it too
+            return JSONResponse(await until_disconnected(request, _collect(stream, output)))
         # Wait for the first outputs before answering, so rejections get a real status code.
         await until_disconnected(request, stream.start())
-        if req.stream:
-            def render_error(exc: BaseException) -> dict[str, Any]:
-                log_error(exc, request_id)
-                return openai_error_body(exc, request_id)
 
-            return sse_response(stream, output.chunks, render_error=render_error, finish=output.final_chunks,
-                                on_close=stream.close, done_marker="[DONE]")
-        return JSONResponse(await until_disconnected(request, _collect(stream, output)))
+        def render_error(exc: BaseException) -> dict[str, Any]:
+            log_error(exc, request_id)
+            return openai_error_body(exc, request_id)
+
+        return sse_response(stream, output.chunks, render_error=render_error, finish=output.final_chunks,
+                            on_close=stream.close, done_marker="[DONE]")
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
     except Exception as exc:
@@ -182,4 +191,4 @@ def openai_routes() -> list[BaseRoute]:
     ]
 
 
-__all__ = ["openai_routes", "ready_engine", "read_json", "resolve_model"]
+__all__ = ["openai_routes", "ready_engine", "read_body", "read_json", "resolve_model"]

@@ -1,9 +1,11 @@
-"""GET /openapi.json: an OpenAPI 3.1 document generated from the pydantic models the routes really use.
+"""GET /openapi.json: an OpenAPI 3.1 document generated from the models and tables the routes really use.
 
-Request bodies are the schemas the routes validate with (adapters.openai.requests), responses the
-schemas they serialise (adapters.openai.responses), errors OpenAI's error object. Generating it from
-the models keeps the document and the code from drifting; tests/e2e/test_fuzz_openapi.py fuzzes the
-server against it. (The Triton routes follow the KServe generate extension's own documentation.)
+OpenAI routes: request bodies are the schemas the routes validate with (adapters.openai.requests),
+responses the schemas they serialise (adapters.openai.responses), errors OpenAI's error object.
+Triton routes (gateway.openapi_triton): bodies from the input tables the generate route parses with,
+errors Triton's `{"error": "..."}`. LoRA load/unload: vLLM's bodies, plain-text answers. Generating it
+from the code keeps the document and the code from drifting; tests/e2e/test_fuzz_openapi.py fuzzes
+the server against it.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from adapters.openai.requests import ChatCompletionRequest, CompletionRequest
-from adapters.openai.responses import ChatCompletion, Completion, ErrorResponse, ModelList
+from adapters.openai.responses import ChatCompletion, ChatCompletionChunk, Completion, ErrorResponse, ModelList
+from gateway.openapi_triton import sse_events, triton_paths, triton_schemas
 
 _REF = "#/components/schemas/{model}"
-_MODELS: list[type[BaseModel]] = [CompletionRequest, ChatCompletionRequest, Completion, ChatCompletion, ModelList,
-                                  ErrorResponse]
+_MODELS: list[type[BaseModel]] = [CompletionRequest, ChatCompletionRequest, Completion, ChatCompletion,
+                                  ChatCompletionChunk, ModelList, ErrorResponse]
 
 # Statuses the error table (gateway/errors.py) can produce on each kind of route.
 _ERRORS = {
@@ -30,9 +33,10 @@ _ERRORS = {
            "context window.",
     "401": "Missing or wrong API key.",
     "403": "A valid key without the rights for this route.",
-    "404": "Unknown model.",
+    "404": "Unknown model (or adapter), or a disabled route.",
     "413": "Request body over --max-body-bytes.",
-    "429": "The request queue is full (see Retry-After).",
+    "429": "The request queue is full, or the API key is over its --key-max-concurrency or "
+           "--key-tokens-per-minute (see Retry-After).",
     "500": "The engine failed while serving this request (the message holds the request id).",
     "503": "The model is loading, the server is draining, or the engine died (see Retry-After).",
     "504": "The request ran past --request-timeout.",
@@ -45,27 +49,47 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": _REF.format(model=model.__name__)}
 
 
-def _errors(codes: tuple[str, ...]) -> dict[str, Any]:
-    body = {"application/json": {"schema": _ref(ErrorResponse)}}
-    return {code: {"description": _ERRORS[code], "content": body} for code in codes}
+_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying.", "required": True,
+                                "schema": {"type": "string", "pattern": "^[1-9][0-9]*$"}}}
 
 
-def _generate(summary: str, request: type[BaseModel], response: type[BaseModel]) -> dict[str, Any]:
+def _errors(codes: tuple[str, ...], schema: str = ErrorResponse.__name__) -> dict[str, Any]:
+    body = {"application/json": {"schema": {"$ref": _REF.format(model=schema)}}}
+    return {code: {"description": _ERRORS[code], "content": body,
+                   **({"headers": _RETRY_AFTER} if code in ("429", "503") else {})} for code in codes}
+
+
+def _lora(summary: str, fields: dict[str, str]) -> dict[str, Any]:
+    body = {"type": "object", "required": list(fields),
+            "properties": {name: {"type": "string", "minLength": 1, "pattern": r"\S", "description": doc}
+                           for name, doc in fields.items()}}
+    return {"post": {
+        "summary": summary + " (admin; off unless --enable-lora-loading, then 404)",
+        "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+        "responses": {"200": {"description": "vLLM's success line, e.g. `Success: LoRA adapter 'sql' added "
+                                             "successfully.`",
+                              "content": {"text/plain": {"schema": {"type": "string"}}}},
+                      **_errors(("400", "401", "403", "404", "413", "500", "503"))},
+    }}
+
+
+def _generate(summary: str, request: type[BaseModel], response: type[BaseModel],
+              chunk: type[BaseModel]) -> dict[str, Any]:
     return {"post": {
         "summary": summary,
         "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(request)}}},
         "responses": {
             "200": {"description": "The result; with `stream: true`, Server-Sent Events of chunks ending in "
-                                   "`data: [DONE]`.",
+                                   "`data: [DONE]`; a failure after the first chunk is an error event.",
                     "content": {"application/json": {"schema": _ref(response)},
-                                "text/event-stream": {"schema": {"type": "string"}}}},
+                                **sse_events({"anyOf": [_ref(chunk), _ref(ErrorResponse)]}, done_marker="[DONE]")}},
             **_errors(_POST_ERRORS),
         },
     }}
 
 
 def openapi_document(title: str = "trtllm-gateway", version: str = "0.1.0") -> dict[str, Any]:
-    """The OpenAPI 3.1 document of the OpenAI and operational routes."""
+    """The OpenAPI 3.1 document of every route: OpenAI, LoRA admin, Triton and operational."""
     _, schemas = models_json_schema([(m, "validation") for m in _MODELS], ref_template=_REF)
     text = {"text/plain": {"schema": {"type": "string"}}}
     health = {"application/json": {"schema": {"type": "object", "properties": {
@@ -74,9 +98,9 @@ def openapi_document(title: str = "trtllm-gateway", version: str = "0.1.0") -> d
     return {
         "openapi": "3.1.0",
         "info": {"title": title, "version": version,
-                 "description": "OpenAI-compatible API over an in-process LLM runtime."},
+                 "description": "OpenAI- and Triton-compatible API over an in-process LLM runtime."},
         "components": {
-            "schemas": schemas.get("$defs", {}),
+            "schemas": {**schemas.get("$defs", {}), **triton_schemas()},
             "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
         },
         # Keys are optional: only servers started with --api-key require one.
@@ -85,8 +109,14 @@ def openapi_document(title: str = "trtllm-gateway", version: str = "0.1.0") -> d
             "/v1/models": {"get": {"summary": "The served model and its LoRA adapters", "responses": {
                 "200": {"description": "Model list", "content": {"application/json": {"schema": _ref(ModelList)}}},
                 **_errors(_GET_ERRORS)}}},
-            "/v1/completions": _generate("Text completion", CompletionRequest, Completion),
-            "/v1/chat/completions": _generate("Chat completion", ChatCompletionRequest, ChatCompletion),
+            "/v1/completions": _generate("Text completion", CompletionRequest, Completion, Completion),
+            "/v1/chat/completions": _generate("Chat completion", ChatCompletionRequest, ChatCompletion,
+                                               ChatCompletionChunk),
+            "/v1/load_lora_adapter": _lora("Load a LoRA adapter", {
+                "lora_name": "The name requests use as `model`.",
+                "lora_path": "A PEFT adapter folder, inside one of --lora-root when given (relative: from there)."}),
+            "/v1/unload_lora_adapter": _lora("Unload a LoRA adapter", {"lora_name": "A loaded adapter's name."}),
+            **triton_paths(_errors),
             "/health": {"get": {"summary": "Readiness", "security": [{}], "responses": {
                 "200": {"description": "Ready", "content": health},
                 "503": {"description": "Loading, draining or failed", "content": health}}}},

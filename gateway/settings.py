@@ -42,6 +42,8 @@ class Settings:
     api_keys_file: str | None = None  # file with one accepted bearer token per line (# comments)
     admin_api_key: list[str] = field(default_factory=list)  # bearer token required by admin routes (LoRA loading)
     public_paths: list[str] = field(default_factory=lambda: ["/health", "/metrics"])  # paths open without a key
+    key_max_concurrency: int | None = None  # generation requests one API key may have in flight (none: no limit); over it: 429
+    key_tokens_per_minute: int | None = None  # prompt + generated tokens one API key may use per minute (none: no limit); over it: 429
     # request limits
     max_body_bytes: int = 8 * 1024 * 1024  # largest request body; over it: 413
     max_json_depth: int = 32  # deepest nesting of the JSON body

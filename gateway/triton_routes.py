@@ -35,7 +35,7 @@ from gateway.errors import ClientDisconnected, ModelNotFoundError, log_error, tr
     triton_error_response
 from gateway.generation import GenerationStream
 from gateway.middleware import request_id_of
-from gateway.openai_routes import read_json, ready_engine
+from gateway.openai_routes import read_body, read_json, ready_engine
 from gateway.streaming import sse_response
 from gateway.triton_metrics import InferenceTimer, metrics_for
 from runtime.engine import Engine
@@ -77,7 +77,7 @@ async def _read_body(request: Request) -> Any:
     """The JSON body. A parse error is worded for Triton clients (the shared reader's names the OpenAI API);
     the size and depth limits are the shared reader's."""
     try:
-        json.loads(await request.body())
+        json.loads(await read_body(request))
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequestError(f"failed to parse the request JSON buffer: {exc}") from None
     except RecursionError:

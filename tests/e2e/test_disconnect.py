@@ -6,7 +6,6 @@ import asyncio
 import time
 
 import httpx
-import pytest
 
 from tests.e2e.conftest import MODEL_NAME, RunningServer, scrape, wait_for
 
@@ -31,14 +30,6 @@ def _generation_stopped(server: RunningServer, quiet: float = 0.3) -> bool:
     before = server.engine.stats().generation_tokens_total
     time.sleep(quiet)
     return server.engine.stats().generation_tokens_total == before
-
-
-@pytest.fixture(autouse=True)
-def _native_only(server: RunningServer) -> None:
-    if server.settings.engine.backend == "trtllm":
-        # The fake tensorrt_llm runs its model on the server's event loop, which then often notices a
-        # client's disconnect only after the generation is over: whether these pass is a race there.
-        pytest.skip("the fake tensorrt_llm starves the event loop; disconnects race with generation")
 
 
 def test_dropped_stream_aborts_and_frees_blocks(server: RunningServer) -> None:
@@ -75,3 +66,21 @@ async def test_dropped_non_streamed_request_aborts_and_frees_blocks(server: Runn
         await asyncio.gather(pending, return_exceptions=True)
     await asyncio.to_thread(wait_for, lambda: _idle(server), 10.0, "KV blocks back after the disconnect")
     assert server.engine.stats().generation_tokens_total - before < MAX_TOKENS
+
+
+def test_client_gone_while_sending_its_body_is_499_not_a_server_error(server: RunningServer) -> None:
+    """Found by benchmarks/soak.py: a client that leaves mid-body was answered (and logged) as a 500."""
+    import socket
+    from urllib.parse import urlsplit
+
+    host, port = urlsplit(server.url).hostname, urlsplit(server.url).port
+    paths = {"/v1/completions": "/v1/completions", f"/v2/models/{MODEL_NAME}/generate": "/v2/models/{model}/generate"}
+    for path, route in paths.items():
+        key = f"trtllm_gateway_requests_total{{endpoint={route},status=499}}"
+        before = scrape(server.url).get(key, 0)
+        with socket.create_connection((host, port)) as s:  # announces 1000 bytes, sends 10, leaves
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      "Content-Length: 1000\r\n\r\n{\"model\": ".encode())
+        wait_for(lambda: scrape(server.url).get(key, 0) == before + 1, what=f"a 499 on {path}")
+        assert not [k for k in scrape(server.url) if k.startswith("trtllm_gateway_requests_total{")
+                    and f"endpoint={route}," in k and "status=5" in k]

@@ -176,12 +176,17 @@ def test_blocks_needed_counts_copy_on_write_and_revived_cache_blocks() -> None:
     assert len(cached) == 1 and bm.blocks_needed(seq, 2, cached) == 2  # revive 1 + grow 1
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["new", "decode", "fork", "free"]), st.integers(0, 10**6)), max_size=60))
+OPS = ["new", "decode", "fork", "free", "preempt", "resume"]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 10**6)), max_size=60))
 def test_conservation_under_random_operations(ops: list[tuple[str, int]]) -> None:
-    """Whatever happens, every block is free, evictable or referenced exactly as often as it is used."""
+    """Whatever happens (allocate, decode, fork, free, preempt, resume), every block is free, evictable or
+    referenced exactly as often as it is used, and a preempted sequence holds none."""
     bm = BlockManager(24, BS)
     live: list[Sequence] = []
+    paused: list[Sequence] = []  # preempted as the scheduler does: blocks freed, tokens kept
     for op, r in ops:
         if op == "new":
             # prompts from a small alphabet, so prefix hits happen
@@ -206,8 +211,22 @@ def test_conservation_under_random_operations(ops: list[tuple[str, int]]) -> Non
             live.append(child)
         elif op == "free" and live:
             bm.free(live.pop(r % len(live)))
+        elif op == "preempt" and live:
+            seq = live.pop(r % len(live))
+            tokens = list(seq.token_ids)
+            bm.free(seq)
+            assert seq.block_table == [] and seq.num_computed_tokens == 0 and seq.token_ids == tokens
+            paused.append(seq)
+        elif op == "resume" and paused:
+            seq = paused[r % len(paused)]
+            cached = bm.find_cached_prefix(seq)  # recompute prompt + generated tokens, prefix hits reused
+            if bm.can_append(seq, seq.num_tokens - len(cached) * BS, cached):
+                run_prefill(bm, seq)
+                paused.remove(seq)
+                live.append(seq)
         bm.check_invariants(live)
         assert bm.num_used_blocks == len({b for s in live for b in s.block_table})
+        assert all(not s.block_table for s in paused)
     for seq in live:
         bm.free(seq)
     bm.check_invariants([])

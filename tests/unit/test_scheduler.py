@@ -1,10 +1,14 @@
-"""Scheduler: admission limits, chunked prefill, decode priority, preemption, guaranteed_no_evict, fork.
+"""Scheduler: admission limits, chunked prefill, decode priority, preemption, guaranteed_no_evict, fork,
+and a property test over random workloads, configurations and aborts.
 
 A stand-in "model" makes the next token a pure function of the sequence so far, so a run that was
 preempted and recomputed must end with exactly the tokens of an undisturbed run.
 """
 
 from __future__ import annotations
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from runtime.block_manager import BlockManager
 from runtime.config import SchedulerPolicy
@@ -239,3 +243,79 @@ def test_parked_sequences_are_skipped_and_freed_only_when_they_block_everything(
     assert parked.status is SequenceStatus.WAITING and list(sched.waiting) == [parked]
     assert parked.block_table == [] and parked.num_uncomputed_tokens == 12 and sched.num_preemptions == 1
     sched.block_manager.check_invariants(sched.running + list(sched.waiting))
+
+
+# ---- property: any workload, any configuration -------------------------------------------------------
+
+Request = tuple[int, int, int, int]  # (prompt length, max_tokens, samples, alphabet seed)
+
+
+def run_workload(sched: Scheduler, requests: list[Request], aborts: dict[int, int],
+                 max_steps: int = 3000) -> tuple[dict[tuple[str, int], Sequence], set[str]]:
+    """Run `requests` to the end, aborting request `aborts[step]` at that step; checks every step's limits.
+
+    Returns every sequence by (request id, sample index) and the ids of the aborted requests."""
+    seqs: dict[tuple[str, int], Sequence] = {}
+    for i, (length, max_tokens, samples, seed) in enumerate(requests):
+        seq = Sequence(f"r{i}", [(seed * 7 + 3 * j) % 5 for j in range(length)], max_tokens, num_samples=samples)
+        seqs[(seq.request_id, 0)] = seq
+        sched.add(seq)
+    aborted: set[str] = set()
+    for n in range(max_steps):
+        if not sched.has_work():
+            break
+        if n in aborts:
+            rid = f"r{aborts[n] % len(requests)}"
+            for seq in [s for (r, _), s in seqs.items() if r == rid and s.status is not SequenceStatus.FINISHED]:
+                sched.finish(seq)
+                aborted.add(rid)
+        batch = step(sched)  # checks block conservation
+        assert len(batch.entries) <= sched.max_batch_size and batch.num_tokens <= sched.max_num_tokens
+        for s in [e.seq for e in batch.entries] + sched.running:
+            seqs[(s.request_id, s.index)] = s
+    assert not sched.has_work(), "requests were lost or starved"
+    assert sched.block_manager.num_used_blocks == 0
+    return seqs, aborted
+
+
+@settings(max_examples=60, deadline=None)
+# Pinned cases: three requests that must preempt each other, and forked samples with an abort on top.
+@example(requests=[(8, 12, 1, 0), (8, 12, 1, 1), (8, 12, 1, 2)], max_batch_size=4, max_num_tokens=32,
+         spare_blocks=0, policy="max_utilization", chunked=True, prefix_caching=False, aborts={})
+@example(requests=[(9, 10, 2, 0), (5, 14, 1, 1), (12, 6, 2, 1)], max_batch_size=3, max_num_tokens=8,
+         spare_blocks=1, policy="max_utilization", chunked=True, prefix_caching=True, aborts={6: 1})
+@given(
+    requests=st.lists(st.tuples(st.integers(1, 20), st.integers(1, 16), st.integers(1, 2), st.integers(0, 3)),
+                      min_size=2, max_size=10),
+    max_batch_size=st.integers(1, 6),
+    max_num_tokens=st.integers(4, 32),
+    spare_blocks=st.integers(0, 4),
+    policy=st.sampled_from(["max_utilization", "guaranteed_no_evict"]),
+    chunked=st.booleans(),
+    prefix_caching=st.booleans(),
+    aborts=st.dictionaries(st.integers(0, 40), st.integers(0, 7), max_size=3),
+)
+def test_any_workload_finishes_with_the_tokens_of_an_undisturbed_run(
+        requests: list[Request], max_batch_size: int, max_num_tokens: int, spare_blocks: int,
+        policy: SchedulerPolicy, chunked: bool, prefix_caching: bool, aborts: dict[int, int]) -> None:
+    """Whatever the workload, limits, policy and aborts: every step stays within max_batch_size,
+    max_num_tokens and the block pool (blocks conserved), nothing is lost or starved, every request not
+    aborted ends with exactly max_tokens tokens per sample, equal to a run with room to spare, and all
+    blocks come back."""
+    longest_prompt = max(length for length, *_ in requests)
+    if not chunked:  # without chunking a prompt must fit one step's token budget
+        max_num_tokens = max(max_num_tokens, longest_prompt)
+    # the pool holds at least the largest request's worst case, so each request can always finish alone
+    worst = max(samples * -(-(length + max_tokens) // BS) for length, max_tokens, samples, _ in requests)
+    tight = make_scheduler(worst + 1 + spare_blocks, max_batch_size=max_batch_size, max_num_tokens=max_num_tokens,
+                           policy=policy, chunked=chunked, prefix_caching=prefix_caching)
+    got, aborted = run_workload(tight, requests, aborts)
+    roomy = make_scheduler(1000, max_batch_size=64, max_num_tokens=1000)
+    want, _ = run_workload(roomy, requests, {})
+    for (rid, index), seq in got.items():
+        if rid in aborted:
+            continue
+        assert seq.status is SequenceStatus.FINISHED and seq.num_output_tokens == seq.max_len - seq.num_prompt_tokens
+        assert seq.output_token_ids == want[(rid, index)].output_token_ids
+    finished = {(rid, i) for (rid, i) in got if rid not in aborted}
+    assert finished == {(rid, i) for (rid, i) in want if rid not in aborted}  # every sample of every request
