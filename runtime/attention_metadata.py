@@ -12,7 +12,8 @@ of its sequence's cached tokens up to and including itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -29,6 +30,9 @@ class AttentionMetadata:
     max_seq_len: int
     query_lens_host: list[int]
     seq_lens_host: list[int]
+    # tensors a backend derives from the fields above once per step and reuses in every layer
+    # (so a metadata object whose tensors are refilled in place must not carry any)
+    derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:

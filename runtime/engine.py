@@ -86,6 +86,19 @@ class Engine(abc.ABC):
         adapter). Closing the iterator early (client gone) aborts the request.
         """
 
+    async def generate_batches(self, request: GenerationRequest) -> AsyncIterator[list[OutputDelta]]:
+        """`generate`, grouped: each list holds the deltas that were ready together (one or more engine
+        steps' worth), so the gateway can write them to a stream at once. Same errors and abort-on-close
+        as `generate`. Default: one delta per list; backends that queue deltas override it."""
+        deltas = self.generate(request)
+        try:
+            async for delta in deltas:
+                yield [delta]
+        finally:
+            aclose = getattr(deltas, "aclose", None)
+            if aclose is not None:  # run the backend's own abort path now, not at garbage collection
+                await aclose()
+
     @abc.abstractmethod
     def abort(self, request_id: str) -> None:
         """Cancel a request; its KV blocks return to the pool. Unknown ids are ignored."""

@@ -9,10 +9,11 @@ per-request asyncio queues read by `generate()`. The thread sleeps on a Conditio
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,12 @@ from runtime.config import EngineConfig
 from runtime.device import dtype_name, resolve_device, resolve_dtype
 from runtime.engine import Engine, EngineStats, ModelInfo
 from runtime.errors import EngineNotReadyError, InvalidRequestError, QueueFullError
-from runtime.guided import GuidedCompiler
+from runtime.guided import GuidedCompiler, GuideState
 from runtime.kv_cache import num_kv_blocks
 from runtime.lora import LoraManager
 from runtime.model_runner import ModelRunner, StepInput, StepResult
 from runtime.models import ModelSpec, kv_cache_bytes_per_token, load_model
-from runtime.request import GenerationRequest, OutputDelta
+from runtime.request import GenerationRequest, GuidedDecoding, OutputDelta
 from runtime.request_state import RequestState
 from runtime.sampler import Sampler
 from runtime.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
@@ -90,6 +91,7 @@ class NativeEngine(Engine):
         self._stats_lock = threading.Lock()
         self._loaded = False
         self._guided_compiler: GuidedCompiler | None = None
+        self._guided_lock = threading.Lock()
         self.speculator: Speculator | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -112,6 +114,8 @@ class NativeEngine(Engine):
         bytes_per_token += getattr(proposer, "kv_bytes_per_token", 0)  # a draft model's cache gets as many blocks
         blocks = num_kv_blocks(cfg, bytes_per_token, window, self.device, activations)
         self.runner.allocate_kv_cache(blocks)
+        if cfg.enable_cuda_graphs and self.device.type == "cuda":
+            self.runner.capture_decode_graphs(cfg.max_batch_size, -(-window // cfg.kv_block_size))
         self.block_manager = BlockManager(blocks, cfg.kv_block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,
@@ -134,6 +138,12 @@ class NativeEngine(Engine):
         if self._thread is not None:
             return
         await asyncio.to_thread(self.load)
+        if self.device.type == "cuda":
+            # On CUDA the decode step is bound by per-token Python work, and full collections rescanning the
+            # loaded heap (model, tokenizer, transformers' modules) cost 10-16% of throughput at batch 256
+            # (benchmarks/RESULTS.md, GPU section): keep that heap out of them.
+            gc.collect()
+            gc.freeze()
         self._thread = threading.Thread(target=self._run, name="native-engine", daemon=True)
         self._accepting = True
         self._thread.start()
@@ -176,23 +186,45 @@ class NativeEngine(Engine):
 
     # ---- requests -----------------------------------------------------------------------------
     async def generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
-        state = self._submit(request)
+        batches = self.generate_batches(request)
+        try:
+            async for batch in batches:
+                for delta in batch:
+                    yield delta
+        finally:
+            await batches.aclose()
+
+    async def generate_batches(self, request: GenerationRequest) -> AsyncIterator[list[OutputDelta]]:
+        """Every delta already queued for the request, in one list per wake-up (one or more steps')."""
+        new_guide = None
+        if request.guided is not None:  # a new grammar takes up to seconds to compile: off the event loop
+            self._check_ready()  # compiling needs the loaded tokenizer
+            new_guide = await asyncio.to_thread(self._guide_factory, request.guided)
+        state = self._submit(request, new_guide)
+        queue: asyncio.Queue[Any] = state.queue  # type: ignore[assignment]
         done = False
         try:
             while True:
-                item = await state.queue.get()  # type: ignore[union-attr]
-                if item is _END:
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                if batch[-1] is _END:  # nothing is queued after _END
                     done = True
+                    if len(batch) > 1:
+                        yield batch[:-1]
                     return
-                yield item
+                yield batch
         finally:
             if not done:  # the consumer left early (client gone): free the request's blocks
                 self.abort(request.request_id)
 
-    def _submit(self, request: GenerationRequest) -> RequestState:
+    def _check_ready(self) -> None:
         if not self.ready:
             reason = "shutting down" if self._thread is not None else "not started"
             raise EngineNotReadyError(f"The engine is {reason}")
+
+    def _submit(self, request: GenerationRequest, new_guide: Callable[[], GuideState] | None = None) -> RequestState:
+        self._check_ready()
         prepared = validate_request(
             request,
             tokenizer=self.tokenizer,
@@ -210,7 +242,6 @@ class NativeEngine(Engine):
                     param="max_tokens",
                 )
         lora_weights = self.lora.prepare(request)  # parses a Triton task's inline weights (no lock held)
-        new_guide = self._guides().guide_factory(request.guided) if request.guided is not None else None
         state = RequestState(
             request,
             prepared,
@@ -235,9 +266,15 @@ class NativeEngine(Engine):
 
     def _guides(self) -> GuidedCompiler:
         """Grammar compiler for this tokenizer, made on the first guided request."""
-        if self._guided_compiler is None:
-            self._guided_compiler = GuidedCompiler(self.tokenizer.hf, self.spec.vocab_size, self.eos_token_ids)
-        return self._guided_compiler
+        with self._guided_lock:  # first guided requests may arrive together (worker threads)
+            if self._guided_compiler is None:
+                self._guided_compiler = GuidedCompiler(self.tokenizer.hf, self.spec.vocab_size, self.eos_token_ids)
+            return self._guided_compiler
+
+    def _guide_factory(self, guided: GuidedDecoding) -> Callable[[], GuideState]:
+        """Compile `guided` (cached by constraint; InvalidRequestError when unsupported) into a maker of
+        per-sample matchers."""
+        return self._guides().guide_factory(guided)
 
     def abort(self, request_id: str) -> None:
         with self._cond:

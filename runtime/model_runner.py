@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +21,9 @@ from runtime.attention_metadata import AttentionMetadata
 from runtime.lora.apply import LoraBatch
 from runtime.models import CausalLM, allocate_kv_cache
 from runtime.sampler import Sampler, SamplingRow
+
+if TYPE_CHECKING:
+    from runtime.cuda.graphs import DecodeGraphs
 
 
 @dataclass
@@ -58,10 +62,21 @@ class ModelRunner:
         self.device, self.dtype = param.device, param.dtype
         self.kv_caches: list[torch.Tensor] = []
         self.lora: LoraBatch | None = None  # set by the engine when LoRA is available
+        self.graphs: DecodeGraphs | None = None  # CUDA graphs of decode steps (capture_decode_graphs)
+        if self.device.type == "cuda":
+            from runtime.cuda import enable_cuda_kernels
+
+            enable_cuda_kernels(model)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         """Allocate the paged cache (in the model's dtype); call once, after profiling."""
         self.kv_caches = allocate_kv_cache(self.model.spec, num_blocks, self.block_size, self.dtype, self.device)
+
+    def capture_decode_graphs(self, max_batch_size: int, max_blocks_per_seq: int) -> None:
+        """Capture decode steps up to `max_batch_size` sequences (CUDA only; after allocate_kv_cache)."""
+        from runtime.cuda.graphs import DecodeGraphs
+
+        self.graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, max_batch_size, max_blocks_per_seq)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -71,10 +86,14 @@ class ModelRunner:
     def execute(self, inputs: Sequence[StepInput], copies: Sequence[tuple[int, int]] = ()) -> list[StepResult]:
         """Copy-on-write copies, one forward pass over every input's new tokens, then sampling."""
         self.copy_blocks(copies)
-        input_ids, positions, meta = self.prepare(inputs)
         if self.lora is not None:  # per-token adapter slots for the hooked Linears (runtime/lora/apply.py)
             self.lora.set([len(inp.token_ids) for inp in inputs], [inp.adapter_slot for inp in inputs])
-        hidden = self.model(input_ids, positions, self.kv_caches, meta)
+        hidden = graph_logits = None
+        if self.graphs is not None and self.graphs.accepts(inputs):
+            graph_logits = self.graphs.run(inputs)  # one row per input: exactly the `rows` below
+        else:
+            input_ids, positions, meta = self.prepare(inputs)
+            hidden = self.model(input_ids, positions, self.kv_caches, meta)
 
         # Rows needing logits: every new token of inputs that return all logits, else the last one.
         rows: list[int] = []
@@ -91,7 +110,10 @@ class ModelRunner:
         results = [StepResult() for _ in inputs]
         if not rows:
             return results
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        if graph_logits is not None:
+            logits = graph_logits
+        else:
+            logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
 
         sample_idx: list[int] = []
         sample_rows: list[SamplingRow] = []
@@ -105,7 +127,10 @@ class ModelRunner:
                 if inp.return_sample_logits:
                     results[b].sample_logits = logits[last - 1 : last].cpu()
         if sample_rows:
-            self._sample(logits[torch.tensor(sample_idx, device=self.device)], sample_rows, inputs, results)
+            # usually one sampled row per input, in order: then skip the gather (a copy of [rows, vocab] floats)
+            identity = sample_idx == list(range(logits.shape[0]))
+            picked = logits if identity else logits[torch.tensor(sample_idx, device=self.device)]
+            self._sample(picked, sample_rows, inputs, results)
         return results
 
     def _sample(
@@ -116,10 +141,13 @@ class ModelRunner:
         results: list[StepResult],
     ) -> None:
         out = self.sampler(logits, rows)
-        token_ids = out.token_ids.tolist()
-        logprobs = out.logprobs.tolist()
-        top_ids = out.top_ids.tolist() if out.top_ids is not None else None
-        top_lps = out.top_logprobs.tolist() if out.top_logprobs is not None else None
+        # one wait for all device-to-host copies instead of one synchronising .tolist() per tensor
+        fetched = [t.to("cpu", non_blocking=True) if t is not None else None
+                   for t in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs)]
+        if logits.is_cuda:
+            torch.cuda.current_stream(logits.device).synchronize()
+        token_ids, logprobs, top_ids, top_lps = (t.tolist() if t is not None else None for t in fetched)
+        assert token_ids is not None and logprobs is not None
         i = 0
         for inp, res in zip(inputs, results):
             for _ in inp.sample_rows:

@@ -1,0 +1,375 @@
+"""GPU benchmark of the native runtime (issue 8), every baseline measured in the same run.
+
+    python -m benchmarks.gpu_bench --out /tmp/gpu_bench            # on a CUDA machine
+    python -m benchmarks.gpu_bench --out DIR --skip http,tserve     # engine-only parts
+
+Model: Llama-3.2-1B-shaped, random bf16 weights (benchmarks/gpu_models.py). Phases, each recorded
+in DIR/gpu_bench.json even when a later one fails:
+  bandwidth   device-to-device copy (bytes read + written): the floor of a decode step is weights / this
+  correctness logits vs transformers (bf16), greedy ids vs transformers for 32 steps (fp32, small model)
+  hf          transformers generate: ms per step at batch 1, output tok/s at batch 64
+  engine      our NativeEngine in-process: decode ITL at batch 1 (128-token context), GPU time of one
+              graphed decode step, TTFT of a 1024-token prompt, 256 x 128/128 throughput, 64 closed-loop
+              streams (with event-loop lag), and a torch.profiler summary of a batch-256 window
+  engine_backend_decode  the engine phase again with Tokenizer.decode calling the Rust tokenizer directly
+              (an A/B of a host-side change outside this benchmark's reach)
+  http        our gateway over HTTP, 64 concurrent streams (benchmarks/serve.py), vs the engine at 64
+  tserve      `transformers serve --continuous-batching` over HTTP, same load
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import gc
+import io
+import json
+import pstats
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import gpu_models as gm
+
+PROMPT, OUTPUT = 128, 128
+
+
+def bandwidth_tb_s(gib: float = 1.0) -> float:
+    """Device-to-device copy rate, bytes read + written, median of 20 copies."""
+    n = int(gib * 2**30) // 2
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(25):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * n * 2 / statistics.median(times[5:]) / 1e12
+
+
+def _request(rid: str, prompt: list[int], max_tokens: int) -> Any:
+    from runtime.request import GenerationRequest, SamplingOptions
+
+    return GenerationRequest(rid, prompt_token_ids=prompt,
+                             sampling=SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+
+
+async def _stream(engine: Any, req: Any) -> tuple[float, list[float], int]:
+    """(submit time, arrival time of each delta, tokens) of one request."""
+    t0 = time.perf_counter()
+    arrivals, tokens = [], 0
+    async for delta in engine.generate(req):
+        arrivals.append(time.perf_counter())
+        tokens += len(delta.token_ids)
+    return t0, arrivals, tokens
+
+
+async def _loop_lag(stop: asyncio.Event, lags: list[float]) -> None:
+    """How late a 1 ms sleep wakes up: the event loop's responsiveness while the engine runs."""
+    while not stop.is_set():
+        t = time.perf_counter()
+        await asyncio.sleep(0.001)
+        lags.append(time.perf_counter() - t - 0.001)
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cuda") -> dict[str, Any]:
+    from runtime.config import EngineConfig
+    from runtime.llm_engine import NativeEngine
+
+    res: dict[str, Any] = {}
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    cfg = EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=256, max_num_tokens=4096,
+                       max_kv_tokens=256 * (PROMPT + OUTPUT) * 2, max_model_len=4096, enable_prefix_caching=False)
+    t0 = time.perf_counter()
+    engine = NativeEngine(cfg)
+    await engine.start()
+    res["load_s"] = time.perf_counter() - t0
+    seed = iter(range(1000, 10**6))
+    try:
+        # warm-up: every prefill shape class and a full batch of decodes
+        await asyncio.gather(*(_stream(engine, _request(f"w{i}", p, 8))
+                               for i, p in enumerate(gm.random_prompts(256, PROMPT, vocab, next(seed)))))
+        # decode at batch 1, 128-token context: inter-token gaps as the caller sees them
+        _, arr, _ = await _stream(engine, _request("itl", gm.random_prompts(1, PROMPT, vocab, next(seed))[0], 65))
+        gaps = [b - a for a, b in zip(arr[1:], arr[2:])]
+        res["decode_b1_itl_ms_p50"] = statistics.median(gaps) * 1e3
+        res["decode_b1_itl_ms_mean"] = statistics.mean(gaps) * 1e3
+        graphs = engine.runner.graphs
+        if graphs is not None:  # GPU time of the batch-1 graph alone (nothing stored: slot -1)
+            graphs.packed[2, :1] = -1
+            graphs.packed[3, :1] = PROMPT
+            g = graphs.graphs[1]
+            for _ in range(5):
+                g.replay()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(100):
+                g.replay()
+            end.record()
+            end.synchronize()
+            res["decode_b1_graph_gpu_ms"] = start.elapsed_time(end) / 100
+        # TTFT of a 1024-token prompt at concurrency 1
+        ttfts = []
+        for p in gm.random_prompts(6, 1024, vocab, next(seed)):
+            t, arr, _ = await _stream(engine, _request(f"ttft{len(ttfts)}", p, 1))
+            ttfts.append(arr[0] - t)
+        res["ttft_1024_ms_p50"] = statistics.median(ttfts[1:]) * 1e3
+        res["ttft_1024_ms_all"] = [x * 1e3 for x in ttfts]
+        # throughput: 256 requests of 128 in / 128 out, all submitted at once
+        prompts = gm.random_prompts(256, PROMPT, vocab, next(seed))
+        it0 = engine.stats().iterations
+        t = time.perf_counter()
+        done = await asyncio.gather(*(_stream(engine, _request(f"tp{i}", p, OUTPUT)) for i, p in enumerate(prompts)))
+        wall = time.perf_counter() - t
+        res["throughput_256_tok_s"] = sum(d[2] for d in done) / wall
+        res["throughput_256_wall_s"] = wall
+        res["throughput_256_steps"] = engine.stats().iterations - it0
+        # 64 closed-loop streams for 15 s, with the event loop's lag measured alongside
+        res.update(await _closed_loop(engine, 64, 15.0, vocab, next(seed)))
+        if profile:
+            res["profile"] = await _profile(engine, vocab, next(seed), out)
+    finally:
+        await engine.shutdown()
+        del engine
+        gc.collect()
+        torch.cuda.empty_cache()
+    if device == "cuda":  # the batch-1 decode again without CUDA graphs (the same kernels, launched eagerly)
+        cfg.enable_cuda_graphs = False
+        engine = NativeEngine(cfg)
+        await engine.start()
+        try:
+            p = gm.random_prompts(2, PROMPT, vocab, next(seed))
+            await _stream(engine, _request("eager-warm", p[0], 8))
+            _, arr, _ = await _stream(engine, _request("eager-itl", p[1], 65))
+            res["decode_b1_itl_ms_p50_no_graphs"] = statistics.median([b - a for a, b in zip(arr[1:], arr[2:])]) * 1e3
+        finally:
+            await engine.shutdown()
+            del engine
+            gc.collect()
+            torch.cuda.empty_cache()
+    return res
+
+
+async def _closed_loop(engine: Any, streams: int, duration: float, vocab: int, seed: int) -> dict[str, Any]:
+    prompts = gm.random_prompts(4 * streams, PROMPT, vocab, seed)
+    stop_at = time.perf_counter() + duration
+    tokens = 0
+    stop = asyncio.Event()
+    lags: list[float] = []
+
+    async def worker(w: int) -> None:
+        nonlocal tokens
+        i = w
+        while time.perf_counter() < stop_at:
+            _, _, n = await _stream(engine, _request(f"cl{w}-{i}", prompts[i % len(prompts)], OUTPUT))
+            tokens += n
+            i += streams
+
+    lag_task = asyncio.create_task(_loop_lag(stop, lags))
+    t = time.perf_counter()
+    await asyncio.gather(*(worker(w) for w in range(streams)))
+    wall = time.perf_counter() - t
+    stop.set()
+    await lag_task
+    return {f"closed_loop_{streams}_tok_s": tokens / wall,
+            "event_loop_lag_ms_p50": _pct(lags, 0.5) * 1e3, "event_loop_lag_ms_p99": _pct(lags, 0.99) * 1e3}
+
+
+async def _profile(engine: Any, vocab: int, seed: int, out: Path) -> dict[str, Any]:
+    """A batch-256 run (128 in / 64 out) with every engine step timed, and torch.profiler over 20 of its
+    decode steps, entered inside the engine thread (the profiler records the thread that starts it)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else []))
+    py_prof = cProfile.Profile()  # the host side by Python function, over the next 20 steps
+    steps: list[tuple[int, float]] = []  # (sequences run, seconds)
+    original = engine.step
+
+    def timed_step() -> int:
+        if len(steps) == 12:
+            prof.__enter__()
+        elif len(steps) == 32:
+            py_prof.enable()
+        t = time.perf_counter()
+        n = original()
+        steps.append((n, time.perf_counter() - t))
+        if len(steps) == 32:
+            prof.__exit__(None, None, None)
+        elif len(steps) == 52:
+            py_prof.disable()
+        return n
+
+    engine.step = timed_step
+    try:
+        prompts = gm.random_prompts(256, PROMPT, vocab, seed)
+        await asyncio.gather(*(_stream(engine, _request(f"pr{i}", p, 64)) for i, p in enumerate(prompts)))
+    finally:
+        del engine.step
+    ka = prof.key_averages()
+    device_key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    text = io.StringIO()
+    stats = pstats.Stats(py_prof, stream=text)
+    stats.sort_stats("cumulative").print_stats(60)
+    stats.sort_stats("tottime").print_stats(30)
+    (out / "profile.txt").write_text(ka.table(sort_by="self_cpu_time_total", row_limit=40) + "\n\n"
+                                     + ka.table(sort_by=device_key, row_limit=30) + "\n\n" + text.getvalue())
+    decode = [t for n, t in steps[12:32] if n == 256]
+    entries = stats.stats.items()  # type: ignore[attr-defined]
+    host = {f"{Path(k[0]).name}:{k[2]}": round(v[3] * 1e3 / 20, 3) for k, v in entries if k[2] in _HOST_FUNCTIONS}
+    return {"step_ms_by_batch": [(n, round(t * 1e3, 3)) for n, t in steps],
+            "decode256_step_ms_p50": statistics.median(decode) * 1e3 if decode else None,
+            "host_ms_per_step_cumulative": host,
+            "top_cpu_ms": [(e.key, round(e.self_cpu_time_total / 1e3, 2), e.count) for e in
+                           sorted(ka, key=lambda e: -e.self_cpu_time_total)[:15]],
+            "top_cuda_ms": [(e.key, round(e.self_device_time_total / 1e3, 2), e.count) for e in
+                            sorted(ka, key=lambda e: -e.self_device_time_total)[:15]]}
+
+
+def _with_backend_decode(fn: Any) -> Any:
+    """Run `fn` with Tokenizer.decode calling the Rust tokenizer directly instead of transformers' decode
+    (identical text with clean_up_tokenization_spaces=False; the profile shows the wrapper costing ~85%
+    of detokenisation): what that host-side change would give, measured without making it."""
+    from runtime.tokenizer import Tokenizer
+
+    original = Tokenizer.decode
+
+    def direct(self: Any, ids: Any, skip_special_tokens: bool = True) -> str:
+        return self.hf.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    Tokenizer.decode = direct  # type: ignore[method-assign]
+    try:
+        return fn()
+    finally:
+        Tokenizer.decode = original  # type: ignore[method-assign]
+
+
+# engine-loop functions whose cumulative time per step the profile reports
+_HOST_FUNCTIONS = {"step", "schedule", "_run_batch", "_step_input", "sampling_rows", "execute", "run", "_sample",
+                   "__call__", "_postprocess", "add_token", "push", "_flush", "_publish_stats", "_take_inbox",
+                   "advance", "synchronize"}
+
+
+def http_phase(command: list[str], label: str, folder: Path, out: Path, *, tserve: bool, ready: str) -> dict[str, Any]:
+    """64 concurrent streams of 128 in / 128 out through an HTTP server started with `command`."""
+    from benchmarks.procs import Server, run_load_generator
+
+    log = out / f"{label}.log"
+    shell = " ".join(command) + f" > {log} 2>&1"
+    server = Server("", command=["sh", "-c", "exec " + shell], ready_path=ready)
+    try:
+        server.wait_ready(timeout=240)
+        if tserve:  # exact lengths through a per-request generation_config (it rejects unknown fields)
+            gen = {"do_sample": False, "min_new_tokens": OUTPUT, "max_new_tokens": OUTPUT}
+            extra = ["--no-ignore-eos", "--model", str(folder), "--extra-body",
+                     json.dumps({"generation_config": json.dumps(gen)})]
+        else:
+            extra = ["--extra-body", json.dumps({"temperature": 0})]
+        argv = ["--base-url", server.base_url, "--api", "completions", "--tokenizer", str(folder),
+                "--concurrency", "64", "--num-prompts", "256", "--input-mean", str(PROMPT), "--input-std", "0",
+                "--output-mean", str(OUTPUT), "--output-std", "0", "--duration", "20", "--warmup", "64"] + extra
+        summary = run_load_generator(argv, timeout=300)["points"][0]["summary"]
+        return {"summary": summary, "log_tail": log.read_text()[-3000:]}
+    except Exception as exc:  # noqa: BLE001 - recorded with the server's log
+        return {"error": repr(exc), "log_tail": log.read_text()[-3000:] if log.exists() else ""}
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="/tmp/gpu_bench", help="folder for gpu_bench.json, profile.txt, server logs")
+    p.add_argument("--work", default="/tmp/gpu_bench_models", help="folder for the random checkpoints")
+    p.add_argument("--skip", default="", help="comma list of phases to skip (see above)")
+    args = p.parse_args(argv)
+    out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)
+    skip = set(filter(None, args.skip.split(",")))
+    results: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                               "command": "python -m benchmarks.gpu_bench " + " ".join(argv or sys.argv[1:])}
+    try:
+        results["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                           text=True).stdout.strip()
+    except OSError:
+        pass
+
+    def phase(name: str, fn: Any) -> None:
+        if name in skip:
+            return
+        t = time.perf_counter()
+        try:
+            results[name] = fn()
+        except Exception:  # noqa: BLE001 - one failed phase must not lose the others
+            results[name] = {"error": traceback.format_exc()[-3000:]}
+        results.setdefault("phase_s", {})[name] = round(time.perf_counter() - t, 1)
+        (out / "gpu_bench.json").write_text(json.dumps(results, indent=1, default=str))
+        print(f"[{name}] {time.perf_counter() - t:.1f}s {json.dumps(results[name], default=str)[:1500]}", flush=True)
+
+    big = gm.make_checkpoint(work / "llama1b", gm.LLAMA_1B, torch.bfloat16)
+    small = gm.make_checkpoint(work / "small", gm.SMALL, torch.float32, init_std=0.08)
+    weights = sum(f.stat().st_size for f in big.glob("*.safetensors"))
+    phase("bandwidth", lambda: {"tb_s": bandwidth_tb_s(), "weight_bytes": weights})
+    if "bandwidth" in results and "tb_s" in results["bandwidth"]:
+        results["bandwidth"]["floor_ms"] = weights / results["bandwidth"]["tb_s"] / 1e9
+    phase("logits", lambda: gm.check_logits(big))
+    phase("greedy_fp32", lambda: gm.check_greedy_fp32(small))
+    phase("hf", lambda: gm.hf_generate(big, torch.bfloat16, 32, 64, PROMPT, OUTPUT))
+    phase("engine", lambda: asyncio.run(engine_phase(big, out, profile="profile" not in skip)))
+    phase("engine_backend_decode",
+          lambda: _with_backend_decode(lambda: asyncio.run(engine_phase(big, out, profile=False))))
+    py = sys.executable
+    phase("http", lambda: http_phase(
+        [py, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--model", str(big),
+         "--device", "cuda",
+         "--dtype", "bfloat16", "--max-batch-size", "64", "--max-model-len", "4096", "--kv-cache-fraction", "0.3",
+         "--no-enable-prefix-caching", "--log-level", "info"], "gateway", big, out, tserve=False, ready="/health"))
+    phase("tserve", lambda: http_phase(
+        ["transformers", "serve", "--continuous-batching", "--device", "cuda", "--dtype", "bfloat16",
+         "--host", "127.0.0.1", "--port", "{port}", str(big)], "tserve", big, out, tserve=True, ready="/health"))
+    print(json.dumps(summary(results), indent=1))
+    return 0
+
+
+def summary(r: dict[str, Any]) -> dict[str, Any]:
+    """The headline figures of a results dict (missing ones None)."""
+    def get(*path: str) -> Any:
+        node: Any = r
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        return node
+
+    return {
+        "copy_tb_s": get("bandwidth", "tb_s"), "floor_ms": get("bandwidth", "floor_ms"),
+        "logits": get("logits"), "greedy_fp32_equal": get("greedy_fp32", "equal"),
+        "hf_b1_step_ms": get("hf", "batch1_step_ms"), "hf_b64_tok_s": get("hf", "batch64_output_tok_s"),
+        "decode_b1_itl_ms": get("engine", "decode_b1_itl_ms_p50"),
+        "decode_b1_graph_ms": get("engine", "decode_b1_graph_gpu_ms"),
+        "ttft_1024_ms": get("engine", "ttft_1024_ms_p50"), "engine_256_tok_s": get("engine", "throughput_256_tok_s"),
+        "engine_64_tok_s": get("engine", "closed_loop_64_tok_s"),
+        "decode_b1_itl_no_graphs_ms": get("engine", "decode_b1_itl_ms_p50_no_graphs"),
+        "backend_decode_256_tok_s": get("engine_backend_decode", "throughput_256_tok_s"),
+        "backend_decode_64_tok_s": get("engine_backend_decode", "closed_loop_64_tok_s"),
+        "backend_decode_b1_itl_ms": get("engine_backend_decode", "decode_b1_itl_ms_p50"),
+        "loop_lag_p99_ms": get("engine", "event_loop_lag_ms_p99"),
+        "http_64_tok_s": get("http", "summary", "output_token_throughput"),
+        "tserve_64_tok_s": get("tserve", "summary", "output_token_throughput"),
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""CUDA execution of the native runtime: Triton paged attention, fused elementwise kernels, decode graphs.
+
+Everything here is imported only when a model runs on a CUDA device (Triton is not needed on CPU).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+def enable_cuda_kernels(model: nn.Module) -> None:
+    """Route attention on CUDA tensors through the Triton backend and fuse `model`'s elementwise layers."""
+    from runtime.cuda.fused import use_fused_kernels
+    from runtime.cuda.paged_attention import triton_paged_attention
+    from runtime.models.attention import register_attention_backend
+
+    register_attention_backend("cuda", triton_paged_attention)
+    fused = use_fused_kernels(model)
+    logger.info("CUDA kernels: Triton paged attention, %d modules on fused Triton kernels", fused)

@@ -1,0 +1,152 @@
+"""Fused Triton kernels for the elementwise parts of a Llama layer on CUDA.
+
+Why: at decode batch sizes a layer's matmuls take microseconds, and eager RMSNorm (8 kernels),
+RoPE (18) and SwiGLU (2) launches cost as much again, even inside a CUDA graph. Each becomes one
+kernel here. They round intermediates to the activation dtype where the eager code does, so
+results match the eager modules (runtime/models/norm.py, rotary_embedding.py, llama.py) up to the
+last bit of the transcendental functions.
+
+`use_fused_kernels(model)` swaps the `forward` of the matching module instances; model files stay
+device-agnostic and the CPU path is untouched.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch import nn
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, eps, N: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
+    h = (x * rstd).to(out_ptr.dtype.element_ty)  # cast back before the weight, as HF Llama
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + row * stride_o + offs, (w.to(tl.float32) * h.to(tl.float32)).to(out_ptr.dtype.element_ty),
+             mask=mask)
+
+
+@triton.jit
+def _rope_rows(src, dst, t, stride, cos, sin, heads, offs_h, offs_d, d_mask, HALF: tl.constexpr):
+    dtype = dst.dtype.element_ty
+    mask = (offs_h < heads)[:, None] & d_mask[None, :]
+    base = offs_h[:, None] * (2 * HALF) + offs_d[None, :]
+    x1 = tl.load(src + t * stride + base, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + t * stride + base + HALF, mask=mask, other=0.0).to(tl.float32)
+    # eager order of roundings: each product, then the sum, in the activation dtype
+    o1 = (x1 * cos[None, :]).to(dtype).to(tl.float32) - (x2 * sin[None, :]).to(dtype).to(tl.float32)
+    o2 = (x2 * cos[None, :]).to(dtype).to(tl.float32) + (x1 * sin[None, :]).to(dtype).to(tl.float32)
+    out_row = dst + t * heads * 2 * HALF
+    tl.store(out_row + base, o1.to(dtype), mask=mask)
+    tl.store(out_row + base + HALF, o2.to(dtype), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(
+    pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, qo_ptr, ko_ptr, stride_q, stride_k, stride_cache,
+    HQ: tl.constexpr, HK: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    d_mask = offs_d < HALF
+    dtype = qo_ptr.dtype.element_ty
+    cos = tl.load(cos_ptr + pos * stride_cache + offs_d, mask=d_mask, other=0.0).to(dtype).to(tl.float32)
+    sin = tl.load(sin_ptr + pos * stride_cache + offs_d, mask=d_mask, other=0.0).to(dtype).to(tl.float32)
+    _rope_rows(q_ptr, qo_ptr, t, stride_q, cos, sin, HQ, offs_h, offs_d, d_mask, HALF)
+    _rope_rows(k_ptr, ko_ptr, t, stride_k, cos, sin, HK, offs_h, offs_d, d_mask, HALF)
+
+
+@triton.jit
+def _silu_mul_kernel(x_ptr, out_ptr, stride_x, I: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < I
+    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + I + offs, mask=mask, other=0.0).to(tl.float32)
+    act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * I + offs, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * (x / rms(x)) over the last dim, float32 inside; x [..., N]."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+    n = x2.shape[-1]
+    if x2.shape[0]:
+        block = triton.next_power_of_2(n)
+        _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, x2.stride(0), out.stride(0), eps, N=n, BLOCK=block,
+                                         num_warps=min(16, max(1, block // 256)))
+    return out.view(x.shape)
+
+
+def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
+         sin_cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate-half RoPE of packed q [T, Hq*D] and k [T, Hk*D] (rows may be strided views)."""
+    tokens = q.shape[0]
+    hq, hk = q.shape[1] // head_dim, k.shape[1] // head_dim
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    if tokens:
+        half = head_dim // 2
+        _rope_kernel[(tokens,)](
+            positions, cos_cache, sin_cache, q, k, q_out, k_out, q.stride(0), k.stride(0), cos_cache.stride(0),
+            HQ=hq, HK=hk, BLOCK_H=triton.next_power_of_2(max(hq, hk)), HALF=half,
+            BLOCK_HALF=triton.next_power_of_2(half),
+        )
+    return q_out, k_out
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(x[:, :I]) * x[:, I:] for x [T, 2I]."""
+    tokens, width = x.shape
+    inter = width // 2
+    out = torch.empty((tokens, inter), dtype=x.dtype, device=x.device)
+    if tokens:
+        block = 1024
+        _silu_mul_kernel[(tokens, triton.cdiv(inter, block))](x, out, x.stride(0), I=inter, BLOCK=block)
+    return out
+
+
+def _rms_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return rms_norm(x, self.weight, self.eps)
+
+
+def _rope_forward(self: nn.Module, positions: torch.Tensor, q: torch.Tensor,
+                  k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return rope(positions, q, k, self.cos_cache, self.sin_cache, self.head_dim)
+
+
+def _swiglu_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+def use_fused_kernels(model: nn.Module) -> int:
+    """Route RMSNorm, RoPE and SwiGLU MLP modules of `model` through the kernels above; returns the count."""
+    from runtime.models.llama import LlamaMLP
+    from runtime.models.norm import RMSNorm
+    from runtime.models.rotary_embedding import RotaryEmbedding
+
+    count = 0
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.forward = types.MethodType(_rms_norm_forward, module)
+        elif isinstance(module, RotaryEmbedding):
+            module.forward = types.MethodType(_rope_forward, module)
+        elif isinstance(module, LlamaMLP) and module.act is F.silu:
+            module.forward = types.MethodType(_swiglu_forward, module)
+        else:
+            continue
+        count += 1
+    return count

@@ -1,0 +1,227 @@
+"""Triton paged attention for CUDA: KV store, decode and variable-length prefill over the block tables.
+
+Cache layout per layer: [2, num_blocks, block_size, num_kv_heads, head_dim] (runtime/models/kv_cache.py),
+so a token's K (or V) for all KV heads is one contiguous row at `slot = block_id * block_size + offset`.
+
+- `store_kv`: one program per new token copies its K and V rows to its slot; a slot < 0 is skipped,
+  which is how padded rows of a replayed CUDA graph write nothing.
+- decode: one program per (sequence, KV head) attends the head's whole query group at once
+  (GQA: the K/V tile is read once for all its query heads) with an online softmax over the blocks;
+  the loop bound is read from `seq_lens` on the device, so the launch shape does not depend on the
+  step's contents and the kernel can be captured in a CUDA graph. A sequence of length 0 (padding)
+  yields zeros.
+- prefill: one program per (query tile of one sequence, head); it reads every key, cached context
+  and the new tokens alike, from the paged cache (the new ones were stored first), causally.
+Both kernels accumulate in float32; float32 models use IEEE (not TF32) dot products so greedy decoding
+matches an fp32 reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from runtime.attention_metadata import AttentionMetadata
+
+PREFILL_BLOCK_M = 64
+PREFILL_BLOCK_N = 64
+DECODE_BLOCK_N = 64
+
+
+@triton.jit
+def _store_kv_kernel(
+    k_ptr, v_ptr, cache_ptr, slot_ptr, v_offset, stride_k, stride_v,
+    ROW: tl.constexpr, BLOCK: tl.constexpr,
+):
+    t = tl.program_id(0)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:
+        offs = tl.arange(0, BLOCK)
+        mask = offs < ROW
+        k = tl.load(k_ptr + t * stride_k + offs, mask=mask)
+        v = tl.load(v_ptr + t * stride_v + offs, mask=mask)
+        tl.store(cache_ptr + slot * ROW + offs, k.to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(cache_ptr + v_offset + slot * ROW + offs, v.to(cache_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, cache_ptr, out_ptr, tables_ptr, seq_lens_ptr, scale, v_offset,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
+    BLOCK_SIZE: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < D
+    heads = kvh * GROUP + offs_g
+    q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    q = (q.to(tl.float32) * scale).to(cache_ptr.dtype.element_ty)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    for start in range(0, seq_len, BLOCK_N):
+        pos = start + offs_n
+        n_mask = pos < seq_len
+        block = tl.load(tables_ptr + b * stride_tb + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        row = (block * BLOCK_SIZE + pos % BLOCK_SIZE) * HKV + kvh
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(cache_ptr + row[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(cache_ptr + v_offset + row[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, cache_ptr, out_ptr, tables_ptr, query_start_ptr, context_lens_ptr, seq_lens_ptr,
+    tile_seq_ptr, tile_offset_ptr, scale, v_offset,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
+    BLOCK_SIZE: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    h = tl.program_id(1)
+    kvh = h // GROUP
+    b = tl.load(tile_seq_ptr + tile)
+    q_offset = tl.load(tile_offset_ptr + tile)
+    q_start = tl.load(query_start_ptr + b).to(tl.int64)
+    context = tl.load(context_lens_ptr + b).to(tl.int32)
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    offs_m = q_offset + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    m_mask = offs_m < seq_len - context
+    d_mask = offs_d < D
+    q = tl.load(q_ptr + (q_start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q = (q.to(tl.float32) * scale).to(cache_ptr.dtype.element_ty)
+    q_pos = context + offs_m  # absolute positions: query i sees keys 0 .. q_pos[i]
+    end = tl.minimum(seq_len, context + q_offset + BLOCK_M)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start in range(0, end, BLOCK_N):
+        pos = start + offs_n
+        n_mask = pos < end
+        block = tl.load(tables_ptr + b * stride_tb + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        row = (block * BLOCK_SIZE + pos % BLOCK_SIZE) * HKV + kvh
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(cache_ptr + row[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s = tl.where((pos[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(cache_ptr + v_offset + row[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+def _precision(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Write each token's K/V [T, Hkv, D] to its slot; slots < 0 are skipped."""
+    tokens = k.shape[0]
+    if tokens == 0:
+        return
+    _, num_blocks, block_size, kv_heads, head_dim = kv_cache.shape
+    row = kv_heads * head_dim
+    _store_kv_kernel[(tokens,)](
+        k, v, kv_cache, slot_mapping, num_blocks * block_size * row, k.stride(0), v.stride(0),
+        ROW=row, BLOCK=triton.next_power_of_2(row),
+    )
+
+
+def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """One query token per sequence: q [B, H, D] -> [B, H, D]."""
+    batch, heads, head_dim = q.shape
+    _, num_blocks, block_size, kv_heads, _ = kv_cache.shape
+    group = heads // kv_heads
+    out = torch.empty_like(q)
+    tables = meta.block_tables
+    _decode_kernel[(batch, kv_heads)](
+        q, kv_cache, out, tables, meta.seq_lens, scale, num_blocks * block_size * kv_heads * head_dim,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0),
+        BLOCK_SIZE=block_size, HKV=kv_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=DECODE_BLOCK_N,
+        PRECISION=_precision(kv_cache.dtype), num_warps=4,
+    )
+    return out
+
+
+def prefill_tiles(query_lens: list[int], block_m: int) -> tuple[list[int], list[int]]:
+    """(sequence index, first query offset) of every BLOCK_M-query tile of the step's sequences."""
+    seqs: list[int] = []
+    offsets: list[int] = []
+    for b, n in enumerate(query_lens):
+        for off in range(0, n, block_m):
+            seqs.append(b)
+            offsets.append(off)
+    return seqs, offsets
+
+
+def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Packed queries of any lengths, q [T, H, D] -> [T, H, D], over keys already in the cache."""
+    tokens, heads, head_dim = q.shape
+    _, num_blocks, block_size, kv_heads, _ = kv_cache.shape
+    # the tile map is the same for every layer of the step: build it once per metadata object
+    tiles = meta.derived.get("triton_prefill_tiles")
+    if tiles is None:
+        seqs, offsets = prefill_tiles(meta.query_lens_host, PREFILL_BLOCK_M)
+        tiles = torch.tensor([seqs, offsets], dtype=torch.int32).to(q.device, non_blocking=True)
+        meta.derived["triton_prefill_tiles"] = tiles
+    out = torch.empty_like(q)
+    tables = meta.block_tables
+    _prefill_kernel[(tiles.shape[1], heads)](
+        q, kv_cache, out, tables, meta.query_start_loc, meta.context_lens, meta.seq_lens, tiles[0], tiles[1],
+        scale, num_blocks * block_size * kv_heads * head_dim,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0),
+        BLOCK_SIZE=block_size, HKV=kv_heads, GROUP=heads // kv_heads,
+        D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=PREFILL_BLOCK_N, PRECISION=_precision(kv_cache.dtype),
+        num_warps=4, num_stages=2,
+    )
+    return out
+
+
+def triton_paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor | None,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """The "cuda" attention backend (runtime/models/attention.py's AttentionBackend)."""
+    if kv_cache is None:  # cache-less warm-up / profiling pass: the reference path handles it
+        from runtime.models.attention import torch_paged_attention
+
+        return torch_paged_attention(q, k, v, kv_cache, meta, scale)
+    store_kv(k, v, kv_cache, meta.slot_mapping)
+    if meta.is_decode_only:
+        return decode_attention(q, kv_cache, meta, scale)
+    return prefill_attention(q, kv_cache, meta, scale)

@@ -1,0 +1,146 @@
+"""Triton kernels of runtime/cuda vs the eager reference code.
+
+On a CUDA machine they run on the GPU. Without CUDA they run in Triton's interpreter on the CPU, in a
+child pytest process: TRITON_INTERPRET must be set before Triton is first imported, which other
+modules of this session may already have done. Skipped when Triton is absent.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+RUN_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+kernels = pytest.mark.skipif(not RUN_HERE, reason="runs in the interpreter child process")
+
+from runtime.attention_metadata import AttentionMetadata  # noqa: E402
+from runtime.models.norm import RMSNorm  # noqa: E402
+from runtime.models.rotary_embedding import RopeConfig, RotaryEmbedding  # noqa: E402
+
+if RUN_HERE:
+    from runtime.cuda.fused import rms_norm, rope, silu_and_mul
+    from runtime.cuda.paged_attention import prefill_tiles, triton_paged_attention
+
+
+def test_kernels_in_triton_interpreter() -> None:
+    if RUN_HERE:
+        pytest.skip("the kernels run directly in this process")
+    child = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", __file__],
+                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=240)
+    assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-2000:]
+    assert "7 passed" in child.stdout, child.stdout[-2000:]
+
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+H, HKV, D, BS, NUM_BLOCKS = 8, 2, 32, 4, 64
+
+
+def _meta(query_lens: list[int], context_lens: list[int], tables: list[list[int]]) -> AttentionMetadata:
+    seq_lens = [q + c for q, c in zip(query_lens, context_lens)]
+    slots = [t[p // BS] * BS + p % BS for q, c, t in zip(query_lens, context_lens, tables) for p in range(c, c + q)]
+    width = max(len(t) for t in tables)
+    starts = [0]
+    for q in query_lens:
+        starts.append(starts[-1] + q)
+
+    def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=DEVICE)
+
+    return AttentionMetadata(
+        tensor(starts, torch.int32), tensor(context_lens, torch.int32), tensor(seq_lens, torch.int32),
+        tensor([t + [0] * (width - len(t)) for t in tables], torch.int32), tensor(slots, torch.int64),
+        BS, max(query_lens), max(seq_lens), list(query_lens), seq_lens,
+    )
+
+
+def _case(query_lens: list[int], context_lens: list[int], seed: int):
+    g = torch.Generator().manual_seed(seed)
+    order = torch.randperm(NUM_BLOCKS, generator=g).tolist()  # blocks out of order
+    tables, used = [], 0
+    for q, c in zip(query_lens, context_lens):
+        n = -(-(q + c) // BS)
+        tables.append(order[used : used + n])
+        used += n
+    tokens = sum(query_lens)
+    cache = torch.randn(2, NUM_BLOCKS, BS, HKV, D, generator=g).to(DEVICE)
+    q, k, v = (torch.randn(tokens, h, D, generator=g).to(DEVICE) for h in (H, HKV, HKV))
+    return q, k, v, cache, _meta(query_lens, context_lens, tables)
+
+
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.Tensor,
+               meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """Store K/V at their slots, then causal attention per sequence in float64 over its gathered cache."""
+    cache = cache.clone()
+    flat = cache.view(2, -1, HKV, D)
+    flat[0, meta.slot_mapping] = k
+    flat[1, meta.slot_mapping] = v
+    out, start = [], 0
+    for b, (n, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host)):
+        pos = torch.arange(seq_len, device=DEVICE)
+        slots = meta.block_tables[b].long()[pos // BS] * BS + pos % BS
+        keys, values = (flat[i, slots].double().repeat_interleave(H // HKV, dim=1) for i in (0, 1))  # [S, H, D]
+        scores = torch.einsum("qhd,shd->hqs", q[start : start + n].double(), keys) * D**-0.5
+        q_pos = torch.arange(seq_len - n, seq_len, device=DEVICE)
+        scores = scores.masked_fill(pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        out.append(torch.einsum("hqs,shd->qhd", scores.softmax(-1), values))
+        start += n
+    return torch.cat(out).to(q.dtype), cache
+
+
+@kernels
+@pytest.mark.parametrize(
+    ("query_lens", "context_lens"),
+    [([5, 1, 70, 3], [0, 9, 2, 13]), ([1, 1, 1], [0, 17, 40]), ([130], [0])],
+    ids=["prefill-mixed", "decode", "one-long-prompt"],
+)
+def test_paged_attention_matches_reference(query_lens: list[int], context_lens: list[int]) -> None:
+    q, k, v, cache, meta = _case(query_lens, context_lens, seed=len(query_lens))
+    ref, ref_cache = _reference(q, k, v, cache, meta)
+    our_cache = cache.clone()
+    out = triton_paged_attention(q, k, v, our_cache, meta, D**-0.5)
+    assert torch.equal(our_cache, ref_cache)  # the same K/V stored at the same slots, nothing else touched
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@kernels
+def test_padded_decode_rows_store_nothing_and_return_zeros() -> None:
+    q, k, v, cache, meta = _case([1, 1], [6, 9], seed=7)
+    meta.slot_mapping[1] = -1  # what a padded row of a replayed CUDA graph carries
+    meta.seq_lens[1] = 0
+    ours = cache.clone()
+    out = triton_paged_attention(q, k, v, ours, meta, D**-0.5)
+    assert torch.count_nonzero(out[1]) == 0
+    changed = (ours != cache).flatten(3).any(-1)  # [2, blocks, block_size]: which K/V rows were written
+    assert changed.sum().item() == 2  # K and V of row 0's single new token, nothing else
+
+
+@kernels
+def test_prefill_tiles() -> None:
+    assert prefill_tiles([5, 130, 64], 64) == ([0, 1, 1, 1, 2], [0, 0, 64, 128, 0])
+
+
+@kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_elementwise_kernels_match_modules(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(0)
+    tol = 0 if dtype == torch.float32 else 3e-2  # bf16: a rounding step apart at most
+    norm = RMSNorm(96, 1e-5, dtype=dtype).to(DEVICE)
+    norm.weight.data = torch.randn(96, generator=g).to(DEVICE, dtype)
+    x = torch.randn(5, 96, generator=g).to(DEVICE, dtype)
+    torch.testing.assert_close(rms_norm(x, norm.weight, norm.eps), norm(x), rtol=tol, atol=tol + 1e-6)
+
+    rotary = RotaryEmbedding(16, 64, RopeConfig(10000.0, "default", {})).to(DEVICE)
+    qkv = torch.randn(5, 3 * 16 + 2 * 16 + 2 * 16, generator=g).to(DEVICE, dtype)
+    q, k, _ = qkv.split([48, 32, 32], dim=-1)  # strided views, as the fused q/k/v projection gives
+    positions = torch.tensor([0, 3, 7, 63, 5], device=DEVICE)
+    for got, want in zip(rope(positions, q, k, rotary.cos_cache, rotary.sin_cache, 16), rotary(positions, q, k)):
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol + 1e-6)
+
+    gate_up = torch.randn(5, 80, generator=g).to(DEVICE, dtype)
+    want = torch.nn.functional.silu(gate_up[:, :40]) * gate_up[:, 40:]
+    torch.testing.assert_close(silu_and_mul(gate_up), want, rtol=tol, atol=tol + 1e-6)
