@@ -62,3 +62,20 @@ def peft_greedy(base: Path, adapter: Path, prompt: list[int], max_new_tokens: in
                                  do_sample=False)
         _REF[key] = out[0, len(prompt):].tolist()
     return _REF[key]
+
+
+def trtllm_tensors(adapter: Path, scale: float, module_ids: dict[str, int]) -> tuple[list, list]:
+    """A PEFT adapter in TensorRT-LLM's lora_weights / lora_config layout (Triton's lora_task_id inputs),
+    written independently of runtime/lora/trtllm_format.py."""
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(adapter / "adapter_model.safetensors"))
+    rows, config = [], []
+    for key in sorted(k for k in tensors if k.endswith("lora_A.weight")):
+        module = key.removesuffix(".lora_A.weight")
+        a, b = tensors[key], tensors[module + ".lora_B.weight"] * scale
+        layer = int(module.split(".layers.")[1].split(".")[0])
+        config.append([module_ids[module.rsplit(".", 1)[1]], layer, a.shape[0]])
+        rows.append(torch.cat([a.flatten(), b.flatten()]))
+    width = max(len(r) for r in rows) + 3  # padded rows, as the format allows
+    return [torch.nn.functional.pad(r, (0, width - len(r))).tolist() for r in rows], config

@@ -13,7 +13,9 @@ from typing import Any
 
 from runtime.errors import EngineFailedError
 
-INSTALL_HINT = "pip install 'trtllm-gateway[trtllm]'"
+# The package is installed from its checkout (`pip install '.[trtllm]'` brings tensorrt-llm); naming the
+# tensorrt-llm requirement too covers installs made some other way.
+INSTALL_HINT = "`pip install '.[trtllm]'` in the trtllm-gateway checkout, or `pip install 'tensorrt-llm>=1.2,<1.3'`"
 
 
 class TrtllmNotInstalledError(EngineFailedError):
@@ -53,7 +55,7 @@ def load_api() -> TrtllmApi:
     except ImportError as exc:
         raise TrtllmNotInstalledError(
             f"The trtllm backend needs TensorRT-LLM, which cannot be imported ({exc}); "
-            f"install with `{INSTALL_HINT}`"
+            f"install it with {INSTALL_HINT}"
         ) from None
     return TrtllmApi(
         LLM=llmapi.LLM, TrtLLM=TrtLLM, SamplingParams=llmapi.SamplingParams,

@@ -15,6 +15,7 @@ import os
 from typing import Any
 
 from runtime.errors import InvalidRequestError, UnknownAdapterError, UnsupportedOptionError
+from runtime.lora.manager import UnknownLoraTaskError
 from runtime.lora.peft import read_peft_config
 from runtime.lora.registry import Adapter, AdapterRegistry
 from runtime.request import LoraTask
@@ -93,8 +94,8 @@ class TrtllmAdapters:
                     "lora_weights", BACKEND, "TensorRT-LLM's LLM API loads adapters from folders: register "
                     "the adapter (--lora-modules or /v1/load_lora_adapter) and send its lora_task_id alone")
             adapter = self.registry.by_id.get(task.task_id)
-            if adapter is None or adapter.path is None:
-                raise UnknownAdapterError(f"LoRA task {task.task_id} is not loaded.")
+            if adapter is None or adapter.path is None:  # a 400, as the Triton backend and the native runtime
+                raise UnknownLoraTaskError(task.task_id)
             return adapter
         if name is None:
             return None

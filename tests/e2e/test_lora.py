@@ -1,6 +1,6 @@
 """LoRA end to end with the official openai SDK and raw HTTP: `model` picks the adapter, /v1/models lists
 adapters with their parent, unknown names are OpenAI 404s, run-time load/unload (vLLM's routes) behind
---enable-lora-loading and --lora-root, and the LoRA metrics."""
+--enable-lora-loading and --lora-root, Triton's lora_task_id over HTTP, and the LoRA metrics."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from gateway.settings import Settings
 from runtime.config import EngineConfig
 from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, MODEL_NAME, RunningServer, free_port
-from tests.lora_adapters import make_peft_adapter, peft_greedy
+from tests.lora_adapters import make_peft_adapter, peft_greedy, trtllm_tensors
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +102,28 @@ def test_paths_outside_the_lora_root_and_bad_bodies_are_refused(server, tiny_mod
     assert escape.status_code == 400
     missing = httpx.post(url, json={"lora_path": "sql"})
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "lora_name"
+
+
+def test_triton_lora_task_id_over_http(server, tiny_model_dir, adapters) -> None:
+    """Triton's semantics: an unknown task is a 400 saying so; the first request brings lora_weights and
+    lora_config, later ones the id alone; a registered adapter's id (1 for --lora-modules sql) names it."""
+    tok = server.engine.tokenizer
+    prompt = "The quick brown fox"
+    body = {"text_input": prompt, "max_tokens": 6, "end_id": -1, "exclude_input_in_output": True}
+
+    def generate(**lora: object) -> httpx.Response:
+        return httpx.post(server.url + "/v2/models/ensemble/generate", json={**body, **lora}, timeout=60)
+
+    unknown = generate(lora_task_id=77)
+    assert unknown.status_code == 400 and unknown.json()["error"].startswith("LoRA task 77 not found in cache")
+    weights, config = trtllm_tensors(adapters["poet"], 8 / 8, {"o_proj": 4, "gate_proj": 5, "up_proj": 7})
+    first = generate(lora_task_id=77, lora_weights=[weights], lora_config=[config])
+    later = generate(lora_task_id=77)
+    want = tok.decode(peft_greedy(tiny_model_dir, adapters["poet"], tok.encode(prompt), 6))
+    assert first.status_code == later.status_code == 200
+    assert first.json()["text_output"] == later.json()["text_output"] == want
+    registered = generate(lora_task_id=1).json()["text_output"]
+    assert registered == tok.decode(peft_greedy(tiny_model_dir, adapters["sql"], tok.encode(prompt), 6))
 
 
 def test_metrics_count_adapter_requests(client, server) -> None:

@@ -98,6 +98,28 @@ def test_metrics_carry_real_values_after_a_request(http: httpx.Client, server: R
         assert f"nv_trt_llm_inflight_batcher_metrics{{inflight_batcher_specific_metric={metric},{LABELS}}}" in after
 
 
+def test_prefix_reuse_shows_in_usage_and_metrics(http: httpx.Client, server: RunningServer,
+                                                 backend_name: str) -> None:
+    """KV cache reuse (Triton's enable_kv_cache_reuse): a second prompt sharing a 5-block prefix prefills it
+    once; the reused tokens show in usage.prompt_tokens_details and in /metrics."""
+    if backend_name != "native":
+        pytest.skip("the fake tensorrt_llm has no KV cache to reuse")
+    prefix = list(range(40, 120))  # 80 tokens = 5 blocks of 16
+    hits = "trtllm_gateway_prefix_cache_hit_tokens_total"
+
+    def complete(last: int) -> dict:
+        r = http.post("/v1/completions", json={"model": MODEL_NAME, "prompt": prefix + [last], "max_tokens": 2,
+                                               "temperature": 0})
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]
+
+    complete(5)
+    before = scrape(server.url)[hits]
+    usage = complete(7)
+    assert usage["prompt_tokens"] == 81 and usage["prompt_tokens_details"] == {"cached_tokens": 80}
+    assert scrape(server.url)[hits] - before == 80
+
+
 def test_serving_from_a_triton_model_repository(tmp_path: Path, tiny_model_dir: Path) -> None:
     """`serve --triton-model-repo`: the filled template's parameters drive the engine and the dialect."""
     repo = make_repo(tmp_path, {**QUICKSTART, "engine_dir": str(tiny_model_dir)})

@@ -176,3 +176,23 @@ async def test_greedy_equality_holds_when_kv_blocks_run_short_and_sequences_are_
         engine.block_manager.check_invariants([])
     assert [o.tokens[0] for o in outs] == want
     assert stats.preemptions > 0 and stats.spec_accepted_tokens > 0
+
+
+async def test_the_demo_model_pairs_with_its_own_draft_by_default() -> None:
+    """No --model and --speculative draft with no --draft-model: the embedded demo draft is used, and the
+    greedy output equals the demo model's plain greedy output."""
+    outs, stats = [], []
+    for spec in ("none", "draft"):
+        engine = NativeEngine(EngineConfig(device="cpu", dtype="float32", max_kv_tokens=1024, max_model_len=256,
+                                           speculative=spec))
+        await engine.start()
+        try:
+            ids = engine.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n")
+            outs.append((await collect(engine, request(spec, ids, 24))).tokens[0])
+            stats.append(engine.stats())
+        finally:
+            await engine.shutdown()
+    assert outs[1] == outs[0] and len(outs[0]) == 24
+    assert stats[1].spec_draft_tokens > 0 and stats[0].spec_draft_tokens == 0
+    # a different (smaller) model proposed them: the target proposing for itself would accept every one
+    assert stats[1].spec_accepted_tokens < stats[1].spec_draft_tokens

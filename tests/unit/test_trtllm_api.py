@@ -127,4 +127,23 @@ def test_missing_tensorrt_llm_fails_start_up_with_one_clear_line(monkeypatch, tm
         TrtllmEngine(EngineConfig(model=str(model), backend="trtllm"))
     message = str(info.value)
     assert "\n" not in message
-    assert "install with `pip install 'trtllm-gateway[trtllm]'`" in message
+    assert message.endswith("install it with `pip install '.[trtllm]'` in the trtllm-gateway checkout, "
+                            "or `pip install 'tensorrt-llm>=1.2,<1.3'`")
+
+
+def test_only_runtime_trtllm_api_imports_tensorrt_llm():
+    """The issue's rule: nothing but runtime/trtllm/api.py imports tensorrt_llm (the native install stays
+    free of it). Scans every shipped module's import statements."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    importers = []
+    for package in ("gateway", "runtime", "adapters", "benchmarks"):
+        for path in sorted((root / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                if any(n == "tensorrt_llm" or n.startswith("tensorrt_llm.") for n in names):
+                    importers.append(path.relative_to(root).as_posix())
+    assert sorted(set(importers)) == ["runtime/trtllm/api.py"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,9 @@ import torch
 from runtime.config import EngineConfig
 from runtime.errors import (InvalidRequestError, PromptTooLongError, UnknownAdapterError,
                             UnsupportedOptionError)
+from runtime.lora.manager import UnknownLoraTaskError
 from runtime.request import GenerationRequest, GuidedDecoding, LoraTask, OutputDelta, SamplingOptions
+from tests.engine_harness import hf_greedy, load_hf
 from tests.fakes.trtllm import fake_trtllm  # noqa: F401  (fixture)
 from tests.tiny_models import build_tiny_model
 
@@ -38,12 +42,17 @@ def make_config(model_dir: Path, **kw: Any) -> EngineConfig:
                            "max_kv_tokens": 1024, "kv_block_size": 16, **kw})
 
 
-async def started(config: EngineConfig) -> Any:
+@asynccontextmanager
+async def running(config: EngineConfig) -> AsyncIterator[Any]:
+    """A started TrtllmEngine, shut down on the way out."""
     from runtime.trtllm.engine import TrtllmEngine
 
     engine = TrtllmEngine(config)
     await engine.start()
-    return engine
+    try:
+        yield engine
+    finally:
+        await engine.shutdown()
 
 
 def recording(engine: Any) -> list[dict[str, Any]]:
@@ -72,39 +81,24 @@ async def collect(engine: Any, request: GenerationRequest) -> list[OutputDelta]:
     return [d async for d in engine.generate(request)]
 
 
-def greedy_reference(model_dir: Path, prompt: list[int], n: int) -> list[int]:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    ids = list(prompt)
-    with torch.no_grad():
-        for _ in range(n):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
-
-
 async def test_greedy_tokens_match_transformers_with_usage(fake_trtllm, model_dir):
-    engine = await started(make_config(model_dir))
-    try:
+    async with running(make_config(model_dir)) as engine:
         prompt = engine.tokenizer.encode("the cat sat")
         req = GenerationRequest("g", prompt_token_ids=prompt,
                                 sampling=SamplingOptions(max_tokens=5, temperature=0.0, ignore_eos=True))
         deltas = await collect(engine, req)
         tokens = [t for d in deltas for t in d.token_ids]
-        assert tokens == greedy_reference(model_dir, prompt, 5)
+        assert tokens == hf_greedy(load_hf(model_dir), prompt, 5)
         assert deltas[0].prompt_token_ids == prompt
         assert [d.finish_reason for d in deltas] == [None] * 4 + ["length"]
         assert deltas[-1].usage.prompt_tokens == len(prompt)
         assert deltas[-1].usage.completion_tokens == 5
         assert "".join(d.text for d in deltas) == engine.tokenizer.decode(tokens)
-    finally:
-        await engine.shutdown()
 
 
 async def test_every_sampling_option_reaches_sampling_params(fake_trtllm, model_dir):
-    engine = await started(make_config(model_dir, seed=7))
-    calls = recording(engine)
-    try:
+    async with running(make_config(model_dir, seed=7)) as engine:
+        calls = recording(engine)
         eos = engine.tokenizer.eos_token_ids
         options = SamplingOptions(
             max_tokens=3, temperature=0.5, top_k=5, top_p=0.9, min_p=0.05, repetition_penalty=1.2,
@@ -130,8 +124,6 @@ async def test_every_sampling_option_reaches_sampling_params(fake_trtllm, model_
         bias[5], bias[7] = 2.5, -100.0
         assert torch.equal(sp.embedding_bias, bias)
         assert sp.guided_decoding.regex == "a+" and sp.guided_decoding.json is None
-    finally:
-        await engine.shutdown()
 
 
 @pytest.mark.parametrize("request_kw, option", [
@@ -141,32 +133,25 @@ async def test_every_sampling_option_reaches_sampling_params(fake_trtllm, model_
     ({"lora_task": LoraTask(task_id=9, weights=[[0.0]], config=[[0, 0, 1]])}, "lora_weights"),
 ])
 async def test_unsupported_options_are_rejected_by_name(fake_trtllm, model_dir, request_kw, option):
-    engine = await started(make_config(model_dir))
-    try:
+    async with running(make_config(model_dir)) as engine:
         with pytest.raises(UnsupportedOptionError) as info:
             await collect(engine, GenerationRequest("u", prompt="hi", **request_kw))
         assert info.value.param == option
         assert info.value.message.startswith(f"'{option}' is not supported by the trtllm backend")
         assert not engine.llm._requests  # nothing reached TensorRT-LLM
-    finally:
-        await engine.shutdown()
 
 
 async def test_prompt_too_long_and_bad_token_ids(fake_trtllm, model_dir):
-    engine = await started(make_config(model_dir, max_model_len=16))
-    try:
+    async with running(make_config(model_dir, max_model_len=16)) as engine:
         with pytest.raises(PromptTooLongError):
             await collect(engine, GenerationRequest("l", prompt_token_ids=[5] * 10,
                                                     sampling=SamplingOptions(max_tokens=7)))
         with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
             await collect(engine, GenerationRequest("v", prompt_token_ids=[5, 10**6]))
-    finally:
-        await engine.shutdown()
 
 
 async def test_closing_the_stream_and_abort_cancel_the_trtllm_request(fake_trtllm, model_dir):
-    engine = await started(make_config(model_dir))
-    try:
+    async with running(make_config(model_dir)) as engine:
         options = SamplingOptions(max_tokens=200, temperature=0.0, ignore_eos=True)
         stream = engine.generate(GenerationRequest("c", prompt="a b", sampling=options))
         await stream.__anext__()
@@ -180,13 +165,10 @@ async def test_closing_the_stream_and_abort_cancel_the_trtllm_request(fake_trtll
                 engine.abort("a")
         assert deltas[-1].finish_reason == "abort"
         assert deltas[-1].usage.completion_tokens == sum(len(d.token_ids) for d in deltas) < 200
-    finally:
-        await engine.shutdown()
 
 
 async def test_stop_string_ends_the_sequence_and_frees_trtllm(fake_trtllm, model_dir):
-    engine = await started(make_config(model_dir))
-    try:
+    async with running(make_config(model_dir)) as engine:
         greedy = SamplingOptions(max_tokens=8, temperature=0.0, ignore_eos=True)
         full = "".join(d.text for d in await collect(engine, GenerationRequest("f", prompt="x", sampling=greedy)))
         stop = full[3:5]
@@ -195,13 +177,10 @@ async def test_stop_string_ends_the_sequence_and_frees_trtllm(fake_trtllm, model
         assert "".join(d.text for d in deltas) == full[: full.index(stop)]
         assert (deltas[-1].finish_reason, deltas[-1].stop_reason) == ("stop", stop)
         assert await drained(engine)  # the stop string aborted the TensorRT-LLM request
-    finally:
-        await engine.shutdown()
 
 
 async def test_stats_come_from_iteration_stats(fake_trtllm, model_dir):
-    engine = await started(make_config(model_dir))
-    try:
+    async with running(make_config(model_dir)) as engine:
         prompt = engine.tokenizer.encode("one two")
         await collect(engine, GenerationRequest("s", prompt_token_ids=prompt,
                                                 sampling=SamplingOptions(max_tokens=4, ignore_eos=True)))
@@ -217,15 +196,12 @@ async def test_stats_come_from_iteration_stats(fake_trtllm, model_dir):
         assert s.max_batch_size == 4
         # Idle: TRT-LLM reports no further iteration, so the last one's occupancy must not linger.
         assert (s.running, s.waiting, s.kv_blocks_used, s.kv_blocks_free) == (0, 0, 0, 1024 // 16)
-    finally:
-        await engine.shutdown()
 
 
 async def test_lora_requests_names_ids_and_run_time_loading(fake_trtllm, model_dir, tmp_path):
     first = adapter_dir(tmp_path, "first", ["q_proj", "v_proj"])
-    engine = await started(make_config(model_dir, lora_modules={"first": first}, max_lora_rank=8))
-    calls = recording(engine)
-    try:
+    async with running(make_config(model_dir, lora_modules={"first": first}, max_lora_rank=8)) as engine:
+        calls = recording(engine)
         lora_config = engine.llm_kwargs["lora_config"]
         assert (lora_config.lora_dir, lora_config.lora_target_modules) == ([first], ["attn_q", "attn_v"])
         assert (lora_config.max_lora_rank, lora_config.max_loras, lora_config.max_cpu_loras) == (8, 8, 32)
@@ -236,6 +212,8 @@ async def test_lora_requests_names_ids_and_run_time_loading(fake_trtllm, model_d
         # A Triton lora_task_id naming the registered adapter's id reaches the same adapter.
         await collect(engine, GenerationRequest("t", prompt="hi", lora_task=LoraTask(task_id=1), sampling=opts))
         assert calls[-1]["lora_request"] == lora
+        with pytest.raises(UnknownLoraTaskError, match="LoRA task 77 not found in cache"):  # a 400, as native
+            await collect(engine, GenerationRequest("u", prompt="hi", lora_task=LoraTask(task_id=77), sampling=opts))
 
         second = adapter_dir(tmp_path, "second", ["v_proj"])
         await engine.load_lora_adapter("second", second)
@@ -257,15 +235,10 @@ async def test_lora_requests_names_ids_and_run_time_loading(fake_trtllm, model_d
             await engine.load_lora_adapter("wide", wide)
         with pytest.raises(InvalidRequestError, match="already been loaded"):
             await engine.load_lora_adapter("first", first)
-    finally:
-        await engine.shutdown()
 
 
 async def test_lora_needs_adapters_at_start(fake_trtllm, model_dir, tmp_path):
-    engine = await started(make_config(model_dir))
-    try:
+    async with running(make_config(model_dir)) as engine:
         assert "lora_config" not in engine.llm_kwargs
         with pytest.raises(UnsupportedOptionError, match="load_lora_adapter"):
             await engine.load_lora_adapter("x", adapter_dir(tmp_path, "x", ["q_proj"]))
-    finally:
-        await engine.shutdown()

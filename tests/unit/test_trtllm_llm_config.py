@@ -1,0 +1,109 @@
+"""Server options -> `LLM(...)` arguments of the TensorRT-LLM backend (runtime/trtllm/llm_config.py), value by
+value, on the fake tensorrt_llm (whose config classes have the real field names and reject unknown ones)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.config import EngineConfig
+from runtime.errors import InvalidRequestError, UnsupportedOptionError
+from runtime.trtllm.api import load_api
+from runtime.trtllm.llm_config import llm_arguments
+from runtime.trtllm.lora import TrtllmAdapters
+from runtime.trtllm.model_folder import ModelFolder
+from tests.fakes.trtllm import fake_trtllm  # noqa: F401  (fixture)
+from tests.tiny_models import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("trtllm_args"), "llama")
+
+
+def arguments(config: EngineConfig, tokenizer: str | None = None):
+    folder = ModelFolder.inspect(config.model, tokenizer, config.max_model_len)
+    return llm_arguments(load_api(), config, folder, TrtllmAdapters(config.lora_modules, config.max_lora_rank))
+
+
+def test_checkpoint_folder_options_reach_their_llm_arguments(fake_trtllm, model_dir) -> None:
+    api = load_api()
+    config = EngineConfig(
+        model=str(model_dir), backend="trtllm", device="cuda", dtype="bfloat16", max_model_len=100,
+        max_batch_size=12, max_num_tokens=1024, max_beam_width=2, kv_cache_fraction=0.7, max_kv_tokens=2048,
+        enable_prefix_caching=False, kv_block_size=32, scheduler_policy="guaranteed_no_evict",
+        enable_chunked_prefill=False, tensor_parallel_size=2, pipeline_parallel_size=2, speculative="ngram",
+        num_draft_tokens=3, ngram_max=5, enable_cuda_graphs=False)
+    cls, kw = arguments(config)
+    assert cls is api.LLM
+    assert (kw["model"], kw["tokenizer"], kw["dtype"], kw["max_seq_len"]) == (str(model_dir), str(model_dir),
+                                                                              "bfloat16", 100)
+    assert (kw["max_batch_size"], kw["max_num_tokens"], kw["max_beam_width"]) == (12, 1024, 2)
+    assert (kw["tensor_parallel_size"], kw["pipeline_parallel_size"]) == (2, 2)
+    kv = kw["kv_cache_config"]
+    assert (kv.free_gpu_memory_fraction, kv.max_tokens, kv.enable_block_reuse, kv.tokens_per_block) == (
+        0.7, 2048, False, 32)
+    assert kw["scheduler_config"].capacity_scheduler_policy == api.CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
+    assert kw["enable_chunked_prefill"] is False
+    spec = kw["speculative_config"]
+    assert isinstance(spec, api.NGramDecodingConfig)
+    assert (spec.max_draft_len, spec.max_matching_ngram_size) == (3, 5)
+    assert kw["cuda_graph_config"] is None and kw["enable_iter_perf_stats"] is True
+    assert kw["guided_decoding_backend"] == "xgrammar" and "lora_config" not in kw
+
+    _, default = arguments(EngineConfig(model=str(model_dir), backend="trtllm"))
+    assert default["scheduler_config"].capacity_scheduler_policy == api.CapacitySchedulerPolicy.MAX_UTILIZATION
+    assert "cuda_graph_config" not in default and "speculative_config" not in default
+
+
+def test_engine_folder_takes_the_tensorrt_engine_class_and_needs_a_tokenizer(fake_trtllm, model_dir,
+                                                                             tmp_path) -> None:
+    """A trtllm-build output (config.json with pretrained_config + build_config): the TensorRT `LLM`, the
+    tokenizer from --tokenizer (as Triton's tokenizer_dir), the engine's max_seq_len, no checkpoint-only knobs."""
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    (engine / "config.json").write_text(json.dumps({
+        "pretrained_config": {"architecture": "LlamaForCausalLM", "vocab_size": 300, "dtype": "float16"},
+        "build_config": {"max_seq_len": 96, "max_batch_size": 8}}))
+    config = EngineConfig(model=str(engine), backend="trtllm", lora_modules={})
+    with pytest.raises(InvalidRequestError, match="name its tokenizer folder with --tokenizer"):
+        arguments(config)
+    cls, kw = arguments(config, tokenizer=str(model_dir))
+    assert cls is load_api().TrtLLM
+    assert (kw["model"], kw["tokenizer"], kw["max_seq_len"]) == (str(engine), str(model_dir), 96)
+    assert "tokens_per_block" not in kw["kv_cache_config"].model_fields_set
+    assert "enable_iter_perf_stats" not in kw and "cuda_graph_config" not in kw
+
+
+@pytest.mark.parametrize("kind,extra,cls_name", [
+    ("Eagle", {"max_draft_len": 3, "speculative_model_dir": "/eagle", "num_eagle_layers": 1}, "EagleDecodingConfig"),
+    ("Medusa", {"max_draft_len": 4, "num_medusa_heads": 4}, "MedusaDecodingConfig"),
+    ("Lookahead", {"max_window_size": 4, "max_ngram_size": 3, "max_verification_set_size": 4},
+     "LookaheadDecodingConfig"),
+])
+def test_extra_speculative_configs_pass_through(fake_trtllm, model_dir, kind, extra, cls_name) -> None:
+    config = EngineConfig(model=str(model_dir), backend="trtllm",
+                          trtllm_extra={"speculative_config": {"decoding_type": kind, **extra},
+                                        "kv_cache_config": {"host_cache_size": 1 << 20}})
+    _, kw = arguments(config)
+    spec = kw["speculative_config"]
+    assert type(spec) is getattr(load_api(), cls_name)
+    assert {k: getattr(spec, k) for k in extra} == extra
+    kv = kw["kv_cache_config"]  # a dict in trtllm_extra is merged over ours
+    assert (kv.host_cache_size, kv.free_gpu_memory_fraction) == (1 << 20, 0.9)
+
+
+def test_options_the_llm_api_cannot_take_are_refused_by_name(fake_trtllm, model_dir) -> None:
+    base = dict(model=str(model_dir), backend="trtllm")
+    for options, name in (({"device": "cpu"}, "device"), ({"device": "cuda:1"}, "device"),
+                          ({"speculative": "ngram", "ngram_min": 2}, "ngram_min")):
+        with pytest.raises(UnsupportedOptionError) as info:
+            arguments(EngineConfig(**base, **options))
+        assert info.value.param == name and "trtllm" in str(info.value)
+    with pytest.raises(InvalidRequestError, match="decoding_type must be one of"):
+        arguments(EngineConfig(**base, trtllm_extra={"speculative_config": {"decoding_type": "Magic"}}))
+    with pytest.raises(InvalidRequestError, match="either --speculative or trtllm_extra.speculative_config"):
+        arguments(EngineConfig(**base, speculative="ngram",
+                               trtllm_extra={"speculative_config": {"decoding_type": "Medusa"}}))
