@@ -66,14 +66,29 @@ def write_json(path: str | Path, payload: dict[str, Any]) -> None:
     path.write_text(json.dumps(payload, indent=2) + "\n")
 
 
-def plot_sweep(points: list[dict[str, Any]], key: str, path: str | Path, title: str) -> Path:
-    """Latency (p50 and p99 of TTFT, TPOT, ITL, E2E) against output token throughput, one PNG."""
+def _pyplot() -> Any:
+    """matplotlib.pyplot on the file-only backend (imported late: only plots need it)."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    return plt
+
+
+def _save(fig: Any, path: str | Path) -> Path:
+    """Lay out, write `fig` as a PNG at `path` (creating its folder) and free it."""
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_sweep(points: list[dict[str, Any]], key: str, path: str | Path, title: str) -> Path:
+    """Latency (p50 and p99 of TTFT, TPOT, ITL, E2E) against output token throughput, one PNG."""
+    fig, axes = _pyplot().subplots(2, 2, figsize=(11, 8))
     xs = [p["summary"]["output_token_throughput"] for p in points]
     for ax, (metric, name) in zip(axes.flat, _LATENCIES):
         for pct, style in (("p50", "o-"), ("p99", "s--")):
@@ -89,23 +104,13 @@ def plot_sweep(points: list[dict[str, Any]], key: str, path: str | Path, title: 
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_throughput_by_concurrency(series: dict[str, dict[int, float]], baseline: tuple[str, float] | None,
                                    path: str | Path, title: str) -> Path:
     """Output tokens/s against concurrency, one line per server (and a flat baseline line), one PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = _pyplot().subplots(figsize=(8, 5))
     for label, points in series.items():
         cs = sorted(points)
         ax.plot(cs, [points[c] for c in cs], "o-", label=label)
@@ -119,9 +124,4 @@ def plot_throughput_by_concurrency(series: dict[str, dict[int, float]], baseline
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

@@ -37,8 +37,9 @@ _CORPUS = [
 _BUILT: dict[tuple[Any, ...], Path] = {}
 
 
-def build_tiny_tokenizer(folder: Path) -> Any:
-    """Train and save a deterministic byte-level BPE tokenizer (PreTrainedTokenizerFast) into `folder`."""
+def train_byte_level_bpe(corpus: list[str], vocab_size: int = TOKENIZER_VOCAB_SIZE, **roles: str) -> Any:
+    """A byte-level BPE (GPT-2/Llama-3/Qwen style) trained on `corpus`, with SPECIAL_TOKENS, as a
+    PreTrainedTokenizerFast; `roles` name its special tokens (eos_token="<|endoftext|>", ...)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -46,19 +47,20 @@ def build_tiny_tokenizer(folder: Path) -> Any:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB_SIZE,
+        vocab_size=vocab_size,
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS, trainer=trainer)
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|endoftext|>",
-        bos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+                                   **roles)
+
+
+def build_tiny_tokenizer(folder: Path) -> Any:
+    """Train and save a deterministic byte-level BPE tokenizer (PreTrainedTokenizerFast) into `folder`."""
+    hf = train_byte_level_bpe(_CORPUS, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
+                              pad_token="<|endoftext|>")
     hf.chat_template = CHATML_TEMPLATE
     hf.save_pretrained(folder)
     return hf

@@ -2,43 +2,39 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from adapters.openai.choices import ChoiceTracker
+from adapters.openai.choices import EndpointOutput
 from adapters.openai.logprobs import chat_logprobs
 from adapters.openai.requests import ChatCompletionRequest
 from adapters.openai.tools import ToolCallStream, calls_tools, tool_call_format, with_tool_calls
 from adapters.openai.responses import (
     ChatChoice,
     ChatChoiceLogprobs,
-    ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,
-    ChatDelta,
     ChatResponseMessage,
     ChatTokenLogprob,
-    UsageInfo,
+    chat_chunk,
+    chat_chunk_choice,
 )
 from runtime.request import OutputDelta
 from runtime.tokenizer import Tokenizer
 
 
-class ChatOutput:
+class ChatOutput(EndpointOutput):
     """Turns `(prompt_index, delta)` items into chat chunks (`chunks`) or one response (`add`, then
     `response`). Each choice's stream opens with a `{"role": "assistant", "content": ""}` chunk."""
 
+    req: ChatCompletionRequest
+    _chunk_type = ChatCompletionChunk
+
     def __init__(self, req: ChatCompletionRequest, response_id: str, model: str, tokenizer: Tokenizer,
                  created: int | None = None) -> None:
-        self.req = req
-        self.id = response_id
-        self.model = model
-        self.created = int(time.time()) if created is None else created
-        self._tok = tokenizer
-        self._tracker = ChoiceTracker(req.n)
-        self._text: dict[int, list[str]] = {}
+        super().__init__(req, response_id, model, tokenizer, created)
         # tool calls are parsed out of the text when tools are in play (adapters/openai/tools.py)
-        self._tool_format = (tool_call_format(tokenizer.hf.chat_template)
+        parallel = req.parallel_tool_calls is not False
+        self._tool_format = (tool_call_format(tokenizer.hf.chat_template, parallel)
                              if calls_tools(req.tools, req.tool_choice) else None)
         self._tool_streams: dict[int, ToolCallStream] = {}
         self._logprobs: dict[int, list[ChatTokenLogprob]] = {}
@@ -48,12 +44,9 @@ class ChatOutput:
             return None
         return chat_logprobs(self._tok, self.req.top_logprobs or 0, delta.token_ids, delta.logprobs)
 
-    def _chunk(self, choice: ChatChunkChoice) -> dict[str, Any]:
-        chunk = ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
-                                    choices=[choice]).model_dump()
-        if self.req.include_usage:
-            chunk["usage"] = None  # OpenAI: every chunk has usage null when usage is requested
-        return chunk
+    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+        # OpenAI: every chunk has usage null when usage is requested
+        return chat_chunk(self.id, self.created, self.model, choice, self.req.include_usage)
 
     # -- streaming --
 
@@ -63,7 +56,7 @@ class ChatOutput:
         delta = item[1]
         out = []
         if first:
-            out.append(self._chunk(ChatChunkChoice(index=choice, delta=ChatDelta(role="assistant", content=""))))
+            out.append(self._chunk(chat_chunk_choice(choice, role="assistant", content="")))
         entries = self._logprob_entries(delta)
         text, calls, finish = delta.text, None, delta.finish_reason
         if self._tool_format is not None:
@@ -72,17 +65,9 @@ class ChatOutput:
             finish = with_tool_calls(finish, stream.num_calls > 0)
         if text or calls or finish is not None or entries:
             logprobs = ChatChoiceLogprobs(content=entries) if entries is not None else None
-            out.append(self._chunk(ChatChunkChoice(
-                index=choice, delta=ChatDelta(content=text or None, tool_calls=calls or None), logprobs=logprobs,
-                finish_reason=finish)))
+            out.append(self._chunk(chat_chunk_choice(choice, content=text or None, tool_calls=calls or None,
+                                                     logprobs=logprobs, finish_reason=finish)))
         return out
-
-    def final_chunks(self) -> list[dict[str, Any]]:
-        """With stream_options.include_usage: one last chunk with no choices and the usage."""
-        if not self.req.include_usage:
-            return []
-        return [ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[],
-                                    usage=UsageInfo.of(self._tracker.usage)).model_dump()]
 
     # -- whole response --
 
@@ -104,8 +89,7 @@ class ChatOutput:
             )
             for i in sorted(self._text)
         ]
-        return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices,
-                              usage=UsageInfo.of(self._tracker.usage)).model_dump()
+        return self._with_usage(ChatCompletion, choices)
 
     def _message(self, text: str) -> ChatResponseMessage:
         """The assistant message; with tools in play, calls are parsed out of the text."""

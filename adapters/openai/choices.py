@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any, ClassVar
+
+from adapters.openai.requests import SamplingFields
+from adapters.openai.responses import ChatCompletion, ChatCompletionChunk, Completion, UsageInfo
 from runtime.request import OutputDelta, TokenLogprob, Usage
+from runtime.tokenizer import Tokenizer
+
+# the objects that carry id, created, model, choices and usage
+_Body = ChatCompletion | ChatCompletionChunk | Completion
 
 
 class ChoiceTracker:
@@ -35,3 +44,32 @@ class ChoiceTracker:
         if delta.finish_reason is not None:
             self.finish_reasons[choice] = delta.finish_reason
         return choice, first
+
+
+class EndpointOutput:
+    """What ChatOutput and CompletionOutput share: the response's id, model and creation time, the
+    choice tracker, each choice's text so far, and the closing usage chunk."""
+
+    # the endpoint's stream-chunk object, for the closing usage chunk
+    _chunk_type: ClassVar[type[_Body]]
+
+    def __init__(self, req: SamplingFields, response_id: str, model: str, tokenizer: Tokenizer,
+                 created: int | None = None) -> None:
+        self.req = req
+        self.id = response_id
+        self.model = model
+        self.created = int(time.time()) if created is None else created
+        self._tok = tokenizer
+        self._tracker = ChoiceTracker(req.n)
+        self._text: dict[int, list[str]] = {}
+
+    def final_chunks(self) -> list[dict[str, Any]]:
+        """With stream_options.include_usage: one last chunk with no choices and the usage."""
+        if not self.req.include_usage:
+            return []
+        return [self._with_usage(self._chunk_type, [])]
+
+    def _with_usage(self, cls: type[_Body], choices: list[Any]) -> dict[str, Any]:
+        """A response or chunk object of this response with `choices` and the usage so far, as JSON."""
+        return cls(id=self.id, created=self.created, model=self.model, choices=choices,
+                   usage=UsageInfo.of(self._tracker.usage)).model_dump()

@@ -2,35 +2,38 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from adapters.openai.choices import ChoiceTracker
+from adapters.openai.choices import EndpointOutput
 from adapters.openai.logprobs import CompletionLogprobsBuilder, merge_completion_logprobs
 from adapters.openai.requests import CompletionRequest
-from adapters.openai.responses import Completion, CompletionChoice, CompletionLogprobs, UsageInfo
+from adapters.openai.responses import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    completion_chunk,
+    completion_chunk_choice,
+)
 from runtime.request import OutputDelta
 from runtime.tokenizer import Tokenizer
 
 
-class CompletionOutput:
+class CompletionOutput(EndpointOutput):
     """Turns `(prompt_index, delta)` items of one request into chunks (`chunks`) or one response (`add`,
     then `response`). Echo prepends the prompt (and its logprobs) to each choice's first text."""
 
+    req: CompletionRequest
+    _chunk_type = Completion  # OpenAI uses one object for the response and its chunks
+
     def __init__(self, req: CompletionRequest, response_id: str, model: str, tokenizer: Tokenizer,
                  created: int | None = None) -> None:
-        self.req = req
-        self.id = response_id
-        self.model = model
-        self.created = int(time.time()) if created is None else created
-        self._tok = tokenizer
+        super().__init__(req, response_id, model, tokenizer, created)
         self._prompts = req.prompts()
-        self._tracker = ChoiceTracker(req.n)
         self._lp_builders: dict[int, CompletionLogprobsBuilder] = {}
-        self._text: dict[int, list[str]] = {}
         self._logprobs: dict[int, list[CompletionLogprobs]] = {}
 
-    def _piece(self, prompt_index: int, delta: OutputDelta) -> CompletionChoice:
+    def _piece(self, prompt_index: int, delta: OutputDelta) -> tuple[int, str, CompletionLogprobs | None]:
+        """(choice index, text, logprobs) of one delta."""
         choice, first = self._tracker.see(prompt_index, delta)
         text = delta.text
         want_lp = self.req.logprobs is not None
@@ -49,34 +52,27 @@ class CompletionOutput:
         if want_lp and delta.logprobs is not None:
             parts.append(builder.piece(delta.token_ids, delta.logprobs))
         logprobs = merge_completion_logprobs(parts) if want_lp else None
-        return CompletionChoice(index=choice, text=text, logprobs=logprobs, finish_reason=delta.finish_reason)
+        return choice, text, logprobs
 
     # -- streaming --
 
     def chunks(self, item: tuple[int, OutputDelta]) -> list[dict[str, Any]]:
         """Zero or one chunk for one delta (nothing when it carries no text, logprobs or finish)."""
-        piece = self._piece(*item)
-        if not piece.text and piece.finish_reason is None and not (piece.logprobs and piece.logprobs.tokens):
+        choice, text, logprobs = self._piece(*item)
+        finish = item[1].finish_reason
+        if not text and finish is None and not (logprobs and logprobs.tokens):
             return []
-        chunk = Completion(id=self.id, created=self.created, model=self.model, choices=[piece]).model_dump()
-        if self.req.include_usage:
-            chunk["usage"] = None  # OpenAI: every chunk has usage null when usage is requested
-        return [chunk]
-
-    def final_chunks(self) -> list[dict[str, Any]]:
-        """With stream_options.include_usage: one last chunk with no choices and the usage."""
-        if not self.req.include_usage:
-            return []
-        return [Completion(id=self.id, created=self.created, model=self.model, choices=[],
-                           usage=UsageInfo.of(self._tracker.usage)).model_dump()]
+        # OpenAI: every chunk has usage null when usage is requested
+        return [completion_chunk(self.id, self.created, self.model,
+                                 completion_chunk_choice(choice, text, logprobs, finish), self.req.include_usage)]
 
     # -- whole response --
 
     def add(self, item: tuple[int, OutputDelta]) -> None:
-        piece = self._piece(*item)
-        self._text.setdefault(piece.index, []).append(piece.text)
-        if piece.logprobs is not None:
-            self._logprobs.setdefault(piece.index, []).append(piece.logprobs)
+        choice, text, logprobs = self._piece(*item)
+        self._text.setdefault(choice, []).append(text)
+        if logprobs is not None:
+            self._logprobs.setdefault(choice, []).append(logprobs)
 
     def response(self) -> dict[str, Any]:
         choices = [
@@ -89,5 +85,4 @@ class CompletionOutput:
             )
             for i in sorted(self._text)
         ]
-        return Completion(id=self.id, created=self.created, model=self.model, choices=choices,
-                          usage=UsageInfo.of(self._tracker.usage)).model_dump()
+        return self._with_usage(Completion, choices)

@@ -8,7 +8,8 @@ vLLM's sampling extras (top_k, min_p, repetition_penalty, ...) are accepted in t
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -118,6 +119,18 @@ class SamplingFields(_Base):
     include_stop_str_in_output: bool = False
     num_draft_tokens: int | None = Field(None, ge=0)  # speculation: 0 off, None engine default
 
+    # Spec fields this endpoint cannot honour yet: name -> a predicate "this value is harmless".
+    unsupported_fields: ClassVar[dict[str, Callable[[Any], bool]]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, harmless in cls.unsupported_fields.items():
+                if name in data and data[name] is not None and not harmless(data[name]):
+                    raise UnsupportedFieldError(name, "is not supported by this server yet")
+        return data
+
     @field_validator("logit_bias")
     @classmethod
     def _token_id_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
@@ -133,15 +146,6 @@ class SamplingFields(_Base):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
-
-
-def _reject_unsupported(data: Any, fields: dict[str, Any]) -> None:
-    """Fail on spec fields we cannot honour; `fields` maps name -> a predicate "value is harmless"."""
-    if not isinstance(data, dict):
-        return
-    for name, harmless in fields.items():
-        if name in data and data[name] is not None and not harmless(data[name]):
-            raise UnsupportedFieldError(name, "is not supported by this server yet")
 
 
 def _never(_: Any) -> bool:
@@ -173,13 +177,9 @@ class ChatCompletionRequest(SamplingFields):
     response_format: ResponseFormat | None = None
     tools: list[ToolSpec] | None = None
     tool_choice: ToolChoice | None = None  # None: "auto" when tools are given
-    parallel_tool_calls: bool | None = None  # accepted; a constrained call is always a single one
+    parallel_tool_calls: bool | None = None  # False: at most one call returned; a forced call is always one
 
-    @model_validator(mode="before")
-    @classmethod
-    def _unsupported(cls, data: Any) -> Any:
-        _reject_unsupported(data, _CHAT_UNSUPPORTED)
-        return data
+    unsupported_fields = _CHAT_UNSUPPORTED
 
     @model_validator(mode="after")
     def _tools_usable(self) -> ChatCompletionRequest:
@@ -212,11 +212,7 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
     best_of: int | None = Field(None, ge=1)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _unsupported(cls, data: Any) -> Any:
-        _reject_unsupported(data, _COMPLETION_UNSUPPORTED)
-        return data
+    unsupported_fields = _COMPLETION_UNSUPPORTED
 
     @model_validator(mode="after")
     def _checks(self) -> CompletionRequest:

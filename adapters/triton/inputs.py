@@ -108,8 +108,8 @@ IDS_MODEL_INPUTS: tuple[InputSpec, ...] = (
 )
 
 # Outputs per model kind: (name, datatype, dims) as the backend's config.pbtxt declares them.
-TEXT_MODEL_OUTPUTS: tuple[tuple[str, str, tuple[int, ...]], ...] = (
-    ("text_output", "BYTES", (-1,)),
+OutputSpec = tuple[str, str, tuple[int, ...]]
+_COMMON_OUTPUTS: tuple[OutputSpec, ...] = (
     ("cum_log_probs", "FP32", (-1,)),
     ("output_log_probs", "FP32", (-1, -1)),
     ("context_logits", "FP32", (-1, -1)),
@@ -117,15 +117,11 @@ TEXT_MODEL_OUTPUTS: tuple[tuple[str, str, tuple[int, ...]], ...] = (
     ("batch_index", "INT32", (1,)),
     ("sequence_index", "INT32", (1,)),
 )
-IDS_MODEL_OUTPUTS: tuple[tuple[str, str, tuple[int, ...]], ...] = (
+TEXT_MODEL_OUTPUTS: tuple[OutputSpec, ...] = (("text_output", "BYTES", (-1,)), *_COMMON_OUTPUTS)
+IDS_MODEL_OUTPUTS: tuple[OutputSpec, ...] = (
     ("output_ids", "INT32", (-1, -1)),
     ("sequence_length", "INT32", (-1,)),
-    ("cum_log_probs", "FP32", (-1,)),
-    ("output_log_probs", "FP32", (-1, -1)),
-    ("context_logits", "FP32", (-1, -1)),
-    ("generation_logits", "FP32", (-1, -1, -1)),
-    ("batch_index", "INT32", (1,)),
-    ("sequence_index", "INT32", (1,)),
+    *_COMMON_OUTPUTS,
 )
 
 # Top-level body members that are not model inputs.

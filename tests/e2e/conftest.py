@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import uvicorn
 
@@ -161,6 +162,17 @@ def backend_name(server: RunningServer) -> str:
 def http(server: RunningServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.url, timeout=60) as c:
         yield c
+
+
+@pytest.fixture
+def client(server: RunningServer) -> openai.OpenAI:
+    """The official OpenAI SDK on `server` (no retries, so errors surface as they are)."""
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+@pytest.fixture
+def aclient(server: RunningServer) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
 
 
 @pytest.fixture(scope="session")

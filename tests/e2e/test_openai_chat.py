@@ -10,16 +10,6 @@ from tests.e2e.conftest import MODEL_NAME, RunningServer, reference_greedy
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello"}]
 
 
-@pytest.fixture
-def client(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
-
-
-@pytest.fixture
-def aclient(server: RunningServer) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
-
-
 def prompt_ids(server: RunningServer) -> list[int]:
     tok = server.engine.tokenizer
     return tok.encode(tok.apply_chat_template(MESSAGES), add_special_tokens=False)

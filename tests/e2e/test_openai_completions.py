@@ -10,16 +10,6 @@ import pytest
 from tests.e2e.conftest import MODEL_NAME, RunningServer, reference_greedy
 
 
-@pytest.fixture
-def client(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
-
-
-@pytest.fixture
-def aclient(server: RunningServer) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
-
-
 def encode(server: RunningServer, text: str) -> list[int]:
     return server.engine.tokenizer.encode(text)
 

@@ -53,9 +53,8 @@ FAMILIES = [
 ]
 
 
-def test_metrics_count_requests_tokens_and_latencies(server: RunningServer) -> None:
+def test_metrics_count_requests_tokens_and_latencies(server: RunningServer, client: openai.OpenAI) -> None:
     before = scrape(server.url)
-    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
     out = client.completions.create(model=MODEL_NAME, prompt="the cat", max_tokens=5, temperature=0,
                                     extra_body={"ignore_eos": True})
     httpx.post(server.base_url + "/completions", json={"model": "nope", "prompt": "x"})

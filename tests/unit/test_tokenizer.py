@@ -16,7 +16,7 @@ import pytest
 
 from runtime.errors import InvalidRequestError
 from runtime.tokenizer import Tokenizer
-from tests.tiny_models import build_tiny_tokenizer
+from tests.tiny_models import build_tiny_tokenizer, train_byte_level_bpe
 
 MULTIBYTE_CORPUS = [
     "héllo wörld 日本語 🙂 the quick brown fox jumps over the lazy dog.",
@@ -31,25 +31,7 @@ CHAT_TEMPLATE = (
 
 def build_multibyte_bpe(folder: Path, chat_template: str | None = CHAT_TEMPLATE) -> Path:
     """A ~300-token byte-level BPE trained on text with multi-byte characters, saved to `folder`."""
-    from tokenizers import Tokenizer as RustTokenizer
-    from tokenizers import decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = RustTokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(MULTIBYTE_CORPUS, trainer=trainer)
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-    )
+    hf = train_byte_level_bpe(MULTIBYTE_CORPUS, vocab_size=300, eos_token="<|endoftext|>")
     hf.add_tokens(["<tool>"])  # an added token that is not special: never skipped
     if chat_template is not None:
         hf.chat_template = chat_template
