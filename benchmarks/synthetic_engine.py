@@ -35,12 +35,15 @@ class _Stream:
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
 
-    async def next(self) -> OutputDelta:
+    async def next_batch(self) -> list[OutputDelta]:
+        """Every delta delivered so far (waits for at least one)."""
         while not self.deltas:
             self.waiter = asyncio.get_running_loop().create_future()
             await self.waiter
             self.waiter = None
-        return self.deltas.popleft()
+        batch = list(self.deltas)
+        self.deltas.clear()
+        return batch
 
 
 @dataclass
@@ -55,9 +58,17 @@ class _Seq:
 
 
 class SyntheticEngine(Engine):
-    """Emits tokens WITHOUT running a model, batched like the native engine delivers them: a step loop
-    in a background thread where one step gives one token to every running sequence, and hands the
-    whole step's deltas to the event loop with one `call_soon_threadsafe`.
+    """Emits tokens WITHOUT running a model: one step gives one token to every running sequence, and
+    the whole step's deltas are delivered together, as the native engine delivers them.
+
+    Two ways to run the steps:
+      threaded=True   a step loop in a background thread, like the native engine: each step's deltas
+                      go to the event loop with one `call_soon_threadsafe` (or, while an earlier
+                      hand-over still waits for the loop, join it: a real step takes milliseconds, so
+                      the native engine never runs that far ahead). Measures the gateway together
+                      with the cross-thread hand-over (GIL and thread wake-ups) a real engine adds.
+      threaded=False  the steps run on the event loop itself, one per loop iteration: no thread, so
+                      what is measured is the gateway's own cost and nothing else.
 
     `step_delay` is the time one step takes (seconds; 0: as fast as possible). Output tokens cycle
     through single-word vocabulary tokens; prompts are tokenised for real; outputs always run to
@@ -71,6 +82,7 @@ class SyntheticEngine(Engine):
         model_name: str = "synthetic",
         context_window: int = 8192,
         max_batch_size: int = 1024,
+        threaded: bool = True,
     ) -> None:
         self.tokenizer = Tokenizer.from_pretrained(tokenizer_path)
         self.model_info = ModelInfo(
@@ -79,28 +91,36 @@ class SyntheticEngine(Engine):
         )
         self.step_delay = step_delay
         self.max_batch_size = max_batch_size
+        self.threaded = threaded
         ids = word_token_ids(self.tokenizer.hf)[:64]
         self._vocab = [(i, self.tokenizer.decode([i])) for i in ids]
         self._cv = threading.Condition()
         self._waiting: deque[_Seq] = deque()  # guarded by _cv
         self._aborted: set[str] = set()  # guarded by _cv
-        self._running: list[_Seq] = []  # step thread only
+        self._running: list[_Seq] = []  # stepping side only
         self._iterations = 0
         self._generated = 0
         self._prompt_tokens = 0
+        self._started = False
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._step_scheduled = False  # threaded=False: a step is queued on the loop
+        # threaded=True: deltas handed to the loop but not yet delivered (at most one wake-up pending)
+        self._outbox: list[tuple[_Stream, OutputDelta]] = []  # guarded by _outbox_lock
+        self._outbox_lock = threading.Lock()
 
     @property
     def ready(self) -> bool:
-        return self._thread is not None and not self._stopping
+        return self._started and not self._stopping
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stopping = False
-        self._thread = threading.Thread(target=self._step_loop, name="synthetic-engine", daemon=True)
-        self._thread.start()
+        self._started = True
+        if self.threaded:
+            self._thread = threading.Thread(target=self._step_loop, name="synthetic-engine", daemon=True)
+            self._thread.start()
 
     async def shutdown(self, drain_timeout: float = 0.0) -> None:
         deadline = time.monotonic() + drain_timeout
@@ -120,6 +140,7 @@ class SyntheticEngine(Engine):
         with self._cv:
             self._aborted.add(request_id)
             self._cv.notify()
+        self._schedule_step()
 
     def stats(self) -> EngineStats:
         running = len(self._running)
@@ -129,10 +150,16 @@ class SyntheticEngine(Engine):
             prompt_tokens_total=self._prompt_tokens, generation_tokens_total=self._generated,
         )
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
-        return self._generate(request)
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
+        batches = self.generate_batches(request)
+        try:
+            async for batch in batches:
+                for delta in batch:
+                    yield delta
+        finally:
+            await batches.aclose()
 
-    async def _generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
+    async def generate_batches(self, request: GenerationRequest) -> AsyncIterator[list[OutputDelta]]:
         if not self.ready:
             raise EngineNotReadyError("the synthetic engine is not running")
         prompt_ids = request.prompt_token_ids
@@ -152,55 +179,95 @@ class SyntheticEngine(Engine):
             self._waiting.extend(_Seq(request.request_id, i, max_tokens, stream) for i in range(n))
             self._prompt_tokens += len(prompt_ids)
             self._cv.notify()
+        self._schedule_step()
         finished = 0
         first = True
         try:
             while finished < n:
-                delta = await stream.next()
+                batch = await stream.next_batch()
                 if first:
-                    delta.prompt_token_ids = list(prompt_ids)
+                    batch[0].prompt_token_ids = list(prompt_ids)
                     first = False
-                if delta.finish_reason is not None:
-                    finished += 1
-                    if finished == n:
-                        delta.usage = Usage(prompt_tokens=len(prompt_ids), completion_tokens=n * max_tokens)
-                yield delta
+                for delta in batch:
+                    if delta.finish_reason is not None:
+                        finished += 1
+                        if finished == n:
+                            delta.usage = Usage(prompt_tokens=len(prompt_ids), completion_tokens=n * max_tokens)
+                yield batch
         finally:
             if finished < n:  # consumer left early (client gone) or shutdown
                 self.abort(request.request_id)
 
-    def _step_loop(self) -> None:
-        """One iteration = one step: admit waiting sequences, give each running one a token, deliver."""
-        assert self._loop is not None
+    def _step(self) -> list[tuple[_Stream, OutputDelta]] | None:
+        """One step: drop aborted sequences, admit waiting ones, one token for each running one.
+        Returns the step's deltas (empty when idle); None once shutting down."""
         vocab = self._vocab
+        with self._cv:
+            if self._stopping:
+                return None
+            if self._aborted:
+                self._running = [s for s in self._running if s.request_id not in self._aborted]
+                self._waiting = deque(s for s in self._waiting if s.request_id not in self._aborted)
+                self._aborted.clear()
+            while self._waiting and len(self._running) < self.max_batch_size:
+                self._running.append(self._waiting.popleft())
+        batch = []
+        for seq in self._running:
+            token_id, text = vocab[seq.emitted % len(vocab)]
+            seq.emitted += 1
+            finish = "length" if seq.emitted >= seq.max_tokens else None
+            batch.append((seq.stream, OutputDelta(seq.request_id, seq.index, [token_id], text, finish_reason=finish)))
+        if batch:
+            self._running = [s for s in self._running if s.emitted < s.max_tokens]
+            self._iterations += 1
+            self._generated += len(batch)
+        return batch
+
+    # -- threaded=False: steps on the event loop --
+
+    def _schedule_step(self) -> None:
+        if self.threaded or self._step_scheduled or self._loop is None:
+            return
+        self._step_scheduled = True
+        if self.step_delay:
+            self._loop.call_later(self.step_delay, self._loop_step)
+        else:
+            self._loop.call_soon(self._loop_step)
+
+    def _loop_step(self) -> None:
+        self._step_scheduled = False
+        batch = self._step()
+        if batch is None:
+            return
+        for stream, delta in batch:
+            stream.push(delta)
+        if self._running or self._waiting:
+            self._schedule_step()
+
+    # -- threaded=True: steps in a background thread --
+
+    def _step_loop(self) -> None:
+        assert self._loop is not None
         while True:
             with self._cv:
                 while not (self._stopping or self._waiting or self._running or self._aborted):
                     self._cv.wait()
-                if self._stopping:
-                    return
-                if self._aborted:
-                    self._running = [s for s in self._running if s.request_id not in self._aborted]
-                    self._waiting = deque(s for s in self._waiting if s.request_id not in self._aborted)
-                    self._aborted.clear()
-                while self._waiting and len(self._running) < self.max_batch_size:
-                    self._running.append(self._waiting.popleft())
-            if not self._running:
+            batch = self._step()
+            if batch is None:
+                return
+            if not batch:
                 continue
-            batch = []
-            for seq in self._running:
-                token_id, text = vocab[seq.emitted % len(vocab)]
-                seq.emitted += 1
-                finish = "length" if seq.emitted >= seq.max_tokens else None
-                batch.append((seq.stream, OutputDelta(seq.request_id, seq.index, [token_id], text, finish_reason=finish)))
-            self._running = [s for s in self._running if s.emitted < s.max_tokens]
-            self._iterations += 1
-            self._generated += len(batch)
-            self._loop.call_soon_threadsafe(_deliver, batch)
+            with self._outbox_lock:
+                wake = not self._outbox  # else the wake-up already scheduled delivers this step too
+                self._outbox.extend(batch)
+            if wake:
+                self._loop.call_soon_threadsafe(self._deliver)
             # sleep(0) still releases the GIL, so the event loop gets to run between steps
             time.sleep(self.step_delay)
 
-
-def _deliver(batch: list[tuple[_Stream, OutputDelta]]) -> None:
-    for stream, delta in batch:
-        stream.push(delta)
+    def _deliver(self) -> None:
+        """On the loop: every step's deltas handed over since the last delivery."""
+        with self._outbox_lock:
+            batch, self._outbox = self._outbox, []
+        for stream, delta in batch:
+            stream.push(delta)
