@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -107,8 +108,17 @@ def one_slot_server(tiny_model_dir) -> Iterator[RunningServer]:
 LONG = {"model": MODEL_NAME, "prompt": "count", "max_tokens": 200, "temperature": 0, "ignore_eos": True}
 
 
-def test_queue_full_is_429_with_retry_after_and_others_finish(one_slot_server: RunningServer) -> None:
+def test_queue_full_is_429_with_retry_after_and_others_finish(one_slot_server: RunningServer,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     url = one_slot_server.url
+    engine = one_slot_server.engine
+    original = engine._postprocess
+
+    def slow(*args, **kwargs):  # ~2 s for the running request's 200 tokens: it cannot end before the checks
+        time.sleep(0.01)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_postprocess", slow)
     waiting_result: dict[str, httpx.Response] = {}
     with httpx.Client(base_url=url, timeout=60) as c, c.stream("POST", "/v1/completions",
                                                                json={**LONG, "stream": True}) as running:
