@@ -11,8 +11,6 @@ in DIR/gpu_bench.json even when a later one fails:
   engine      our NativeEngine in-process: decode ITL at batch 1 (128-token context), GPU time of one
               graphed decode step, TTFT of a 1024-token prompt, 256 x 128/128 throughput, 64 closed-loop
               streams (with event-loop lag), and a torch.profiler summary of a batch-256 window
-  engine_backend_decode  the engine phase again with Tokenizer.decode calling the Rust tokenizer directly
-              (an A/B of a host-side change outside this benchmark's reach)
   http        our gateway over HTTP, 64 concurrent streams (benchmarks/serve.py), vs the engine at 64
   tserve      `transformers serve --continuous-batching` over HTTP, same load
 """
@@ -240,24 +238,6 @@ async def _profile(engine: Any, vocab: int, seed: int, out: Path) -> dict[str, A
                             sorted(ka, key=lambda e: -e.self_device_time_total)[:15]]}
 
 
-def _with_backend_decode(fn: Any) -> Any:
-    """Run `fn` with Tokenizer.decode calling the Rust tokenizer directly instead of transformers' decode
-    (identical text with clean_up_tokenization_spaces=False; the profile shows the wrapper costing ~85%
-    of detokenisation): what that host-side change would give, measured without making it."""
-    from runtime.tokenizer import Tokenizer
-
-    original = Tokenizer.decode
-
-    def direct(self: Any, ids: Any, skip_special_tokens: bool = True) -> str:
-        return self.hf.backend_tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-    Tokenizer.decode = direct  # type: ignore[method-assign]
-    try:
-        return fn()
-    finally:
-        Tokenizer.decode = original  # type: ignore[method-assign]
-
-
 # engine-loop functions whose cumulative time per step the profile reports
 _HOST_FUNCTIONS = {"step", "schedule", "_run_batch", "_step_input", "sampling_rows", "execute", "run", "_sample",
                    "__call__", "_postprocess", "add_token", "push", "_flush", "_publish_stats", "_take_inbox",
@@ -330,8 +310,6 @@ def main(argv: list[str] | None = None) -> int:
     phase("greedy_fp32", lambda: gm.check_greedy_fp32(small))
     phase("hf", lambda: gm.hf_generate(big, torch.bfloat16, 32, 64, PROMPT, OUTPUT))
     phase("engine", lambda: asyncio.run(engine_phase(big, out, profile="profile" not in skip)))
-    phase("engine_backend_decode",
-          lambda: _with_backend_decode(lambda: asyncio.run(engine_phase(big, out, profile=False))))
     py = sys.executable
     phase("http", lambda: http_phase(
         [py, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--model", str(big),
@@ -362,9 +340,6 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
         "ttft_1024_ms": get("engine", "ttft_1024_ms_p50"), "engine_256_tok_s": get("engine", "throughput_256_tok_s"),
         "engine_64_tok_s": get("engine", "closed_loop_64_tok_s"),
         "decode_b1_itl_no_graphs_ms": get("engine", "decode_b1_itl_ms_p50_no_graphs"),
-        "backend_decode_256_tok_s": get("engine_backend_decode", "throughput_256_tok_s"),
-        "backend_decode_64_tok_s": get("engine_backend_decode", "closed_loop_64_tok_s"),
-        "backend_decode_b1_itl_ms": get("engine_backend_decode", "decode_b1_itl_ms_p50"),
         "loop_lag_p99_ms": get("engine", "event_loop_lag_ms_p99"),
         "http_64_tok_s": get("http", "summary", "output_token_throughput"),
         "tserve_64_tok_s": get("tserve", "summary", "output_token_throughput"),
