@@ -7,7 +7,6 @@ are grammar-constrained, so even a random model returns arguments matching the s
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path

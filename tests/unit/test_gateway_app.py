@@ -11,7 +11,6 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 from starlette.testclient import TestClient
@@ -19,7 +18,7 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from gateway.settings import Settings
 from runtime.engine import Engine, EngineStats, ModelInfo
-from runtime.errors import EngineError, EngineFailedError, PromptTooLongError
+from runtime.errors import EngineError, PromptTooLongError
 from runtime.request import GenerationRequest, OutputDelta, TokenLogprob, Usage
 from runtime.tokenizer import Tokenizer
 from tests.tiny_models import build_tiny_tokenizer
