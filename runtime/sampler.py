@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.guided.bitmask import Guide, apply_bitmask, fill_bitmasks
+from runtime.guided.bitmask import apply_bitmask, fill_bitmasks
+from runtime.guided.guide import GuideState
 from runtime.logits_processors import apply_logits_processors
 from runtime.request import SamplingOptions
 
@@ -37,7 +38,7 @@ class SamplingRow:
     generator: torch.Generator | None  # per-request seed; None: the sampler's shared generator
     eos_token_ids: Sequence[int]
     bad_words_ids: Sequence[Sequence[int]] = ()
-    guide: Guide | None = None  # grammar-constrained decoding (runtime/guided): masks disallowed tokens
+    guide: GuideState | None = None  # grammar-constrained decoding (runtime/guided): masks disallowed tokens
 
 
 @dataclass
@@ -134,12 +135,14 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} logits rows for {len(rows)} sampling rows")
-        x = processed_logits(logits, rows)
         greedy = _greedy_rows(rows)
         if len(greedy) == len(rows):
-            token_ids = x.argmax(dim=-1)
+            # temperature and truncation never move a greedy row's argmax: without processors or a
+            # grammar, take it from the raw logits (no float32 copy, no per-option passes)
+            edited = any(_edits_logits(r) for r in rows)
+            token_ids = (processed_logits(logits, rows) if edited else logits).argmax(dim=-1)
         else:
-            probs = _probs(x, greedy)
+            probs = _probs(processed_logits(logits, rows), greedy)
             noise = self._noise(probs, rows)
             if greedy:  # one-hot rows: argmax is the greedy token
                 noise.index_fill_(0, torch.tensor(greedy, device=noise.device), 1.0)
@@ -171,6 +174,15 @@ class Sampler:
             gen.manual_seed(self.seed)
             self._generators[device] = gen
         return gen
+
+
+def _edits_logits(row: SamplingRow) -> bool:
+    """Whether a processor or a grammar changes this row's logits (so its argmax may move)."""
+    o = row.options
+    return bool(
+        row.guide is not None or row.bad_words_ids or o.logit_bias or len(row.output_token_ids) < o.min_tokens
+        or o.repetition_penalty != 1.0 or o.presence_penalty != 0.0 or o.frequency_penalty != 0.0
+    )
 
 
 def _greedy_rows(rows: Sequence[SamplingRow]) -> list[int]:

@@ -69,24 +69,41 @@ def torch_paged_attention(
 
 
 def _decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    batch, block_size = meta.num_seqs, meta.block_size
-    num_blocks = -(-meta.max_seq_len // block_size)
-    tables = meta.block_tables[:, :num_blocks].long()
-    length = num_blocks * block_size
-    _, _, _, kv_heads, head_dim = kv_cache.shape
-    # [B, blocks, block_size, Hkv, D] -> [B, Hkv, L, D]; padding past seq_len is masked out below
-    keys = kv_cache[0][tables].view(batch, length, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
-    values = kv_cache[1][tables].view(batch, length, kv_heads, head_dim).transpose(1, 2).to(q.dtype)
-    valid = torch.arange(length, device=q.device)[None, :] < meta.seq_lens.to(q.device)[:, None]
+    batch = meta.num_seqs
+    _, cache_blocks, _, kv_heads, head_dim = kv_cache.shape
+    blocks, bias = _decode_inputs(meta, q.dtype, q.device)
+    # K and V of every sequence's blocks in one index_select of whole blocks (row copies; advanced
+    # indexing `cache[tables]` copies element by element and cost as much as the layer's matmuls)
+    kv = kv_cache.view(2, cache_blocks, -1).index_select(1, blocks).view(2, batch, -1, kv_heads, head_dim)
+    kv = kv.to(q.dtype).transpose(2, 3)  # [2, B, Hkv, L, D]
+    # grouped-query attention without repeating K/V: a group's query heads become the query length
     out = F.scaled_dot_product_attention(
-        q.unsqueeze(2),  # [B, H, 1, D]
-        keys,
-        values,
-        attn_mask=valid[:, None, None, :],
+        q.reshape(batch, kv_heads, -1, head_dim),  # [B, Hkv, H/Hkv, D]
+        kv[0],
+        kv[1],
+        attn_mask=bias,
         scale=scale,
-        enable_gqa=q.shape[1] != kv_heads,
     )
-    return out.squeeze(2)
+    return out.view(q.shape)
+
+
+def _decode_inputs(
+    meta: AttentionMetadata, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The blocks to gather (flat [B * blocks]) and the additive mask [B, 1, 1, L]: -inf past seq_len.
+
+    Made once per step and reused by every layer. A float mask, because SDPA converts a boolean one
+    on every call.
+    """
+    key = ("cpu_decode", dtype, device)
+    if key not in meta.derived:
+        num_blocks = -(-meta.max_seq_len // meta.block_size)
+        length = num_blocks * meta.block_size
+        blocks = meta.block_tables[:, :num_blocks].reshape(-1).to(device)
+        pad = torch.arange(length, device=device)[None, :] >= meta.seq_lens.to(device)[:, None]
+        bias = torch.zeros(meta.num_seqs, 1, 1, length, dtype=dtype, device=device)
+        meta.derived[key] = blocks, bias.masked_fill_(pad[:, None, None, :], float("-inf"))
+    return meta.derived[key]
 
 
 def _varlen_attention(

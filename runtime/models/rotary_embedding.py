@@ -66,16 +66,33 @@ class RotaryEmbedding(nn.Module):
         # float32 cache; cast to the activations' dtype at use, as HF does
         self.register_buffer("cos_cache", freqs.cos(), persistent=False)
         self.register_buffer("sin_cache", freqs.sin(), persistent=False)
+        # (positions, dtype, cos, sin) of the last call: layers of one step reuse it
+        self._last: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos_cache[positions].to(q.dtype).unsqueeze(1)  # [T, 1, D/2]
-        sin = self.sin_cache[positions].to(q.dtype).unsqueeze(1)
+        cos, sin = self._cos_sin(positions, q.dtype)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """[T, 1, D] factors (cos, cos) and (-sin, sin) of the positions. On the CPU they are made once
+        per step, since every layer passes the same `positions` tensor (one module serves all layers);
+        not on CUDA, where a graph capture must record its own."""
+        cached = self._last
+        if cached is not None and cached[0] is positions and cached[1] == dtype:
+            return cached[2], cached[3]
+        cos = self.cos_cache[positions].to(dtype)  # [T, D/2]
+        sin = self.sin_cache[positions].to(dtype)
+        cos2 = torch.cat((cos, cos), dim=-1).unsqueeze(1)
+        sin2 = torch.cat((-sin, sin), dim=-1).unsqueeze(1)
+        if positions.device.type == "cpu":
+            self._last = (positions, dtype, cos2, sin2)
+        return cos2, sin2
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x = x.view(shape[0], -1, self.head_dim)
-        x1, x2 = x.chunk(2, dim=-1)
-        # (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin): rotate_half with the halves' cos/sin shared
-        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        x = x.view(shape[0], -1, 2, self.head_dim // 2)
+        # (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) = x * (cos, cos) + (x2, x1) * (-sin, sin):
+        # rotate_half as a flip of the halves; the same products and sums, so the same roundings
+        out = (x * cos.view(-1, 1, 2, self.head_dim // 2)).view(shape[0], -1, self.head_dim)
+        out += (x.flip(2) * sin.view(-1, 1, 2, self.head_dim // 2)).view(shape[0], -1, self.head_dim)
         return out.view(shape)

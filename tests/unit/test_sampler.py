@@ -80,6 +80,30 @@ def test_logprobs_ignore_processing() -> None:
     assert out.top_ids.tolist() == raw.topk(2).indices.tolist()
 
 
+@pytest.mark.parametrize(
+    "options, output, bad_words, expected",
+    [
+        (dict(logit_bias={7: 100.0}), [], (), 7),
+        (dict(repetition_penalty=2.0), [1], (), 2),
+        (dict(presence_penalty=1.0), [1], (), 2),
+        (dict(frequency_penalty=1.0), [1], (), 2),
+        (dict(min_tokens=1), [], (), 1),  # eos (0) banned until one token exists
+        ({}, [], [[1]], 2),
+        (dict(top_k=3, top_p=0.5, min_p=0.5), [], (), 1),  # truncation never moves the argmax
+    ],
+)
+def test_all_greedy_batch_still_applies_logits_processors(
+    options: dict, output: list[int], bad_words: Sequence[Sequence[int]], expected: int
+) -> None:
+    """A batch of greedy rows takes its argmax from the raw logits only when nothing edits them."""
+    logits = torch.tensor([[5.5, 5.0, 4.9, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]])
+    if "min_tokens" not in options:
+        logits[0, EOS] = -1.0  # eos out of the way unless the case is about it
+    rows = [row(output=output, bad_words=bad_words, temperature=0.0, **options), row(temperature=0.0)]
+    out = Sampler()(logits.repeat(2, 1), rows)
+    assert out.token_ids.tolist() == [expected, int(logits.argmax())]
+
+
 def test_top_k_one_and_tiny_top_p_equal_greedy() -> None:
     logits = random_logits(32, seed=1)
     sampler = Sampler(seed=123)
