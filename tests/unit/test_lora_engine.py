@@ -9,13 +9,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
-import torch
 
 from runtime.errors import InvalidRequestError, UnknownAdapterError
 from runtime.lora import UnknownLoraTaskError
 from runtime.request import LoraTask
 from tests.engine_harness import StepRecorder, collect, hf_greedy, load_hf, request, running_engine, wait_for
-from tests.lora_adapters import make_peft_adapter, peft_greedy
+from tests.lora_adapters import make_peft_adapter, peft_greedy, trtllm_tensors
 from tests.tiny_models import build_tiny_model
 
 LLAMA_ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -104,22 +103,6 @@ async def test_more_adapters_than_slots_wait_their_turn_without_blocking_others(
     r1_first = min(i for i, _ in rec.of("r1"))
     assert r1_first > max(i for i, _ in rec.of("r0")) and r1_first > max(i for i, _ in rec.of("r3"))
     assert stats.lora_evictions == 1 and stats.lora_cache_misses == 2
-
-
-def trtllm_tensors(adapter: Path, scale: float, module_ids: dict[str, int]) -> tuple[list, list]:
-    """A PEFT adapter in TensorRT-LLM's lora_weights / lora_config layout (written independently here)."""
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(adapter / "adapter_model.safetensors"))
-    rows, config = [], []
-    for key in sorted(k for k in tensors if k.endswith("lora_A.weight")):
-        module = key.removesuffix(".lora_A.weight")
-        a, b = tensors[key], tensors[module + ".lora_B.weight"] * scale
-        layer = int(module.split(".layers.")[1].split(".")[0])
-        config.append([module_ids[module.rsplit(".", 1)[1]], layer, a.shape[0]])
-        rows.append(torch.cat([a.flatten(), b.flatten()]))
-    width = max(len(r) for r in rows) + 3  # padded rows, as the format allows
-    return [torch.nn.functional.pad(r, (0, width - len(r))).tolist() for r in rows], config
 
 
 async def test_triton_task_first_with_weights_then_by_id_alone(setup) -> None:
