@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
         lora_in = make_inputs(batch, tokens, context, bs, slots)
         base, lora = time_steps(engine, [base_in, lora_in], args.warmup, args.iters)
         rows = [(label, base, lora)]
-        if args.graph and tokens == 1:
+        if args.graph and tokens == 1 and engine.device.type == "cuda":
             rows.append((label + " (CUDA graph)", time_graph(engine, base_in, args.iters),
                          time_graph(engine, lora_in, args.iters)))
         for name, b, a in rows:
