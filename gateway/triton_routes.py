@@ -95,23 +95,36 @@ def _timer(request: Request, model: str, version: str) -> InferenceTimer | None:
     return metrics.track(model, version) if metrics is not None else None
 
 
-async def _timed(stream: GenerationStream, timer: InferenceTimer | None) -> AsyncIterator[tuple[int, OutputDelta]]:
-    """The stream's items, booking the last output and the outcome on `timer`."""
-    ok = False
-    try:
-        async for item in stream:
-            yield item
-        ok = True
-    finally:
-        if timer is not None:
-            timer.outputs_done()
-            timer.finish(ok)
+class _Timed:
+    """The stream's items, booking the last output and the outcome on `timer`. It keeps the stream's
+    `batches()`, so the SSE writer sends the deltas that were ready together in one send (as on the
+    OpenAI routes) instead of one send per delta."""
+
+    def __init__(self, stream: GenerationStream, timer: InferenceTimer | None) -> None:
+        self._stream = stream
+        self._timer = timer
+
+    async def batches(self) -> AsyncIterator[list[tuple[int, OutputDelta]]]:
+        ok = False
+        try:
+            async for batch in self._stream.batches():
+                yield batch
+            ok = True
+        finally:
+            if self._timer is not None:
+                self._timer.outputs_done()
+                self._timer.finish(ok)
+
+    async def __aiter__(self) -> AsyncIterator[tuple[int, OutputDelta]]:
+        async for batch in self.batches():
+            for item in batch:
+                yield item
 
 
 async def _collect(stream: GenerationStream, gen: TritonGenerate, timer: InferenceTimer | None) -> Any:
     collector = ResponseCollector(gen)
     try:
-        async for item in _timed(stream, timer):
+        async for item in _Timed(stream, timer):
             collector(item)
     finally:
         stream.close()
@@ -164,10 +177,10 @@ def _stream_response(stream: GenerationStream, gen: TritonGenerate, timer: Infer
             timer.finish(ok=False)
 
     if gen.stream:
-        return sse_response(_timed(stream, timer), StreamRenderer(gen), render_error=render_error,
+        return sse_response(_Timed(stream, timer), StreamRenderer(gen), render_error=render_error,
                             on_close=on_close)
     collector = ResponseCollector(gen)  # non-streaming mode: the complete answers, one event each
-    return sse_response(_timed(stream, timer), collector, render_error=render_error, finish=collector.responses,
+    return sse_response(_Timed(stream, timer), collector, render_error=render_error, finish=collector.responses,
                         on_close=on_close)
 
 
