@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from benchmarks.dataset import word_token_ids
-from runtime.engine import Engine, EngineStats, ModelInfo
+from runtime.engine import Engine, EngineStats, ModelInfo, deltas_of
 from runtime.errors import EngineNotReadyError, InvalidRequestError, PromptTooLongError
 from runtime.request import GenerationRequest, OutputDelta, Usage
 from runtime.tokenizer import Tokenizer
@@ -150,14 +150,8 @@ class SyntheticEngine(Engine):
             prompt_tokens_total=self._prompt_tokens, generation_tokens_total=self._generated,
         )
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
-        batches = self.generate_batches(request)
-        try:
-            async for batch in batches:
-                for delta in batch:
-                    yield delta
-        finally:
-            await batches.aclose()
+    def generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
+        return deltas_of(self.generate_batches(request))
 
     async def generate_batches(self, request: GenerationRequest) -> AsyncIterator[list[OutputDelta]]:
         if not self.ready:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -123,3 +123,14 @@ class Engine(abc.ABC):
     async def unload_lora_adapter(self, name: str) -> None:
         """Remove adapter `name` (UnknownAdapterError if absent); requests using it finish with it."""
         raise UnsupportedOptionError("unload_lora_adapter", self.model_info.backend)
+
+
+async def deltas_of(batches: AsyncGenerator[list[OutputDelta], None]) -> AsyncIterator[OutputDelta]:
+    """`generate` for backends that implement `generate_batches`: one delta at a time; closing it closes
+    `batches` at once (which aborts the request)."""
+    try:
+        async for batch in batches:
+            for delta in batch:
+                yield delta
+    finally:
+        await batches.aclose()

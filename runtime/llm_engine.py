@@ -20,7 +20,7 @@ from typing import Any
 from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig
 from runtime.device import dtype_name, resolve_device, resolve_dtype
-from runtime.engine import Engine, EngineStats, ModelInfo
+from runtime.engine import Engine, EngineStats, ModelInfo, deltas_of
 from runtime.errors import EngineNotReadyError, InvalidRequestError, QueueFullError
 from runtime.guided import GuidedCompiler, GuideState
 from runtime.kv_cache import num_kv_blocks
@@ -185,14 +185,8 @@ class NativeEngine(Engine):
         self.lora.unregister(name)
 
     # ---- requests -----------------------------------------------------------------------------
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
-        batches = self.generate_batches(request)
-        try:
-            async for batch in batches:
-                for delta in batch:
-                    yield delta
-        finally:
-            await batches.aclose()
+    def generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
+        return deltas_of(self.generate_batches(request))
 
     async def generate_batches(self, request: GenerationRequest) -> AsyncIterator[list[OutputDelta]]:
         """Every delta already queued for the request, in one list per wake-up (one or more steps')."""
