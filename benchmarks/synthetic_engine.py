@@ -12,7 +12,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from benchmarks.dataset import word_token_ids
 from runtime.engine import Engine, EngineStats, ModelInfo, deltas_of
@@ -54,6 +54,8 @@ class _Seq:
     index: int
     max_tokens: int
     stream: _Stream
+    hold: bool = False  # a non-streamed request: deltas go over once, at the end, as the native engine does
+    held: list[OutputDelta] = field(default_factory=list)
     emitted: int = 0
 
 
@@ -170,7 +172,8 @@ class SyntheticEngine(Engine):
         n = max(1, request.sampling.n)
         stream = _Stream()
         with self._cv:
-            self._waiting.extend(_Seq(request.request_id, i, max_tokens, stream) for i in range(n))
+            self._waiting.extend(_Seq(request.request_id, i, max_tokens, stream, hold=not request.stream)
+                                 for i in range(n))
             self._prompt_tokens += len(prompt_ids)
             self._cv.notify()
         self._schedule_step()
@@ -206,15 +209,23 @@ class SyntheticEngine(Engine):
             while self._waiting and len(self._running) < self.max_batch_size:
                 self._running.append(self._waiting.popleft())
         batch = []
+        now = time.monotonic()
         for seq in self._running:
             token_id, text = vocab[seq.emitted % len(vocab)]
             seq.emitted += 1
             finish = "length" if seq.emitted >= seq.max_tokens else None
-            batch.append((seq.stream, OutputDelta(seq.request_id, seq.index, [token_id], text, finish_reason=finish)))
-        if batch:
-            self._running = [s for s in self._running if s.emitted < s.max_tokens]
+            delta = OutputDelta(seq.request_id, seq.index, [token_id], text, finish_reason=finish, time=now)
+            if seq.hold:
+                seq.held.append(delta)
+                if finish is None:
+                    continue
+                batch.extend((seq.stream, d) for d in seq.held)
+            else:
+                batch.append((seq.stream, delta))
+        if self._running:
             self._iterations += 1
-            self._generated += len(batch)
+            self._generated += len(self._running)
+            self._running = [s for s in self._running if s.emitted < s.max_tokens]
         return batch
 
     # -- threaded=False: steps on the event loop --
@@ -249,13 +260,12 @@ class SyntheticEngine(Engine):
             batch = self._step()
             if batch is None:
                 return
-            if not batch:
-                continue
-            with self._outbox_lock:
-                wake = not self._outbox  # else the wake-up already scheduled delivers this step too
-                self._outbox.extend(batch)
-            if wake:
-                self._loop.call_soon_threadsafe(self._deliver)
+            if batch:  # empty: every running sequence is a held (non-streamed) one
+                with self._outbox_lock:
+                    wake = not self._outbox  # else the wake-up already scheduled delivers this step too
+                    self._outbox.extend(batch)
+                if wake:
+                    self._loop.call_soon_threadsafe(self._deliver)
             # sleep(0) still releases the GIL, so the event loop gets to run between steps
             time.sleep(self.step_delay)
 

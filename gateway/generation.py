@@ -230,14 +230,16 @@ class _Timer:
         now = time.monotonic()
         for delta in deltas:
             if delta.token_ids:
+                # the engine's time stamp where it gives one: held deltas of non-streamed requests arrive together
+                at = delta.time or now
                 if not self._first_seen:
                     self._first_seen = True
-                    m.time_to_first_token.observe(now - self._arrival)
+                    m.time_to_first_token.observe(at - self._arrival)
                 last = self._last.get(delta.index)
-                if last != now:  # == now: this sequence already counted in this batch
+                if last != at:  # == at: this sequence already counted in this batch
                     if last is not None:
-                        m.inter_token_latency.observe(now - last)
-                    self._last[delta.index] = now
+                        m.inter_token_latency.observe(at - last)
+                    self._last[delta.index] = at
             if delta.usage is not None:
                 m.prompt_tokens.inc(delta.usage.prompt_tokens)
                 m.generation_tokens.inc(delta.usage.completion_tokens)

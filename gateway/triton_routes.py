@@ -143,6 +143,8 @@ async def _generate(request: Request, streaming: bool) -> Response:
         gen = parse_generate(body, model_name=name, model_version=version, kind=kind, tokenizer=engine.tokenizer,
                              request_id=f"triton-{uuid.uuid4().hex}",
                              exclude_input_default=_exclude_input_default(request))
+        for req in gen.requests:  # only generate_stream with `stream: true` sends deltas as they come
+            req.stream = streaming and bool(gen.stream)
         if timer is not None:
             timer.batch_size = len(gen.requests)
             timer.inputs_done()

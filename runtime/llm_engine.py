@@ -83,6 +83,7 @@ class NativeEngine(Engine):
         self._num_waiting = 0  # scheduler's waiting requests as of the last step
         self._requests: dict[str, RequestState] = {}  # loop thread only
         self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
+        self._held: dict[str, list[OutputDelta]] = {}  # deltas of non-streamed requests, until they end
         self._thread: threading.Thread | None = None
         self._accepting = False
         self._stopping = False
@@ -433,10 +434,20 @@ class NativeEngine(Engine):
         return deltas
 
     # ---- delivery -----------------------------------------------------------------------------
-    def _emit(self, state: RequestState, deltas: list[OutputDelta]) -> None:
+    def _emit(self, state: RequestState, deltas: list[OutputDelta], final: bool = False) -> None:
         state.decorate(deltas)
-        if state.loop is not None:
-            self._outbox.setdefault(state.loop, []).extend((state.queue, d) for d in deltas)  # type: ignore[misc]
+        now = time.monotonic()
+        for d in deltas:
+            d.time = now
+        if state.loop is None:
+            return
+        if not state.request.stream:  # held until the request ends: one hand-off in all
+            held = self._held.setdefault(state.request_id, [])
+            held.extend(deltas)
+            if not final:
+                return
+            deltas = self._held.pop(state.request_id)
+        self._outbox.setdefault(state.loop, []).extend((state.queue, d) for d in deltas)  # type: ignore[misc]
 
     def _end(self, state: RequestState, deltas: list[OutputDelta]) -> None:
         """Emit the request's last deltas, then drop it and free its blocks."""
@@ -444,7 +455,7 @@ class NativeEngine(Engine):
             self.scheduler.finish(seq)
         state.seqs.clear()
         self.lora.finish(state.request_id)
-        self._emit(state, deltas)
+        self._emit(state, deltas, final=True)
         if state.loop is not None:
             self._outbox[state.loop].append((state.queue, _END))  # type: ignore[arg-type]
         self._requests.pop(state.request_id, None)

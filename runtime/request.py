@@ -83,6 +83,9 @@ class GenerationRequest:
     use_draft_logits: bool = False
     guided: GuidedDecoding | None = None
     add_special_tokens: bool = True  # when tokenising `prompt`
+    # False: the caller wants only the finished output, so the engine hands deltas over once, at the end,
+    # instead of one thread-to-event-loop hand-off per step (what dominated non-streamed latency)
+    stream: bool = True
     arrival_time: float = field(default_factory=time.monotonic)
     deadline: float | None = None  # time.monotonic() value after which the request is aborted
 
@@ -130,3 +133,4 @@ class OutputDelta:
     generation_logits: Any = None  # final delta, when asked: tensor [generated, vocab]
     usage: Usage | None = None
     error: str | None = None  # with finish_reason "error"
+    time: float | None = None  # time.monotonic() when the engine produced it (metrics of held deltas)

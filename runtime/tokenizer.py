@@ -112,6 +112,8 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text` (with the tokenizer's BOS etc. when add_special_tokens)."""
+        if self._backend is not None:  # as in decode: transformers' wrapper costs more than the Rust call
+            return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
         return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:

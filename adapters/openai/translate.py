@@ -52,7 +52,7 @@ def completion_requests(req: CompletionRequest, response_id: str,
         text, ids = (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
         out.append(GenerationRequest(request_id=rid, prompt=text, prompt_token_ids=ids,
                                      sampling=_copy(sampling), adapter=adapter,
-                                     num_draft_tokens=req.num_draft_tokens))
+                                     num_draft_tokens=req.num_draft_tokens, stream=bool(req.stream)))
     return out
 
 
@@ -83,6 +83,7 @@ def chat_request(req: ChatCompletionRequest, response_id: str, tokenizer: Tokeni
         adapter=adapter,
         num_draft_tokens=req.num_draft_tokens,
         add_special_tokens=False,  # the template already wrote BOS and friends
+        stream=bool(req.stream),
         guided=chat_guided(req.tools, req.tool_choice, req.response_format, tokenizer.hf.chat_template),
     )
 

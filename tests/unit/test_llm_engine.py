@@ -242,3 +242,23 @@ async def test_stats_describe_every_step_for_the_triton_metrics(models) -> None:
     assert after.prompt_tokens_total == after.prefill_tokens_computed == 41
     assert after.generation_tokens_total == 15 == sum(o.usage.completion_tokens for o in outs)
     assert (after.running, after.waiting, after.paused, after.kv_blocks_used) == (0, 0, 0, 0)
+
+
+async def test_non_streamed_request_is_handed_over_once_with_the_same_output(models) -> None:
+    path, hf = models["llama"]
+    p = prompts(1, [7], seed=11)[0]
+    async with running_engine(path) as engine:
+        streamed = request("s", p, 12, ignore_eos=True)
+        held = request("h", p, 12, ignore_eos=True)
+        held.stream = False
+        # step-by-step: a batch per step is handed over; held: all 12 tokens in one batch, at the end
+        s_batches = [b async for b in engine.generate_batches(streamed)]
+        h_batches = [b async for b in engine.generate_batches(held)]
+    assert len(h_batches) == 1 and len(s_batches) > 1
+    s_deltas, h_deltas = [d for b in s_batches for d in b], h_batches[0]
+    assert [t for d in h_deltas for t in d.token_ids] == [t for d in s_deltas for t in d.token_ids] == hf_greedy(hf, p, 12)
+    assert h_deltas[-1].usage.prompt_tokens == s_deltas[-1].usage.prompt_tokens == 7
+    assert h_deltas[-1].usage.completion_tokens == s_deltas[-1].usage.completion_tokens == 12
+    # each delta keeps the time the engine produced it, so time-to-first-token stays measurable
+    times = [d.time for d in h_deltas]
+    assert all(t is not None for t in times) and times == sorted(times) and times[0] < times[-1]
