@@ -41,11 +41,6 @@ def server(tiny_model_dir: Path, adapters: dict[str, Path]) -> Iterator[RunningS
     srv.stop()
 
 
-@pytest.fixture
-def client(server: RunningServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
-
-
 def complete(client: openai.OpenAI, model: str, prompt: list[int], n: int = 8) -> openai.types.Completion:
     return client.completions.create(model=model, prompt=prompt, max_tokens=n, temperature=0,
                                      extra_body={"ignore_eos": True})
