@@ -240,7 +240,7 @@ async def _profile(engine: Any, vocab: int, seed: int, out: Path) -> dict[str, A
 
 # engine-loop functions whose cumulative time per step the profile reports
 _HOST_FUNCTIONS = {"step", "schedule", "_run_batch", "_step_input", "sampling_rows", "execute", "run", "_sample",
-                   "__call__", "_postprocess", "add_token", "push", "_flush", "_publish_stats", "_take_inbox",
+                   "__call__", "_postprocess", "add_token", "push", "flush", "emit", "_publish_stats", "_take_inbox",
                    "advance", "synchronize"}
 
 

@@ -2,8 +2,9 @@
 
 A background thread runs the step loop: take new requests and aborts, schedule (runtime/scheduler.py),
 run the model and sample (runtime/model_runner.py), turn tokens into deltas (runtime/request_state.py).
-Deltas cross to the event loop with ONE `loop.call_soon_threadsafe` per step and event loop, into
-per-request asyncio queues read by `generate()`. The thread sleeps on a Condition while idle.
+Deltas cross to the event loop through runtime/delivery.py (one `loop.call_soon_threadsafe` per step and
+event loop) into per-request asyncio queues read by `generate_batches()`. The thread sleeps on a Condition
+while idle.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig
+from runtime.delivery import END, Outbox
 from runtime.device import dtype_name, resolve_device, resolve_dtype
 from runtime.engine import Engine, EngineStats, ModelInfo, deltas_of
 from runtime.errors import EngineNotReadyError, InvalidRequestError, QueueFullError
@@ -38,7 +40,6 @@ from runtime.validation import validate_request
 
 logger = logging.getLogger(__name__)
 
-_END = object()  # queued after a request's last delta
 
 
 def resolve_model_path(config: EngineConfig) -> tuple[str, bool]:
@@ -82,8 +83,7 @@ class NativeEngine(Engine):
         self._active_ids: set[str] = set()
         self._num_waiting = 0  # scheduler's waiting requests as of the last step
         self._requests: dict[str, RequestState] = {}  # loop thread only
-        self._outbox: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
-        self._held: dict[str, list[OutputDelta]] = {}  # deltas of non-streamed requests, until they end
+        self.outbox = Outbox()
         self._thread: threading.Thread | None = None
         self._accepting = False
         self._stopping = False
@@ -203,7 +203,7 @@ class NativeEngine(Engine):
                 batch = [await queue.get()]
                 while not queue.empty():
                     batch.append(queue.get_nowait())
-                if batch[-1] is _END:  # nothing is queued after _END
+                if batch[-1] is END:  # nothing is queued after END
                     done = True
                     if len(batch) > 1:
                         yield batch[:-1]
@@ -304,7 +304,7 @@ class NativeEngine(Engine):
             self._stats.iterations += 1
             self._run_batch(batch)
         self._publish_stats(batch)
-        self._flush()
+        self.outbox.flush()
         return len(batch.entries)
 
     def _take_inbox(self) -> None:
@@ -377,7 +377,7 @@ class NativeEngine(Engine):
             if state.finished:
                 self._end(state, deltas)
             else:
-                self._emit(state, deltas)
+                self.outbox.emit(state, deltas)
 
     def _step_input(self, entry: ScheduledSeq) -> StepInput:
         seq = entry.seq
@@ -433,42 +433,17 @@ class NativeEngine(Engine):
                 state.seqs.pop(s.index, None)
         return deltas
 
-    # ---- delivery -----------------------------------------------------------------------------
-    def _emit(self, state: RequestState, deltas: list[OutputDelta], final: bool = False) -> None:
-        state.decorate(deltas)
-        now = time.monotonic()
-        for d in deltas:
-            d.time = now
-        if state.loop is None:
-            return
-        if not state.request.stream:  # held until the request ends: one hand-off in all
-            held = self._held.setdefault(state.request_id, [])
-            held.extend(deltas)
-            if not final:
-                return
-            deltas = self._held.pop(state.request_id)
-        self._outbox.setdefault(state.loop, []).extend((state.queue, d) for d in deltas)  # type: ignore[misc]
-
+    # ---- ending requests ----------------------------------------------------------------------
     def _end(self, state: RequestState, deltas: list[OutputDelta]) -> None:
         """Emit the request's last deltas, then drop it and free its blocks."""
         for seq in list(state.seqs.values()):
             self.scheduler.finish(seq)
         state.seqs.clear()
         self.lora.finish(state.request_id)
-        self._emit(state, deltas, final=True)
-        if state.loop is not None:
-            self._outbox[state.loop].append((state.queue, _END))  # type: ignore[arg-type]
+        self.outbox.emit(state, deltas, final=True)
         self._requests.pop(state.request_id, None)
         with self._cond:
             self._active_ids.discard(state.request_id)
-
-    def _flush(self) -> None:
-        outbox, self._outbox = self._outbox, {}
-        for loop, items in outbox.items():
-            try:
-                loop.call_soon_threadsafe(_deliver, items)
-            except RuntimeError:  # the caller's event loop is closed: nobody is listening
-                pass
 
     def _fail_everything(self, error: str) -> None:
         try:
@@ -479,7 +454,7 @@ class NativeEngine(Engine):
             for state in list(self._requests.values()):
                 state.seqs.clear()  # the scheduler may be inconsistent; its blocks no longer matter
                 self._end(state, state.end_all("error", error))
-            self._flush()
+            self.outbox.flush()
         except Exception:  # noqa: BLE001
             logger.exception("failed to fail the outstanding requests")
 
@@ -520,7 +495,3 @@ class NativeEngine(Engine):
         with self._cond:
             self._num_waiting = waiting
 
-
-def _deliver(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
-    for queue, item in items:
-        queue.put_nowait(item)
