@@ -15,8 +15,8 @@ from adapters.openai.responses import (
     ChatCompletionChunk,
     ChatResponseMessage,
     ChatTokenLogprob,
-    chat_chunk,
     chat_chunk_choice,
+    stream_chunk,
 )
 from runtime.request import OutputDelta
 from runtime.tokenizer import Tokenizer
@@ -46,7 +46,7 @@ class ChatOutput(EndpointOutput):
 
     def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
         # OpenAI: every chunk has usage null when usage is requested
-        return chat_chunk(self.id, self.created, self.model, choice, self.req.include_usage)
+        return stream_chunk("chat.completion.chunk", self.id, self.created, self.model, choice, self.req.include_usage)
 
     # -- streaming --
 

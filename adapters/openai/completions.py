@@ -11,8 +11,8 @@ from adapters.openai.responses import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,
-    completion_chunk,
     completion_chunk_choice,
+    stream_chunk,
 )
 from runtime.request import OutputDelta
 from runtime.tokenizer import Tokenizer
@@ -63,8 +63,8 @@ class CompletionOutput(EndpointOutput):
         if not text and finish is None and not (logprobs and logprobs.tokens):
             return []
         # OpenAI: every chunk has usage null when usage is requested
-        return [completion_chunk(self.id, self.created, self.model,
-                                 completion_chunk_choice(choice, text, logprobs, finish), self.req.include_usage)]
+        return [stream_chunk("text_completion", self.id, self.created, self.model,
+                             completion_chunk_choice(choice, text, logprobs, finish), self.req.include_usage)]
 
     # -- whole response --
 

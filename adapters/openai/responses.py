@@ -146,11 +146,11 @@ class ChatCompletionChunk(_Wire):
 # fifth of the gateway's cost per streamed event). They are the same JSON as the models' dumps, key
 # order included; tests/unit/test_stream_chunks.py holds them to it.
 
-def completion_chunk(response_id: str, created: int, model: str, choice: dict[str, Any],
-                     usage_null: bool) -> dict[str, Any]:
-    """A /v1/completions stream chunk (`Completion`); `usage_null`: with include_usage, usage is null."""
-    chunk = {"id": response_id, "object": "text_completion", "created": created, "model": model,
-             "choices": [choice]}
+def stream_chunk(object_type: str, response_id: str, created: int, model: str, choice: dict[str, Any],
+                 usage_null: bool) -> dict[str, Any]:
+    """A stream chunk: `object_type` "text_completion" (/v1/completions, `Completion`) or
+    "chat.completion.chunk" (`ChatCompletionChunk`); `usage_null`: with include_usage, usage is null."""
+    chunk = {"id": response_id, "object": object_type, "created": created, "model": model, "choices": [choice]}
     if usage_null:
         chunk["usage"] = None
     return chunk
@@ -161,16 +161,6 @@ def completion_chunk_choice(index: int, text: str, logprobs: CompletionLogprobs 
     """`CompletionChoice` of a stream chunk."""
     return {"index": index, "text": text, "logprobs": None if logprobs is None else logprobs.model_dump(),
             "finish_reason": finish_reason}
-
-
-def chat_chunk(response_id: str, created: int, model: str, choice: dict[str, Any],
-               usage_null: bool) -> dict[str, Any]:
-    """A /v1/chat/completions stream chunk (`ChatCompletionChunk`)."""
-    chunk = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [choice]}
-    if usage_null:
-        chunk["usage"] = None
-    return chunk
 
 
 def chat_chunk_choice(index: int, *, role: str | None = None, content: str | None = None,

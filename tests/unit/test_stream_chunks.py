@@ -17,10 +17,9 @@ from adapters.openai.responses import (
     CompletionChoice,
     CompletionLogprobs,
     TopLogprob,
-    chat_chunk,
     chat_chunk_choice,
-    completion_chunk,
     completion_chunk_choice,
+    stream_chunk,
 )
 from gateway.streaming import encode_event, json_bytes
 
@@ -39,7 +38,7 @@ def test_completion_chunk_is_the_models_dump(logprobs: CompletionLogprobs | None
                       choices=[CompletionChoice(index=2, text=" hi", logprobs=logprobs, finish_reason=finish)]).model_dump()
     if usage_null:
         want["usage"] = None
-    got = completion_chunk("cmpl-1", 7, "m", completion_chunk_choice(2, " hi", logprobs, finish), usage_null)
+    got = stream_chunk("text_completion", "cmpl-1", 7, "m", completion_chunk_choice(2, " hi", logprobs, finish), usage_null)
     _same(got, want)
 
 
@@ -63,7 +62,7 @@ def test_chat_chunk_is_the_models_dump(fields: dict, usage_null: bool) -> None:
     want = ChatCompletionChunk(id="chatcmpl-1", created=7, model="m", choices=[choice]).model_dump()
     if usage_null:
         want["usage"] = None
-    got = chat_chunk("chatcmpl-1", 7, "m", chat_chunk_choice(1, **fields), usage_null)
+    got = stream_chunk("chat.completion.chunk", "chatcmpl-1", 7, "m", chat_chunk_choice(1, **fields), usage_null)
     _same(got, want)
 
 
