@@ -191,24 +191,24 @@ class Scheduler:
         """
         for seq in reversed(self.running):
             if seq.num_uncomputed_tokens == 0:
-                self.running.remove(seq)
-                self.block_manager.free(seq)
-                seq.status = SequenceStatus.WAITING
-                seq.num_preemptions += 1
-                self.num_preemptions += 1
+                self._release(seq)
                 self.waiting.append(seq)
                 return True
         return False
 
     def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        self._release(seq)
+        # Victims come newest first; each goes in front of the previous, so the oldest resumes first.
+        self.waiting.appendleft(seq)
+        batch.preempted.append(seq)
+
+    def _release(self, seq: Sequence) -> None:
+        """Take a running `seq` out of the batch and free its blocks; it recomputes when readmitted."""
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        # Victims come newest first; each goes in front of the previous, so the oldest resumes first.
-        self.waiting.appendleft(seq)
-        batch.preempted.append(seq)
 
     def _fits_worst_case(self, seq: Sequence) -> bool:
         """guaranteed_no_evict: free blocks cover every running sequence's and `seq`'s worst case."""
