@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -58,18 +59,21 @@ def json_depth(value: Any) -> int:
     return deepest
 
 
-def parse_json(body: bytes, max_depth: int) -> Any:
-    """Decode a JSON body; InvalidRequestError (400) when it does not parse or nests deeper than `max_depth`."""
+def openai_parse_error(exc: ValueError) -> str:
+    return (f"We could not parse the JSON body of your request: {exc}. The OpenAI API expects a JSON "
+            "payload (Content-Type: application/json).")
+
+
+def parse_json(body: bytes, max_depth: int, parse_error: Callable[[ValueError], str] = openai_parse_error) -> Any:
+    """Decode a JSON body; InvalidRequestError (400) when it does not parse (worded by `parse_error`, for
+    the caller's dialect) or nests deeper than `max_depth`."""
     too_deep = InvalidRequestError(f"The JSON body is nested more than {max_depth} levels deep (--max-json-depth).")
     try:
         value = json.loads(body)
     except RecursionError:  # the decoder's own stack ran out: far past any sane limit
         raise too_deep from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidRequestError(
-            f"We could not parse the JSON body of your request: {exc}. The OpenAI API expects a JSON "
-            "payload (Content-Type: application/json)."
-        ) from None
+        raise InvalidRequestError(parse_error(exc)) from None
     if json_depth(value) > max_depth:
         raise too_deep
     return value

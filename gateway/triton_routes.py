@@ -18,7 +18,6 @@ through gateway.errors; an unknown model or version is a 404.
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -35,11 +34,11 @@ from gateway.errors import ClientDisconnected, ModelNotFoundError, log_error, tr
     triton_error_response
 from gateway.generation import GenerationStream
 from gateway.middleware import request_id_of
-from gateway.openai_routes import read_body, read_json, ready_engine
+from gateway.limits import parse_json
+from gateway.openai_routes import read_body, ready_engine
 from gateway.streaming import sse_response
 from gateway.triton_metrics import InferenceTimer, metrics_for
 from runtime.engine import Engine
-from runtime.errors import InvalidRequestError
 from runtime.request import OutputDelta
 
 MODEL_VERSION = "1"
@@ -74,15 +73,9 @@ def _resolve(request: Request) -> tuple[str, str, ModelKind]:
 
 
 async def _read_body(request: Request) -> Any:
-    """The JSON body. A parse error is worded for Triton clients (the shared reader's names the OpenAI API);
-    the size and depth limits are the shared reader's."""
-    try:
-        json.loads(await read_body(request))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequestError(f"failed to parse the request JSON buffer: {exc}") from None
-    except RecursionError:
-        pass  # far too deep: read_json words the depth limit
-    return await read_json(request)
+    """The JSON body, with the shared size and depth limits; a parse error worded for Triton clients."""
+    return parse_json(await read_body(request), request.app.state.settings.max_json_depth,
+                      lambda exc: f"failed to parse the request JSON buffer: {exc}")
 
 
 def _exclude_input_default(request: Request) -> bool:
