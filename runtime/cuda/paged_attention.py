@@ -46,6 +46,43 @@ def _store_kv_kernel(
 
 
 @triton.jit
+def _attend_over_cache(
+    q, q_pos, cache_ptr, table_ptr, kvh, v_offset, end,
+    ROWS: tl.constexpr, BLOCK_SIZE: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, CAUSAL: tl.constexpr,
+):
+    """Online-softmax attention of the query tile `q` [ROWS, BLOCK_D] (pre-scaled) over positions
+    0 .. end-1 of one sequence's paged cache (`table_ptr`: its block table), KV head `kvh`; CAUSAL rows
+    see only positions <= their q_pos. Returns the normalised float32 output [ROWS, BLOCK_D]."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    d_mask = offs_d < D
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    for start in range(0, end, BLOCK_N):
+        pos = start + offs_n
+        n_mask = pos < end
+        block = tl.load(table_ptr + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+        row = (block * BLOCK_SIZE + pos % BLOCK_SIZE) * HKV + kvh
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(cache_ptr + row[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        if CAUSAL:
+            s = tl.where((pos[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
+        else:
+            s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(cache_ptr + v_offset + row[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    return acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+
+
+@triton.jit
 def _decode_kernel(
     q_ptr, cache_ptr, out_ptr, tables_ptr, seq_lens_ptr, scale, v_offset,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
@@ -57,35 +94,14 @@ def _decode_kernel(
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
-    g_mask = offs_g < GROUP
-    d_mask = offs_d < D
+    mask = (offs_g < GROUP)[:, None] & (offs_d < D)[None, :]
     heads = kvh * GROUP + offs_g
-    q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :], mask=mask, other=0.0)
     q = (q.to(tl.float32) * scale).to(cache_ptr.dtype.element_ty)
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    for start in range(0, seq_len, BLOCK_N):
-        pos = start + offs_n
-        n_mask = pos < seq_len
-        block = tl.load(tables_ptr + b * stride_tb + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        row = (block * BLOCK_SIZE + pos % BLOCK_SIZE) * HKV + kvh
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(cache_ptr + row[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(cache_ptr + v_offset + row[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out = _attend_over_cache(q, offs_g, cache_ptr, tables_ptr + b * stride_tb, kvh, v_offset, seq_len,
+                             BLOCK_G, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, CAUSAL=False)
     tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+             out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -99,7 +115,6 @@ def _prefill_kernel(
 ):
     tile = tl.program_id(0)
     h = tl.program_id(1)
-    kvh = h // GROUP
     b = tl.load(tile_seq_ptr + tile)
     q_offset = tl.load(tile_offset_ptr + tile)
     q_start = tl.load(query_start_ptr + b).to(tl.int64)
@@ -107,36 +122,16 @@ def _prefill_kernel(
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     offs_m = q_offset + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    offs_n = tl.arange(0, BLOCK_N)
-    m_mask = offs_m < seq_len - context
-    d_mask = offs_d < D
+    mask = (offs_m < seq_len - context)[:, None] & (offs_d < D)[None, :]
     q = tl.load(q_ptr + (q_start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+                mask=mask, other=0.0)
     q = (q.to(tl.float32) * scale).to(cache_ptr.dtype.element_ty)
     q_pos = context + offs_m  # absolute positions: query i sees keys 0 .. q_pos[i]
     end = tl.minimum(seq_len, context + q_offset + BLOCK_M)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    for start in range(0, end, BLOCK_N):
-        pos = start + offs_n
-        n_mask = pos < end
-        block = tl.load(tables_ptr + b * stride_tb + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
-        row = (block * BLOCK_SIZE + pos % BLOCK_SIZE) * HKV + kvh
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(cache_ptr + row[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        s = tl.where((pos[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(cache_ptr + v_offset + row[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out = _attend_over_cache(q, q_pos, cache_ptr, tables_ptr + b * stride_tb, h // GROUP, v_offset, end,
+                             BLOCK_M, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, CAUSAL=True)
     tl.store(out_ptr + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+             out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _precision(dtype: torch.dtype) -> str:
