@@ -116,7 +116,10 @@ class NativeEngine(Engine):
         blocks = num_kv_blocks(cfg, bytes_per_token, window, self.device, activations)
         self.runner.allocate_kv_cache(blocks)
         if cfg.enable_cuda_graphs and self.device.type == "cuda":
-            self.runner.capture_decode_graphs(cfg.max_batch_size, -(-window // cfg.kv_block_size))
+            # a speculative step brings 1 + num_draft_tokens rows per sequence
+            rows = cfg.max_batch_size * (1 + (cfg.num_draft_tokens if proposer is not None else 0))
+            self.runner.capture_decode_graphs(rows, -(-window // cfg.kv_block_size),
+                                              lora_version=lambda: len(self.lora.slots.linears))
         self.block_manager = BlockManager(blocks, cfg.kv_block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,

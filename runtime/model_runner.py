@@ -11,7 +11,7 @@ adapter indices (LoRA).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -38,17 +38,25 @@ class StepInput:
     return_all_logits: bool = False  # logits of every new token (prompt logprobs, context logits)
     return_sample_logits: bool = False  # the raw logits the sampled rows came from (generation logits)
     adapter_slot: int = -1  # LoRA device slot of the sequence's adapter; -1: the base model
+    # keep all_logits / sample_logits on the device (speculative verification and drafting read them
+    # there and copy back only the chosen ids)
+    logits_on_device: bool = False
 
 
 @dataclass
 class StepResult:
-    """What the step produced for one StepInput (tensors are float32 on the CPU)."""
+    """What the step produced for one StepInput (tensors are float32, on the CPU unless asked otherwise)."""
 
     token_ids: list[int] = field(default_factory=list)  # one per sample row
     logprobs: list[float] = field(default_factory=list)  # raw logprob of each chosen token
     top: list[list[tuple[int, float]]] = field(default_factory=list)  # per row, best first
     all_logits: torch.Tensor | None = None  # [len(token_ids of the input), vocab]
     sample_logits: torch.Tensor | None = None  # [1, vocab]: the row every sample was drawn from
+    # (on the runner's device instead when the input asked for logits_on_device)
+
+
+def _deliver(logits: torch.Tensor, inp: StepInput) -> torch.Tensor:
+    return logits if inp.logits_on_device else logits.cpu()
 
 
 class ModelRunner:
@@ -72,11 +80,16 @@ class ModelRunner:
         """Allocate the paged cache (in the model's dtype); call once, after profiling."""
         self.kv_caches = allocate_kv_cache(self.model.spec, num_blocks, self.block_size, self.dtype, self.device)
 
-    def capture_decode_graphs(self, max_batch_size: int, max_blocks_per_seq: int) -> None:
-        """Capture decode steps up to `max_batch_size` sequences (CUDA only; after allocate_kv_cache)."""
+    def capture_decode_graphs(self, max_rows: int, max_blocks_per_seq: int,
+                              lora_version: Callable[[], int] = lambda: 0) -> None:
+        """Capture decode-shaped steps of up to `max_rows` new tokens (CUDA only; after allocate_kv_cache).
+
+        `lora_version` changes whenever a Linear gets adapter weights (the LoRA graphs are then recaptured).
+        """
         from runtime.cuda.graphs import DecodeGraphs
 
-        self.graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, max_batch_size, max_blocks_per_seq)
+        self.graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, max_rows, max_blocks_per_seq,
+                                   self.lora, lora_version)
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -86,12 +99,12 @@ class ModelRunner:
     def execute(self, inputs: Sequence[StepInput], copies: Sequence[tuple[int, int]] = ()) -> list[StepResult]:
         """Copy-on-write copies, one forward pass over every input's new tokens, then sampling."""
         self.copy_blocks(copies)
-        if self.lora is not None:  # per-token adapter slots for the hooked Linears (runtime/lora/apply.py)
-            self.lora.set([len(inp.token_ids) for inp in inputs], [inp.adapter_slot for inp in inputs])
         hidden = graph_logits = None
         if self.graphs is not None and self.graphs.accepts(inputs):
-            graph_logits = self.graphs.run(inputs)  # one row per input: exactly the `rows` below
+            graph_logits = self.graphs.run(inputs)  # one row per new token, in order
         else:
+            if self.lora is not None:  # per-token adapter slots for the hooked Linears (runtime/lora/apply.py)
+                self.lora.set([len(inp.token_ids) for inp in inputs], [inp.adapter_slot for inp in inputs])
             input_ids, positions, meta = self.prepare(inputs)
             hidden = self.model(input_ids, positions, self.kv_caches, meta)
 
@@ -110,22 +123,24 @@ class ModelRunner:
         results = [StepResult() for _ in inputs]
         if not rows:
             return results
-        if graph_logits is not None:
-            logits = graph_logits
-        else:
+        if graph_logits is None:
             logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        elif len(rows) == graph_logits.shape[0]:  # every token needs its logits (plain decode steps)
+            logits = graph_logits.clone() if any(inp.logits_on_device for inp in inputs) else graph_logits
+        else:  # a gather is a copy: the graph's output buffer is overwritten by the next replay
+            logits = graph_logits[torch.tensor(rows, device=self.device)]
 
         sample_idx: list[int] = []
         sample_rows: list[SamplingRow] = []
         for b, inp in enumerate(inputs):
             first, last = spans[b]
             if inp.return_all_logits:
-                results[b].all_logits = logits[first:last].cpu()
+                results[b].all_logits = _deliver(logits[first:last], inp)
             if inp.sample_rows:
                 sample_idx.extend([last - 1] * len(inp.sample_rows))
                 sample_rows.extend(inp.sample_rows)
                 if inp.return_sample_logits:
-                    results[b].sample_logits = logits[last - 1 : last].cpu()
+                    results[b].sample_logits = _deliver(logits[last - 1 : last], inp)
         if sample_rows:
             # usually one sampled row per input, in order: then skip the gather (a copy of [rows, vocab] floats)
             identity = sample_idx == list(range(logits.shape[0]))

@@ -11,6 +11,7 @@ decodes, forks, preemptions) without timing assumptions.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -27,10 +28,13 @@ from runtime.request import GenerationRequest, OutputDelta, SamplingOptions, Usa
 
 @asynccontextmanager
 async def running_engine(checkpoint: Path, **config: Any) -> AsyncIterator[NativeEngine]:
-    """A started NativeEngine on the CPU over `checkpoint` (EngineConfig fields as keywords)."""
+    """A started float32 NativeEngine over `checkpoint` (EngineConfig fields as keywords), on the CPU, or on
+    the device ENGINE_TEST_DEVICE names (the GPU check runs the engine tests with ENGINE_TEST_DEVICE=cuda:
+    CUDA graphs, Triton kernels, against the same CPU references)."""
     config.setdefault("kv_block_size", 4)
     config.setdefault("max_kv_tokens", 1024)
-    engine = NativeEngine(EngineConfig(model=str(checkpoint), device="cpu", dtype="float32", **config))
+    config.setdefault("device", os.environ.get("ENGINE_TEST_DEVICE", "cpu"))
+    engine = NativeEngine(EngineConfig(model=str(checkpoint), dtype="float32", **config))
     await engine.start()
     try:
         yield engine

@@ -1,13 +1,24 @@
-"""CUDA graphs for decode steps: one graph per batch-size bucket, replayed with the batch padded.
+"""CUDA graphs for decode-shaped steps: one graph per row-count bucket, replayed with the rows padded.
 
 Why: a decode step launches hundreds of small kernels; launched one by one from Python the step is
 bound by the host. A captured graph replays them with one launch.
 
-Each graph reads its inputs from static buffers: input ids, positions, slot mapping and sequence
-lengths packed in one int64 [4, max_batch] tensor (one host-to-device copy per step), and the block
-tables in an int32 [max_batch, max_blocks] tensor (a second copy of only the columns in use). Padded
-rows get slot -1 (their K/V is not stored) and length 0 (attention returns zeros), so they touch
-nothing. The graph's output is float32 logits [bucket, vocab], one row per sequence.
+A graph row is one new token: its id, position, KV slot and the length of its sequence up to and
+including it. A plain decode step has one row per sequence; a step that continues a sequence with
+several tokens (speculative verification of K drafts plus one, a draft model catching up) has one row
+per token, each attending over the cache up to its own position: every row's K/V is stored before
+attention runs, so the decode kernel sees the step's earlier tokens, causally, with no extra kernel.
+
+Each graph reads its inputs from static buffers: ids, positions, slots, lengths and LoRA adapter
+slots packed in one int64 [5, max_rows] tensor (one host-to-device copy per step), and the rows' block
+tables in an int32 [max_rows, max_blocks] tensor (a second copy of only the columns in use). Padded
+rows get KV slot -1 (their K/V is not stored), length 0 (attention returns zeros) and adapter -1, so
+they touch nothing. Every graph writes float32 logits, one per row, into the same [max_rows, vocab] buffer.
+
+Steps where a sequence uses a LoRA adapter replay a second set of graphs with the adapter kernels in
+them (runtime/lora/apply.py reads the per-row adapter slots from the static buffer); base-model steps
+keep the set without them. The LoRA set is captured on the first adapter step, and again when a new
+Linear got adapter weights since (its hook was not in the graphs).
 
 All graphs share one memory pool and are captured largest first, so they cost about one graph's
 activations. The KV cache tensors must not be reallocated afterwards (their addresses are baked in).
@@ -17,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -25,24 +36,25 @@ import torch
 from runtime.attention_metadata import AttentionMetadata
 
 if TYPE_CHECKING:
+    from runtime.lora.apply import LoraBatch
     from runtime.model_runner import StepInput
     from runtime.models import CausalLM
 
 logger = logging.getLogger(__name__)
 
 
-def graph_batch_sizes(max_batch_size: int) -> list[int]:
-    """Buckets: 1, 2, 4, 8, then every 8 up to 64, every 16 up to 128, every 32 beyond; max_batch_size last.
+def graph_batch_sizes(max_rows: int) -> list[int]:
+    """Buckets: 1, 2, 4, 8, then every 8 up to 64, every 16 up to 128, every 32 beyond; max_rows last.
 
     Padding costs at most 1/8 of the batch past 8 rows (decode time grows slowly with the batch),
     while the number of graphs (capture time, and host memory for their nodes) stays small.
     """
-    sizes = [s for s in (1, 2, 4) if s < max_batch_size]
+    sizes = [s for s in (1, 2, 4) if s < max_rows]
     size = 8
-    while size < max_batch_size:
+    while size < max_rows:
         sizes.append(size)
         size += 8 if size < 64 else 16 if size < 128 else 32
-    sizes.append(max_batch_size)
+    sizes.append(max_rows)
     return sizes
 
 
@@ -54,89 +66,137 @@ def pick_bucket(sizes: Sequence[int], batch: int) -> int | None:
     return None
 
 
-class DecodeGraphs:
-    """Captured decode steps of `model` over `kv_caches` (see the module docstring)."""
+MAX_ROWS_PER_SEQ = 17  # new tokens a sequence may bring to a graphed step (1 + the most draft tokens)
+IDS, POSITIONS, SLOTS, LENGTHS, ADAPTERS = range(5)  # rows of the packed input buffer
 
-    def __init__(self, model: CausalLM, kv_caches: list[torch.Tensor], block_size: int,
-                 max_batch_size: int, max_blocks_per_seq: int) -> None:
+
+def pack_rows(inputs: Sequence[StepInput], block_size: int) -> tuple[list[list[int]], list[list[int]]]:
+    """One graph row per new token: the packed buffer's five columns-lists (ids, positions, KV slots,
+    lengths, adapter slots) and each row's block table, padded to the step's widest."""
+    columns: list[list[int]] = [[], [], [], [], []]
+    ids, positions, slots, lengths, adapters = columns
+    tables: list[list[int]] = []
+    width = max(len(inp.block_table) for inp in inputs)
+    for inp in inputs:
+        table = inp.block_table + [0] * (width - len(inp.block_table))
+        for j, token in enumerate(inp.token_ids):
+            p = inp.start_pos + j
+            ids.append(token)
+            positions.append(p)
+            slots.append(inp.block_table[p // block_size] * block_size + p % block_size)
+            lengths.append(p + 1)  # the row attends over its sequence up to and including itself
+            adapters.append(inp.adapter_slot)
+            tables.append(table)
+    return columns, tables
+
+
+def row_metadata(packed: torch.Tensor, tables: torch.Tensor, query_start: torch.Tensor, block_size: int,
+                 max_seq_len: int) -> AttentionMetadata:
+    """Attention metadata of packed rows: every row a one-token "sequence" with its own length and table."""
+    rows = packed.shape[1]
+    seq_lens = packed[LENGTHS]
+    return AttentionMetadata(
+        query_start_loc=query_start,
+        context_lens=seq_lens,  # unread by the decode kernel
+        seq_lens=seq_lens,
+        block_tables=tables,
+        slot_mapping=packed[SLOTS],
+        block_size=block_size,
+        max_query_len=1,
+        max_seq_len=max_seq_len,
+        query_lens_host=[1] * rows,
+        seq_lens_host=[max_seq_len] * rows,
+    )
+
+
+class DecodeGraphs:
+    """Captured decode-shaped steps of `model` over `kv_caches` (see the module docstring)."""
+
+    def __init__(self, model: CausalLM, kv_caches: list[torch.Tensor], block_size: int, max_rows: int,
+                 max_blocks_per_seq: int, lora: LoraBatch | None = None,
+                 lora_version: Callable[[], int] = lambda: 0) -> None:
         device = kv_caches[0].device
         self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
         self.max_blocks = max_blocks_per_seq
-        self.sizes = graph_batch_sizes(max_batch_size)
-        self.packed = torch.zeros((4, max_batch_size), dtype=torch.long, device=device)
-        self.packed[2].fill_(-1)  # slots: store nothing
-        self.tables = torch.zeros((max_batch_size, max_blocks_per_seq), dtype=torch.int32, device=device)
-        self.query_start = torch.arange(max_batch_size + 1, dtype=torch.int32, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[int, torch.Tensor] = {}
-        started = time.perf_counter()
-        self._capture_all()
-        logger.info("CUDA graphs: captured %d decode batch sizes (%s) in %.1f s",
-                    len(self.sizes), ",".join(map(str, self.sizes)), time.perf_counter() - started)
+        self.sizes = graph_batch_sizes(max_rows)
+        self.packed = torch.zeros((5, max_rows), dtype=torch.long, device=device)
+        self.tables = torch.zeros((max_rows, max_blocks_per_seq), dtype=torch.int32, device=device)
+        self.query_start = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
+        # one output buffer for every graph: [max_rows, vocab] float32 once, not once per bucket and set
+        self.logits = torch.empty((max_rows, model.output_embedding().shape[0]), dtype=torch.float32, device=device)
+        self.lora, self.lora_version = lora, lora_version
+        self.pool = None
+        self.base = self._capture_all(with_lora=False)
+        self.with_lora: dict[int, torch.cuda.CUDAGraph] = {}
+        self.with_lora_version = -1  # lora_version() when the LoRA set was captured
 
     def _meta(self, bucket: int) -> AttentionMetadata:
-        seq_lens = self.packed[3, :bucket]
-        return AttentionMetadata(
-            query_start_loc=self.query_start[: bucket + 1],
-            context_lens=seq_lens,  # unread by the decode kernel
-            seq_lens=seq_lens,
-            block_tables=self.tables[:bucket],
-            slot_mapping=self.packed[2, :bucket],
-            block_size=self.block_size,
-            max_query_len=1,
-            max_seq_len=self.max_blocks * self.block_size,
-            query_lens_host=[1] * bucket,
-            seq_lens_host=[self.max_blocks * self.block_size] * bucket,
-        )
+        return row_metadata(self.packed[:, :bucket], self.tables[:bucket], self.query_start[: bucket + 1],
+                            self.block_size, self.max_blocks * self.block_size)
 
     def _forward(self, bucket: int, meta: AttentionMetadata) -> torch.Tensor:
-        hidden = self.model(self.packed[0, :bucket], self.packed[1, :bucket], self.kv_caches, meta)
-        return self.model.compute_logits(hidden)
+        hidden = self.model(self.packed[IDS, :bucket], self.packed[POSITIONS, :bucket], self.kv_caches, meta)
+        return self.model.compute_logits(hidden, out=self.logits[:bucket])
 
     @torch.inference_mode()
-    def _capture_all(self) -> None:
-        pool = None
+    def _capture_all(self, with_lora: bool) -> dict[int, torch.cuda.CUDAGraph]:
+        started = time.perf_counter()
+        self.packed.zero_()  # every row padding while capturing: the warm-up forwards store nothing
+        self.packed[SLOTS].fill_(-1)
+        self.packed[ADAPTERS].fill_(-1)
+        graphs = {}
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for bucket in reversed(self.sizes):
+                if with_lora:
+                    self.lora.bind(self.packed[ADAPTERS, :bucket])  # type: ignore[union-attr]
                 meta = self._meta(bucket)
                 self._forward(bucket, meta)  # warm-up: kernel compilation and library handles outside the graph
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
-                    self.logits[bucket] = self._forward(bucket, meta)
-                pool = graph.pool()
-                self.graphs[bucket] = graph
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    self._forward(bucket, meta)
+                self.pool = graph.pool()
+                graphs[bucket] = graph
+        if with_lora:
+            self.lora.clear()  # type: ignore[union-attr]
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
+        logger.info("CUDA graphs: captured %d decode row counts (%s)%s in %.1f s", len(self.sizes),
+                    ",".join(map(str, self.sizes)), " with LoRA" if with_lora else "", time.perf_counter() - started)
+        return graphs
 
     def accepts(self, inputs: Sequence[StepInput]) -> bool:
-        """A plain decode step: one new token and one logits row per sequence, no adapter, fits a bucket."""
-        return (
-            len(inputs) <= self.sizes[-1]
-            and all(len(i.token_ids) == 1 and i.sample_rows and not i.return_all_logits and i.adapter_slot < 0
-                    and len(i.block_table) <= self.max_blocks for i in inputs)
-        )
+        """Every input brings at most MAX_ROWS_PER_SEQ tokens, all rows fit a bucket, tables fit the buffer."""
+        rows = 0
+        for inp in inputs:
+            n = len(inp.token_ids)
+            if n > MAX_ROWS_PER_SEQ or len(inp.block_table) > self.max_blocks or (inp.adapter_slot >= 0 and
+                                                                                   self.lora is None):
+                return False
+            rows += n
+        return rows <= self.sizes[-1]
 
     def run(self, inputs: Sequence[StepInput]) -> torch.Tensor:
-        """Replay the bucket's graph for `inputs`; float32 logits [len(inputs), vocab] (valid until the next run)."""
-        n = len(inputs)
+        """Replay the bucket's graph; float32 logits [new tokens, vocab] (valid until the next run)."""
+        columns, tables = pack_rows(inputs, self.block_size)
+        n = len(tables)
         bucket = pick_bucket(self.sizes, n)
         assert bucket is not None
-        bs = self.block_size
         pad = bucket - n
-        ids, pos, slots, lens = [], [], [], []
-        width = 1
-        for inp in inputs:
-            p = inp.start_pos
-            ids.append(inp.token_ids[0])
-            pos.append(p)
-            slots.append(inp.block_table[p // bs] * bs + p % bs)
-            lens.append(p + 1)
-            width = max(width, len(inp.block_table))
-        host = torch.tensor([ids + [0] * pad, pos + [0] * pad, slots + [-1] * pad, lens + [0] * pad], dtype=torch.long)
-        tables = torch.tensor([i.block_table + [0] * (width - len(i.block_table)) for i in inputs], dtype=torch.int32)
+        padding = (0, 0, -1, 0, -1)  # per packed row: what a padded graph row holds
+        host = torch.tensor([col + [fill] * pad for col, fill in zip(columns, padding)], dtype=torch.long)
         self.packed[:, :bucket].copy_(host, non_blocking=True)
-        self.tables[:n, :width].copy_(tables, non_blocking=True)
-        self.graphs[bucket].replay()
-        return self.logits[bucket][:n]
+        self.tables[:n, : len(tables[0])].copy_(torch.tensor(tables, dtype=torch.int32), non_blocking=True)
+        self._graphs(columns[ADAPTERS] and max(columns[ADAPTERS]) >= 0)[bucket].replay()
+        return self.logits[:n]
+
+    def _graphs(self, with_lora: bool) -> dict[int, torch.cuda.CUDAGraph]:
+        if not with_lora:
+            return self.base
+        version = self.lora_version()
+        if version != self.with_lora_version:  # first adapter step, or a Linear got its adapter hook since
+            self.with_lora = {}  # free the stale graphs before capturing their replacements
+            self.with_lora = self._capture_all(with_lora=True)
+            self.with_lora_version = version
+        return self.with_lora

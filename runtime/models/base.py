@@ -39,9 +39,11 @@ class CausalLM(nn.Module):
         """The [vocab, hidden] matrix that turns hidden states into logits (the input one when tied)."""
         raise NotImplementedError
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits [N, vocab_size] for N hidden states (select the rows you sample first)."""
-        return torch.nn.functional.linear(hidden, self.output_embedding()).float()
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Float32 logits [N, vocab_size] for N hidden states (select the rows you sample first), written
+        into `out` when given (the cast to float32 is then that copy: no extra pass)."""
+        logits = torch.nn.functional.linear(hidden, self.output_embedding())
+        return logits.float() if out is None else out.copy_(logits)
 
     def checkpoint_target(self, name: str) -> tuple[str, str | None] | None:
         """Our parameter name (and fused part) for a checkpoint tensor name; None to skip it."""

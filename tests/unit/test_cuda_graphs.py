@@ -47,3 +47,32 @@ def test_graphed_engine_matches_eager_engine() -> None:
             await engine.shutdown()
 
     assert asyncio.run(run(True)) == asyncio.run(run(False))
+
+
+def test_one_row_per_token_gives_the_packed_step_logits(tmp_path) -> None:
+    """What a graphed verify step computes (every new token a one-token row over the cache, with its
+    own length) equals the eager multi-token step, for two sequences continuing their caches."""
+    from runtime.cuda.graphs import pack_rows, row_metadata
+    from runtime.model_runner import ModelRunner, StepInput
+    from runtime.models import load_model
+    from runtime.sampler import Sampler
+    from tests.tiny_models import build_tiny_model
+
+    bs = 4
+    model = load_model(str(build_tiny_model(tmp_path, "llama")), torch.float32, torch.device("cpu"))
+    runner = ModelRunner(model, bs, Sampler(0))
+    runner.allocate_kv_cache(16)
+    runner.execute([StepInput(list(range(3, 9)), 0, [0, 1]), StepInput(list(range(40, 43)), 0, [2])])
+    step = [StepInput([9, 10, 11, 12, 13], 6, [0, 1, 3], return_all_logits=True),
+            StepInput([50, 51], 3, [2, 4], return_all_logits=True)]
+    eager = torch.cat([r.all_logits for r in runner.execute(step)])
+
+    columns, tables = pack_rows(step, bs)
+    assert columns[1] == [6, 7, 8, 9, 10, 3, 4] and columns[3] == [7, 8, 9, 10, 11, 4, 5]
+    assert columns[2] == [6, 7, 12, 13, 14, 11, 16] and tables[-1] == [2, 4, 0]
+    packed = torch.tensor(columns)
+    meta = row_metadata(packed, torch.tensor(tables, dtype=torch.int32), torch.arange(8, dtype=torch.int32), bs,
+                        3 * bs)
+    with torch.inference_mode():
+        rows = model.compute_logits(model(packed[0], packed[1], runner.kv_caches, meta))
+    torch.testing.assert_close(rows, eager, rtol=1e-5, atol=1e-5)
