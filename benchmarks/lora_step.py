@@ -10,7 +10,9 @@ adapters (rank --rank on every projection) in device slots, and times ModelRunne
 batches (every sequence at --context tokens, one new token each) and on one prefill step (--prefill
 tokens split over the batch). Sequences take adapters round-robin, so every step mixes all of them.
 Reports the median of --iters timed steps after --warmup, and the ratio to the base-model step.
-Target (issue #6): at most 1.3x on the GPU.
+On CUDA each execute row says whether the engine replayed its own decode graphs for the base and the
+adapter step ("graph") or ran them eagerly; --graph adds rows for the bare model forward captured here,
+for comparison. Target (issue #6): at most 1.3x on the GPU.
 """
 
 from __future__ import annotations
@@ -126,6 +128,12 @@ def time_graph(engine: NativeEngine, inputs: list[StepInput], iters: int) -> flo
     return start.elapsed_time(end) / 1e3 / iters
 
 
+def replayed(engine: NativeEngine, inputs: list[StepInput]) -> str:
+    """How ModelRunner.execute runs `inputs`: from the engine's CUDA graphs or eagerly."""
+    graphs = engine.runner.graphs
+    return "graph" if graphs is not None and graphs.accepts(inputs) else "eager"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="checkpoint folder (default: the demo model)")
@@ -171,19 +179,20 @@ def main(argv: list[str] | None = None) -> None:
     print(f"model {engine.model_path} ({engine.dtype}, {engine.device}), {args.adapters} adapters of rank "
           f"{args.rank} on every projection; median of {args.iters} steps")
     adapters = f"{args.adapters} adapters ms"
-    print(f"{'step':<40} {'base ms':>9} {adapters:>15} {'ratio':>6}")
+    print(f"{'step':<64} {'base ms':>9} {adapters:>15} {'ratio':>6}")
     for label, batch, tokens, context in cases:
         base_in = make_inputs(batch, tokens, context, bs, [])
         lora_in = make_inputs(batch, tokens, context, bs, slots)
         base, lora = time_steps(engine, [base_in, lora_in], args.warmup, args.iters)
-        rows = [(label, base, lora)]
+        how = f" (execute: {replayed(engine, base_in)} / {replayed(engine, lora_in)})" if args.device != "cpu" else ""
+        rows = [(label + how, base, lora)]
         if args.graph and tokens == 1 and engine.device.type == "cuda":
             rows.append((label + " (CUDA graph)", time_graph(engine, base_in, args.iters),
                          time_graph(engine, lora_in, args.iters)))
         for name, b, a in rows:
             results.append({"step": name, "batch": batch, "new_tokens_per_seq": tokens, "base_ms": b * 1e3,
                             "lora_ms": a * 1e3, "ratio": a / b})
-            print(f"{name:<40} {b * 1e3:>9.2f} {a * 1e3:>15.2f} {a / b:>6.2f}")
+            print(f"{name:<64} {b * 1e3:>9.2f} {a * 1e3:>15.2f} {a / b:>6.2f}")
     if args.json is not None:
         meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "machine": platform.platform(),
                 "processor": platform.processor(), "torch": torch.__version__,

@@ -119,7 +119,7 @@ class NativeEngine(Engine):
             # a speculative step brings 1 + num_draft_tokens rows per sequence
             rows = cfg.max_batch_size * (1 + (cfg.num_draft_tokens if proposer is not None else 0))
             self.runner.capture_decode_graphs(rows, -(-window // cfg.kv_block_size),
-                                              lora_version=lambda: len(self.lora.slots.linears))
+                                              lora_version=lambda: self.lora.slots.version)
         self.block_manager = BlockManager(blocks, cfg.kv_block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,

@@ -1,11 +1,15 @@
 """DeviceSlots: the device-side adapter cache (--max-loras slots) as stacked A/B tensors per Linear.
 
 Slot s of a Linear holds an adapter's pairs side by side along the rank axis: A [cap, S, in] and
-B [out, cap, S], a pair of rank r at rank offset k filling A[k:k+r, s] and B[rows, k:k+r, s]. So a fused
+B [cap, S, out], a pair of rank r at rank offset k filling A[k:k+r, s] and B[k:k+r, s, rows]. So a fused
 qkv_proj with separate q, k and v adapters is still ONE low-rank product per token. `cap` is
-max_lora_rank per fused part. Rank-major layout: the first r ranks of every slot are one contiguous
-[r * S, in] matrix (apply.py multiplies all slots at once). A Linear's stacks are allocated when the
-first adapter touching it is placed. Slots are recycled least-recently-used first, and never while pinned by a request.
+max_lora_rank per fused part. Rank-major layout for both: the first r ranks of every slot are one
+contiguous [r * S, in] (A) and [r * S, out] (B) matrix (apply.py multiplies all slots at once without
+copying), and each slot's rank row of B is contiguous along `out` (coalesced loads in the CUDA kernels).
+Unused rank rows stay zero, so a product over all `cap` ranks equals one over the used ones. A Linear's
+stacks are allocated when the first adapter touching it is placed; `version` counts those allocations
+(captured CUDA graphs hold the hooks that existed when they were captured). Slots are recycled
+least-recently-used first, and never while pinned by a request.
 """
 
 from __future__ import annotations
@@ -25,13 +29,17 @@ class LinearSlots:
     def __init__(self, in_features: int, out_features: int, num_slots: int, capacity: int,
                  device: torch.device, dtype: torch.dtype) -> None:
         self.a = torch.zeros(capacity, num_slots, in_features, device=device, dtype=dtype)
-        self.b = torch.zeros(out_features, capacity, num_slots, device=device, dtype=dtype)
+        self.b = torch.zeros(capacity, num_slots, out_features, device=device, dtype=dtype)
         self.num_slots = num_slots
         self.ranks = [0] * num_slots  # rank columns used per slot
+        # the same on the device: the CUDA kernels read only a slot's used rank rows (a graph replays them
+        # with whatever adapters the slots hold by then)
+        self.device_ranks = torch.zeros(num_slots, dtype=torch.int32, device=device)
         self.used_rank = 0  # max(ranks): the forward multiplies only these columns
 
     def _set_rank(self, slot: int, rank: int) -> None:
         self.ranks[slot] = rank
+        self.device_ranks[slot] = rank
         self.used_rank = max(self.ranks)
 
     def write(self, slot: int, pairs: list[LoraPair]) -> None:
@@ -39,14 +47,14 @@ class LinearSlots:
         k = 0
         for p in pairs:
             self.a[k : k + p.rank, slot].copy_(p.a)
-            self.b[p.start : p.start + p.size, k : k + p.rank, slot].copy_(p.b)
+            self.b[k : k + p.rank, slot, p.start : p.start + p.size].copy_(p.b.T)
             k += p.rank
         self._set_rank(slot, k)
 
     def clear(self, slot: int) -> None:
         if self.ranks[slot]:
             self.a[:, slot].zero_()
-            self.b[:, :, slot].zero_()
+            self.b[:, slot].zero_()
             self._set_rank(slot, 0)
 
 
@@ -67,6 +75,7 @@ class DeviceSlots:
         self._slot_of: dict[int, int] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # unpinned occupied slots, oldest first
         self.on_allocate: list = []  # callbacks(module name, LinearSlots) when a Linear gets stacks
+        self.version = 0  # +1 whenever a Linear gets stacks (and so a hook)
 
     def capacity(self, module: str) -> int:
         return self.max_rank * len(self.targets.modules[module].part_names)
@@ -132,6 +141,7 @@ class DeviceSlots:
             stacks = LinearSlots(linear.in_features, linear.out_features, self.num_slots,
                                  self.capacity(module), self.device, self.dtype)
             self.linears[module] = stacks
+            self.version += 1
             for callback in self.on_allocate:
                 callback(module, stacks)
         return stacks

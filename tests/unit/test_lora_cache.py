@@ -32,8 +32,10 @@ def _weights(seed: int, rank: int = 2) -> LoraWeights:
 
 def test_device_slots_evict_least_recently_used_unpinned_slot() -> None:
     slots = DeviceSlots(_Targets(), num_slots=2, max_rank=2, device=torch.device("cpu"), dtype=torch.float32)
+    assert slots.version == 0
     assert slots.acquire(1, _weights(1)) == (0, False, None)
     assert slots.acquire(2, _weights(2)) == (1, False, None)
+    assert slots.version == 1  # the Linear got its stacks once (the second adapter reuses them)
     assert slots.acquire(1, _weights(1)) == (0, True, None)  # hit: pinned twice now
     assert not slots.can_place(3) and slots.acquire(3, _weights(3)) is None  # all pinned: it must wait
     slots.release(0)
@@ -53,16 +55,19 @@ def test_device_slot_holds_each_pair_at_its_rank_offset_and_clears_on_drop() -> 
     w = _weights(5)
     slot, _, _ = slots.acquire(7, w)
     stacks = slots.linears["layers.0.qkv"]
-    assert stacks.a.shape == (4, 2, 6) and stacks.b.shape == (6, 4, 2)  # capacity: 2 parts x rank 2
+    assert stacks.a.shape == (4, 2, 6) and stacks.b.shape == (4, 2, 6)  # capacity: 2 parts x rank 2
     q, v = w.modules["layers.0.qkv"]
     assert torch.equal(stacks.a[:2, slot], q.a) and torch.equal(stacks.a[2:3, slot], v.a)
-    assert torch.equal(stacks.b[:4, :2, slot], q.b) and torch.equal(stacks.b[4:, 2:3, slot], v.b)
-    assert stacks.b[:4, 2:, slot].abs().sum() == 0 and stacks.b[4:, :2, slot].abs().sum() == 0
+    assert torch.equal(stacks.b[:2, slot, :4], q.b.T) and torch.equal(stacks.b[2:3, slot, 4:], v.b.T)
+    assert stacks.b[2:, slot, :4].abs().sum() == 0 and stacks.b[:2, slot, 4:].abs().sum() == 0
+    assert stacks.a[3, slot].abs().sum() == 0 and stacks.b[3, slot].abs().sum() == 0  # unused rank row
+    # rank-major: the all-slots B of the first r ranks is a view, not a copy
+    assert stacks.b[:3].reshape(3 * 2, 6).data_ptr() == stacks.b.data_ptr()
     assert stacks.used_rank == 3
     assert not slots.drop(7)  # pinned
     slots.release(slot)
     assert slots.drop(7)
-    assert stacks.a.abs().sum() == 0 and stacks.used_rank == 0
+    assert stacks.a.abs().sum() == 0 and stacks.b.abs().sum() == 0 and stacks.used_rank == 0
 
 
 def test_pairs_over_a_slots_capacity_are_refused() -> None:
@@ -108,7 +113,7 @@ def test_delta_adds_each_tokens_own_adapter(monkeypatch, all_slots: bool) -> Non
     token_slots = [s for n, s in zip(counts, slot_of_seq) for _ in range(n)]
     for t, s in enumerate(token_slots):
         if s >= 0:
-            want[t] += stacks.b[:, :, s] @ (stacks.a[:, s] @ x[t])
+            want[t] += stacks.b[:, s].T @ (stacks.a[:, s] @ x[t])
     got = LoraDelta(batch, stacks)(x, y.clone())
     torch.testing.assert_close(got, want)
     batch.set(counts, [-1] * 5)  # no adapter in the step: y untouched
