@@ -6,11 +6,15 @@
 - `hf_generate_step_ms` / `hf_generate_tok_s`: transformers `generate` (eager, dynamic cache).
 - `check_logits`: our model's prompt logits vs transformers' on the same checkpoint (bf16 tolerance).
 - `check_greedy_fp32`: greedy ids of our engine (batched, CUDA graphs) vs transformers, fp32.
+- `widen_checkpoint`: the trained demo model widened to a 1B shape that computes the same function, so
+  speculation on the GPU pays a 1B model's weight traffic per step with the demo's real acceptance.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -171,3 +175,109 @@ def check_greedy_fp32(folder: Path, num_prompts: int = 4, steps: int = 32) -> di
     torch.cuda.empty_cache()
     first_diff = [next((j for j, (a, b) in enumerate(zip(g, e)) if a != b), None) for g, e in zip(got, expected)]
     return {"equal": got == expected, "first_mismatch_step": first_diff, "steps": steps, "prompts": len(prompts)}
+
+
+def widen_checkpoint(src: Path, dst: Path, *, hidden_size: int = 2048, num_hidden_layers: int = 16,
+                     intermediate_size: int = 8192, num_attention_heads: int = 64, num_key_value_heads: int = 16,
+                     dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> Path:
+    """Write to `dst` a Llama of the given shape that computes exactly the function of the Llama in `src`.
+
+    Replication, not zero padding: with c = hidden_size / src hidden (an integer; heads and KV heads must
+    grow by the same c, head_dim, vocabulary, rope and tokenizer stay), the residual stream holds c copies
+    of the source's residual scaled by 1/c, and every attention head and KV head is present c times
+    (q head i still reads KV head i // group). So
+    - embeddings (and the lm_head, tied or not): the source matrix tiled c times along hidden, / c; the
+      tied lm_head then sums c copies of (normed state . row / c) = the source logits;
+    - q/k/v: tiled c x c, / c (each copy of a head reads the c copies of the normed state);
+      o_proj: tiled c x c, / c^2 (c head copies in, a 1/c-scaled copy out to each residual copy);
+    - MLP: the source's units m times (m = largest power of two with m * src units <= intermediate_size),
+      gate/up tiled m x c, / c, down tiled c x m, / (c m); the remaining units are inert (zero down columns);
+    - RMSNorm: scale-invariant, so the norm weights are tiled as they are; the 1/c residual scale is
+      compensated in rms_norm_eps, which becomes eps / c^2 (the mean of squares is 1/c^2 of the source's),
+      so nothing about the norm changes, eps included;
+    - layers past the source's: identity (zero o_proj and down_proj add exactly zero to the residual).
+    With c and m powers of two (2048/256 = 8, 8192/704 -> 8) every scale is exact in bf16 (no weight is
+    rounded), so in bf16 the widened model differs from the bf16 source only as kernels' rounding does;
+    the whole hidden width carries real activations (no zero dimensions).
+
+    Inert parts (new layers' q/k/v/gate/up, spare MLP units' gate/up) get N(0, 0.02) weights, not
+    zeros: dense kernels cost the same whatever the values, and random inputs keep every tensor of a
+    realistic magnitude (an all-zero q gives a uniform softmax, a quantiser an amax of 0); only the
+    outputs that must vanish are zero. Built in `dtype` on the GPU when there is one, layer by layer,
+    with progress lines; the tokenizer, chat template and generation config are copied from `src`.
+    """
+    from safetensors.torch import load_file, save_file
+
+    cfg = json.loads((src / "config.json").read_text())
+    h, heads, kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or h // heads
+    inter, layers = cfg["intermediate_size"], cfg["num_hidden_layers"]
+    c = hidden_size // h
+    if cfg.get("model_type") != "llama" or cfg.get("attention_bias") or cfg.get("mlp_bias"):
+        raise ValueError("widen_checkpoint handles bias-free Llama checkpoints only")
+    if hidden_size != c * h or num_attention_heads != c * heads or num_key_value_heads != c * kv:
+        raise ValueError(f"hidden {hidden_size}, heads {num_attention_heads}, kv heads {num_key_value_heads} must be "
+                         f"the same integer multiple of the source's {h}, {heads}, {kv} (head_dim {head_dim} stays)")
+    if intermediate_size < inter or num_hidden_layers < layers:
+        raise ValueError(f"intermediate_size >= {inter} and num_hidden_layers >= {layers} required")
+    m = 1 << ((intermediate_size // inter).bit_length() - 1)  # MLP copies: a power of two
+    spare = intermediate_size - m * inter
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    gen = torch.Generator(device=device).manual_seed(seed)
+    source = {k: v.to(device, torch.float32) for k, v in load_file(src / "model.safetensors").items()}
+
+    def tile(w: torch.Tensor, rows: int, cols: int, scale: float) -> torch.Tensor:
+        return (w.repeat(rows, cols) * scale).to(dtype)
+
+    def inert(rows: int) -> torch.Tensor:
+        return torch.randn(rows, hidden_size, device=device, dtype=dtype, generator=gen) * 0.02
+
+    def zeros(rows: int, cols: int) -> torch.Tensor:
+        return torch.zeros(rows, cols, device=device, dtype=dtype)
+
+    out: dict[str, torch.Tensor] = {}
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        if name in source:
+            out[name] = tile(source[name], 1, c, 1 / c)
+    out["model.norm.weight"] = source["model.norm.weight"].repeat(c).to(dtype)
+    t0 = time.perf_counter()
+    for i in range(num_hidden_layers):
+        pre = f"model.layers.{i}."
+        s = {k.removeprefix(pre): v for k, v in source.items() if k.startswith(pre)}
+        if s:
+            layer = {"self_attn.o_proj.weight": tile(s["self_attn.o_proj.weight"], c, c, 1 / c**2),
+                     "mlp.down_proj.weight": torch.cat([tile(s["mlp.down_proj.weight"], c, m, 1 / (c * m)),
+                                                        zeros(hidden_size, spare)], 1)}
+            for n in ("q_proj", "k_proj", "v_proj"):
+                layer[f"self_attn.{n}.weight"] = tile(s[f"self_attn.{n}.weight"], c, c, 1 / c)
+            for n in ("gate_proj", "up_proj"):
+                layer[f"mlp.{n}.weight"] = torch.cat([tile(s[f"mlp.{n}.weight"], m, c, 1 / c), inert(spare)])
+            for n in ("input_layernorm", "post_attention_layernorm"):
+                layer[f"{n}.weight"] = s[f"{n}.weight"].repeat(c).to(dtype)
+        else:  # identity layer: costs like a real one, adds exactly zero
+            layer = {"self_attn.q_proj.weight": inert(num_attention_heads * head_dim),
+                     "self_attn.k_proj.weight": inert(num_key_value_heads * head_dim),
+                     "self_attn.v_proj.weight": inert(num_key_value_heads * head_dim),
+                     "self_attn.o_proj.weight": zeros(hidden_size, num_attention_heads * head_dim),
+                     "mlp.gate_proj.weight": inert(intermediate_size), "mlp.up_proj.weight": inert(intermediate_size),
+                     "mlp.down_proj.weight": zeros(hidden_size, intermediate_size),
+                     "input_layernorm.weight": torch.ones(hidden_size, device=device, dtype=dtype),
+                     "post_attention_layernorm.weight": torch.ones(hidden_size, device=device, dtype=dtype)}
+        out.update({pre + k: v.to("cpu").contiguous() for k, v in layer.items()})
+        print(f"widen: layer {i + 1}/{num_hidden_layers} ({'source layer' if s else 'identity'}) "
+              f"{time.perf_counter() - t0:.1f}s", flush=True)
+    out = {k: v.to("cpu").contiguous() for k, v in out.items()}
+    dst.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():  # tokenizer, chat template, generation config
+        if f.is_file() and f.name not in ("config.json", "model.safetensors"):
+            shutil.copy(f, dst / f.name)
+    cfg.update(hidden_size=hidden_size, num_hidden_layers=num_hidden_layers, intermediate_size=intermediate_size,
+               num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads, head_dim=head_dim,
+               rms_norm_eps=cfg.get("rms_norm_eps", 1e-6) / c**2, dtype=str(dtype).removeprefix("torch."))
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    save_file(out, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    params = sum(v.numel() for v in out.values())
+    gib = params * out["model.norm.weight"].element_size() / 2**30
+    print(f"widen: {dst} {params / 1e9:.3f}B params, {gib:.2f} GiB, c={c} mlp copies={m} spare units={spare}, "
+          f"{time.perf_counter() - t0:.1f}s", flush=True)
+    return dst
