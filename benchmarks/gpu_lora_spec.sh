@@ -36,6 +36,9 @@ if [[ $PHASES == *lora* ]]; then
   stamp lora
   timeout 90 python -m benchmarks.lora_step --synthetic 1b --device cuda --graph --iters 20 --warmup 3 \
     --json $OUT/lora.json 2>&1 | grep -v Writing | tee -a "$L"
+  stamp "lora, slots sized for rank 64 (the default --max-lora-rank), rank-8 adapters"
+  timeout 90 python -m benchmarks.lora_step --synthetic 1b --device cuda --max-lora-rank 64 --iters 20 --warmup 3 \
+    --prefill 0 --json $OUT/lora_cap64.json 2>&1 | grep -v Writing | tee -a "$L"
 fi
 wait $CKPID; echo "ckpt rc $?" >> $OUT/ckpt.txt; tail -2 $OUT/ckpt.txt | tee -a "$L"
 if [[ $PHASES == *spec* ]]; then

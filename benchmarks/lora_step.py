@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--adapters", type=int, default=8)
     parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--max-lora-rank", type=int, default=0,
+                        help="slot capacity per projection (the server's --max-lora-rank; 0: --rank)")
     parser.add_argument("--batch", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--context", type=int, default=128, help="tokens per sequence in decode steps")
     parser.add_argument("--prefill", type=int, default=512, help="tokens of the prefill step (0: skip)")
@@ -163,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, max_loras=args.adapters,
                           tokenizer=demo_model_path() if args.synthetic else None,
                           max_model_len=max(args.context, args.prefill) + 16,
-                          max_lora_rank=args.rank, max_kv_tokens=biggest, kv_block_size=16)
+                          max_lora_rank=args.max_lora_rank or args.rank, max_kv_tokens=biggest, kv_block_size=16)
     engine = NativeEngine(config)
     engine.load()
     for key in range(args.adapters):
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         cases.append((f"prefill {args.adapters} x {per_seq} tokens", args.adapters, per_seq, per_seq))
     results = []
     print(f"model {engine.model_path} ({engine.dtype}, {engine.device}), {args.adapters} adapters of rank "
-          f"{args.rank} on every projection; median of {args.iters} steps")
+          f"{args.rank} on every projection in slots of rank {config.max_lora_rank}; median of {args.iters} steps")
     adapters = f"{args.adapters} adapters ms"
     print(f"{'step':<64} {'base ms':>9} {adapters:>15} {'ratio':>6}")
     for label, batch, tokens, context in cases:
