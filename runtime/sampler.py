@@ -139,7 +139,7 @@ class Sampler:
         if len(greedy) == len(rows):
             # temperature and truncation never move a greedy row's argmax: without processors or a
             # grammar, take it from the raw logits (no float32 copy, no per-option passes)
-            edited = any(_edits_logits(r) for r in rows)
+            edited = any(edits_logits(r) for r in rows)
             token_ids = (processed_logits(logits, rows) if edited else logits).argmax(dim=-1)
         else:
             probs = _probs(processed_logits(logits, rows), greedy)
@@ -176,8 +176,11 @@ class Sampler:
         return gen
 
 
-def _edits_logits(row: SamplingRow) -> bool:
-    """Whether a processor or a grammar changes this row's logits (so its argmax may move)."""
+def edits_logits(row: SamplingRow) -> bool:
+    """Whether a processor or a grammar changes this row's logits (so its argmax may move).
+
+    Monotone in the output length (only min_tokens depends on it, and only while it is short), so a row
+    that edits nothing also edits nothing after more tokens (speculative verification relies on it)."""
     o = row.options
     return bool(
         row.guide is not None or row.bad_words_ids or o.logit_bias or len(row.output_token_ids) < o.min_tokens

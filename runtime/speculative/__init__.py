@@ -2,7 +2,8 @@
 
 - ngram.py: NgramProposer (prompt lookup, no model);
 - draft.py: DraftProposer (a small model with its own paged KV cache) and the tokenizer check;
-- verifier.py: verify(), greedy longest-agreeing-prefix and rejection sampling;
+- verifier.py: verify_greedy() (longest agreeing prefix) and verify_sampled() (rejection sampling);
+- rows.py: TargetRows, the target's sampling rows after each draft prefix;
 - speculator.py: Speculator, the engine's per-step hooks (plan, patch_inputs, verify, emit).
 
 `use_draft_logits` (Triton) is accepted and has no effect here: draft-model proposals are always
@@ -18,12 +19,12 @@ from runtime.config import EngineConfig
 from runtime.speculative.draft import DraftProposer, DraftTokenizerMismatchError, check_same_tokenizer
 from runtime.speculative.ngram import NgramProposer
 from runtime.speculative.speculator import Speculator, SpecCounters
-from runtime.speculative.verifier import Verdict, verify
+from runtime.speculative.verifier import Verdict, verify_greedy, verify_sampled
 from runtime.tokenizer import Tokenizer
 
 __all__ = [
     "DraftProposer", "DraftTokenizerMismatchError", "NgramProposer", "SpecCounters", "Speculator", "Verdict",
-    "build_speculator", "load_proposer", "resolve_draft_path", "verify",
+    "build_speculator", "load_proposer", "resolve_draft_path", "verify_greedy", "verify_sampled",
 ]
 
 
@@ -51,14 +52,19 @@ def load_proposer(config: EngineConfig, *, serving_demo: bool, tokenizer: Tokeni
         raise ValueError(f"unknown --speculative {config.speculative!r} (none, draft, ngram)")
     path = resolve_draft_path(config, serving_demo)
     check_same_tokenizer(tokenizer, path)
-    generator = torch.Generator().manual_seed(config.seed + 1)
-    return DraftProposer(path, vocab_size, dtype, device, config.kv_block_size, generator)
+    return DraftProposer(path, vocab_size, dtype, device, config.kv_block_size)
 
 
 def build_speculator(proposer: NgramProposer | DraftProposer, config: EngineConfig, block_manager: BlockManager,
-                     context_window: int) -> Speculator:
-    """The engine's hook object, once the target's KV cache exists (the draft's cache gets as many blocks)."""
+                     context_window: int, *, cuda_graphs: bool = False) -> Speculator:
+    """The engine's hook object, once the target's KV cache exists (the draft's cache gets as many blocks).
+
+    `cuda_graphs`: the target captured CUDA graphs; the draft then captures its own, for steps of up to
+    two tokens per sequence (a draft step feeds one; catching up after a verification feeds at most the
+    last draft and the bonus token) and the target's block-table width. Longer catch-ups (a prompt, a
+    step without speculation) run eager."""
     if isinstance(proposer, DraftProposer):
-        proposer.allocate(block_manager.num_blocks)
+        graphs = (2 * config.max_batch_size, -(-context_window // config.kv_block_size)) if cuda_graphs else None
+        proposer.allocate(block_manager.num_blocks, graphs)
     return Speculator(proposer, num_draft_tokens=config.num_draft_tokens, block_manager=block_manager,
                       max_num_tokens=config.max_num_tokens, context_window=context_window, seed=config.seed)

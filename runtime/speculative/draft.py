@@ -9,7 +9,7 @@ the longest prefix it shares with the target's tokens, and surplus blocks are fr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,11 +18,11 @@ import torch
 from runtime.block_manager import BlockManager
 from runtime.model_runner import ModelRunner, StepInput
 from runtime.models import ModelSpec, kv_cache_bytes_per_token, load_model
+from runtime.request import SamplingOptions
 from runtime.sampler import Sampler, SamplingRow, processed_probs
 from runtime.sequence import Sequence, SequenceStatus
+from runtime.speculative.rows import TargetRows
 from runtime.tokenizer import Tokenizer
-
-RowFactory = Callable[[list[int]], SamplingRow]  # the target's sampling row after these draft tokens
 
 
 class DraftTokenizerMismatchError(ValueError):
@@ -47,7 +47,9 @@ def check_same_tokenizer(target: Tokenizer, draft_path: str) -> None:
 @dataclass
 class DraftProposal:
     token_ids: list[int]
-    probs: torch.Tensor  # [len(token_ids), target vocab] q of each draft (greedy targets never read it)
+    # [len(token_ids), target vocab] on the CPU: q of each draft, for rejection sampling (sampled targets);
+    # None for greedy targets, whose verification only compares ids
+    probs: torch.Tensor | None
 
 
 @dataclass
@@ -56,15 +58,29 @@ class DraftJob:
 
     seq: Sequence
     k: int
-    make_row: RowFactory
-    generator: torch.Generator | None
+    target: TargetRows
+    generator: torch.Generator  # on the CPU: draws the drafts of a sampled target
+
+
+@dataclass
+class _Shadow:
+    """The draft's copy of one target sequence."""
+
+    target: Sequence
+    seq: Sequence  # the draft's tokens, computed count and block table
+    synced: int = 0  # leading tokens equal to the target's (a running sequence's tokens only ever grow)
+
+
+# A greedy row that edits nothing: the runner's sampler takes the raw argmax on the device and copies back
+# only the id. Drafts of greedy targets use it (an exact verification does not need them processed).
+_RAW_ARGMAX = SamplingRow(SamplingOptions(temperature=0.0), (), (), None, ())
 
 
 class DraftProposer:
     """Runs the draft model over its own paged KV cache (see the module docstring)."""
 
     def __init__(self, path: str, target_vocab_size: int, dtype: torch.dtype, device: torch.device,
-                 block_size: int, generator: torch.Generator) -> None:
+                 block_size: int) -> None:
         if not (Path(path) / "config.json").is_file():
             raise ValueError(f"--draft-model {path}: no config.json there (expected a Hugging Face model folder)")
         self.spec = ModelSpec.from_pretrained(path)
@@ -72,10 +88,11 @@ class DraftProposer:
         self.runner = ModelRunner(self.model, block_size, Sampler(0))
         self.block_size = block_size
         self.vocab = target_vocab_size
-        self.generator = generator
+        # a draft with more (padding) ids than the target: its argmax must be taken over the target's ids
+        self._wider_vocab = self.spec.vocab_size > target_vocab_size
         self.dtype, self.device = dtype, device
         self.block_manager: BlockManager | None = None
-        self._shadows: dict[int, tuple[Sequence, Sequence]] = {}  # target seq_id -> (target, draft shadow)
+        self._shadows: dict[int, _Shadow] = {}  # by target seq_id
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -85,82 +102,84 @@ class DraftProposer:
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
-    def allocate(self, num_blocks: int) -> None:
-        """Give the draft as many KV blocks as the target has (same tokens, its own bytes per token)."""
+    def allocate(self, num_blocks: int, graphs: tuple[int, int] | None = None) -> None:
+        """Give the draft as many KV blocks as the target has (same tokens, its own bytes per token);
+        `graphs` = (max_rows, max_blocks_per_seq): capture CUDA graphs of its steps, as the target does."""
         self.runner.allocate_kv_cache(num_blocks)
         self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_caching=False)
+        if graphs is not None:
+            self.runner.capture_decode_graphs(*graphs)
 
     def release_finished(self) -> None:
         """Free the shadows of target sequences that no longer run (finished, aborted, preempted)."""
         bm = self.block_manager
-        for seq_id, (target, shadow) in list(self._shadows.items()):
-            if target.status is not SequenceStatus.RUNNING:
-                bm.free(shadow)  # type: ignore[union-attr]
+        for seq_id, shadow in list(self._shadows.items()):
+            if shadow.target.status is not SequenceStatus.RUNNING:
+                bm.free(shadow.seq)  # type: ignore[union-attr]
                 del self._shadows[seq_id]
 
     def propose(self, jobs: Seq[DraftJob]) -> list[DraftProposal]:
         """Up to `job.k` tokens for every job (an empty proposal where the draft cache is full)."""
         assert self.block_manager is not None, "allocate() first"
         bm = self.block_manager
-        out = [DraftProposal([], torch.empty(0, self.vocab)) for _ in jobs]
-        pending: list[tuple[int, list[int]]] = []  # (job index, tokens to feed next)
+        out = [DraftProposal([], None) for _ in jobs]
+        pending: list[tuple[int, Sequence, list[int]]] = []  # (job index, draft shadow, tokens to feed next)
         for i, job in enumerate(jobs):
-            shadow = self._shadow(job.seq)
-            new = self._rollback(shadow, job.seq.token_ids)
+            entry = self._shadows.get(job.seq.seq_id)
+            if entry is None:
+                entry = self._shadows[job.seq.seq_id] = _Shadow(job.seq, Sequence(job.seq.request_id, [], 0))
+                entry.seq.status = SequenceStatus.RUNNING
+            new = self._rollback(entry, job.seq.token_ids)
             if job.seq.num_tokens + job.k > self.spec.max_position_embeddings:
                 continue
-            if not bm.can_append(shadow, len(new) + job.k - 1):
+            if not bm.can_append(entry.seq, len(new) + job.k - 1):
                 continue
-            bm.append_slots(shadow, len(new) + job.k - 1)
-            pending.append((i, new))
-        probs: dict[int, list[torch.Tensor]] = {i: [] for i, _ in pending}
+            bm.append_slots(entry.seq, len(new) + job.k - 1)
+            pending.append((i, entry.seq, new))
+        probs: dict[int, list[torch.Tensor]] = {i: [] for i, _, _ in pending if not jobs[i].target.greedy}
+        # where the draft is the raw argmax, the runner's sampler takes it on the device and only ids come back;
+        # the others' logits stay on the device for _draw
+        direct = [job.target.greedy and not self._wider_vocab for job in jobs]
         while pending:
-            inputs = []
-            rows = []
-            for i, feed in pending:
-                shadow = self._shadows[jobs[i].seq.seq_id][1]
-                row = jobs[i].make_row(out[i].token_ids)
-                rows.append(row)
-                # all logits (usually 1-2 rows) rather than the runner's sampler: we draw from q ourselves
-                inputs.append(StepInput(token_ids=feed, start_pos=shadow.num_computed_tokens,
-                                        block_table=shadow.block_table, return_all_logits=True))
+            inputs = [StepInput(token_ids=feed, start_pos=shadow.num_computed_tokens, block_table=shadow.block_table,
+                                sample_rows=[_RAW_ARGMAX], return_sample_logits=not direct[i],
+                                logits_on_device=not direct[i])
+                      for i, shadow, feed in pending]
             results = self.runner.execute(inputs)
-            logits = torch.cat([self._fit_vocab(r.all_logits[-1:]) for r in results])  # type: ignore[index]
-            q, chosen = self._draw(logits, rows, [jobs[i].generator for i, _ in pending])
+            chosen = [r.token_ids[0] for r in results]
+            rest = [n for n, (i, _, _) in enumerate(pending) if not direct[i]]
+            if rest:
+                idx = [pending[n][0] for n in rest]
+                drawn, q = self._draw([results[n].sample_logits for n in rest],  # type: ignore[misc]
+                                      [jobs[i] for i in idx], [out[i].token_ids for i in idx])
+                for m, (n, i) in enumerate(zip(rest, idx)):
+                    chosen[n] = drawn[m]
+                    if i in probs:
+                        probs[i].append(q[m])  # type: ignore[index]
             still = []
-            for row_i, (i, feed) in enumerate(pending):
-                shadow = self._shadows[jobs[i].seq.seq_id][1]
+            for (i, shadow, feed), token in zip(pending, chosen):
                 shadow.num_computed_tokens += len(feed)
-                token = chosen[row_i]
                 shadow.append_token(token)
                 out[i].token_ids.append(token)
-                probs[i].append(q[row_i])
                 if len(out[i].token_ids) < jobs[i].k:
-                    still.append((i, [token]))
+                    still.append((i, shadow, [token]))
             pending = still
         for i, rows_q in probs.items():
             out[i].probs = torch.stack(rows_q)
         return out
 
-    def _shadow(self, seq: Sequence) -> Sequence:
-        entry = self._shadows.get(seq.seq_id)
-        if entry is None:
-            shadow = Sequence(seq.request_id, [], 0)
-            shadow.status = SequenceStatus.RUNNING
-            entry = self._shadows[seq.seq_id] = (seq, shadow)
-        return entry[1]
-
-    def _rollback(self, shadow: Sequence, target_tokens: list[int]) -> list[int]:
+    def _rollback(self, shadow: _Shadow, target_tokens: list[int]) -> list[int]:
         """Keep the shadow's cache for the prefix it shares with the target; return the tokens to feed."""
-        computed = shadow.num_computed_tokens
-        same = 0
-        limit = min(computed, len(target_tokens) - 1)  # the target's last token is always fed: its logits are needed
-        while same < limit and shadow.token_ids[same] == target_tokens[same]:
+        seq = shadow.seq
+        limit = min(seq.num_computed_tokens, len(target_tokens) - 1)  # the target's last token is always fed
+        same = min(shadow.synced, limit)  # only the drafts past the last sync can differ: a few compares
+        while same < limit and seq.token_ids[same] == target_tokens[same]:
             same += 1
-        shadow.num_computed_tokens = same
-        shadow.token_ids = list(target_tokens)
-        self.block_manager.trim(shadow, same)  # type: ignore[union-attr]
-        return shadow.token_ids[same:]
+        seq.num_computed_tokens = same
+        seq.token_ids = list(target_tokens)
+        shadow.synced = len(target_tokens)
+        self.block_manager.trim(seq, same)  # type: ignore[union-attr]
+        return seq.token_ids[same:]
 
     def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """The draft's logits over the target's vocabulary (checkpoints may pad their embeddings differently)."""
@@ -169,21 +188,20 @@ class DraftProposer:
             return logits
         if v > self.vocab:
             return logits[:, : self.vocab]
-        pad = torch.full((logits.shape[0], self.vocab - v), float("-inf"), dtype=logits.dtype)
+        pad = torch.full((logits.shape[0], self.vocab - v), float("-inf"), dtype=logits.dtype, device=logits.device)
         return torch.cat([logits, pad], dim=-1)
 
-    def _draw(self, logits: torch.Tensor, rows: list[SamplingRow], generators: list[torch.Generator | None]
-              ) -> tuple[torch.Tensor, list[int]]:
-        """(q [N, V], drawn tokens). Greedy targets ignore q (their verification is an argmax match), so
-        an all-greedy round skips the processing and takes the draft's raw argmax."""
-        if all(row.options.greedy for row in rows):
-            return logits, logits.argmax(dim=-1).tolist()
-        q = processed_probs(logits, rows)
+    def _draw(self, logits: list[torch.Tensor], jobs: list[DraftJob], drafted: list[list[int]]
+              ) -> tuple[list[int], torch.Tensor | None]:
+        """(tokens, q [N, V] on the CPU or None) from the draft's raw logits ([1, V] each, on the device).
+
+        Greedy targets take the argmax over the target's ids. Sampled ones draw from q, the draft's
+        distribution under the target's processing, with their CPU generator (q moves to the CPU once:
+        the draw and the verification read it there)."""
+        x = self._fit_vocab(torch.cat(logits))
+        if all(job.target.greedy for job in jobs):
+            return x.argmax(dim=-1).tolist(), None
+        q = processed_probs(x, [job.target.after(tokens) for job, tokens in zip(jobs, drafted)]).cpu()
         greedy = q.argmax(dim=-1).tolist()
-        out = []
-        for i, row in enumerate(rows):
-            if row.options.greedy:
-                out.append(greedy[i])
-            else:
-                out.append(int(torch.multinomial(q[i], 1, generator=generators[i] or self.generator)))
-        return q, out
+        return [greedy[m] if job.target.greedy else int(torch.multinomial(q[m], 1, generator=job.generator))
+                for m, job in enumerate(jobs)], q

@@ -3,7 +3,8 @@
 Per step, around the target's forward pass (runtime/llm_engine.py calls these in order):
   plan(batch)            pick decode entries of requests that speculate, propose up to k tokens for
                          each (n-gram lookup or the draft model), reserve KV slots for them;
-  patch_inputs(inputs)   those entries feed [last token] + drafts and get logits for every row;
+  patch_inputs(inputs)   those entries feed [last token] + drafts and get logits for every row (left on
+                         the device: verification copies back ids and logprobs, not [K+1, vocab] rows);
   verify(batch, results) accept a prefix (runtime/speculative/verifier.py), let the accepted drafts
                          join the sequence, shrink the entry so only verified KV counts as computed, and
                          free the blocks that held only rejected tokens;
@@ -16,7 +17,8 @@ the same batch.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence as Seq
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -24,14 +26,17 @@ from runtime.block_manager import BlockManager
 from runtime.model_runner import StepInput, StepResult
 from runtime.request import OutputDelta
 from runtime.request_state import RequestState
-from runtime.sampler import SamplingRow, compute_logprobs, processed_probs
+from runtime.sampler import compute_logprobs, processed_logits, processed_probs
 from runtime.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
 from runtime.sequence import Sequence
 from runtime.speculative.draft import DraftJob, DraftProposer
 from runtime.speculative.ngram import NgramProposer
-from runtime.speculative.verifier import verify
+from runtime.speculative.rows import TargetRows
+from runtime.speculative.verifier import Verdict, verify_greedy, verify_sampled
 
 MAX_DRAFT_TOKENS = 16  # per-request num_draft_tokens above this is clamped (the forward grows with it)
+
+_Logprobs = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]  # compute_logprobs' result
 
 
 @dataclass
@@ -40,8 +45,9 @@ class _Work:
 
     entry: ScheduledSeq
     state: RequestState
+    target: TargetRows
     draft_token_ids: list[int]
-    draft_probs: torch.Tensor | None  # None: deterministic proposals (n-gram)
+    draft_probs: torch.Tensor | None  # on the CPU; None: deterministic proposals (n-gram) or a greedy target
     num_accepted: int = 0
 
 
@@ -65,12 +71,16 @@ class Speculator:
         self.generator = torch.Generator().manual_seed(seed)
         self.counters = SpecCounters()
         self._work: dict[int, _Work] = {}  # seq_id -> this step's speculation
+        # seq_id -> (request id, CPU generator seeded as the request's generator on another device)
+        self._cpu_twins: dict[int, tuple[str, torch.Generator]] = {}
 
     # ---- before the forward ---------------------------------------------------------------------
     def plan(self, batch: ScheduledBatch, requests: Mapping[str, RequestState]) -> None:
         self._work.clear()
         if isinstance(self.proposer, DraftProposer):
             self.proposer.release_finished()
+        if self._cpu_twins:
+            self._cpu_twins = {k: v for k, v in self._cpu_twins.items() if v[0] in requests}
         budget = self.max_num_tokens - batch.num_tokens
         free_blocks = self.block_manager.num_free_blocks  # minus what earlier entries reserve below
         wanted: list[tuple[ScheduledSeq, RequestState, int]] = []
@@ -85,16 +95,17 @@ class Speculator:
                 free_blocks -= need
         if not wanted:
             return
+        targets = [TargetRows.of(s.sampling_rows(e.seq)[0]) for e, s, _ in wanted]
         if isinstance(self.proposer, DraftProposer):
-            jobs = [DraftJob(e.seq, k, self._row_factory(s, e.seq), self._generator(s, e.seq)) for e, s, k in wanted]
+            jobs = [DraftJob(e.seq, k, t, self._generator(s, e.seq)) for (e, s, k), t in zip(wanted, targets)]
             proposals = [(p.token_ids, p.probs) for p in self.proposer.propose(jobs)]
         else:
             proposals = [(self.proposer.propose(e.seq.token_ids, k), None) for e, _, k in wanted]
-        for (entry, state, _), (tokens, probs) in zip(wanted, proposals):
+        for (entry, state, _), target, (tokens, probs) in zip(wanted, targets, proposals):
             if not tokens:
                 continue
             self.block_manager.append_slots(entry.seq, 1 + len(tokens))
-            self._work[entry.seq.seq_id] = _Work(entry, state, tokens, probs)
+            self._work[entry.seq.seq_id] = _Work(entry, state, target, tokens, probs)
 
     def _draft_len(self, entry: ScheduledSeq, state: RequestState) -> int:
         seq = entry.seq
@@ -109,7 +120,7 @@ class Speculator:
         return max(0, min(k, room))
 
     def patch_inputs(self, batch: ScheduledBatch, inputs: Seq[StepInput]) -> None:
-        """Speculating entries score their drafts: every row's logits, no sampling in the runner."""
+        """Speculating entries score their drafts: every row's logits, kept on the device, no sampling."""
         for entry, inp in zip(batch.entries, inputs):
             work = self._work.get(entry.seq.seq_id)
             if work is not None:
@@ -117,37 +128,73 @@ class Speculator:
                 inp.sample_rows = []
                 inp.return_all_logits = True
                 inp.return_sample_logits = False
+                inp.logits_on_device = True
 
     # ---- after the forward ----------------------------------------------------------------------
     def verify(self, batch: ScheduledBatch, results: Seq[StepResult]) -> None:
-        """Accept drafts; rejected tokens' KV is rolled back (before scheduler.advance counts it)."""
+        """Accept drafts; rejected tokens' KV is rolled back (before scheduler.advance counts it).
+
+        Device work for every entry is queued first and copied back with one wait: greedy targets need
+        only their K+1 argmax ids and those rows' logprobs; sampled ones their K+1 processed
+        distributions (rejection sampling draws on the CPU), then the emitted tokens' logprobs."""
+        checks: list[tuple[_Work, StepResult, torch.Tensor]] = []
         for entry, result in zip(batch.entries, results):
             work = self._work.get(entry.seq.seq_id)
-            if work is None or result.all_logits is None:
-                continue
-            seq, state = entry.seq, work.state
-            drafts = work.draft_token_ids
-            rows = [self._row_factory(state, seq)(drafts[:j]) for j in range(len(drafts) + 1)]
-            target = processed_probs(result.all_logits, rows)
-            verdict = verify(target, drafts, work.draft_probs, greedy=state.options.greedy,
-                             generator=self._generator(state, seq))
-            emitted = torch.tensor(verdict.token_ids)
-            n = len(verdict.token_ids)
-            chosen, top_ids, top_lps = compute_logprobs(result.all_logits[:n], emitted, state.options.logprobs or 0)
-            result.all_logits = None
-            result.token_ids = verdict.token_ids
-            result.logprobs = chosen.tolist()
-            result.top = ([list(zip(i, lp)) for i, lp in zip(top_ids.tolist(), top_lps.tolist())]
-                          if top_ids is not None else [[] for _ in range(n)])
-            work.num_accepted = verdict.num_accepted
-            # verified KV: the fed token and the accepted drafts; the rest of the rows is discarded
-            entry.num_new_tokens = 1 + verdict.num_accepted
-            seq.token_ids.extend(drafts[: verdict.num_accepted])  # scheduler.advance hashes full blocks
-            self.block_manager.trim(seq, seq.num_computed_tokens + entry.num_new_tokens)
-            c = self.counters
-            c.draft_tokens += len(drafts)
-            c.accepted_tokens += verdict.num_accepted
-            c.steps += 1
+            if work is not None and result.all_logits is not None:
+                checks.append((work, result, result.all_logits))
+                result.all_logits = None
+        if not checks:
+            return
+        first: list[torch.Tensor] = []  # per check: the K+1 argmax ids (greedy) or distributions (sampled)
+        logprobs: list[_Logprobs | None] = []  # per check: of the argmax ids (greedy); sampled ones come later
+        for work, _, logits in checks:
+            rows = work.target
+            if rows.greedy:
+                edited = processed_logits(logits, rows.verify_rows(work.draft_token_ids)) if rows.edits else logits
+                best = edited.argmax(dim=-1)  # what plain greedy decoding picks after each prefix of the drafts
+                first.append(best)
+                logprobs.append(compute_logprobs(logits, best, rows.base.options.logprobs or 0))
+            else:
+                first.append(processed_probs(logits, rows.verify_rows(work.draft_token_ids)))
+                logprobs.append(None)
+        first, logprobs = _to_host((first, logprobs))
+        verdicts: list[Verdict] = []
+        resampled: list[int] = []  # checks of sampled targets
+        for c, (work, _, _) in enumerate(checks):
+            if work.target.greedy:
+                verdicts.append(verify_greedy(first[c].tolist(), work.draft_token_ids))
+            else:
+                verdicts.append(verify_sampled(first[c], work.draft_token_ids, work.draft_probs,
+                                               self._generator(work.state, work.entry.seq)))
+                resampled.append(c)
+        if resampled:  # the logprobs of the tokens rejection sampling chose, again with one wait
+            later = _to_host([compute_logprobs(checks[c][2][: len(verdicts[c].token_ids)],
+                                               torch.tensor(verdicts[c].token_ids, device=checks[c][2].device),
+                                               checks[c][0].target.base.options.logprobs or 0) for c in resampled])
+            for c, lp in zip(resampled, later):
+                logprobs[c] = lp
+        for (work, result, _), verdict, lp in zip(checks, verdicts, logprobs):
+            assert lp is not None
+            self._accept(work, result, verdict, lp)
+
+    def _accept(self, work: _Work, result: StepResult, verdict: Verdict, logprobs: _Logprobs) -> None:
+        """Record the verdict in `result` and let the accepted drafts join the sequence."""
+        n = len(verdict.token_ids)
+        chosen, top_ids, top_lps = logprobs
+        result.token_ids = verdict.token_ids
+        result.logprobs = chosen[:n].tolist()
+        result.top = ([list(zip(i, lp)) for i, lp in zip(top_ids[:n].tolist(), top_lps[:n].tolist())]
+                      if top_ids is not None and top_lps is not None else [[] for _ in range(n)])
+        work.num_accepted = verdict.num_accepted
+        entry, seq, drafts = work.entry, work.entry.seq, work.draft_token_ids
+        # verified KV: the fed token and the accepted drafts; the rest of the rows is discarded
+        entry.num_new_tokens = 1 + verdict.num_accepted
+        seq.token_ids.extend(drafts[: verdict.num_accepted])  # scheduler.advance hashes full blocks
+        self.block_manager.trim(seq, seq.num_computed_tokens + entry.num_new_tokens)
+        c = self.counters
+        c.draft_tokens += len(drafts)
+        c.accepted_tokens += verdict.num_accepted
+        c.steps += 1
 
     def emit(self, state: RequestState, entry: ScheduledSeq, result: StepResult,
              scheduler: Scheduler) -> list[OutputDelta] | None:
@@ -168,15 +215,36 @@ class Speculator:
         return deltas
 
     # ---- helpers ----------------------------------------------------------------------------------
-    def _row_factory(self, state: RequestState, seq: Sequence):  # -> Callable[[list[int]], SamplingRow]
-        base = state.sampling_rows(seq)[0]
-        output = list(seq.output_token_ids)
-
-        def make(extra: list[int]) -> SamplingRow:
-            return replace(base, output_token_ids=output + list(extra))
-
-        return make
-
     def _generator(self, state: RequestState, seq: Sequence) -> torch.Generator:
+        """The CPU generator of rejection sampling and draft draws: the request's own (seeded) one when it
+        lives on the CPU, a CPU twin seeded alike when it lives on the GPU (seeded output stays
+        reproducible), else the speculator's shared one."""
         gen = state.samples[seq.index].generator
-        return gen if gen is not None and gen.device.type == "cpu" else self.generator
+        if gen is None:
+            return self.generator
+        if gen.device.type == "cpu":
+            return gen
+        twin = self._cpu_twins.get(seq.seq_id)
+        if twin is None:
+            twin = self._cpu_twins[seq.seq_id] = (seq.request_id, torch.Generator().manual_seed(gen.initial_seed()))
+        return twin[1]
+
+
+def _to_host(tree: Any) -> Any:
+    """`tree` (tensors in nested lists and tuples) with every tensor copied to the CPU, after one wait for
+    the device instead of one synchronising copy per tensor."""
+    moved: list[torch.Tensor] = []
+
+    def copy(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            moved.append(x)
+            return x.to("cpu", non_blocking=True)
+        if isinstance(x, (list, tuple)):
+            return type(x)(copy(y) for y in x)
+        return x
+
+    out = copy(tree)
+    device = next((t.device for t in moved if t.is_cuda), None)
+    if device is not None:
+        torch.cuda.current_stream(device).synchronize()
+    return out

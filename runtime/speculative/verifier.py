@@ -1,13 +1,15 @@
-"""Verification of proposed tokens against the target model's distributions (one forward of K+1 rows).
+"""Verification of proposed tokens against the target model (one forward of K+1 rows).
 
-Greedy rows accept the longest prefix of the proposal that equals the target's argmax, then take the
-target's own argmax: output is token-for-token what plain greedy decoding gives.
+Greedy rows (`verify_greedy`) accept the longest prefix of the proposal that equals the target's argmax
+after each prefix, then take the target's own argmax: output is token-for-token what plain greedy
+decoding gives. Only the K+1 argmax ids are needed, so the caller computes them where the logits are
+(on the GPU) and copies back ids alone.
 
-Sampled rows use speculative rejection sampling (Leviathan et al. 2023; Chen et al. 2023): draft token d
-with draft probability q(d) is accepted with probability min(1, p(d) / q(d)); on the first rejection the
-token is drawn from the normalised residual max(0, p - q); when all K are accepted a bonus token is
-drawn from the last row. Each emitted token is then distributed exactly as the target's p. A proposer
-without probabilities (n-gram lookup) is deterministic: q is one-hot at its token.
+Sampled rows (`verify_sampled`) use speculative rejection sampling (Leviathan et al. 2023; Chen et al.
+2023): draft token d with draft probability q(d) is accepted with probability min(1, p(d) / q(d)); on the
+first rejection the token is drawn from the normalised residual max(0, p - q); when all K are accepted a
+bonus token is drawn from the last row. Each emitted token is then distributed exactly as the target's p.
+A proposer without probabilities (n-gram lookup) is deterministic: q is one-hot at its token.
 """
 
 from __future__ import annotations
@@ -26,28 +28,30 @@ class Verdict:
     num_accepted: int  # leading draft tokens among token_ids
 
 
-def verify(
+def verify_greedy(target_ids: Sequence[int], draft_token_ids: Sequence[int]) -> Verdict:
+    """`target_ids` (K+1): the target's argmax after each prefix of the K drafts (the last: the bonus)."""
+    k = len(draft_token_ids)
+    assert len(target_ids) == k + 1, "one target row per draft token plus the bonus row"
+    accepted = 0
+    while accepted < k and target_ids[accepted] == draft_token_ids[accepted]:
+        accepted += 1
+    # the accepted drafts equal the target's choices: the emitted tokens are its first accepted + 1 ids
+    return Verdict(list(target_ids[: accepted + 1]), accepted)
+
+
+def verify_sampled(
     target_probs: torch.Tensor,
     draft_token_ids: Sequence[int],
     draft_probs: torch.Tensor | None,
-    *,
-    greedy: bool,
     generator: torch.Generator | None,
 ) -> Verdict:
     """Accept a prefix of `draft_token_ids` (K) given the target's processed probabilities [K+1, V].
 
     `draft_probs` [K, V]: the distributions the drafts were drawn from; None: deterministic proposals.
-    `target_probs` rows must come from `runtime.sampler.processed_probs` (one-hot for greedy rows).
+    `target_probs` rows come from `runtime.sampler.processed_probs`; tensors and generator share a device.
     """
     k = len(draft_token_ids)
     assert target_probs.shape[0] == k + 1, "one target row per draft token plus the bonus row"
-    if greedy:
-        best = target_probs.argmax(dim=-1).tolist()
-        accepted = 0
-        while accepted < k and best[accepted] == draft_token_ids[accepted]:
-            accepted += 1
-        return Verdict(list(draft_token_ids[:accepted]) + [best[accepted]], accepted)
-
     for j, d in enumerate(draft_token_ids):
         p = target_probs[j]
         p_d = float(p[d])

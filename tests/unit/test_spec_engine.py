@@ -1,13 +1,18 @@
 """Speculative decoding inside NativeEngine: greedy output equals plain greedy decoding (draft model and
-n-gram, alone and beside plain requests), stops cut multi-token steps, rejected KV is freed, counters."""
+n-gram, alone and beside plain requests, with and without logits processors, with a draft whose vocabulary
+is padded wider), stops cut multi-token steps, rejected KV is freed, counters."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file, save_file
 
 from runtime.config import EngineConfig
 from runtime.llm_engine import NativeEngine
@@ -67,6 +72,47 @@ async def test_greedy_with_speculation_equals_plain_greedy_alone_and_batched(pai
     if mode == "draft-self":  # the draft is the target: every proposal is accepted
         assert stats.spec_accepted_tokens == stats.spec_draft_tokens
         assert stats.iterations < 5 * 24 // 2  # far fewer steps than one per token
+
+
+# Greedy verification takes the raw argmax on the device unless a processor can move it; these options
+# must go through the processed rows (one per draft prefix: the penalties see the drafts as output).
+PROCESSORS: dict[str, dict] = {
+    "none": {},
+    "repetition_penalty": {"repetition_penalty": 1.5},
+    "presence_frequency": {"presence_penalty": 1.5, "frequency_penalty": 1.0},
+    "logit_bias": {},  # bans the tokens plain greedy decoding emits first (set in the test)
+    "min_tokens": {},  # stop ids = plain greedy's 4th tokens, banned for the first 8 tokens (set in the test)
+}
+
+
+@pytest.mark.parametrize("mode", ["draft-self", "ngram"])
+async def test_greedy_with_logits_processors_equals_plain_greedy(pair, mode: str) -> None:
+    target, _ = pair
+    ps = prompts(2, seed=17)
+
+    def reqs(options: dict[str, dict]) -> list[GenerationRequest]:
+        return [request(f"{name}{i}", p, 16, logprobs=2, **opts)
+                for name, opts in options.items() for i, p in enumerate(ps)]
+
+    async with running_engine(target) as engine:
+        plain = [o.tokens[0] for o in await run_all(engine, reqs({"none": {}}))]
+        options = dict(PROCESSORS, logit_bias={"logit_bias": {out[0]: -100.0 for out in plain}},
+                       min_tokens={"min_tokens": 8, "ignore_eos": False, "stop_token_ids": [out[3] for out in plain]})
+        want = await run_all(engine, reqs(options))
+    cfg = {"speculative": "ngram"} if mode == "ngram" else {"speculative": "draft", "draft_model": str(target)}
+    async with running_engine(target, num_draft_tokens=4, **cfg) as engine:
+        got = await run_all(engine, reqs(options))  # all in one batch
+        stats = engine.stats()
+    assert [o.tokens[0] for o in got] == [o.tokens[0] for o in want]
+    for g, w in zip(got, want):  # raw logprobs of the emitted tokens and the top-2, as plain decoding reports
+        got_lps, want_lps = ([lp for d in o.deltas for lp in d.logprobs] for o in (g, w))
+        assert len(got_lps) == len(want_lps) == len(w.tokens[0])
+        assert [lp.logprob for lp in got_lps] == pytest.approx([lp.logprob for lp in want_lps], abs=1e-4)
+        assert [[t for t, _ in lp.top] for lp in got_lps] == [[t for t, _ in lp.top] for lp in want_lps]
+    assert stats.spec_accepted_tokens > 0
+    # every processor changed the greedy output, so a verification that ignored it would fail
+    for k, name in enumerate(options):
+        assert name == "none" or [o.tokens[0] for o in want[2 * k : 2 * k + 2]] != plain, name
 
 
 async def test_speculative_and_plain_requests_share_batches_with_identical_output(pair) -> None:
@@ -139,13 +185,40 @@ async def test_rejected_tokens_blocks_are_freed_each_step(pair) -> None:
     assert seen and all(have == need for have, need in seen)
 
 
+def padded_vocab_copy(checkpoint: Path, folder: Path) -> Path:
+    """The checkpoint with 2 x hidden extra output ids (same tokenizer) whose logits always win the argmax:
+    rows +-1e4 * e_j score 1e4 * max_j |h_j| against O(1) logits of the real ids."""
+    shutil.copytree(checkpoint, folder)
+    weights = load_file(folder / "model.safetensors")
+    embed = weights["model.embed_tokens.weight"]
+    hidden = embed.shape[1]
+    eye = torch.eye(hidden) * 1e4
+    weights["lm_head.weight"] = torch.cat([embed, eye, -eye])
+    weights["model.embed_tokens.weight"] = torch.cat([embed, torch.zeros(2 * hidden, hidden)])
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    config.update(vocab_size=embed.shape[0] + 2 * hidden, tie_word_embeddings=False)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+async def test_a_draft_with_padded_extra_ids_only_proposes_the_targets_ids(pair, tmp_path: Path) -> None:
+    target, draft = pair
+    wide = padded_vocab_copy(draft, tmp_path / "wide-draft")
+    ps = prompts(2, seed=19)
+    want = await plain_greedy(target, ps, 12)
+    async with running_engine(target, speculative="draft", draft_model=str(wide), num_draft_tokens=3) as engine:
+        outs = await run_all(engine, [request(f"w{i}", p, 12) for i, p in enumerate(ps)])
+        stats = engine.stats()
+    assert [o.tokens[0] for o in outs] == want
+    assert stats.spec_draft_tokens > 0
+
+
 async def test_draft_with_another_tokenizer_is_a_startup_error(pair, tmp_path: Path) -> None:
     target, draft = pair
     from transformers import AutoTokenizer
 
     other = tmp_path / "other-draft"
-    import shutil
-
     shutil.copytree(draft, other)
     tok = AutoTokenizer.from_pretrained(other)
     tok.add_tokens(["<extra-token>"])

@@ -6,26 +6,16 @@ from __future__ import annotations
 import torch
 from scipy.stats import chisquare
 
-from runtime.speculative import NgramProposer, verify
-
-
-def one_hot(ids: list[int], vocab: int) -> torch.Tensor:
-    return torch.nn.functional.one_hot(torch.tensor(ids), vocab).float()
+from runtime.speculative import NgramProposer, verify_greedy, verify_sampled
 
 
 def test_greedy_accepts_longest_agreeing_prefix_then_the_targets_token() -> None:
-    target = one_hot([5, 7, 2, 9], 10)  # argmax after each prefix of the 3 drafts, plus the bonus row
-    assert verify(target, [5, 7, 1], None, greedy=True, generator=None).token_ids == [5, 7, 2]
-    assert verify(target, [5, 7, 1], None, greedy=True, generator=None).num_accepted == 2
-    assert verify(target, [4, 7, 2], None, greedy=True, generator=None).token_ids == [5]
-    all_ok = verify(target, [5, 7, 2], None, greedy=True, generator=None)
+    target = [5, 7, 2, 9]  # argmax after each prefix of the 3 drafts, plus the bonus row
+    assert verify_greedy(target, [5, 7, 1]).token_ids == [5, 7, 2]
+    assert verify_greedy(target, [5, 7, 1]).num_accepted == 2
+    assert verify_greedy(target, [4, 7, 2]).token_ids == [5]
+    all_ok = verify_greedy(target, [5, 7, 2])
     assert (all_ok.token_ids, all_ok.num_accepted) == ([5, 7, 2, 9], 3)
-
-
-def test_greedy_ignores_draft_probabilities() -> None:
-    target = one_hot([3, 3], 4)
-    q = torch.full((1, 4), 0.25)
-    assert verify(target, [3], q, greedy=True, generator=None).token_ids == [3, 3]
 
 
 def _first_token_counts(p: torch.Tensor, q: torch.Tensor | None, drafts_from_q: bool, trials: int) -> torch.Tensor:
@@ -36,7 +26,7 @@ def _first_token_counts(p: torch.Tensor, q: torch.Tensor | None, drafts_from_q: 
     for _ in range(trials):
         draft = int(torch.multinomial(q, 1, generator=gen)) if drafts_from_q else 2
         qq = q[None] if q is not None and drafts_from_q else None
-        counts[verify(target, [draft], qq, greedy=False, generator=gen).token_ids[0]] += 1
+        counts[verify_sampled(target, [draft], qq, gen).token_ids[0]] += 1
     return counts
 
 
@@ -59,7 +49,7 @@ def test_rejection_sampling_of_deterministic_proposals_matches_the_target() -> N
 
 def test_all_accepted_draws_a_bonus_token_from_the_last_row() -> None:
     p = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
-    out = verify(p, [1], None, greedy=False, generator=torch.Generator().manual_seed(0))
+    out = verify_sampled(p, [1], None, torch.Generator().manual_seed(0))
     assert (out.token_ids, out.num_accepted) == ([1, 2], 1)
 
 
@@ -67,7 +57,7 @@ def test_rejected_token_is_never_resampled_when_the_draft_is_deterministic() -> 
     p = torch.tensor([[0.0, 0.5, 0.5], [1.0, 0.0, 0.0]])
     gen = torch.Generator().manual_seed(0)
     for _ in range(50):
-        out = verify(p, [0], None, greedy=False, generator=gen)  # p(0) = 0: always rejected
+        out = verify_sampled(p, [0], None, gen)  # p(0) = 0: always rejected
         assert out.num_accepted == 0 and out.token_ids[0] in (1, 2)
 
 
