@@ -4,7 +4,7 @@
 #   dependencies, installed with --no-deps beside the device's torch/triton/transformers).
 # Everything lands in $OUT as it goes (log.txt, *.json, tests*.txt); PHASES picks a subset.
 set -u
-PHASES=${PHASES:-"tests lora spec"}
+PHASES=${PHASES:-"tests lora kernels spec"}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 L=$OUT/log.txt; T0=$(date +%s)
 stamp() { echo "=== $(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s $*" | tee -a "$L"; }
@@ -29,7 +29,8 @@ if [[ $PHASES == *tests* ]]; then
     tests/unit/test_cuda_lora.py > $OUT/tests_kernels.txt 2>&1; echo "rc $?" >> $OUT/tests_kernels.txt
   tail -3 $OUT/tests_kernels.txt | tee -a "$L"
   ENGINE_TEST_DEVICE=cuda timeout 240 python -m pytest -q -p no:cacheprovider tests/unit/test_lora_engine.py \
-    tests/unit/test_spec_engine.py tests/unit/test_llm_engine.py > $OUT/tests_engine_cuda.txt 2>&1
+    tests/unit/test_spec_engine.py tests/unit/test_spec_sampling.py tests/unit/test_llm_engine.py \
+    > $OUT/tests_engine_cuda.txt 2>&1
   echo "rc $?" >> $OUT/tests_engine_cuda.txt; tail -15 $OUT/tests_engine_cuda.txt | tee -a "$L"
 fi
 if [[ $PHASES == *lora* ]]; then
@@ -39,6 +40,10 @@ if [[ $PHASES == *lora* ]]; then
   stamp "lora, slots sized for rank 64 (the default --max-lora-rank), rank-8 adapters"
   timeout 90 python -m benchmarks.lora_step --synthetic 1b --device cuda --max-lora-rank 64 --iters 20 --warmup 3 \
     --prefill 0 --json $OUT/lora_cap64.json 2>&1 | grep -v Writing | tee -a "$L"
+fi
+if [[ $PHASES == *kernels* ]]; then
+  stamp "LoRA kernels micro-benchmark (64 Linears of the 1B, graphed)"
+  timeout 120 python -m benchmarks.lora_kernels_bench --json $OUT/lora_kernels.json 2>&1 | tee -a "$L"
 fi
 wait $CKPID; echo "ckpt rc $?" >> $OUT/ckpt.txt; tail -2 $OUT/ckpt.txt | tee -a "$L"
 if [[ $PHASES == *spec* ]]; then
