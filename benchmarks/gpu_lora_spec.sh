@@ -47,11 +47,21 @@ if [[ $PHASES == *kernels* ]]; then
 fi
 wait $CKPID; echo "ckpt rc $?" >> $OUT/ckpt.txt; tail -2 $OUT/ckpt.txt | tee -a "$L"
 if [[ $PHASES == *spec* ]]; then
-  stamp spec-demo
-  timeout 80 python -m benchmarks.spec_decode --device cuda --dtype float32 --max-tokens 128 --requests-per-slot 1 \
-    --json $OUT/spec_demo.json 2>&1 | tee -a "$L"
-  stamp spec-wide1b
-  timeout 150 python -m benchmarks.spec_decode --model $CK/wide1b --draft-model runtime/demo/draft --device cuda \
-    --dtype bfloat16 --max-tokens 128 --requests-per-slot 1 --json $OUT/spec_wide1b.json 2>&1 | tee -a "$L"
+  # c=1: all 8 prompts one after another, 3 paired rounds; c=8: the 8 prompts at once
+  for dt in float32 bfloat16; do
+    stamp "spec demo pair $dt"
+    timeout 100 python -m benchmarks.spec_decode --device cuda --dtype $dt --max-tokens 128 --concurrency 1 \
+      --requests-per-slot 8 --repeat 3 --json $OUT/spec_demo_$dt.json 2>&1 | grep -v Loading | tail -5 | tee -a "$L"
+  done
+  for dt in bfloat16 float32; do
+    stamp "spec widened 1B $dt, c=1"
+    timeout 150 python -m benchmarks.spec_decode --model $CK/wide1b --draft-model runtime/demo/draft --device cuda \
+      --dtype $dt --max-tokens 128 --concurrency 1 --requests-per-slot 8 --repeat 3 \
+      --json $OUT/spec_wide1b_c1_$dt.json 2>&1 | grep -v Loading | tail -5 | tee -a "$L"
+  done
+  stamp "spec widened 1B bf16, c=8"
+  timeout 100 python -m benchmarks.spec_decode --model $CK/wide1b --draft-model runtime/demo/draft --device cuda \
+    --dtype bfloat16 --max-tokens 128 --concurrency 8 --requests-per-slot 1 --repeat 3 \
+    --json $OUT/spec_wide1b_c8.json 2>&1 | grep -v Loading | tail -5 | tee -a "$L"
 fi
 stamp end

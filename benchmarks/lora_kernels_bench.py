@@ -3,14 +3,16 @@
     python -m benchmarks.lora_kernels_bench            # CUDA only
 
 For the Llama-3.2-1B shapes (16 layers x the four adaptable Linears qkv, o, gate_up, down), 8 slots,
-every token on slot t % 8, rank-8 adapters in slots of rank `cap`, it captures the LoRA updates of
-all 64 Linears (not the base matmuls) in one graph and times its replays: the time LoRA adds to a
-graphed decode step, which issue 6 allows to be 0.3 x the base step (~0.36 ms on the H100).
+every token on slot t % 8, rank-8 adapters in slots of rank `cap`, it captures the projections of all
+64 Linears with their LoRA updates in one graph and times its replays, against the base matmuls
+alone: the difference is what LoRA adds to a graphed decode step, which issue 6 allows to be 0.3 x
+the base step (~0.36 ms on the H100).
 
-Implementations:
-  triton2      runtime/cuda/lora_kernels.py: gathered shrink + gathered expand (Triton)
-  dense        x @ A_all^T over every slot (cuBLAS), one-hot mask, y.addmm_(h, B_all): the CPU path
-  gemm+expand  x @ A_all^T (cuBLAS), then the Triton expand reading each token's slot columns of it
+Implementations (each includes the base matmul):
+  folded       what runs: one matmul over [W; A_all] (runtime/lora/slots.py), then the Triton expand
+               (runtime/cuda/lora_kernels.py)
+  gemm+expand  x W^T, x A_all^T (two cuBLAS matmuls), then an expand like the above reading h_all
+  dense        x W^T, x A_all^T, one-hot mask, y.addmm_(h, B_all): the CPU product
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from runtime.cuda.lora_kernels import lora_shrink_expand
+import torch.nn.functional as F
+
+from runtime.cuda.lora_kernels import lora_expand
 
 LINEARS = {"qkv": (2048, 3072, 3), "o": (2048, 2048, 1), "gate_up": (2048, 16384, 2), "down": (8192, 2048, 1)}
 LAYERS, SLOTS, RANK = 16, 8, 8
@@ -68,20 +72,22 @@ def dense(x, y, a, b, onehot):
 
 
 def build(tokens: int, cap_rank: int, dtype: torch.dtype):
+    """Per Linear: x, [W; A_all] with A_all = rank-major [cap * S, in] (rank-8 adapters), B, ranks."""
     g = torch.Generator(device="cuda").manual_seed(0)
     layers = []
     for _ in range(LAYERS):
-        for name, (k, n, parts) in LINEARS.items():
+        for k, n, parts in LINEARS.values():
             cap = cap_rank * parts
-            a = torch.zeros(cap, SLOTS, k, device="cuda", dtype=dtype)
-            b = torch.zeros(cap, SLOTS, n, device="cuda", dtype=dtype)
             used = RANK * parts
-            a[:used] = torch.randn(used, SLOTS, k, device="cuda", generator=g, dtype=dtype) * 0.01
+            stacked = torch.zeros(n + cap * SLOTS, k, device="cuda", dtype=dtype)
+            stacked[:n] = torch.randn(n, k, device="cuda", generator=g, dtype=dtype) * 0.01
+            stacked[n : n + used * SLOTS] = torch.randn(used * SLOTS, k, device="cuda", generator=g, dtype=dtype) * 0.01
+            b = torch.zeros(cap, SLOTS, n, device="cuda", dtype=dtype)
             b[:used] = torch.randn(used, SLOTS, n, device="cuda", generator=g, dtype=dtype) * 0.01
             ranks = torch.full((SLOTS,), used, dtype=torch.int32, device="cuda")
             x = torch.randn(tokens, k, device="cuda", generator=g, dtype=dtype)
-            y = torch.randn(tokens, n, device="cuda", generator=g, dtype=dtype)
-            layers.append((x, y, a, b, ranks))
+            matmul_rank = min(1 << (used - 1).bit_length(), cap)
+            layers.append((x, stacked, n, matmul_rank, b, ranks))
     slots = torch.arange(tokens, device="cuda") % SLOTS
     onehot = torch.nn.functional.one_hot(slots, SLOTS).to(dtype)
     return layers, slots, onehot
@@ -113,22 +119,31 @@ def time_graph(fn, iters: int = 50) -> float:
 
 def time_variants(tokens: int, cap: int, dtype: torch.dtype) -> list[dict]:
     layers, slots, onehot = build(tokens, cap, dtype)
-    weights = [torch.randn(y.shape[1], x.shape[1], device="cuda", dtype=dtype) * 0.01 for x, y, *_ in layers]
+
+    def folded(x, stacked, n, r, b, ranks):
+        return lora_expand(F.linear(x, stacked[: n + r * SLOTS]), b, slots, ranks)
+
+    def separate(x, stacked, n, r, b, ranks, block_n=128, warps=1):
+        y = F.linear(x, stacked[:n])
+        a = stacked[n:].view(-1, SLOTS, x.shape[1])
+        return gemm_expand(x, y, a, b, slots, ranks, block_n, warps)
+
+    def dense_all(x, stacked, n, r, b, ranks):
+        return dense(x, F.linear(x, stacked[:n]), stacked[n:].view(-1, SLOTS, x.shape[1]), b, onehot)
+
     variants = {
-        "base matmuls (reference)": lambda: [torch.matmul(x, w.T) for (x, *_), w in zip(layers, weights)],
-        "triton2": lambda: [lora_shrink_expand(x, y, a, b, slots, r) for x, y, a, b, r in layers],
-        "dense": lambda: [dense(x, y, a, b, onehot) for x, y, a, b, _ in layers],
+        "base matmuls": lambda: [F.linear(x, stacked[:n]) for x, stacked, n, *_ in layers],
+        "folded": lambda: [folded(*layer) for layer in layers],
+        "gemm+expand": lambda: [separate(*layer) for layer in layers],
+        "dense": lambda: [dense_all(*layer) for layer in layers],
     }
-    for warps in (1, 2, 4):
-        for block_n in (128, 256, 512):
-            variants[f"gemm+expand w{warps} n{block_n}"] = (
-                lambda warps=warps, block_n=block_n: [gemm_expand(x, y, a, b, slots, r, block_n, warps)
-                                                      for x, y, a, b, r in layers])
     rows = []
+    base = None
     for name, fn in variants.items():
         us = time_graph(fn)
-        rows.append({"tokens": tokens, "cap": cap, "variant": name, "us": us})
-        print(f"tokens {tokens:>3} cap {cap:>3}  {name:<28} {us:9.1f} us", flush=True)
+        base = base or us
+        rows.append({"tokens": tokens, "cap": cap, "variant": name, "us": us, "ratio_to_base": us / base})
+        print(f"tokens {tokens:>3} cap {cap:>3}  {name:<14} {us:9.1f} us  {us / base:5.2f}x", flush=True)
     return rows
 
 

@@ -15,10 +15,11 @@ tables in an int32 [max_rows, max_blocks] tensor (a second copy of only the colu
 rows get KV slot -1 (their K/V is not stored), length 0 (attention returns zeros) and adapter -1, so
 they touch nothing. Every graph writes float32 logits, one per row, into the same [max_rows, vocab] buffer.
 
-Steps where a sequence uses a LoRA adapter replay a second set of graphs with the adapter kernels in
+Steps where a sequence uses a LoRA adapter replay a second set of graphs with the adapter work in
 them (runtime/lora/apply.py reads the per-row adapter slots from the static buffer); base-model steps
-keep the set without them. The LoRA set is captured on the first adapter step, and again when a new
-Linear got adapter weights since (its hook was not in the graphs).
+keep the set without it. The LoRA set is captured on the first adapter step. Both sets are captured
+again when `lora_version` changes: a Linear got adapter stacks (its weight moved into a new buffer
+with them) or the adapters' rank grew (wider matmuls).
 
 All graphs share one memory pool and are captured largest first, so they cost about one graph's
 activations. The KV cache tensors must not be reallocated afterwards (their addresses are baked in).
@@ -126,9 +127,9 @@ class DecodeGraphs:
         self.logits = torch.empty((max_rows, model.output_embedding().shape[0]), dtype=torch.float32, device=device)
         self.lora, self.lora_version = lora, lora_version
         self.pool = None
+        self.captured_version = lora_version()
         self.base = self._capture_all(with_lora=False)
         self.with_lora: dict[int, torch.cuda.CUDAGraph] = {}
-        self.with_lora_version = -1  # lora_version() when the LoRA set was captured
 
     def _meta(self, bucket: int) -> AttentionMetadata:
         return row_metadata(self.packed[:, :bucket], self.tables[:bucket], self.query_start[: bucket + 1],
@@ -183,20 +184,23 @@ class DecodeGraphs:
         n = len(tables)
         bucket = pick_bucket(self.sizes, n)
         assert bucket is not None
+        graph = self._graphs(max(columns[ADAPTERS]) >= 0)[bucket]  # may capture: before the inputs are written
         pad = bucket - n
         padding = (0, 0, -1, 0, -1)  # per packed row: what a padded graph row holds
         host = torch.tensor([col + [fill] * pad for col, fill in zip(columns, padding)], dtype=torch.long)
         self.packed[:, :bucket].copy_(host, non_blocking=True)
         self.tables[:n, : len(tables[0])].copy_(torch.tensor(tables, dtype=torch.int32), non_blocking=True)
-        self._graphs(columns[ADAPTERS] and max(columns[ADAPTERS]) >= 0)[bucket].replay()
+        graph.replay()
         return self.logits[:n]
 
     def _graphs(self, with_lora: bool) -> dict[int, torch.cuda.CUDAGraph]:
-        if not with_lora:
-            return self.base
         version = self.lora_version()
-        if version != self.with_lora_version:  # first adapter step, or a Linear got its adapter hook since
-            self.with_lora = {}  # free the stale graphs before capturing their replacements
+        if version != self.captured_version:
+            # a Linear got adapter stacks, which moves its weight into a new buffer (runtime/lora/slots.py),
+            # or a wider adapter rank: every graph holds stale addresses or shapes
+            self.base = self.with_lora = {}  # free them before capturing their replacements
+            self.base = self._capture_all(with_lora=False)
+            self.captured_version = version
+        if with_lora and not self.with_lora:  # the first adapter step since
             self.with_lora = self._capture_all(with_lora=True)
-            self.with_lora_version = version
-        return self.with_lora
+        return self.with_lora if with_lora else self.base

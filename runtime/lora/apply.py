@@ -9,9 +9,11 @@ B[slot] A[slot] x. Two ways, same result:
 - one pair of matmuls per distinct slot over its tokens, when r * S is large and the step has many
   tokens (long prefills with high-rank adapters), where the all-slots product would waste FLOPs.
 Either way requests with different adapters and the base model share one forward pass, and the base
-weights are never modified. Those two are the CPU product. On CUDA every hooked Linear instead runs two
-Triton kernels (runtime/cuda/lora_kernels.py) that gather each token's slot from `token_slots`, over all
-`cap` ranks: nothing depends on Python-side state of the step, so CUDA graphs replay them (`bind`).
+weights are never modified. Those two are the CPU product. On CUDA the slots' A sits under the base
+weight (runtime/lora/slots.py): one matmul gives the base output and every slot's h = x A^T, then one
+Triton kernel per Linear (runtime/cuda/lora_kernels.py) adds each token's own slot's h B, reading the
+slot from `token_slots` on the device; nothing depends on Python-side state of the step, so CUDA
+graphs replay it (`bind`). Steps of many tokens take the masked all-slots product instead.
 """
 
 from __future__ import annotations
@@ -19,12 +21,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 
 from runtime.lora.slots import LinearSlots
+from runtime.models.linear import Linear
 
-# All-slots product while r * S stays under this many columns, or the step is decode-sized.
+# CPU: all-slots product while r * S stays under this many columns, or the step is decode-sized.
 DENSE_COLUMNS = 256
 DENSE_TOKENS = 64
+# CUDA: the gathered expand kernel up to this many tokens (it reads each token's B[slot] apart), the
+# masked all-slots product beyond (one matmul reads B once)
+EXPAND_TOKENS = 64
 
 
 class LoraBatch:
@@ -40,6 +47,7 @@ class LoraBatch:
         self.onehot = torch.empty(0, num_slots, dtype=dtype)  # [rows, S]: 1 at each row's slot
         self.num_rows = 0
         self.segments: list[tuple[int, torch.Tensor]] = []  # (slot, token indices), built on demand
+        self._slot_mask: torch.Tensor | None = None
         self._rows_list: list[int] = []
         self._slots_list: list[int] = []
 
@@ -52,7 +60,8 @@ class LoraBatch:
         per_token = [s for n, s in zip(token_counts, slots) for _ in range(n)]
         # non_blocking: no stream sync on CUDA (the pageable source is staged before the call returns)
         self.token_slots = torch.tensor(per_token, dtype=torch.long).to(self.device, non_blocking=True)
-        if self.cuda:  # the kernels need nothing else
+        self._slot_mask = None
+        if self.cuda:  # the CUDA path reads nothing else
             return
         rows: list[int] = []
         row_slots: list[int] = []
@@ -73,6 +82,15 @@ class LoraBatch:
         self.active = True
         self.rows = None
         self.token_slots = token_slots
+        self._slot_mask = None
+
+    def slot_mask(self) -> torch.Tensor:
+        """[tokens, S] one-hot of each token's slot (zeros for -1), computed on the device from
+        `token_slots` by the step's first Linear and shared by the others."""
+        if self._slot_mask is None:
+            slots = torch.arange(self.num_slots, device=self.token_slots.device)
+            self._slot_mask = (self.token_slots[:, None] == slots).to(self.dtype)
+        return self._slot_mask
 
     def clear(self) -> None:
         self.active = False
@@ -88,27 +106,45 @@ class LoraBatch:
 
 
 class LoraDelta:
-    """The Linear.delta hook of one adaptable Linear: y + per-token low-rank updates."""
+    """The Linear.delta hook of one adaptable Linear: its projection plus per-token low-rank updates."""
 
     def __init__(self, batch: LoraBatch, stacks: LinearSlots) -> None:
         self.batch = batch
         self.stacks = stacks
-        self.kernels: Callable[..., torch.Tensor] | None = None
-        if stacks.a.is_cuda:
-            from runtime.cuda.lora_kernels import lora_shrink_expand  # Triton is needed on CUDA only
+        self.expand: Callable[..., torch.Tensor] | None = None
+        if stacks.weight is not None:  # CUDA: A folded under the base weight (runtime/lora/slots.py)
+            from runtime.cuda.lora_kernels import lora_expand  # Triton is needed on CUDA only
 
-            self.kernels = lora_shrink_expand
+            self.expand = lora_expand
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, linear: Linear) -> torch.Tensor:
+        if not self.batch.active:
+            return F.linear(x, linear.weight, linear.bias)
+        if self.expand is not None:
+            return self._folded(x)
+        return self._add_updates(x, F.linear(x, linear.weight, linear.bias))
+
+    def _folded(self, x: torch.Tensor) -> torch.Tensor:
+        """CUDA: one matmul over [W; A_all] gives y and h_all; then the gathered expand kernel (decode
+        sizes), or the all-slots product masked by each token's slot (many tokens: it reads B once)."""
+        stacks, batch = self.stacks, self.batch
+        out, rank, slots = stacks.out_features, stacks.matmul_rank, stacks.num_slots
+        width = out + rank * slots
+        y_ext = F.linear(x, stacks.weight[:width], None if stacks.bias is None else stacks.bias[:width])  # type: ignore[index]
+        if rank == 0:  # no adapter touches this Linear yet
+            return y_ext
+        if x.shape[0] <= EXPAND_TOKENS:
+            return self.expand(y_ext, stacks.b, batch.token_slots, stacks.device_ranks)  # type: ignore[misc]
+        h = (y_ext[:, out:].view(-1, rank, slots) * batch.slot_mask()[:, None, :]).view(-1, rank * slots)
+        return torch.addmm(y_ext[:, :out], h, stacks.b[:rank].reshape(rank * slots, out))
+
+    def _add_updates(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """CPU: y + the updates, by the all-slots or the per-slot product (see the module docstring)."""
         batch = self.batch
-        if not batch.active:
-            return y
-        a, b = self.stacks.a, self.stacks.b  # [cap, S, in], [cap, S, out]
-        if self.kernels is not None:  # CUDA
-            return self.kernels(x, y, a, b, batch.token_slots, self.stacks.device_ranks)
         rank = self.stacks.used_rank
         if rank == 0:
             return y
+        a, b = self.stacks.a, self.stacks.b  # [cap, S, in], [cap, S, out]
         slots = a.shape[1]
         if rank * slots <= DENSE_COLUMNS or batch.num_rows <= DENSE_TOKENS:
             xs = x if batch.rows is None else x.index_select(0, batch.rows)

@@ -6,10 +6,12 @@ qkv_proj with separate q, k and v adapters is still ONE low-rank product per tok
 max_lora_rank per fused part. Rank-major layout for both: the first r ranks of every slot are one
 contiguous [r * S, in] (A) and [r * S, out] (B) matrix (apply.py multiplies all slots at once without
 copying), and each slot's rank row of B is contiguous along `out` (coalesced loads in the CUDA kernels).
-Unused rank rows stay zero, so a product over all `cap` ranks equals one over the used ones. A Linear's
-stacks are allocated when the first adapter touching it is placed; `version` counts those allocations
-(captured CUDA graphs hold the hooks that existed when they were captured). Slots are recycled
-least-recently-used first, and never while pinned by a request.
+Unused rank rows stay zero, so a product over all `cap` ranks equals one over the used ones. On CUDA,
+A lives under the Linear's base weight in one [out + cap * S, in] buffer (the base weight is moved
+there), so one matmul yields both the base output and every slot's x A^T. A Linear's stacks are
+allocated when the first adapter touching it is placed; `version` counts those allocations and
+widenings of the CUDA matmul (captured CUDA graphs hold the old addresses and shapes). Slots are
+recycled least-recently-used first, and never while pinned by a request.
 """
 
 from __future__ import annotations
@@ -21,26 +23,48 @@ import torch
 from runtime.errors import InvalidRequestError
 from runtime.lora.targets import LoraTargets
 from runtime.lora.weights import LoraPair, LoraWeights
+from runtime.models.linear import Linear
 
 
 class LinearSlots:
     """Stacked low-rank weights of one Linear for every slot."""
 
     def __init__(self, in_features: int, out_features: int, num_slots: int, capacity: int,
-                 device: torch.device, dtype: torch.dtype) -> None:
-        self.a = torch.zeros(capacity, num_slots, in_features, device=device, dtype=dtype)
+                 device: torch.device, dtype: torch.dtype, base: Linear | None = None) -> None:
+        self.weight: torch.Tensor | None = None  # [out + cap * S, in] with `base` (CUDA): W over A
+        self.bias: torch.Tensor | None = None
+        if base is None:
+            self.a = torch.zeros(capacity, num_slots, in_features, device=device, dtype=dtype)
+        else:
+            # A's rows go under the base weight, in one buffer (the base weight moves there): one matmul
+            # then gives x W^T and every slot's x A^T, and the decode step saves a launch per Linear
+            rows = out_features + capacity * num_slots
+            self.weight = torch.zeros(rows, in_features, device=device, dtype=dtype)
+            self.weight[:out_features].copy_(base.weight)
+            base.weight.data = self.weight[:out_features]
+            if base.bias is not None:
+                self.bias = torch.zeros(rows, device=device, dtype=dtype)
+                self.bias[:out_features].copy_(base.bias)
+                base.bias.data = self.bias[:out_features]
+            self.a = self.weight[out_features:].view(capacity, num_slots, in_features)
         self.b = torch.zeros(capacity, num_slots, out_features, device=device, dtype=dtype)
+        self.out_features = out_features
         self.num_slots = num_slots
         self.ranks = [0] * num_slots  # rank columns used per slot
         # the same on the device: the CUDA kernels read only a slot's used rank rows (a graph replays them
         # with whatever adapters the slots hold by then)
         self.device_ranks = torch.zeros(num_slots, dtype=torch.int32, device=device)
         self.used_rank = 0  # max(ranks): the forward multiplies only these columns
+        # ranks the CUDA matmul covers: a power of two >= used_rank that never shrinks (a captured graph's
+        # matmul shape; growing it changes DeviceSlots.version)
+        self.matmul_rank = 0
 
     def _set_rank(self, slot: int, rank: int) -> None:
         self.ranks[slot] = rank
         self.device_ranks[slot] = rank
         self.used_rank = max(self.ranks)
+        if self.used_rank > self.matmul_rank:
+            self.matmul_rank = min(1 << (self.used_rank - 1).bit_length(), self.a.shape[0])
 
     def write(self, slot: int, pairs: list[LoraPair]) -> None:
         self.clear(slot)
@@ -75,7 +99,7 @@ class DeviceSlots:
         self._slot_of: dict[int, int] = {}
         self._lru: OrderedDict[int, None] = OrderedDict()  # unpinned occupied slots, oldest first
         self.on_allocate: list = []  # callbacks(module name, LinearSlots) when a Linear gets stacks
-        self.version = 0  # +1 whenever a Linear gets stacks (and so a hook)
+        self.version = 0  # +1 whenever a Linear gets stacks (and so a hook) or a wider CUDA matmul
 
     def capacity(self, module: str) -> int:
         return self.max_rank * len(self.targets.modules[module].part_names)
@@ -138,8 +162,8 @@ class DeviceSlots:
         stacks = self.linears.get(module)
         if stacks is None:
             linear = self.targets.modules[module]
-            stacks = LinearSlots(linear.in_features, linear.out_features, self.num_slots,
-                                 self.capacity(module), self.device, self.dtype)
+            stacks = LinearSlots(linear.in_features, linear.out_features, self.num_slots, self.capacity(module),
+                                 self.device, self.dtype, base=linear if self.device.type == "cuda" else None)
             self.linears[module] = stacks
             self.version += 1
             for callback in self.on_allocate:
@@ -155,6 +179,9 @@ class DeviceSlots:
             if module not in weights.modules:
                 stacks.clear(slot)
         for module, pairs in weights.modules.items():
-            self.allocate(module).write(slot, pairs)
+            stacks = self.allocate(module)
+            matmul_rank = stacks.matmul_rank
+            stacks.write(slot, pairs)
+            self.version += stacks.matmul_rank != matmul_rank  # a wider matmul: graphs are recaptured
         self.owner[slot] = key
         self._slot_of[key] = slot

@@ -1,8 +1,9 @@
 """Linear: a projection that may fuse several checkpoint projections (q/k/v, gate/up) into one matmul.
 
 Each fused part keeps its checkpoint name and width (`parts`), so the loader can fill it and a LoRA
-delta can be applied per part. `delta` is the seam for per-token low-rank updates: when set, it is
-called as `delta(x, y)` and returns the corrected output.
+delta can be applied per part. `delta` is the seam for per-token low-rank updates: when set, the
+layer's output is `delta(x, linear)`, which computes the projection itself (so it may fold more rows
+into the same matmul, as the CUDA LoRA path does) and adds the updates.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-Delta = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Delta = Callable[[torch.Tensor, "Linear"], torch.Tensor]
 
 
 class Linear(nn.Module):
@@ -40,10 +41,9 @@ class Linear(nn.Module):
         self.delta: Delta | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
         if self.delta is not None:
-            y = self.delta(x, y)
-        return y
+            return self.delta(x, self)
+        return F.linear(x, self.weight, self.bias)
 
     def part_range(self, part: str) -> tuple[int, int]:
         """(start, size) of a named part along the output dimension."""

@@ -1,4 +1,5 @@
-"""The CUDA LoRA kernels (runtime/cuda/lora_kernels.py) against a float64 reference, and the hook in a CUDA graph.
+"""The CUDA LoRA path (A folded under the base weight, runtime/cuda/lora_kernels.py) against a float64
+reference and the CPU product, and the hook in a CUDA graph.
 
 On a CUDA machine they run on the GPU. Without CUDA they run in Triton's interpreter on the CPU, in a
 child pytest process (TRITON_INTERPRET must be set before Triton is first imported), as in
@@ -22,10 +23,11 @@ on_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs n
 from runtime.lora.apply import LoraBatch, LoraDelta  # noqa: E402
 from runtime.lora.slots import LinearSlots  # noqa: E402
 from runtime.lora.weights import LoraPair  # noqa: E402
+from runtime.models.linear import Linear  # noqa: E402
 
 if RUN_HERE:
-    import runtime.cuda.lora_kernels as lora_kernels
-    from runtime.cuda.lora_kernels import lora_shrink_expand
+    import runtime.lora.apply as apply
+    from runtime.cuda.lora_kernels import lora_expand
 
 
 def test_kernels_in_triton_interpreter() -> None:
@@ -34,158 +36,130 @@ def test_kernels_in_triton_interpreter() -> None:
     child = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", __file__],
                            env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=240)
     assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-2000:]
-    assert "5 passed" in child.stdout, child.stdout[-2000:]
+    assert "4 passed" in child.stdout, child.stdout[-2000:]
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-IN, OUT, SLOTS, CAP = 1000, 300, 4, 12  # cap not a power of two, in / out not multiples of the blocks
+IN, OUT, SLOTS, CAP = 200, 300, 4, 12  # cap not a power of two, out not a multiple of the kernel's block
 TOKEN_SLOTS = [0, -1, 1, 2, 2, -1, 0, 1, 0]  # slot 3 is empty (poisoned below), -1: base model
 
 
 def _pairs(seed: int, spec: list[tuple[int, int, int]], dtype: torch.dtype) -> list[LoraPair]:
-    """LoRA pairs (row start, row count, rank) with values that keep h and the delta near 1."""
+    """LoRA pairs (row start, row count, rank) with values that keep h and the update near 1."""
     g = torch.Generator().manual_seed(seed)
     return [LoraPair(start, size, (torch.randn(rank, IN, generator=g) * IN**-0.5).to(dtype),
                      (torch.randn(size, rank, generator=g) * 0.5).to(dtype)) for start, size, rank in spec]
 
 
-def _stacks(dtype: torch.dtype, device: str = DEVICE) -> LinearSlots:
-    """Slots of different used ranks (the rest of `cap` zero, as DeviceSlots leaves it), slot 3 NaN."""
-    stacks = LinearSlots(IN, OUT, num_slots=SLOTS, capacity=CAP, device=torch.device(device), dtype=dtype)
+def _folded(dtype: torch.dtype, device: str = DEVICE, bias: bool = False) -> tuple[Linear, LinearSlots]:
+    """A Linear with its slots folded under its weight (the CUDA layout): slots of ranks 12, 5 and 3 + 2."""
+    g = torch.Generator().manual_seed(7)
+    linear = Linear(IN, [("p", OUT)], bias=bias, dtype=dtype).to(device)
+    linear.weight.data.copy_(torch.randn(OUT, IN, generator=g) * IN**-0.5)
+    if bias:
+        linear.bias.data.copy_(torch.randn(OUT, generator=g))
+    stacks = LinearSlots(IN, OUT, num_slots=SLOTS, capacity=CAP, device=torch.device(device), dtype=dtype, base=linear)
+    assert linear.weight.data_ptr() == stacks.weight.data_ptr()  # the base weight moved into the stacked buffer
     stacks.write(0, _pairs(0, [(0, OUT, CAP)], dtype))
     stacks.write(1, _pairs(1, [(0, 100, 5)], dtype))
     stacks.write(2, _pairs(2, [(0, OUT, 3), (250, 50, 2)], dtype))
-    stacks.a[:, 3] = float("nan")  # no token uses slot 3: a kernel reading it would poison the output
-    stacks.b[:, 3] = float("nan")
-    return stacks
+    return linear, stacks
 
 
-def _reference(x: torch.Tensor, y: torch.Tensor, stacks: LinearSlots, token_slots: list[int]) -> torch.Tensor:
-    """y + B[s] round(A[s] x) per token in float64, rounded once to y's dtype (rows with s = -1: y)."""
+def _reference(x: torch.Tensor, linear: Linear, stacks: LinearSlots, token_slots: list[int]) -> torch.Tensor:
+    """round(x W^T + b) + B[s] round(A[s] x) per token in float64, rounded once (rows of s = -1: the base)."""
+    base = torch.nn.functional.linear(x, linear.weight, linear.bias).double().cpu()
     a, b = stacks.a.double().cpu(), stacks.b.double().cpu()
-    want = y.double().cpu()
     for t, s in enumerate(token_slots):
         if s >= 0:
             r = stacks.ranks[s]
             h = (a[:r, s] @ x[t].double().cpu()).to(x.dtype).double()
-            want[t] += b[:r, s].T @ h
-    return want.to(y.dtype)
-
-
-def _inputs(layout: str, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [T, IN] and y [T, OUT] in the given layout, and the tensor y's storage belongs to."""
-    g = torch.Generator().manual_seed(5)
-    tokens = len(TOKEN_SLOTS)
-    if layout == "contiguous":
-        x = torch.randn(tokens, IN, generator=g).to(DEVICE, dtype)
-        y = storage = torch.randn(tokens, OUT, generator=g).to(DEVICE, dtype)
-    elif layout == "column-slices":  # as q / k / v split out of a fused projection's output
-        x = torch.randn(tokens, IN + 24, generator=g).to(DEVICE, dtype)[:, 16 : 16 + IN]
-        storage = torch.randn(tokens, OUT + 40, generator=g).to(DEVICE, dtype)
-        y = storage[:, 8 : 8 + OUT]
-    else:  # "transposed": feature-major x, and y a slice with a non-unit feature stride
-        x = torch.randn(IN, tokens, generator=g).to(DEVICE, dtype).T
-        storage = torch.randn(OUT, tokens + 3, generator=g).to(DEVICE, dtype)
-        y = storage[:, 1 : 1 + tokens].T
-    x[[t for t, s in enumerate(TOKEN_SLOTS) if s < 0]] = float("nan")  # base rows: never read
-    return x, y, storage
+            base[t] += b[:r, s].T @ h
+    return base.to(x.dtype)
 
 
 @kernels
-@pytest.mark.parametrize(
-    ("dtype", "layout", "tile"),
-    [(torch.float32, "contiguous", None), (torch.bfloat16, "contiguous", 512),
-     (torch.float32, "column-slices", 512), (torch.bfloat16, "transposed", None)],
-    ids=["fp32", "bf16-many-splits", "fp32-strided-many-splits", "bf16-transposed"],
-)
-def test_shrink_expand_matches_float64_reference(monkeypatch, dtype: torch.dtype, layout: str,
-                                                 tile: int | None) -> None:
-    if tile is not None:  # small weight tiles: `in` split over many programs, the last one partial
-        monkeypatch.setattr(lora_kernels, "TILE", tile)
-    stacks = _stacks(dtype)
-    stacks.a[5:, 1] = float("nan")  # past slot 1's rank (5): rows the kernels must not load
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_matmul_and_the_expand_kernel_match_float64(dtype: torch.dtype) -> None:
+    linear, stacks = _folded(dtype)
+    assert stacks.matmul_rank == CAP  # the widest slot (12) rounded up to a power of two (16), capped at cap
+    stacks.a[:, 3] = float("nan")  # no token uses slot 3: reading it would poison the output
+    stacks.b[:, 3] = float("nan")
+    stacks.a[5:, 1] = float("nan")  # past slot 1's rank (5): rows the kernel must not load
     stacks.b[5:, 1] = float("nan")
-    x, y, storage = _inputs(layout, dtype)
-    before = storage.clone()
-    want = _reference(x, y, stacks, TOKEN_SLOTS)
+    x = torch.randn(len(TOKEN_SLOTS), IN, generator=torch.Generator().manual_seed(5)).to(DEVICE, dtype)
+    width = OUT + stacks.matmul_rank * SLOTS
+    y_ext = torch.nn.functional.linear(x, stacks.weight[:width])
     token_slots = torch.tensor(TOKEN_SLOTS, dtype=torch.long, device=DEVICE)
-    got = lora_shrink_expand(x, y, stacks.a, stacks.b, token_slots, stacks.device_ranks)
-    assert got is y  # in place
+    got = lora_expand(y_ext, stacks.b, token_slots, stacks.device_ranks)
+    assert got.shape == (len(TOKEN_SLOTS), OUT) and got.is_contiguous()
+    stacks.a[:, 3] = stacks.b[:, 3] = 0
+    stacks.a[5:, 1] = stacks.b[5:, 1] = 0
     tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: a rounding step of h or y apart at most
-    torch.testing.assert_close(got.cpu(), want, rtol=tol, atol=tol)
+    torch.testing.assert_close(got.cpu(), _reference(x, linear, stacks, TOKEN_SLOTS), rtol=tol, atol=tol)
     base = [t for t, s in enumerate(TOKEN_SLOTS) if s < 0]
-    view_of = {"contiguous": lambda s: s, "column-slices": lambda s: s[:, 8 : 8 + OUT],
-               "transposed": lambda s: s[:, 1 : 1 + len(TOKEN_SLOTS)].T}[layout]
-    assert torch.equal(got[base], view_of(before)[base])  # base rows bit-identical
-    expected = before.clone()
-    view_of(expected).copy_(got)
-    assert torch.equal(storage, expected)  # nothing outside y's view written
+    assert torch.equal(got[base], y_ext[base, :OUT])  # base-model tokens: the base output, bit for bit
 
 
 @kernels
-def test_hook_on_the_kernels_equals_the_cpu_product() -> None:
-    """LoraDelta fed by LoraBatch.set (a prefill-sized step: sequences of many tokens, one on the base
-    model; `in` in one slice): the kernel path gives the CPU path's result."""
-    counts, seq_slots = [60, 1, 40, 20, 9], [2, -1, 0, 3, 1]
-    cpu_stacks = _stacks(torch.float32, "cpu")
-    cpu_stacks.a[:, 3] = 0  # slot 3 is used here; the CPU product multiplies every slot's columns
-    cpu_stacks.b[:, 3] = 0
-    cpu_stacks.write(3, _pairs(3, [(0, OUT, 4)], torch.float32))
-    stacks = LinearSlots(IN, OUT, num_slots=SLOTS, capacity=CAP, device=torch.device(DEVICE), dtype=torch.float32)
-    stacks.a.copy_(cpu_stacks.a)
-    stacks.b.copy_(cpu_stacks.b)
-    stacks.device_ranks.copy_(cpu_stacks.device_ranks)
-    g = torch.Generator().manual_seed(3)
-    x, y = torch.randn(sum(counts), IN, generator=g), torch.randn(sum(counts), OUT, generator=g)
+@pytest.mark.parametrize("tokens", [9, 130], ids=["expand-kernel", "masked-all-slots"])
+def test_hook_on_cuda_layout_equals_the_cpu_product(tokens: int) -> None:
+    """LoraDelta over the folded layout (the expand kernel up to EXPAND_TOKENS tokens, the masked all-slots
+    product beyond), fed by LoraBatch.set, equals the CPU hook on the same adapters; with a bias."""
+    counts = [tokens - 8, 1, 4, 3]
+    seq_slots = [2, -1, 0, 1]
+    linear, stacks = _folded(torch.float32, bias=True)
+    cpu_linear = Linear(IN, [("p", OUT)], bias=True, dtype=torch.float32)
+    cpu_linear.load_state_dict({"weight": linear.weight.cpu(), "bias": linear.bias.cpu()})
+    cpu_stacks = LinearSlots(IN, OUT, num_slots=SLOTS, capacity=CAP, device=torch.device("cpu"), dtype=torch.float32)
+    cpu_stacks.a.copy_(stacks.a.cpu())
+    cpu_stacks.b.copy_(stacks.b.cpu())
+    cpu_stacks.used_rank = stacks.used_rank
+    x = torch.randn(sum(counts), IN, generator=torch.Generator().manual_seed(3))
     cpu_batch = LoraBatch(SLOTS, torch.device("cpu"), torch.float32)
     cpu_batch.set(counts, seq_slots)
-    want = LoraDelta(cpu_batch, cpu_stacks)(x, y.clone())
+    want = LoraDelta(cpu_batch, cpu_stacks)(x, cpu_linear)
     batch = LoraBatch(SLOTS, torch.device(DEVICE), torch.float32)
     batch.set(counts, seq_slots)
+    batch.cuda = True  # the interpreter runs the CUDA path on CPU tensors
     delta = LoraDelta(batch, stacks)
-    delta.kernels = lora_shrink_expand  # what a CUDA hook has; the interpreter runs it on CPU tensors
-    got = delta(x.to(DEVICE), y.to(DEVICE))
+    assert delta.expand is not None
+    assert (sum(counts) <= apply.EXPAND_TOKENS) == (tokens == 9)
+    got = delta(x.to(DEVICE), linear)
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
-    assert torch.equal(got[60].cpu(), y[60])  # the base-model sequence's token
-
-
-def _eager_reference(stacks: LinearSlots, weight: torch.Tensor, x: torch.Tensor, slots: list[int]) -> torch.Tensor:
-    return _reference(x, x @ weight.T, stacks, slots)
 
 
 @on_gpu
-def test_lora_delta_in_a_cuda_graph_follows_slot_and_weight_changes() -> None:
+def test_lora_hook_in_a_cuda_graph_follows_slot_and_weight_changes() -> None:
     """Captured once with a static slot tensor; replays see new slots and newly written adapters."""
     dtype = torch.bfloat16
-    stacks = _stacks(dtype)
-    stacks.a[:, 3] = 0  # slot 3 is used below
-    stacks.b[:, 3] = 0
+    linear, stacks = _folded(dtype)
+    stacks.write(3, _pairs(4, [(0, OUT, 2)], dtype))
     batch = LoraBatch(SLOTS, torch.device(DEVICE), dtype)
     delta = LoraDelta(batch, stacks)
-    weight = (torch.randn(OUT, IN) * IN**-0.5).to(DEVICE, dtype)
     x = torch.randn(len(TOKEN_SLOTS), IN).to(DEVICE, dtype)
+    tol = dict(rtol=2e-2, atol=2e-2)
 
     batch.set([1] * len(TOKEN_SLOTS), TOKEN_SLOTS)  # eager CUDA step first
-    torch.testing.assert_close(delta(x, x @ weight.T).cpu(), _eager_reference(stacks, weight, x, TOKEN_SLOTS),
-                               rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(delta(x, linear).cpu(), _reference(x, linear, stacks, TOKEN_SLOTS), **tol)
 
     static_slots = torch.full((len(TOKEN_SLOTS),), -1, dtype=torch.long, device=DEVICE)
     batch.bind(static_slots)
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        delta(x, x @ weight.T)  # warm-up (compilation) outside the graph
+        delta(x, linear)  # warm-up (compilation) outside the graph
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
-            out = delta(x, x @ weight.T)
+            out = delta(x, linear)
     torch.cuda.current_stream().wait_stream(stream)
     batch.clear()
 
     for slots in (TOKEN_SLOTS, [3, 3, -1, 1, 0, 2, -1, -1, 3]):
         if slots[0] == 3:
             stacks.write(3, _pairs(9, [(0, OUT, 7)], dtype))  # a new adapter lands in a slot after capture
-            stacks.write(1, _pairs(8, [(200, 100, CAP)], dtype))
+            stacks.write(1, _pairs(8, [(200, 100, 9)], dtype))  # (ranks within the captured matmul: 12)
         static_slots.copy_(torch.tensor(slots))
         graph.replay()
         torch.cuda.synchronize()
-        torch.testing.assert_close(out.cpu(), _eager_reference(stacks, weight, x, slots), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(out.cpu(), _reference(x, linear, stacks, slots), **tol)

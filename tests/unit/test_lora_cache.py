@@ -35,7 +35,9 @@ def test_device_slots_evict_least_recently_used_unpinned_slot() -> None:
     assert slots.version == 0
     assert slots.acquire(1, _weights(1)) == (0, False, None)
     assert slots.acquire(2, _weights(2)) == (1, False, None)
-    assert slots.version == 1  # the Linear got its stacks once (the second adapter reuses them)
+    # the Linear got its stacks, and its CUDA matmul rank grew 0 -> 4 (pairs of rank 2 + 1), once each:
+    # the second adapter of the same rank changes neither
+    assert slots.version == 2 and slots.linears["layers.0.qkv"].matmul_rank == 4
     assert slots.acquire(1, _weights(1)) == (0, True, None)  # hit: pinned twice now
     assert not slots.can_place(3) and slots.acquire(3, _weights(3)) is None  # all pinned: it must wait
     slots.release(0)
@@ -108,13 +110,15 @@ def test_delta_adds_each_tokens_own_adapter(monkeypatch, all_slots: bool) -> Non
     counts, slot_of_seq = [3, 1, 2, 1, 4], [2, -1, 0, 2, 1]
     batch.set(counts, slot_of_seq)
     x = torch.randn(11, 6, generator=g, dtype=torch.float64)
-    y = torch.randn(11, 5, generator=g, dtype=torch.float64)
+    linear = Linear(6, [("proj", 5)], dtype=torch.float64)
+    linear.weight.data.copy_(torch.randn(5, 6, generator=g, dtype=torch.float64))
+    y = x @ linear.weight.T
     want = y.clone()
     token_slots = [s for n, s in zip(counts, slot_of_seq) for _ in range(n)]
     for t, s in enumerate(token_slots):
         if s >= 0:
             want[t] += stacks.b[:, s].T @ (stacks.a[:, s] @ x[t])
-    got = LoraDelta(batch, stacks)(x, y.clone())
+    got = LoraDelta(batch, stacks)(x, linear)
     torch.testing.assert_close(got, want)
-    batch.set(counts, [-1] * 5)  # no adapter in the step: y untouched
-    assert torch.equal(LoraDelta(batch, stacks)(x, y.clone()), y)
+    batch.set(counts, [-1] * 5)  # no adapter in the step: the base projection alone
+    assert torch.equal(LoraDelta(batch, stacks)(x, linear), y)

@@ -263,8 +263,8 @@ def test_linear_delta_applies_to_one_fused_part(models_root: Path) -> None:
     lora_a, lora_b = torch.randn(4, 64) * 0.1, torch.randn(32, 4) * 0.1
     start, size = qkv.part_range("v_proj")
 
-    def delta(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        y = y.clone()
+    def delta(x: torch.Tensor, linear: torch.nn.Module) -> torch.Tensor:
+        y = torch.nn.functional.linear(x, linear.weight, linear.bias)
         y[:, start:start + size] += x @ lora_a.T @ lora_b.T
         return y
 
