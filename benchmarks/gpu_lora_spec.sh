@@ -4,7 +4,7 @@
 #   dependencies, installed with --no-deps beside the device's torch/triton/transformers).
 # Everything lands in $OUT as it goes (log.txt, *.json, tests*.txt); PHASES picks a subset.
 set -u
-PHASES=${PHASES:-"tests lora kernels spec"}
+PHASES=${PHASES:-"tests lora kernels spec ksweep"}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 L=$OUT/log.txt; T0=$(date +%s)
 stamp() { echo "=== $(date -u +%H:%M:%S) +$(( $(date +%s) - T0 ))s $*" | tee -a "$L"; }
@@ -28,15 +28,16 @@ if [[ $PHASES == *tests* ]]; then
   timeout 100 python -m pytest -q -x -p no:cacheprovider tests/unit/test_cuda_kernels.py tests/unit/test_cuda_graphs.py \
     tests/unit/test_cuda_lora.py > $OUT/tests_kernels.txt 2>&1; echo "rc $?" >> $OUT/tests_kernels.txt
   tail -3 $OUT/tests_kernels.txt | tee -a "$L"
-  ENGINE_TEST_DEVICE=cuda timeout 240 python -m pytest -q -p no:cacheprovider tests/unit/test_lora_engine.py \
-    tests/unit/test_spec_engine.py tests/unit/test_spec_sampling.py tests/unit/test_llm_engine.py \
-    > $OUT/tests_engine_cuda.txt 2>&1
+  ENGINE_TESTS=${ENGINE_TESTS:-"tests/unit/test_lora_engine.py tests/unit/test_spec_engine.py tests/unit/test_spec_sampling.py tests/unit/test_llm_engine.py"}
+  ENGINE_TEST_DEVICE=cuda timeout 240 python -m pytest -q -p no:cacheprovider $ENGINE_TESTS > $OUT/tests_engine_cuda.txt 2>&1
   echo "rc $?" >> $OUT/tests_engine_cuda.txt; tail -15 $OUT/tests_engine_cuda.txt | tee -a "$L"
 fi
 if [[ $PHASES == *lora* ]]; then
   stamp lora
   timeout 90 python -m benchmarks.lora_step --synthetic 1b --device cuda --graph --iters 20 --warmup 3 \
     --json $OUT/lora.json 2>&1 | grep -v Writing | tee -a "$L"
+  timeout 60 python -m benchmarks.lora_step --synthetic 1b --device cuda --batch 8 --iters 10 --warmup 3 --profile \
+    > $OUT/lora_profile.txt 2>&1
   stamp "lora, slots sized for rank 64 (the default --max-lora-rank), rank-8 adapters"
   timeout 90 python -m benchmarks.lora_step --synthetic 1b --device cuda --max-lora-rank 64 --iters 20 --warmup 3 \
     --prefill 0 --json $OUT/lora_cap64.json 2>&1 | grep -v Writing | tee -a "$L"
@@ -63,5 +64,13 @@ if [[ $PHASES == *spec* ]]; then
   timeout 100 python -m benchmarks.spec_decode --model $CK/wide1b --draft-model runtime/demo/draft --device cuda \
     --dtype bfloat16 --max-tokens 128 --concurrency 8 --requests-per-slot 1 --repeat 3 \
     --json $OUT/spec_wide1b_c8.json 2>&1 | grep -v Loading | tail -5 | tee -a "$L"
+fi
+if [[ $PHASES == *ksweep* ]]; then
+  for k in 2 3 6; do
+    stamp "spec widened 1B bf16, c=1, K=$k"
+    timeout 100 python -m benchmarks.spec_decode --model $CK/wide1b --draft-model runtime/demo/draft --device cuda \
+      --dtype bfloat16 --max-tokens 128 --concurrency 1 --requests-per-slot 8 --repeat 2 --num-draft-tokens $k \
+      --json $OUT/spec_wide1b_c1_k$k.json 2>&1 | grep -v Loading | tail -4 | tee -a "$L"
+  done
 fi
 stamp end

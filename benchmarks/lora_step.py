@@ -134,6 +134,22 @@ def replayed(engine: NativeEngine, inputs: list[StepInput]) -> str:
     return "graph" if graphs is not None and graphs.accepts(inputs) else "eager"
 
 
+def profile_step(engine: NativeEngine, base_in: list[StepInput], lora_in: list[StepInput]) -> None:
+    """Where a step's time goes, without and with adapters: the top operators by host and by device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if engine.device.type == "cuda" else [])
+    for name, inputs in (("base", base_in), ("8 adapters", lora_in)):
+        with profile(activities=activities) as prof:
+            for _ in range(3):
+                engine.runner.execute(inputs)
+            if engine.device.type == "cuda":
+                torch.cuda.synchronize()
+        for key in ("self_cpu_time_total",) + (("self_device_time_total",) if len(activities) > 1 else ()):
+            print(f"--- {name}: 3 steps, top operators by {key}")
+            print(prof.key_averages().table(sort_by=key, row_limit=12, max_name_column_width=48))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="checkpoint folder (default: the demo model)")
@@ -152,6 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--graph", action="store_true", help="CUDA: also time decode forwards as CUDA graphs")
+    parser.add_argument("--profile", action="store_true", help="torch.profiler tables of the prefill step")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     if args.threads:
@@ -191,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.graph and tokens == 1 and engine.device.type == "cuda":
             rows.append((label + " (CUDA graph)", time_graph(engine, base_in, args.iters),
                          time_graph(engine, lora_in, args.iters)))
+        if args.profile and tokens > 1:
+            profile_step(engine, base_in, lora_in)
         for name, b, a in rows:
             results.append({"step": name, "batch": batch, "new_tokens_per_seq": tokens, "base_ms": b * 1e3,
                             "lora_ms": a * 1e3, "ratio": a / b})
