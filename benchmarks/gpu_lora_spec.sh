@@ -42,6 +42,14 @@ if [[ $PHASES == *lora* ]]; then
   timeout 90 python -m benchmarks.lora_step --synthetic 1b --device cuda --max-lora-rank 64 --iters 20 --warmup 3 \
     --prefill 0 --json $OUT/lora_cap64.json 2>&1 | grep -v Writing | tee -a "$L"
 fi
+if [[ $PHASES == *prefill* ]]; then
+  for et in 64 4096; do  # the masked all-slots product (what long steps run) vs the expand kernel for every size
+    stamp "lora prefill, expand kernel up to $et tokens"
+    timeout 60 python -c "import sys, runtime.lora.apply as a; a.EXPAND_TOKENS = $et
+from benchmarks.lora_step import main; main(sys.argv[1:])" --synthetic 1b --device cuda --batch 8 --iters 10 \
+      --warmup 3 --json $OUT/lora_prefill_$et.json 2>&1 | grep -v "Writing\|Loading" | tail -3 | tee -a "$L"
+  done
+fi
 if [[ $PHASES == *kernels* ]]; then
   stamp "LoRA kernels micro-benchmark (64 Linears of the 1B, graphed)"
   timeout 120 python -m benchmarks.lora_kernels_bench --json $OUT/lora_kernels.json 2>&1 | tee -a "$L"

@@ -145,6 +145,8 @@ class DecodeGraphs:
         self.packed.zero_()  # every row padding while capturing: the warm-up forwards store nothing
         self.packed[SLOTS].fill_(-1)
         self.packed[ADAPTERS].fill_(-1)
+        if self.lora is not None:
+            self.lora.clear()  # a base capture must not record the hooks of the last eager adapter step
         graphs = {}
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -159,8 +161,8 @@ class DecodeGraphs:
                     self._forward(bucket, meta)
                 self.pool = graph.pool()
                 graphs[bucket] = graph
-        if with_lora:
-            self.lora.clear()  # type: ignore[union-attr]
+        if self.lora is not None:
+            self.lora.clear()
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
         logger.info("CUDA graphs: captured %d decode row counts (%s)%s in %.1f s", len(self.sizes),
