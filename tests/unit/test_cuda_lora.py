@@ -105,9 +105,10 @@ def test_one_matmul_and_the_expand_kernel_match_float64(dtype: torch.dtype) -> N
 
 @kernels
 @pytest.mark.parametrize("tokens", [9, 130], ids=["expand-kernel", "masked-all-slots"])
-def test_hook_on_cuda_layout_equals_the_cpu_product(tokens: int) -> None:
+def test_hook_on_cuda_layout_equals_the_cpu_product(monkeypatch, tokens: int) -> None:
     """LoraDelta over the folded layout (the expand kernel up to EXPAND_TOKENS tokens, the masked all-slots
     product beyond), fed by LoraBatch.set, equals the CPU hook on the same adapters; with a bias."""
+    monkeypatch.setattr(apply, "EXPAND_TOKENS", 64)  # both paths at test sizes
     counts = [tokens - 8, 1, 4, 3]
     seq_slots = [2, -1, 0, 1]
     linear, stacks = _folded(torch.float32, bias=True)
