@@ -1,22 +1,16 @@
 """Triton kernels of runtime/cuda vs the eager reference code.
 
-On a CUDA machine they run on the GPU. Without CUDA they run in Triton's interpreter on the CPU, in a
-child pytest process: TRITON_INTERPRET must be set before Triton is first imported, which other
-modules of this session may already have done. Skipped when Triton is absent.
+On a CUDA machine they run on the GPU; without CUDA in Triton's interpreter (tests/triton_interpreter.py).
+Skipped when Triton is absent.
 """
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
-RUN_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
-kernels = pytest.mark.skipif(not RUN_HERE, reason="runs in the interpreter child process")
+from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter  # noqa: E402
 
 from runtime.attention_metadata import AttentionMetadata  # noqa: E402
 from runtime.models.norm import RMSNorm  # noqa: E402
@@ -28,12 +22,7 @@ if RUN_HERE:
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    if RUN_HERE:
-        pytest.skip("the kernels run directly in this process")
-    child = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", __file__],
-                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=240)
-    assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-2000:]
-    assert "7 passed" in child.stdout, child.stdout[-2000:]
+    run_in_interpreter(__file__, passed=7)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,23 +1,17 @@
 """The CUDA LoRA path (A folded under the base weight, runtime/cuda/lora_kernels.py) against a float64
 reference and the CPU product, and the hook in a CUDA graph.
 
-On a CUDA machine they run on the GPU. Without CUDA they run in Triton's interpreter on the CPU, in a
-child pytest process (TRITON_INTERPRET must be set before Triton is first imported), as in
-test_cuda_kernels.py. Skipped when Triton is absent.
+On a CUDA machine they run on the GPU; without CUDA in Triton's interpreter (tests/triton_interpreter.py).
+Skipped when Triton is absent.
 """
 
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
-RUN_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
-kernels = pytest.mark.skipif(not RUN_HERE, reason="runs in the interpreter child process")
+from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter  # noqa: E402
 on_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 
 from runtime.lora.apply import LoraBatch, LoraDelta  # noqa: E402
@@ -31,12 +25,7 @@ if RUN_HERE:
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    if RUN_HERE:
-        pytest.skip("the kernels run directly in this process")
-    child = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", __file__],
-                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=240)
-    assert child.returncode == 0, child.stdout[-3000:] + child.stderr[-2000:]
-    assert "4 passed" in child.stdout, child.stdout[-2000:]
+    run_in_interpreter(__file__, passed=4)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
