@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
 
     config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, max_model_len=args.context + 16,
-                          max_kv_tokens=args.batch * (args.context + 16), kv_block_size=16)
+                          max_kv_tokens=args.batch * (args.context + 16), kv_block_size=16, cpu_threads=args.threads)
     engine = NativeEngine(config)
     engine.load()
     compiler = GuidedCompiler(engine.tokenizer.hf, engine.spec.vocab_size, engine.eos_token_ids)

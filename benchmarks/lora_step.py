@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prefill", type=int, default=512, help="tokens of the prefill step (0: skip)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: the engine's default)")
     parser.add_argument("--graph", action="store_true", help="CUDA: also time decode forwards as CUDA graphs")
     parser.add_argument("--profile", action="store_true", help="torch.profiler tables of the prefill step")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -182,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, max_loras=args.adapters,
                           tokenizer=demo_model_path() if args.synthetic else None,
                           max_model_len=max(args.context, args.prefill) + 16,
-                          max_lora_rank=args.max_lora_rank or args.rank, max_kv_tokens=biggest, kv_block_size=16)
+                          max_lora_rank=args.max_lora_rank or args.rank, max_kv_tokens=biggest, kv_block_size=16,
+                          cpu_threads=args.threads or None)
     engine = NativeEngine(config)
     engine.load()
     for key in range(args.adapters):

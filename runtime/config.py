@@ -42,6 +42,8 @@ class EngineConfig:
     num_draft_tokens: int = 4
     ngram_min: int = 1
     ngram_max: int = 4
+    # CPU execution
+    cpu_threads: int | None = None  # torch threads of the native runtime on CPU; default $OMP_NUM_THREADS, else all cores but one
     # GPU execution
     enable_cuda_graphs: bool = True
     # TensorRT-LLM only

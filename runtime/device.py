@@ -6,9 +6,15 @@ dtype "auto":
         (float16 on GPUs without bfloat16 support), as serving in float32 wastes half the memory;
   CPU   bfloat16 when the checkpoint is bfloat16 (halves memory; recent CPUs have bf16 matmuls),
         otherwise float32 (float16 matmuls are slow or missing on CPUs).
+CPU threads (`cpu_thread_count`): the configured number, else $OMP_NUM_THREADS, else every core the
+process may use but one. The step thread's matmuls then leave a core to the event loop that parses
+requests and streams tokens; torch's default (every core) made the demo model 1.3-1.5x slower on
+a 2-core machine, at one stream and at 32 (benchmarks/RESULTS.md, 2026-11-23 17:35).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -42,3 +48,16 @@ def resolve_dtype(name: str, device: torch.device, checkpoint_dtype: torch.dtype
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def cpu_thread_count(configured: int | None) -> int:
+    """Intra-op threads for the native runtime on CPU (see the module docstring)."""
+    if configured is not None:
+        if configured < 1:
+            raise ValueError(f"cpu_threads must be at least 1, got {configured}")
+        return configured
+    env = os.environ.get("OMP_NUM_THREADS", "")
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)

@@ -18,10 +18,12 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig
 from runtime.delivery import END, Outbox
-from runtime.device import dtype_name, resolve_device, resolve_dtype
+from runtime.device import cpu_thread_count, dtype_name, resolve_device, resolve_dtype
 from runtime.engine import Engine, EngineStats, ModelInfo, deltas_of
 from runtime.errors import EngineNotReadyError, InvalidRequestError, QueueFullError
 from runtime.guided import GuidedCompiler, GuideState
@@ -101,6 +103,9 @@ class NativeEngine(Engine):
         if self._loaded:
             return
         cfg = self.config
+        if self.device.type == "cpu":
+            torch.set_num_threads(cpu_thread_count(cfg.cpu_threads))  # process-wide: the step thread's matmuls
+            logger.info("CPU: %d torch threads", torch.get_num_threads())
         self.tokenizer = Tokenizer.from_pretrained(cfg.tokenizer or self.model_path)
         self.eos_token_ids = list(dict.fromkeys(self.tokenizer.eos_token_ids + self.spec.eos_token_ids))
         model = load_model(self.model_path, self.dtype, self.device)
