@@ -113,7 +113,8 @@ async def bench(args: argparse.Namespace) -> list[Row]:
                                       max_batch_size=max(8, concurrency), speculative=mode,
                                       draft_model=args.draft_model if mode == "draft" else None,
                                       num_draft_tokens=args.num_draft_tokens, ngram_min=args.ngram_min,
-                                      ngram_max=args.ngram_max, max_kv_tokens=args.max_kv_tokens)
+                                      ngram_max=args.ngram_max, max_kv_tokens=args.max_kv_tokens,
+                                      speculative_max_concurrency=args.speculative_max_concurrency)
                 runs.setdefault(mode, []).append(await run_mode(config, concurrency, num_requests, args.max_tokens))
         base = runs["none"]
         for mode, mode_runs in runs.items():
@@ -147,6 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ngram-min", type=int, default=1)
     p.add_argument("--ngram-max", type=int, default=4)
     p.add_argument("--max-kv-tokens", type=int, default=16384)
+    p.add_argument("--speculative-max-concurrency", type=int, default=None,
+                   help="no speculation in steps where more sequences decode (the server's option)")
     p.add_argument("--repeat", type=int, default=1, help="rounds of all modes; medians are reported")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)

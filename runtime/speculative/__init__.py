@@ -67,4 +67,5 @@ def build_speculator(proposer: NgramProposer | DraftProposer, config: EngineConf
         graphs = (2 * config.max_batch_size, -(-context_window // config.kv_block_size)) if cuda_graphs else None
         proposer.allocate(block_manager.num_blocks, graphs)
     return Speculator(proposer, num_draft_tokens=config.num_draft_tokens, block_manager=block_manager,
-                      max_num_tokens=config.max_num_tokens, context_window=context_window, seed=config.seed)
+                      max_num_tokens=config.max_num_tokens, context_window=context_window, seed=config.seed,
+                      max_concurrency=config.speculative_max_concurrency)

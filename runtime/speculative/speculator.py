@@ -62,9 +62,11 @@ class Speculator:
     """Proposes, verifies and emits speculative tokens (see the module docstring)."""
 
     def __init__(self, proposer: NgramProposer | DraftProposer, *, num_draft_tokens: int, block_manager: BlockManager,
-                 max_num_tokens: int, context_window: int, seed: int) -> None:
+                 max_num_tokens: int, context_window: int, seed: int, max_concurrency: int | None = None) -> None:
         self.proposer = proposer
         self.num_draft_tokens = num_draft_tokens
+        # speculation pays at low concurrency; above this many decoding sequences a step does not speculate
+        self.max_concurrency = max_concurrency
         self.block_manager = block_manager
         self.max_num_tokens = max_num_tokens
         self.context_window = context_window
@@ -81,6 +83,8 @@ class Speculator:
             self.proposer.release_finished()
         if self._cpu_twins:
             self._cpu_twins = {k: v for k, v in self._cpu_twins.items() if v[0] in requests}
+        if self.max_concurrency is not None and sum(not e.is_prefill for e in batch.entries) > self.max_concurrency:
+            return
         budget = self.max_num_tokens - batch.num_tokens
         free_blocks = self.block_manager.num_free_blocks  # minus what earlier entries reserve below
         wanted: list[tuple[ScheduledSeq, RequestState, int]] = []

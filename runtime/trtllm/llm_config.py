@@ -16,8 +16,8 @@ tests/fakes/trtllm_api_snapshot.json for the stored version read).
 | scheduler_policy | SchedulerConfig(capacity_scheduler_policy=MAX_UTILIZATION / GUARANTEED_NO_EVICT) |
 | enable_chunked_prefill | `enable_chunked_prefill` |
 | lora_modules, max_lora_rank, max_loras, max_cpu_loras | LoraConfig(lora_dir, max_lora_rank, max_loras, max_cpu_loras, lora_target_modules) |
-| speculative=draft, draft_model, num_draft_tokens | DraftTargetDecodingConfig(max_draft_len, speculative_model[_dir]) |
-| speculative=ngram, num_draft_tokens, ngram_max | NGramDecodingConfig(max_draft_len, max_matching_ngram_size) |
+| speculative=draft, draft_model, num_draft_tokens, speculative_max_concurrency | DraftTargetDecodingConfig(max_draft_len, speculative_model[_dir], max_concurrency) |
+| speculative=ngram, num_draft_tokens, ngram_max, speculative_max_concurrency | NGramDecodingConfig(max_draft_len, max_matching_ngram_size, max_concurrency) |
 | enable_cuda_graphs=false | `cuda_graph_config=None` (checkpoints) |
 | trtllm_extra | passed through; `speculative_config` may be a dict with `decoding_type` Eagle/Medusa/Lookahead/MTP/... |
 | device=cpu, ngram_min != 1 | rejected (UnsupportedOptionError) |
@@ -53,12 +53,13 @@ def speculative_config(api: TrtllmApi, config: EngineConfig) -> Any:
         if not config.draft_model:
             raise InvalidRequestError("--speculative draft needs --draft-model", param="draft_model")
         cls = api.DraftTargetDecodingConfig
-        return cls(max_draft_len=config.num_draft_tokens, **{_speculative_model_field(cls): config.draft_model})
+        return cls(max_draft_len=config.num_draft_tokens, max_concurrency=config.speculative_max_concurrency,
+                   **{_speculative_model_field(cls): config.draft_model})
     if config.ngram_min != 1:
         raise UnsupportedOptionError("ngram_min", BACKEND,
                                      "TensorRT-LLM's n-gram drafter matches from ngram_max down to 1")
-    return api.NGramDecodingConfig(max_draft_len=config.num_draft_tokens,
-                                   max_matching_ngram_size=config.ngram_max)
+    return api.NGramDecodingConfig(max_draft_len=config.num_draft_tokens, max_matching_ngram_size=config.ngram_max,
+                                   max_concurrency=config.speculative_max_concurrency)
 
 
 def _extra_speculative(api: TrtllmApi, value: Any) -> Any:

@@ -18,7 +18,7 @@ from runtime.config import EngineConfig
 from runtime.llm_engine import NativeEngine
 from runtime.request import GenerationRequest
 from runtime.speculative import DraftTokenizerMismatchError
-from tests.engine_harness import collect, request, running_engine
+from tests.engine_harness import StepRecorder, collect, request, running_engine
 from tests.tiny_models import build_tiny_model
 
 
@@ -269,3 +269,24 @@ async def test_the_demo_model_pairs_with_its_own_draft_by_default() -> None:
     assert stats[1].spec_draft_tokens > 0 and stats[0].spec_draft_tokens == 0
     # a different (smaller) model proposed them: the target proposing for itself would accept every one
     assert stats[1].spec_accepted_tokens < stats[1].spec_draft_tokens
+
+
+async def test_no_speculation_in_steps_where_more_sequences_decode_than_the_limit(pair) -> None:
+    """speculative_max_concurrency=2: steps decoding 4 sequences run plain, and speculation resumes once two
+    requests are done; output still equals plain greedy."""
+    target, _ = pair
+    ps = prompts(4, seed=5)
+    lengths = [6, 6, 24, 24]
+    want = [(await plain_greedy(target, [p], n))[0] for p, n in zip(ps, lengths)]
+    async with running_engine(target, speculative="ngram", num_draft_tokens=3, speculative_max_concurrency=2) as engine:
+        rec = StepRecorder(engine)
+        outs = await run_all(engine, [request(f"m{i}", p, n) for i, (p, n) in enumerate(zip(ps, lengths))])
+    assert [o.tokens[0] for o in outs] == want
+    spec_steps = 0
+    crowded = 0
+    for step, stats in zip(rec.steps, rec.stats):
+        if sum(not e.is_prefill for e in step) > 2:
+            crowded += 1
+            assert stats.spec_steps == spec_steps, "a step decoding 3-4 sequences speculated"
+        spec_steps = stats.spec_steps
+    assert crowded > 0 and spec_steps > 0  # both kinds of step happened

@@ -35,7 +35,7 @@ def test_checkpoint_folder_options_reach_their_llm_arguments(fake_trtllm, model_
         max_batch_size=12, max_num_tokens=1024, max_beam_width=2, kv_cache_fraction=0.7, max_kv_tokens=2048,
         enable_prefix_caching=False, kv_block_size=32, scheduler_policy="guaranteed_no_evict",
         enable_chunked_prefill=False, tensor_parallel_size=2, pipeline_parallel_size=2, speculative="ngram",
-        num_draft_tokens=3, ngram_max=5, enable_cuda_graphs=False)
+        num_draft_tokens=3, ngram_max=5, speculative_max_concurrency=4, enable_cuda_graphs=False)
     cls, kw = arguments(config)
     assert cls is api.LLM
     assert (kw["model"], kw["tokenizer"], kw["dtype"], kw["max_seq_len"]) == (str(model_dir), str(model_dir),
@@ -49,7 +49,7 @@ def test_checkpoint_folder_options_reach_their_llm_arguments(fake_trtllm, model_
     assert kw["enable_chunked_prefill"] is False
     spec = kw["speculative_config"]
     assert isinstance(spec, api.NGramDecodingConfig)
-    assert (spec.max_draft_len, spec.max_matching_ngram_size) == (3, 5)
+    assert (spec.max_draft_len, spec.max_matching_ngram_size, spec.max_concurrency) == (3, 5, 4)
     assert kw["cuda_graph_config"] is None and kw["enable_iter_perf_stats"] is True
     assert kw["guided_decoding_backend"] == "xgrammar" and "lora_config" not in kw
 
