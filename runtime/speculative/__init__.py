@@ -46,6 +46,8 @@ def load_proposer(config: EngineConfig, *, serving_demo: bool, tokenizer: Tokeni
         return None
     if config.num_draft_tokens < 1:
         raise ValueError(f"--num-draft-tokens must be >= 1 with --speculative {config.speculative}")
+    if config.speculative_max_concurrency is not None and config.speculative_max_concurrency < 1:
+        raise ValueError(f"--speculative-max-concurrency must be >= 1, got {config.speculative_max_concurrency}")
     if config.speculative == "ngram":
         return NgramProposer(config.ngram_min, config.ngram_max)
     if config.speculative != "draft":

@@ -237,6 +237,14 @@ async def test_draft_mode_without_a_draft_model_names_the_flag(pair) -> None:
         await engine.start()
 
 
+async def test_a_speculation_concurrency_limit_below_one_is_a_startup_error(pair) -> None:
+    target, _ = pair
+    engine = NativeEngine(EngineConfig(model=str(target), device="cpu", dtype="float32", max_kv_tokens=256,
+                                       speculative="ngram", speculative_max_concurrency=0))
+    with pytest.raises(ValueError, match="--speculative-max-concurrency must be >= 1, got 0"):
+        await engine.start()
+
+
 async def test_greedy_equality_holds_when_kv_blocks_run_short_and_sequences_are_preempted(pair) -> None:
     target, draft = pair
     ps = prompts(5, seed=13)
