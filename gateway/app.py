@@ -6,8 +6,9 @@
 engine in the background, so the server answers at once (GET /health is 503 until the model is
 loaded, 200 after) and shuts it down on exit. app.state holds `engine`, `settings`, `metrics`
 (gateway.metrics.GatewayMetrics; its `.registry` is what /metrics exposes), `auth`
-(gateway.auth.AuthPolicy), `drain` (gateway.shutdown.Drain), `limits` (RequestLimits),
-`startup_error` and `fatal_error` (the engine died while serving).
+(gateway.auth.AuthPolicy), `drain` (gateway.shutdown.Drain), `limits` (RequestLimits), `prepare`
+(runtime.workers.WorkerPool for large bodies), `startup_error` and `fatal_error` (the engine died while
+serving).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute
 
-from adapters.openai.limits import RequestLimits
+from adapters.limits import RequestLimits
 from gateway.auth import ApiKeyMiddleware, AuthPolicy
 from gateway.errors import render_for_path
 from gateway.key_limits import key_limits_middleware
@@ -42,6 +43,7 @@ from gateway.settings import Settings
 from gateway.shutdown import Drain, DrainMiddleware, watch_engine
 from runtime.engine import Engine
 from runtime.errors import InvalidRequestError
+from runtime.workers import WorkerPool
 
 log = logging.getLogger("gateway")
 
@@ -116,6 +118,7 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
             task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await app.state.engine.shutdown(app.state.settings.drain_timeout)
+        app.state.prepare.shutdown()
 
 
 def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
@@ -155,8 +158,10 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
     app.state.drain = drain
     app.state.limits = RequestLimits(
         max_n=settings.max_n, max_stop_strings=settings.max_stop_strings,
-        max_stop_string_length=settings.max_stop_string_length, max_logit_bias=settings.max_logit_bias,
+        max_stop_string_length=settings.max_stop_string_length, max_bad_words=settings.max_bad_words,
+        max_logit_bias=settings.max_logit_bias,
         max_messages=settings.max_messages, max_prompts=settings.max_prompts)
+    app.state.prepare = WorkerPool("parse")  # parsing and translating large bodies, off the event loop
     app.state.startup_error = None
     app.state.fatal_error = None
     app.state.created = int(time.time())  # /v1/models' "created"

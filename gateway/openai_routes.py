@@ -28,6 +28,7 @@ from adapters.openai import (
     completion_requests,
     parse_request,
 )
+from adapters.limits import RequestLimits
 from adapters.openai.limits import check_limits
 from gateway.disconnect import until_disconnected
 from gateway.errors import (
@@ -45,6 +46,7 @@ from runtime.engine import Engine
 from runtime.errors import EngineNotReadyError
 from runtime.request import GenerationRequest, OutputDelta
 from runtime.tokenizer import Tokenizer
+from runtime.workers import HEAVY_CHARS, WorkerPool
 
 OWNED_BY = "trtllm-gateway"
 log = logging.getLogger("gateway.openai")
@@ -117,18 +119,28 @@ async def _collect(stream: GenerationStream, output: _Output) -> dict[str, Any]:
     return output.response()
 
 
+def _parse(schema: type[BaseModel], body: bytes, max_json_depth: int, limits: RequestLimits) -> Any:
+    """The body as `schema`, within the request limits (400 otherwise)."""
+    req = parse_request(schema, parse_json(body, max_json_depth))
+    check_limits(req, limits)
+    return req
+
+
 async def _serve(request: Request, schema: type[BaseModel], id_prefix: str, plan: _Plan) -> Response:
     request_id = request_id_of(request.scope)
     try:
         settings = request.app.state.settings
-        req: Any = parse_request(schema, await read_json(request))
-        check_limits(req, request.app.state.limits)
+        body = await read_body(request)
+        # Large bodies are parsed and translated (chat template) in worker threads: not on the event loop.
+        pool: WorkerPool = request.app.state.prepare
+        heavy = len(body) > HEAVY_CHARS
+        req: Any = await pool.call(heavy, _parse, schema, body, settings.max_json_depth, request.app.state.limits)
         if settings.log_prompts:
             _log_prompt(request_id, req)
         engine = ready_engine(request)
         model, adapter = resolve_model(request, engine, req.model)
         response_id = f"{id_prefix}-{uuid.uuid4().hex}"
-        gen_requests, output = plan(req, response_id, model, adapter, engine.tokenizer)
+        gen_requests, output = await pool.call(heavy, plan, req, response_id, model, adapter, engine.tokenizer)
         stream = GenerationStream(engine, gen_requests, request.app.state.metrics, timeout=settings.request_timeout)
         if not req.stream:  # one disconnect watcher for the whole request; rejections raise from it too
             return JSONResponse(await until_disconnected(request, _collect(stream, output)))

@@ -50,9 +50,10 @@ class Settings:
     max_n: int = 16  # largest n (samples per prompt)
     max_stop_strings: int = 16  # most stop strings per request
     max_stop_string_length: int = 256  # longest stop string, in characters
-    max_logit_bias: int = 300  # most logit_bias entries
+    max_bad_words: int = 256  # most Triton bad_words per request
+    max_logit_bias: int = 300  # most logit_bias entries (Triton: embedding_bias_words)
     max_messages: int = 1024  # most chat messages per request
-    max_prompts: int = 256  # most prompts in one /v1/completions request
+    max_prompts: int = 256  # most prompts in one /v1/completions request or Triton batch
     # LoRA
     enable_lora_loading: bool = False  # allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter
     lora_root: list[str] = field(default_factory=list)  # folders run-time adapter paths must lie in (none: any)

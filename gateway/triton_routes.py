@@ -40,6 +40,8 @@ from gateway.streaming import sse_response
 from gateway.triton_metrics import InferenceTimer, metrics_for
 from runtime.engine import Engine
 from runtime.request import OutputDelta
+from runtime.tokenizer import Tokenizer
+from runtime.workers import HEAVY_CHARS, WorkerPool
 
 MODEL_VERSION = "1"
 CLIENT_CLOSED = 499  # nginx's "client closed request": counted, never seen by the gone client
@@ -72,10 +74,15 @@ def _resolve(request: Request) -> tuple[str, str, ModelKind]:
     return name, MODEL_VERSION, kind
 
 
-async def _read_body(request: Request) -> Any:
-    """The JSON body, with the shared size and depth limits; a parse error worded for Triton clients."""
-    return parse_json(await read_body(request), request.app.state.settings.max_json_depth,
-                      lambda exc: f"failed to parse the request JSON buffer: {exc}")
+def _parse(request: Request, raw: bytes, name: str, version: str, kind: ModelKind,
+           tokenizer: Tokenizer) -> TritonGenerate:
+    """The generate body (shared size and depth limits; parse errors worded for Triton clients) as
+    runtime requests."""
+    settings = request.app.state.settings
+    body = parse_json(raw, settings.max_json_depth, lambda exc: f"failed to parse the request JSON buffer: {exc}")
+    return parse_generate(body, model_name=name, model_version=version, kind=kind, tokenizer=tokenizer,
+                          request_id=f"triton-{uuid.uuid4().hex}", limits=request.app.state.limits,
+                          exclude_input_default=bool(settings.exclude_input_in_output))
 
 
 def _exclude_input_default(request: Request) -> bool:
@@ -131,11 +138,11 @@ async def _generate(request: Request, streaming: bool) -> Response:
     try:
         name, version, kind = _resolve(request)
         timer = _timer(request, name, version)
-        body = await _read_body(request)
+        raw = await read_body(request)
         engine = ready_engine(request)
-        gen = parse_generate(body, model_name=name, model_version=version, kind=kind, tokenizer=engine.tokenizer,
-                             request_id=f"triton-{uuid.uuid4().hex}",
-                             exclude_input_default=_exclude_input_default(request))
+        # Large bodies are parsed (and their words tokenized) in worker threads: not on the event loop.
+        pool: WorkerPool = request.app.state.prepare
+        gen = await pool.call(len(raw) > HEAVY_CHARS, _parse, request, raw, name, version, kind, engine.tokenizer)
         for req in gen.requests:  # only generate_stream with `stream: true` sends deltas as they come
             req.stream = streaming and bool(gen.stream)
         if timer is not None:

@@ -38,7 +38,8 @@ from runtime.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
 from runtime.sequence import SequenceStatus
 from runtime.speculative import Speculator, build_speculator, load_proposer
 from runtime.tokenizer import Tokenizer
-from runtime.validation import validate_request
+from runtime.validation import PreparedRequest, validate_request
+from runtime.workers import WorkerPool, is_heavy
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +97,7 @@ class NativeEngine(Engine):
         self._guided_compiler: GuidedCompiler | None = None
         self._guided_lock = threading.Lock()
         self.speculator: Speculator | None = None
+        self._prepare = WorkerPool("prepare")  # tokenizing large prompts and bad words, off the event loop
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def load(self) -> None:
@@ -170,6 +172,7 @@ class NativeEngine(Engine):
             self._stopping = True
             self._cond.notify()
         await asyncio.to_thread(self._thread.join)
+        self._prepare.shutdown()
 
     @property
     def ready(self) -> bool:
@@ -200,11 +203,12 @@ class NativeEngine(Engine):
 
     async def generate_batches(self, request: GenerationRequest) -> AsyncIterator[list[OutputDelta]]:
         """Every delta already queued for the request, in one list per wake-up (one or more steps')."""
+        self._check_ready()  # preparing needs the loaded tokenizer
+        prepared = await self._prepare.call(is_heavy(request), self._validate, request)
         new_guide = None
         if request.guided is not None:  # a new grammar takes up to seconds to compile: off the event loop
-            self._check_ready()  # compiling needs the loaded tokenizer
             new_guide = await asyncio.to_thread(self._guide_factory, request.guided)
-        state = self._submit(request, new_guide)
+        state = self._submit(request, prepared, new_guide)
         queue: asyncio.Queue[Any] = state.queue  # type: ignore[assignment]
         done = False
         try:
@@ -227,15 +231,13 @@ class NativeEngine(Engine):
             reason = "shutting down" if self._thread is not None else "not started"
             raise EngineNotReadyError(f"The engine is {reason}")
 
-    def _submit(self, request: GenerationRequest, new_guide: Callable[[], GuideState] | None = None) -> RequestState:
+    def _validate(self, request: GenerationRequest) -> PreparedRequest:
+        return validate_request(request, tokenizer=self.tokenizer, vocab_size=self.spec.vocab_size,
+                                context_window=self.model_info.context_window, config=self.config)
+
+    def _submit(self, request: GenerationRequest, prepared: PreparedRequest,
+                new_guide: Callable[[], GuideState] | None = None) -> RequestState:
         self._check_ready()
-        prepared = validate_request(
-            request,
-            tokenizer=self.tokenizer,
-            vocab_size=self.spec.vocab_size,
-            context_window=self.model_info.context_window,
-            config=self.config,
-        )
         if self.config.scheduler_policy == "guaranteed_no_evict":
             fanout = max(request.sampling.n, request.sampling.beam_width)
             need = fanout * self.block_manager.blocks_for(len(prepared.prompt_token_ids) + prepared.max_tokens)

@@ -91,6 +91,9 @@ class Tokenizer:
         self._backend: Any = getattr(hf, "backend_tokenizer", None) if getattr(hf, "is_fast", False) else None
         self._decoder = self._backend_decoder_types()
         self._bytes_cache: dict[int, bytes] = {}
+        # No token covers more characters than its longest vocabulary entry (byte-level pieces spell one
+        # character per byte, so they only overstate it): a text longer than context x this cannot fit.
+        self.max_token_chars: int = max(map(len, hf.get_vocab()), default=1)
         # SentencePiece byte pieces ("<0xE6>"). transformers' ByteFallback decoder turns a whole run of
         # them into U+FFFD when any byte in the run is invalid, so a run's text is final only once a
         # non-byte token ends it (the incremental detokenizer waits for that).
@@ -112,9 +115,15 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text` (with the tokenizer's BOS etc. when add_special_tokens)."""
-        if self._backend is not None:  # as in decode: transformers' wrapper costs more than the Rust call
-            return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
-        return list(self.hf.encode(text, add_special_tokens=add_special_tokens))
+        return self.encode_many([text], add_special_tokens)[0]
+
+    def encode_many(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Token ids of each of `texts`. The Rust backend's batch call releases the GIL while it works
+        (its single-text call holds it: an 8 MB prompt froze every thread for 13 s), and skips
+        transformers' Python wrapper, which costs more than the encoding itself."""
+        if self._backend is not None:
+            return [e.ids for e in self._backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
+        return [list(self.hf.encode(t, add_special_tokens=add_special_tokens)) for t in texts]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`; incomplete UTF-8 shows as U+FFFD."""
@@ -124,15 +133,24 @@ class Tokenizer:
             list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
         )
 
+    def check_fits(self, text: str, context_window: int) -> None:
+        """InvalidRequestError when `text` cannot fit `context_window` tokens, told without tokenizing it
+        (megabytes take seconds). The 2x margin covers normalizers that shorten text (NFKC composing
+        characters) before tokenizing."""
+        most = 2 * context_window * self.max_token_chars
+        if len(text) > most:
+            raise InvalidRequestError(
+                f"This model's maximum context length is {context_window} tokens. However, your prompt has "
+                f"{len(text)} characters, more than that many tokens can hold (at most {most} characters). "
+                "Please reduce the prompt.",
+                param="prompt",
+            )
+
     def bad_words_ids(self, words: Sequence[str]) -> list[list[int]]:
         """Token sequences to ban for each bad word: as written and with a leading space (as vLLM)."""
-        out: list[list[int]] = []
-        for word in words:
-            for variant in (word, " " + word.lstrip()):
-                ids = self.encode(variant, add_special_tokens=False)
-                if ids and ids not in out:
-                    out.append(ids)
-        return out
+        variants = [v for word in words for v in (word, " " + word.lstrip())]
+        unique = dict.fromkeys(tuple(ids) for ids in self.encode_many(variants, add_special_tokens=False) if ids)
+        return [list(ids) for ids in unique]
 
     def apply_chat_template(
         self,

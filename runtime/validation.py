@@ -53,6 +53,7 @@ def validate_request(
                 f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab_size})", param="prompt"
             )
     elif request.prompt:
+        tokenizer.check_fits(request.prompt, context_window)
         ids = tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
     else:
         ids = []

@@ -17,6 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from adapters.limits import RequestLimits, check_words, over_limit
 from adapters.triton.inputs import ModelKind, read_inputs
 from runtime.errors import InvalidRequestError
 from runtime.request import GenerationRequest, GuidedDecoding, LoraTask, SamplingOptions
@@ -69,6 +70,7 @@ def parse_generate(
     kind: ModelKind,
     tokenizer: Tokenizer,
     request_id: str,
+    limits: RequestLimits = RequestLimits(),
     exclude_input_default: bool = False,
 ) -> TritonGenerate:
     """Validate a generate body for model `model_name` and build its runtime requests.
@@ -76,10 +78,13 @@ def parse_generate(
     Raises InvalidRequestError (-> 400) for unknown, missing, malformed or unsupported inputs.
     """
     values = read_inputs(body, kind, model_name)
+    _check_limits(values, limits)
     sampling = _sampling(values, tokenizer, kind)
     guided = _guided(values)
     lora_task = _lora_task(values)
     prompts, batched = _prompts(values, kind)
+    if len(prompts) > limits.max_prompts:
+        raise over_limit("text_input" if kind == "text" else "input_ids", "batch size", len(prompts), limits.max_prompts)
     requests = []
     for i, prompt in enumerate(prompts):
         rid = f"{request_id}-{i}" if batched else request_id
@@ -112,6 +117,14 @@ def parse_generate(
         num_return_sequences=sampling.n,
         pad_id=values.get("pad_id", 0),
     )
+
+
+def _check_limits(values: dict[str, Any], limits: RequestLimits) -> None:
+    """400 naming the input when a list input is over the server's limits (each word costs tokenizing)."""
+    longest = limits.max_stop_string_length
+    check_words("bad_words", values.get("bad_words", []), limits.max_bad_words, longest)
+    check_words("stop_words", values.get("stop_words", []), limits.max_stop_strings, longest)
+    check_words("embedding_bias_words", values.get("embedding_bias_words", []), limits.max_logit_bias, longest)
 
 
 def _lora_task(values: dict[str, Any]) -> LoraTask | None:

@@ -28,6 +28,7 @@ from runtime.trtllm.model_folder import ModelFolder
 from runtime.trtllm.output import SequenceStream, convert_prompt_logprobs
 from runtime.trtllm.sampling import SamplingContext, build_sampling_params
 from runtime.trtllm.stats import StatsCollector
+from runtime.workers import WorkerPool, is_heavy
 
 _STATS_POLL_S = 0.5
 
@@ -72,6 +73,7 @@ class TrtllmEngine(Engine):
         self.llm: Any = None
         self._results: dict[str, Any] = {}  # request id -> TRT-LLM result, while running
         self._ready = False
+        self._prepare = WorkerPool("prepare")  # tokenizing large prompts, off the event loop
         self._poller: asyncio.Task | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------
@@ -97,6 +99,7 @@ class TrtllmEngine(Engine):
         if self.llm is not None:
             await asyncio.to_thread(self.llm.shutdown)
             self.llm = None
+        self._prepare.shutdown()
 
     @property
     def ready(self) -> bool:
@@ -144,6 +147,7 @@ class TrtllmEngine(Engine):
             if bad:
                 raise InvalidRequestError(f"prompt token id {bad[0]} is outside the vocabulary", "prompt")
         elif request.prompt is not None:
+            self.tokenizer.check_fits(request.prompt, self.model_info.context_window)
             ids = self.tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
         else:
             raise InvalidRequestError("a prompt is required", "prompt")
@@ -172,7 +176,7 @@ class TrtllmEngine(Engine):
         return result
 
     async def _generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
-        prompt = self._prompt_ids(request)
+        prompt = await self._prepare.call(is_heavy(request), self._prompt_ids, request)
         result = self._submit(request, prompt)
         options = request.sampling
         count = options.beam_width if options.beam_width > 1 else options.n

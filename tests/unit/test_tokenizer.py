@@ -190,3 +190,25 @@ def test_bad_words_ids_with_and_without_leading_space(multibyte: Tokenizer) -> N
         multibyte.encode("world", add_special_tokens=False),
         multibyte.encode(" world", add_special_tokens=False),
     ]
+
+
+def test_bad_words_are_banned_as_written_and_after_a_space_once_each(multibyte: Tokenizer) -> None:
+    def ids(text: str) -> list[int]:
+        return multibyte.hf.encode(text, add_special_tokens=False)
+
+    got = multibyte.bad_words_ids(["hello", " hello", "hello", "wörld"])
+    assert got == [ids("hello"), ids(" hello"), ids("wörld"), ids(" wörld")]
+
+
+def test_encode_many_matches_encode_one_by_one(multibyte: Tokenizer) -> None:
+    texts = ["héllo wörld", "", "日本語 🙂"]
+    assert multibyte.encode_many(texts, add_special_tokens=False) == [
+        multibyte.hf.encode(t, add_special_tokens=False) for t in texts]
+
+
+def test_text_too_long_for_any_tokenization_of_the_context_is_rejected(multibyte: Tokenizer) -> None:
+    most = 2 * 16 * multibyte.max_token_chars
+    multibyte.check_fits("a" * most, context_window=16)
+    with pytest.raises(InvalidRequestError, match="maximum context length is 16 tokens") as info:
+        multibyte.check_fits("a" * (most + 1), context_window=16)
+    assert info.value.param == "prompt"
