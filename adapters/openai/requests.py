@@ -47,6 +47,23 @@ class ContentPart(_Base):
     text: str | None = None
 
 
+# Chat templates index a tool call's fields and fail on any other shape: checking them here makes that a
+# 400 naming the field instead of an error from inside the template.
+class ToolCallFunctionParam(_Base):
+    """The function an earlier assistant turn called; `arguments` is a JSON string, as OpenAI sends it."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallParam(_Base):
+    """One tool call of an earlier assistant turn: what OpenAI requires (id, type "function", function)."""
+
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunctionParam
+
+
 class ChatMessage(_Base):
     """One message of the conversation."""
 
@@ -60,7 +77,7 @@ class ChatMessage(_Base):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallParam] | None = None
     tool_call_id: str | None = None
 
     @field_validator("content")

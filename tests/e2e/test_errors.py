@@ -219,3 +219,81 @@ def test_request_timeout_aborts_and_frees_blocks(start_server) -> None:
     assert "request timeout of 0.1 s" in err["message"]
     wait_for(lambda: scrape(srv.url)["trtllm_gateway_kv_blocks_used"] == 0, what="KV blocks freed")
     assert srv.engine.stats().generation_tokens_total - before < 240  # aborted, not run to the end
+
+
+# ---- hostile input: invalid Unicode, huge integers, malformed tool calls ------------------------------
+# Raw bytes, as a client that does not validate its JSON sends them: `\ud800` is a lone UTF-16 surrogate.
+
+SURROGATE = "holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not valid Unicode"
+HUGE = b"9" * 5000  # past Python's 4300-digit limit for int()
+
+
+def post_raw(http: httpx.Client, path: str, body: bytes) -> httpx.Response:
+    return http.post(path, content=body, headers={"content-type": "application/json"})
+
+
+def assert_models_still_listed(http: httpx.Client) -> None:
+    r = http.get("/v1/models")
+    assert r.status_code == 200 and MODEL_NAME in [m["id"] for m in r.json()["data"]]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/completions", rb'{"model": "tiny", "prompt": "\ud800", "max_tokens": 1}', "prompt"),
+    ("/v1/completions", rb'{"model": "tiny", "prompt": ["ok", "\udfff"], "max_tokens": 1}', "prompt[1]"),
+    ("/v1/completions", rb'{"model": "\ud800", "prompt": "hi", "max_tokens": 1}', "model"),
+    ("/v1/completions", rb'{"model": "tiny", "prompt": "hi", "stop": ["\ud800"], "max_tokens": 1}', "stop[0]"),
+    ("/v1/chat/completions", rb'{"model": "tiny", "messages": [{"role": "user", "content": "\ud800"}]}',
+     "messages[0].content"),
+    ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "\xed\xa0\x80"}]}',
+     "messages[0].content"),
+])
+def test_lone_surrogates_are_an_openai_400(http: httpx.Client, path: str, body: bytes, param: str) -> None:
+    err = assert_openai_error(post_raw(http, path, body), 400, "invalid_request_error", None, param)
+    assert err["message"] == (f"We could not parse the JSON body of your request: '{param}' {SURROGATE}. "
+                              "The OpenAI API expects a JSON payload (Content-Type: application/json).")
+    assert_models_still_listed(http)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_an_integer_of_5000_digits_is_an_openai_400(http: httpx.Client, path: str) -> None:
+    body = b'{"model": "tiny", "prompt": "hi", "messages": [{"role": "user", "content": "hi"}], "max_tokens": '
+    err = assert_openai_error(post_raw(http, path, body + HUGE + b"}"), 400, "invalid_request_error", None)
+    assert err["message"].startswith("We could not parse the JSON body of your request: a number has more than "
+                                     "4300 digits.")
+    assert_models_still_listed(http)
+
+
+@pytest.mark.parametrize(("endpoint", "body", "where"), [
+    ("generate", rb'{"text_input": "\ud800", "max_tokens": 1}', "'text_input'"),
+    ("generate", rb'{"text_input": "hi", "max_tokens": 1, "bad_words": ["x", "\ud800"]}', "'bad_words[1]'"),
+    ("generate", rb'{"text_input": "hi", "max_tokens": 1, "stop_words": "\udc00"}', "'stop_words'"),
+    ("generate", rb'{"parameters": {"\ud800": 1}, "text_input": "hi", "max_tokens": 1}', "'parameters.\\ud800'"),
+    ("generate_stream", rb'{"text_input": "\ud800", "max_tokens": 1, "stream": true}', "'text_input'"),
+])
+def test_lone_surrogates_are_a_triton_400(http: httpx.Client, endpoint: str, body: bytes, where: str) -> None:
+    r = post_raw(http, f"/v2/models/ensemble/{endpoint}", body)
+    assert (r.status_code, r.json()) == (400, {"error": f"failed to parse the request JSON buffer: {where} {SURROGATE}"})
+    assert_models_still_listed(http)
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_an_integer_of_5000_digits_is_a_triton_400(http: httpx.Client, endpoint: str) -> None:
+    r = post_raw(http, f"/v2/models/ensemble/{endpoint}", b'{"text_input": "hi", "max_tokens": ' + HUGE + b"}")
+    assert (r.status_code, r.json()) == (400, {"error": "failed to parse the request JSON buffer: a number has more "
+                                                         "than 4300 digits"})
+    assert_models_still_listed(http)
+
+
+@pytest.mark.parametrize(("tool_call", "param", "message"), [
+    ({"foo": 1}, "messages[1].tool_calls[0].id", "Missing required parameter: 'messages[1].tool_calls[0].id'."),
+    ({"id": "c1", "type": "function", "function": {"name": "f"}}, "messages[1].tool_calls[0].function.arguments",
+     "Missing required parameter: 'messages[1].tool_calls[0].function.arguments'."),
+    ({"id": "c1", "type": "web", "function": {"name": "f", "arguments": "{}"}}, "messages[1].tool_calls[0].type",
+     "Invalid value for 'messages[1].tool_calls[0].type': Input should be 'function'."),
+])
+def test_malformed_tool_calls_are_a_400_naming_the_field(http: httpx.Client, tool_call: dict, param: str,
+                                                         message: str) -> None:
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [tool_call]},
+                {"role": "tool", "tool_call_id": "c1", "content": "18"}]
+    r = http.post("/v1/chat/completions", json={"model": MODEL_NAME, "messages": messages, "max_tokens": 1})
+    assert assert_openai_error(r, 400, "invalid_request_error", None, param)["message"] == message
