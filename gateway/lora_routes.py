@@ -12,12 +12,14 @@ guard these routes like every other. Success answers are vLLM's plain-text lines
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from adapters.triton import IDS_MODEL_NAME, TEXT_MODEL_NAMES
 from gateway.errors import openai_error_response
 from gateway.middleware import request_id_of
 from gateway.openai_routes import read_json, ready_engine
@@ -31,6 +33,18 @@ def _field(body: Any, name: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidRequestError(f"'{name}' must be a non-empty string", param=name)
     return value.strip()
+
+
+def check_adapter_names(names: Iterable[str], served_model_name: str, source: str = "lora_name") -> None:
+    """InvalidRequestError (400; a start-up error for --lora-modules) for a name that already means a model:
+    requests naming it reach that model (OpenAI's `model`, Triton's path), never the adapter."""
+    taken = [served_model_name, *TEXT_MODEL_NAMES, IDS_MODEL_NAME]
+    for name in names:
+        if name in taken:
+            raise InvalidRequestError(
+                f"{source}: the adapter name '{name}' is already a model name of this server (the served model "
+                f"'{served_model_name}' and the Triton models {', '.join(taken[1:])}); choose another name",
+                param="lora_name")
 
 
 def allowed_path(path: str, roots: list[str]) -> str:
@@ -65,8 +79,10 @@ async def load_lora_adapter(request: Request) -> Response:
     try:
         body = await read_json(request)
         name, path = _field(body, "lora_name"), _field(body, "lora_path")
+        engine = ready_engine(request)
+        check_adapter_names([name], engine.model_info.name)
         real = allowed_path(path, request.app.state.settings.lora_root)
-        await ready_engine(request).load_lora_adapter(name, real)
+        await engine.load_lora_adapter(name, real)
     except Exception as exc:
         return openai_error_response(exc, request_id_of(request.scope))
     return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
@@ -90,4 +106,4 @@ def lora_routes() -> list[BaseRoute]:
     ]
 
 
-__all__ = ["allowed_path", "lora_routes"]
+__all__ = ["allowed_path", "check_adapter_names", "lora_routes"]

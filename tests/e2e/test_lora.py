@@ -99,6 +99,26 @@ def test_paths_outside_the_lora_root_and_bad_bodies_are_refused(server, tiny_mod
     assert missing.status_code == 400 and missing.json()["error"]["param"] == "lora_name"
 
 
+def test_a_lone_surrogate_lora_name_is_a_400_and_breaks_nothing(server) -> None:
+    """It used to register the adapter, after which GET /v1/models (and the unload) answered 500."""
+    for route in ("/load_lora_adapter", "/unload_lora_adapter"):
+        r = httpx.post(server.base_url + route, content=rb'{"lora_name": "\ud800", "lora_path": "poet"}',
+                       headers={"content-type": "application/json"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "lora_name"
+        assert "'lora_name' holds a lone UTF-16 surrogate" in r.json()["error"]["message"]
+    models = httpx.get(server.base_url + "/models")
+    assert models.status_code == 200 and len(models.json()["data"]) == len(server.engine.lora_adapters()) + 1
+
+
+@pytest.mark.parametrize("name", [MODEL_NAME, "ensemble", "tensorrt_llm", "tensorrt_llm_bls"])
+def test_model_names_cannot_be_loaded_as_adapters(server, name: str) -> None:
+    """Requests naming them reach the model (OpenAI's `model`, Triton's path): the adapter would be unreachable."""
+    r = httpx.post(server.base_url + "/load_lora_adapter", json={"lora_name": name, "lora_path": "poet"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "lora_name"
+    assert r.json()["error"]["message"].startswith(f"lora_name: the adapter name '{name}' is already a model name")
+    assert name not in (server.engine.lora_adapters() or {})
+
+
 def test_triton_lora_task_id_over_http(server, tiny_model_dir, adapters) -> None:
     """Triton's semantics: an unknown task is a 400 saying so; the first request brings lora_weights and
     lora_config, later ones the id alone; a registered adapter's id (1 for --lora-modules sql) names it."""
