@@ -33,7 +33,7 @@ from gateway.auth import ApiKeyMiddleware, AuthPolicy
 from gateway.errors import render_for_path
 from gateway.key_limits import key_limits_middleware
 from gateway.limits import BodySizeLimitMiddleware
-from gateway.lora_routes import lora_routes
+from gateway.lora_routes import check_adapter_names, lora_routes
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestContextMiddleware, request_id_of
 from gateway.openai_routes import openai_routes
@@ -127,6 +127,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
         from runtime import build_engine
 
         engine = build_engine(settings.engine)
+    check_adapter_names(settings.engine.lora_modules, engine.model_info.name, "--lora-modules")
     metrics = GatewayMetrics()
     metrics.watch_engine(engine)
     admin = lora_routes()  # run-time LoRA loading: guarded by --admin-api-key when one is set

@@ -7,7 +7,6 @@ dialect): JSON, valid Unicode (no lone surrogates), numbers that int() converts.
 from __future__ import annotations
 
 import json
-import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -51,7 +50,18 @@ class BodySizeLimitMiddleware:
 
 # A UTF-16 surrogate half on its own is no character: JSON lets `"\ud800"` (and json.loads lets raw
 # surrogate bytes) through, but UTF-8 encoders, tokenizers and our own error rendering then fail (500s).
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
+def _has_surrogate(text: str) -> bool:
+    """Whether `text` holds a lone surrogate. ASCII is checked in O(1) (CPython knows it), and UTF-8
+    encoding refuses surrogates at C speed: 14 ms for 7 MB where a regex search held the GIL 51 ms."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 # A parent's path and the key or index that leads from it, built once per container: (parent, key).
 _Where = tuple[Any, str | int] | None
 
@@ -62,7 +72,7 @@ def _scan(value: Any) -> tuple[int, str | None]:
     runs on every body: 0.19 s for a prompt of 1M token ids on the 2-core dev box, where the depth-only
     walk it replaced took 0.39 s."""
     if isinstance(value, str):
-        return 0, "" if _SURROGATE.search(value) else None
+        return 0, "" if _has_surrogate(value) else None
     deepest, bad = 0, None
     stack: list[tuple[Any, int, _Where]] = [(value, 0, None)] if isinstance(value, (dict, list)) else []
     while stack:
@@ -71,9 +81,9 @@ def _scan(value: Any) -> tuple[int, str | None]:
         for key, v in item.items() if isinstance(item, dict) else enumerate(item):
             if isinstance(v, (dict, list)):
                 stack.append((v, depth + 1, (where, key)))
-            elif bad is None and isinstance(v, str) and _SURROGATE.search(v):
+            elif bad is None and isinstance(v, str) and _has_surrogate(v):
                 bad = _path((where, key))
-            if bad is None and isinstance(key, str) and _SURROGATE.search(key):
+            if bad is None and isinstance(key, str) and _has_surrogate(key):
                 bad = _path((where, key))
     return deepest, bad
 

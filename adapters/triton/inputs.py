@@ -9,6 +9,7 @@ as aliases (e.g. `seed` for `random_seed`, `runtime_top_k` for `top_k`).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -227,7 +228,10 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A JSON number a float can hold (an integer literal of 400 digits cannot: float() overflows)."""
+    if isinstance(v, float):
+        return True
+    return _is_int(v) and -sys.float_info.max <= v <= sys.float_info.max
 
 
 def coerce(spec: InputSpec, name: str, value: Any) -> Any:

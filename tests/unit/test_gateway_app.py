@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from gateway.settings import Settings
 from runtime.engine import Engine, EngineStats, ModelInfo
-from runtime.errors import EngineError, PromptTooLongError
+from runtime.errors import EngineError, InvalidRequestError, PromptTooLongError
 from runtime.request import GenerationRequest, OutputDelta, TokenLogprob, Usage
 from runtime.tokenizer import Tokenizer
 from tests.tiny_models import build_tiny_tokenizer
@@ -374,3 +374,11 @@ async def test_request_is_aborted_when_client_disconnects(engine: ScriptedEngine
     assert rid in engine.aborted and rid in engine.closed
     assert len(engine.closed) == 1  # stopped early: the engine generator was closed, not exhausted
     assert sent[0]["status"] == (200 if stream else 499)
+
+
+@pytest.mark.parametrize("name", ["tiny", "ensemble", "tensorrt_llm", "tensorrt_llm_bls"])
+def test_lora_modules_named_like_a_model_are_a_start_up_error(engine: ScriptedEngine, name: str) -> None:
+    settings = Settings()
+    settings.engine.lora_modules = {name: "/adapters/x"}
+    with pytest.raises(InvalidRequestError, match=f"--lora-modules: the adapter name '{name}' is already a model"):
+        create_app(settings, engine)

@@ -200,3 +200,13 @@ def test_ids_model_errors(tokenizer: Tokenizer) -> None:
         parse(tokenizer, {"input_ids": [1, 2], "input_lengths": 5, "request_output_len": 1}, model="tensorrt_llm")
     with pytest.raises(InvalidRequestError, match="must be a non-empty list of token ids"):
         parse(tokenizer, {"input_ids": [], "input_lengths": 0, "request_output_len": 1}, model="tensorrt_llm")
+
+
+@pytest.mark.parametrize("name", ["temperature", "embedding_bias_weights"])
+def test_an_integer_past_the_float_range_is_a_400_naming_the_input(tokenizer: Tokenizer, name: str) -> None:
+    huge = 10**400  # JSON allows it; float() overflows (was a 500)
+    body = {"text_input": "hi", "max_tokens": 5, name: huge if name == "temperature" else [huge],
+            "embedding_bias_words": ["hi"]}
+    with pytest.raises(InvalidRequestError) as info:
+        parse(tokenizer, body)
+    assert info.value.param == name

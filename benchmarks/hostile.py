@@ -1,0 +1,169 @@
+"""Small-request latency while large or hostile requests are processed, against the same server idle.
+
+    python -m benchmarks.hostile --duration 20 [--append-results]
+
+One gateway on the demo model. Phase "idle": a prober sends GET /health and a 1-token completion in turn
+for `--duration` seconds. Phase "hostile": the same prober while `--senders` clients send the requests of
+`HOSTILE` (huge prompts, long chats, thousands of words, lone surrogates, giant integers, enums of 100k
+values) one after another. Reported: the prober's p50/p99/max per phase and their ratio, and the statuses
+the hostile requests got (any 5xx fails the run). Before the hostile-input work an 8 MB prompt held the
+event loop for 5.6 s, so /health's p99 was seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+import numpy as np
+
+from benchmarks.overhead import _commit, _machine
+from benchmarks.procs import REPO_ROOT, Server
+
+# name -> (path, raw JSON body). Built lazily: some are megabytes.
+HOSTILE: dict[str, Callable[[str], tuple[str, bytes]]] = {
+    "prompt_7mb": lambda m: ("/v1/completions", json.dumps({"model": m, "prompt": "word " * 1_400_000,
+                                                             "max_tokens": 1}).encode()),
+    "prompts_256x30kb": lambda m: ("/v1/completions", json.dumps({"model": m, "prompt": ["def f(x): " * 3000] * 256,
+                                                                   "max_tokens": 1}).encode()),
+    "chat_1000_messages": lambda m: ("/v1/chat/completions", json.dumps({"model": m, "max_tokens": 1, "messages": [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": "import os " * 20} for i in range(1001)]}).encode()),
+    "triton_256_bad_words": lambda m: ("/v2/models/ensemble/generate", json.dumps({
+        "text_input": "def", "max_tokens": 1, "bad_words": [f"word{i}" for i in range(256)]}).encode()),
+    "triton_25000_bad_words": lambda m: ("/v2/models/ensemble/generate", json.dumps({
+        "text_input": "def", "max_tokens": 1, "bad_words": [f"word{i}" for i in range(25_000)]}).encode()),
+    "lone_surrogate": lambda m: ("/v1/completions", b'{"model": "%s", "prompt": "\\ud800", "max_tokens": 1}'
+                                 % m.encode()),
+    "integer_5000_digits": lambda m: ("/v1/completions", b'{"prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}"),
+    "enum_100k_schema": lambda m: ("/v1/chat/completions", json.dumps({
+        "model": m, "max_tokens": 4, "messages": [{"role": "user", "content": "pick"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "pick", "schema": {
+            "type": "string", "enum": [f"value{i}" for i in range(100_000)]}}}}).encode()),
+    "bad_tool_calls": lambda m: ("/v1/chat/completions", json.dumps({"model": m, "max_tokens": 1, "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [{"foo": 1}]},
+        {"role": "user", "content": "again"}]}).encode()),
+}
+
+
+async def probe(client: httpx.AsyncClient, model: str, until: float) -> list[float]:
+    """Latencies (ms) of small requests sent one at a time until `until`."""
+    out: list[float] = []
+    small = {"model": model, "prompt": "import", "max_tokens": 1}
+    while time.monotonic() < until:
+        for send in (lambda: client.get("/health"), lambda: client.post("/v1/completions", json=small)):
+            start = time.perf_counter()
+            r = await send()
+            out.append((time.perf_counter() - start) * 1e3)
+            if r.status_code != 200:
+                raise RuntimeError(f"a small request failed with {r.status_code}: {r.text[:200]}")
+    return out
+
+
+async def hostile_sender(client: httpx.AsyncClient, model: str, until: float, statuses: Counter, offset: int,
+                         only: list[str]) -> None:
+    bodies = {name: make(model) for name, make in HOSTILE.items() if not only or name in only}
+    names = list(bodies)
+    i = offset
+    while time.monotonic() < until:
+        name = names[i % len(names)]
+        path, body = bodies[name]
+        r = await client.post(path, content=body, headers={"content-type": "application/json"})
+        statuses[f"{name} {r.status_code}"] += 1
+        i += 1
+
+
+def summary(latencies: list[float]) -> dict[str, float]:
+    p50, p99 = np.percentile(latencies, [50, 99])
+    return {"count": len(latencies), "p50_ms": round(float(p50), 2), "p99_ms": round(float(p99), 2),
+            "max_ms": round(max(latencies), 2)}
+
+
+def send_hostile(url: str, model: str, duration: float, senders: int, only: list[str], out: Any) -> None:
+    """In a child process, so that building and sending megabyte bodies never delays the prober's clock."""
+    async def main() -> Counter:
+        statuses: Counter = Counter()
+        until = time.monotonic() + duration
+        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+            await asyncio.gather(*(hostile_sender(client, model, until, statuses, k, only) for k in range(senders)))
+        return statuses
+
+    out.put(dict(asyncio.run(main())))
+
+
+async def measure(url: str, duration: float, senders: int, only: list[str]) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        idle = await probe(client, model, time.monotonic() + duration)
+        context = multiprocessing.get_context("spawn")
+        out = context.Queue()
+        sender = context.Process(target=send_hostile, args=(url, model, duration, senders, only, out))
+        sender.start()
+        busy = await probe(client, model, time.monotonic() + duration)
+        statuses: dict[str, int] = await asyncio.to_thread(out.get)
+        sender.join()
+    idle_s, busy_s = summary(idle), summary(busy)
+    return {"idle": idle_s, "hostile": busy_s, "p99_ratio": round(busy_s["p99_ms"] / idle_s["p99_ms"], 2),
+            "hostile_statuses": dict(sorted(statuses.items())),
+            "server_5xx": sum(n for k, n in statuses.items() if k.endswith((" 500", " 502", " 503", " 504")))}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    command = [sys.executable, "-m", "gateway", "serve", "--port", "{port}", "--log-level", "warning",
+               *args.server_arg]
+    server = Server("", command=command, ready_path="/health")
+    try:
+        server.wait_ready()
+        return asyncio.run(measure(server.base_url, args.duration, args.senders, args.only))
+    finally:
+        server.stop()
+
+
+def results_section(result: dict[str, Any], args: argparse.Namespace) -> str:
+    rows = "\n".join(f"| {phase} | {r['count']} | {r['p50_ms']} | {r['p99_ms']} | {r['max_ms']} |"
+                     for phase, r in (("idle (baseline)", result["idle"]), ("hostile", result["hostile"])))
+    statuses = ", ".join(f"{k}: {v}" for k, v in result["hostile_statuses"].items())
+    return (f"\n## {datetime.now(timezone.utc):%Y-%m-%d %H:%M} small-request latency beside hostile requests "
+            "(demo model, CPU)\n\n"
+            f"- machine: {_machine()}; commit: {_commit()}\n"
+            f"- command: `python -m benchmarks.hostile {' '.join(sys.argv[1:])}`\n"
+            f"- prober: GET /health and a 1-token completion in turn, one at a time; {args.senders} senders of "
+            f"the hostile mix beside it in the second phase\n"
+            f"- p99 ratio hostile / idle: **{result['p99_ratio']}x**; hostile 5xx: {result['server_5xx']}\n"
+            f"- hostile statuses: {statuses}\n\n"
+            "| phase | small requests | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|\n" + rows + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=20.0, help="seconds of each phase")
+    parser.add_argument("--senders", type=int, default=2, help="concurrent senders of hostile requests")
+    parser.add_argument("--only", action="append", default=[], choices=list(HOSTILE),
+                        help="send only this kind of hostile request (repeatable; default: all)")
+    parser.add_argument("--server-arg", action="append", default=[], help="extra `serve` argument (repeatable)")
+    parser.add_argument("--json", type=Path, help="also write the result here")
+    parser.add_argument("--append-results", action="store_true", help="append a section to benchmarks/RESULTS.md")
+    args = parser.parse_args(argv)
+    print(f"hostile: two phases of {args.duration:g} s each (idle, then beside hostile requests)", flush=True)
+    result = run(args)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    if args.append_results:
+        with (REPO_ROOT / "benchmarks" / "RESULTS.md").open("a") as f:
+            f.write(results_section(result, args))
+    return 1 if result["server_5xx"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
