@@ -1,13 +1,14 @@
 """Bounded soak test: the gateway on the demo model under a mix of streamed, non-streamed and aborted
 requests (OpenAI and Triton dialects) at fixed concurrency, on loopback, for a few minutes.
 
-    python -m benchmarks.soak --duration 180 --warmup 30 --concurrency 64 [--append-results]
+    python -m benchmarks.soak --duration 180 --warmup 30 --concurrency 64 [--hostile] [--append-results]
 
 Passes (exit 0) when: no request failed except those the script aborts on purpose; every completed
 request has exactly the tokens it asked for (ignore_eos); the server answered no 5xx; after the load
 the server holds no KV blocks and no requests (read from /metrics); the server's resident memory grew
 less than 10% from the end of the warm-up to the end (psutil on the server pid); and SIGTERM then
-drains the idle server and it exits 0. `--append-results` adds a dated section to benchmarks/RESULTS.md.
+drains the idle server and it exits 0. `--hostile` mixes in benchmarks.hostile's requests (any answer but
+a 5xx is right for those) and reports the non-streamed p99 per third of the run. `--append-results` adds a dated section to benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import psutil
 
+from benchmarks.hostile import HOSTILE
 from benchmarks.procs import REPO_ROOT, Server
 
 KINDS = {  # kind -> weight; "abort_*" are the provoked failures
@@ -37,6 +40,7 @@ KINDS = {  # kind -> weight; "abort_*" are the provoked failures
 }
 WORDS = "the cat sat on a mat while dogs ran over green hills and the sun set behind old towers".split()
 MAX_RSS_GROWTH = 0.10
+HOSTILE_WEIGHT = 1  # with --hostile: one request in 14 comes from benchmarks.hostile's mix
 
 
 @dataclass
@@ -47,6 +51,8 @@ class Tally:
     errors: Counter = field(default_factory=Counter)  # "kind: what" -> count
     output_tokens: int = 0
     finished_at: list[tuple[float, int]] = field(default_factory=list)  # (time, output tokens) per request
+    latencies: list[tuple[float, float]] = field(default_factory=list)  # (time, seconds) per non-streamed request
+    hostile: Counter = field(default_factory=Counter)  # "name status" -> count
 
 
 def _body(rng: random.Random, model: str, max_tokens: int, kind: str) -> tuple[str, dict[str, Any]]:
@@ -66,9 +72,28 @@ def _events(lines: list[str]) -> list[Any]:
     return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
 
 
+async def hostile_request(client: httpx.AsyncClient, rng: random.Random, bodies: dict[str, tuple[str, bytes]],
+                          tally: Tally) -> None:
+    """One request of benchmarks.hostile's mix: any answer but a 5xx (or a dropped connection) is right."""
+    name = rng.choice(sorted(bodies))
+    path, body = bodies[name]
+    try:
+        r = await client.post(path, content=body, headers={"content-type": "application/json"})
+    except httpx.HTTPError as exc:
+        tally.errors[f"hostile {name}: {type(exc).__name__}"] += 1
+        return
+    tally.hostile[f"{name} {r.status_code}"] += 1
+    if r.status_code >= 500:
+        tally.errors[f"hostile {name}: status {r.status_code}"] += 1
+
+
 async def one_request(client: httpx.AsyncClient, rng: random.Random, model: str, max_tokens: int,
-                      tally: Tally) -> None:
-    kind = rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
+                      tally: Tally, hostile: dict[str, tuple[str, bytes]]) -> None:
+    weights = {**KINDS, "hostile": HOSTILE_WEIGHT if hostile else 0}
+    kind = rng.choices(list(weights), weights=list(weights.values()))[0]
+    if kind == "hostile":
+        await hostile_request(client, rng, hostile, tally)
+        return
     want = rng.randint(4, max_tokens)
     streamed = kind.endswith("stream")
     path, body = _body(rng, model, want if kind != "abort_wait" else max_tokens * 4,
@@ -93,7 +118,9 @@ async def one_request(client: httpx.AsyncClient, rng: random.Random, model: str,
                         break  # closes the connection mid-stream
             problem = _check_stream(kind, r.status_code, lines, want)
         else:
+            start = time.perf_counter()
             r = await client.post(path, json=body)
+            tally.latencies.append((time.monotonic(), time.perf_counter() - start))
             problem = _check_json(kind, r, want)
     except httpx.HTTPError as exc:
         problem = type(exc).__name__
@@ -134,11 +161,12 @@ def _check_json(kind: str, r: httpx.Response, want: int) -> str | None:
 
 async def drive(url: str, model: str, args: argparse.Namespace, tally: Tally, stop_at: float) -> None:
     limits = httpx.Limits(max_connections=args.concurrency + 8, max_keepalive_connections=args.concurrency)
+    hostile = {name: make(model) for name, make in HOSTILE.items()} if args.hostile else {}
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
         async def worker(i: int) -> None:
             rng = random.Random(args.seed * 1000 + i)
             while time.monotonic() < stop_at:
-                await one_request(client, rng, model, args.max_tokens, tally)
+                await one_request(client, rng, model, args.max_tokens, tally, hostile)
 
         await asyncio.gather(*(worker(i) for i in range(args.concurrency)))
 
@@ -206,6 +234,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     baseline = warm[-1] if warm else samples[0][1]
     thirds = [sum(n for t, n in tally.finished_at if started + k * load_s / 3 <= t < started + (k + 1) * load_s / 3)
               for k in range(3)]
+    p99_by_third = [float(np.percentile(x, 99)) * 1e3 if (x := [d for t, d in tally.latencies
+                                                                   if started + k * load_s / 3 <= t <
+                                                                   started + (k + 1) * load_s / 3]) else 0.0
+                    for k in range(3)]
     statuses: Counter = Counter()
     for key, value in metrics.items():  # trtllm_gateway_requests_total{endpoint=...,status=...}, probes left out
         if key.startswith("trtllm_gateway_requests_total{") and "endpoint=/health" not in key \
@@ -216,7 +248,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "done": dict(tally.done), "errors": dict(tally.errors),
         "provoked_aborts": tally.done["abort_stream"] + tally.done["abort_wait"],
         "output_tokens": tally.output_tokens, "output_tok_s": round(tally.output_tokens / load_s, 1),
-        "output_tokens_by_third": thirds,
+        "output_tokens_by_third": thirds, "nonstreamed_p99_ms_by_third": [round(x, 1) for x in p99_by_third],
+        "hostile": dict(sorted(tally.hostile.items())),
         "server_5xx": sum(n for status, n in statuses.items() if status.startswith("5")),
         "server_statuses": dict(statuses),
         "kv_blocks_used_end": metrics["trtllm_gateway_kv_blocks_used"],
@@ -259,6 +292,10 @@ def results_section(result: dict[str, Any], args: argparse.Namespace, failed: li
          ", ".join(f"{k}: {v}" for k, v in sorted(r["server_statuses"].items()))),
         ("OpenAI output tok/s over the run", f"{r['output_tok_s']}"),
         ("output tokens, last third / first third", f"{third[2] / max(third[0], 1):.2f}"),
+        ("non-streamed latency p99 ms by third (drift: last / first)",
+         f"{' / '.join(map(str, r['nonstreamed_p99_ms_by_third']))} "
+         f"({r['nonstreamed_p99_ms_by_third'][2] / max(r['nonstreamed_p99_ms_by_third'][0], 1e-9):.2f}x)"),
+        ("hostile requests by answer", ", ".join(f"{k}: {v}" for k, v in r["hostile"].items()) or "none sent"),
         ("KV blocks used / requests running at the end", f"{r['kv_blocks_used_end']:.0f} / "
                                                           f"{r['requests_running_end']:.0f}"),
         ("server RSS MB: start / after warm-up / peak / end", f"{r['rss_start_mb']} / {r['rss_warm_mb']} / "
@@ -273,7 +310,8 @@ def results_section(result: dict[str, Any], args: argparse.Namespace, failed: li
             f"- machine: {cpu}, {psutil.cpu_count()} CPUs, shared with other engineers' tests (timings are noisy)\n"
             f"- commit: {commit} (+ uncommitted changes)\n"
             f"- command: `python -m benchmarks.soak {argv}`\n"
-            f"- mix (weights): {', '.join(f'{k} {w}' for k, w in KINDS.items())}; max_tokens 4..{args.max_tokens}, "
+            f"- mix (weights): {', '.join(f'{k} {w}' for k, w in KINDS.items())}"
+            f"{f', hostile {HOSTILE_WEIGHT} (benchmarks.hostile)' if args.hostile else ''}; max_tokens 4..{args.max_tokens}, "
             "ignore_eos; baseline for memory and throughput: the same run's warm-up and first third\n"
             f"- verdict: {'PASS' if not failed else 'FAIL: ' + '; '.join(failed)}\n\n"
             f"| measure | value |\n|---|---|\n{table}\n")
@@ -286,6 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=32, help="largest max_tokens of a completed request")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hostile", action="store_true",
+                        help="mix in benchmarks.hostile's requests (huge, malformed, adversarial); any 5xx fails")
     parser.add_argument("--server-arg", action="append", default=[], help="extra `serve` argument (repeatable)")
     parser.add_argument("--json", type=Path, help="also write the result here")
     parser.add_argument("--append-results", action="store_true", help="append a section to benchmarks/RESULTS.md")
