@@ -39,6 +39,7 @@ from gateway.middleware import RequestContextMiddleware, request_id_of
 from gateway.openai_routes import openai_routes
 from gateway.openapi import openapi_routes
 from gateway.ops_routes import ops_routes
+from gateway.read_timeout import read_timeout_middleware
 from gateway.settings import Settings
 from gateway.shutdown import Drain, DrainMiddleware, watch_engine
 from runtime.engine import Engine
@@ -134,9 +135,10 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
     routes = [*openai_routes(), *admin, *ops_routes(), *openapi_routes(), *_triton_routes(metrics, engine)]
     auth = AuthPolicy.from_settings(settings, admin_paths=[getattr(r, "path", "") for r in admin])
     drain = Drain()
-    # Outermost first: ids and counting see every answer, CORS answers preflights before auth,
-    # draining refuses before any work, auth before the body is read.
-    middleware = [Middleware(RequestContextMiddleware, metrics=metrics, routes=routes)]
+    # Outermost first: ids and counting see every answer (408s included), CORS answers preflights before
+    # auth, draining refuses before any work, auth before the body is read.
+    middleware = [Middleware(RequestContextMiddleware, metrics=metrics, routes=routes),
+                  read_timeout_middleware(settings)]
     if settings.cors_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"],
                                      allow_headers=["*"], expose_headers=["x-request-id"]))

@@ -99,6 +99,7 @@ def serve(settings: Settings) -> int:
 
     from gateway.app import create_app
     from gateway.logs import configure_logging
+    from gateway.read_timeout import http_protocol
     from gateway.shutdown import DrainingServer
     from runtime.errors import EngineError
 
@@ -109,9 +110,11 @@ def serve(settings: Settings) -> int:
         print(f"trtllm-gateway: error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 1
     # access_log off: gateway.middleware writes one access line per request, with its request id.
-    # The graceful timeout is a backstop: in-flight work was already given --drain-timeout.
+    # The graceful timeout is a backstop: in-flight work was already given --drain-timeout. The protocol
+    # closes connections whose headers stall (uvicorn's keep-alive timeout covers idle ones after a response).
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            lifespan="on", log_config=None, access_log=False, timeout_graceful_shutdown=1)
+                            lifespan="on", log_config=None, access_log=False, timeout_graceful_shutdown=1,
+                            http=http_protocol(settings.read_timeout))
     server = DrainingServer(config, app.state.drain, settings.drain_timeout)
     if settings.metrics_port is not None:  # Triton's separate metrics port (8002 there)
         from gateway.triton_metrics import start_metrics_server

@@ -51,6 +51,13 @@ class BodyTooLargeError(InvalidRequestError):
         self.limit = limit
 
 
+class BodyReadTimeoutError(InvalidRequestError):
+    """The client sent nothing for --read-timeout seconds while sending its request body."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(f"The request body did not arrive: nothing came for {timeout:g} s (--read-timeout).")
+
+
 class RequestTimeoutError(EngineError):
     """The request ran past --request-timeout and was aborted."""
 
@@ -98,6 +105,7 @@ class ErrorKind:
 ERROR_TABLE: dict[type[BaseException], ErrorKind] = {
     PromptTooLongError: ErrorKind(400, "invalid_request_error", "context_length_exceeded"),
     BodyTooLargeError: ErrorKind(413, "invalid_request_error", "request_too_large"),
+    BodyReadTimeoutError: ErrorKind(408, "invalid_request_error", "request_timeout"),
     UnsupportedOptionError: ErrorKind(400, "invalid_request_error", "unsupported_parameter"),
     InvalidRequestError: ErrorKind(400, "invalid_request_error", None),
     AuthenticationError: ErrorKind(401, "invalid_request_error", "invalid_api_key"),

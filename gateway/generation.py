@@ -7,6 +7,12 @@ steps', from `Engine.generate_batches`), so a stream writes it with one send. `c
 whatever is unfinished, which is how a client disconnect returns KV blocks to the pool. Latency and
 token metrics are observed here, once per batch.
 
+`close()` also charges the key's token budget (--key-tokens-per-minute) with what the requests used,
+however they ended: the usage where the final delta arrived, else the prompt and the tokens delivered so
+far (charging only the final usage let a client that disconnects one event early use tokens for free). A
+request still running at the drain timeout is interrupted (gateway.shutdown): aborted, and the stream
+raises the drain's error after the deltas before it.
+
 A single prompt (the common case) is read straight from the engine in the consumer's task; only
 list prompts need a task per prompt and a queue to merge them.
 """
@@ -20,6 +26,7 @@ from collections.abc import AsyncIterator, Sequence
 from gateway.errors import RequestTimeoutError
 from gateway.key_limits import charge_tokens
 from gateway.metrics import GatewayMetrics
+from gateway.shutdown import on_drain_timeout
 from runtime.engine import Engine
 from runtime.errors import EngineFailedError
 from runtime.request import GenerationRequest, OutputDelta
@@ -49,6 +56,10 @@ class GenerationStream:
                 request.deadline = deadline if request.deadline is None else min(request.deadline, deadline)
         self._timers = [_Timer(r.arrival_time, metrics) for r in self.requests]
         self._done = [False] * len(self.requests)
+        # Tokens each request used as far as its deltas tell: prompt + generated, then the final usage.
+        self._used = [0] * len(self.requests)
+        self._interrupted: BaseException | None = None
+        self._withdraw = on_drain_timeout(self.interrupt)
         self._started = False
         self._closed = False
         # single prompt: the engine's iterator, and what start() read from it
@@ -64,6 +75,8 @@ class GenerationStream:
         """Submit every request and wait for each one's first output; on a rejection abort all, re-raise."""
         self._started = True
         try:
+            if self._interrupted is not None:  # interrupted before submitting: there is nothing to abort
+                raise self._interrupted
             if len(self.requests) == 1:
                 self._direct = self._engine.generate_batches(self.requests[0])
                 items, error = await self._read_direct()
@@ -145,6 +158,8 @@ class GenerationStream:
         if self._closed:
             return
         self._closed = True
+        self._withdraw()
+        charge_tokens(sum(self._used))
         for task in self._tasks:
             task.cancel()
         for i, request in enumerate(self.requests):
@@ -160,20 +175,34 @@ class GenerationStream:
             if fut.done() and not fut.cancelled():
                 fut.exception()
 
+    def interrupt(self, error: BaseException) -> bool:
+        """Abort the unfinished requests; the stream then raises `error` (after the deltas before it).
+        False when every request had already finished."""
+        self._interrupted = error
+        unfinished = [r for r, done in zip(self.requests, self._done, strict=True) if not done]
+        for request in unfinished:
+            self._engine.abort(request.request_id)
+        return bool(unfinished)
+
     def _accept(self, index: int, deltas: list[OutputDelta]) -> tuple[list[Item], BaseException | None]:
         """The deltas as items, up to the first failure (returned as the error to raise after them)."""
         request = self.requests[index]
         items: list[Item] = []
         error: BaseException | None = None
         for delta in deltas:
+            if delta.usage is not None:
+                self._used[index] = delta.usage.prompt_tokens + delta.usage.completion_tokens
+            else:
+                self._used[index] += len(delta.prompt_token_ids or ()) + len(delta.token_ids)
             if delta.finish_reason == "error":
                 error = EngineFailedError(delta.error or "generation failed")
+                break
+            if delta.finish_reason == "abort" and self._interrupted is not None:
+                error = self._interrupted
                 break
             if delta.finish_reason == "abort" and request.deadline is not None and time.monotonic() >= request.deadline:
                 error = RequestTimeoutError(self._timeout or 0.0)
                 break
-            if delta.usage is not None:  # per-key token budgets (--key-tokens-per-minute)
-                charge_tokens(delta.usage.prompt_tokens + delta.usage.completion_tokens)
             items.append((index, delta))
         self._timers[index].observe([delta for _, delta in items])
         return items, error

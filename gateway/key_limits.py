@@ -6,8 +6,9 @@ every other caller (no authentication, or an open route) shares one anonymous bu
 tokens can neither dodge the limits nor grow the table. Only generation calls count: POST requests
 outside the admin routes. Tokens are a token bucket of `tokens_per_minute` that refills continuously;
 a request is admitted while the bucket holds at least one token, and charged afterwards with the
-prompt + generated tokens its generations used (reported by gateway.generation through `charge_tokens`),
-so concurrent requests may overdraw it and the debt delays the key's next requests.
+prompt + generated tokens its generations used, however they ended (a disconnect too: reported by
+gateway.generation through `charge_tokens`), so concurrent requests may overdraw it and the debt delays
+the key's next requests.
 """
 
 from __future__ import annotations

@@ -27,6 +27,12 @@ def request_id_of(scope: Scope) -> str:
     return scope.get("state", {}).get("request_id", "")
 
 
+def report_status(scope: Scope, status: int) -> None:
+    """Log and count the request as `status`, whatever its status line said: a stream that sent 200 and
+    then ended with an error event (cut by the drain timeout) is an error in the logs and metrics."""
+    scope.setdefault("state", {})["reported_status"] = status
+
+
 class RequestContextMiddleware:
     """Assigns a request id (client's x-request-id if given), echoes it, counts responses by status."""
 
@@ -65,6 +71,7 @@ class RequestContextMiddleware:
         try:
             await self.app(scope, receive, send_wrapper)
         finally:
+            status = scope["state"].get("reported_status", status)
             self.metrics.requests.labels(endpoint=self._endpoint(scope), status=str(status)).inc()
             duration_ms = round((time.monotonic() - started) * 1000, 1)
             access_log.info("%s %s %d %.1fms", scope["method"], scope["path"], status, duration_ms,

@@ -22,6 +22,8 @@ from typing import Any, Literal
 from runtime.config import EngineConfig
 
 ENV_PREFIX = "TRTLLM_GATEWAY_"
+# Probes and scrapes carry no key (Kubernetes probes cannot): readiness, liveness, metrics.
+PUBLIC_PATHS = ("/health", "/metrics", "/v2/health/live", "/v2/health/ready")
 
 
 @dataclass
@@ -36,12 +38,13 @@ class Settings:
     log_prompts: bool = False  # log prompts and generated text (off: they may hold private data)
     drain_timeout: float = 5.0  # seconds in-flight requests may finish after SIGTERM before being aborted
     request_timeout: float | None = None  # seconds a request may run before it is aborted (none: no limit)
+    read_timeout: float = 30.0  # seconds a client may take to send its headers, or stay silent mid-body; then it is cut off (408)
     cors_origins: list[str] = field(default_factory=list)  # origins allowed by CORS (* for any); empty: CORS off
     # security
     api_key: list[str] = field(default_factory=list)  # accepted bearer token (repeatable); none: no authentication
     api_keys_file: str | None = None  # file with one accepted bearer token per line (# comments)
     admin_api_key: list[str] = field(default_factory=list)  # bearer token required by admin routes (LoRA loading)
-    public_paths: list[str] = field(default_factory=lambda: ["/health", "/metrics"])  # paths open without a key
+    public_paths: list[str] = field(default_factory=lambda: list(PUBLIC_PATHS))  # paths open without a key
     key_max_concurrency: int | None = None  # generation requests one API key may have in flight (none: no limit); over it: 429
     key_tokens_per_minute: int | None = None  # prompt + generated tokens one API key may use per minute (none: no limit); over it: 429
     # request limits

@@ -3,37 +3,76 @@
 On SIGTERM (see gateway.cli): `Drain.begin()` turns readiness (/health) to 503 and answers every new
 request with 503, while requests already in flight (streams included) run to completion for up to
 --drain-timeout; only then is the HTTP server told to exit, so no accepted request is lost and the
-process exits 0. `watch_engine` turns an engine that dies while serving into readiness false and a
+process exits 0. What still runs at the drain timeout is ended properly rather than cut: each request's
+interrupts (`on_drain_timeout`: its generations, a body read) get a ServerDrainingError, so a stream
+sends its dialect's error event and end marker, and the request is logged and counted as a 503.
+`watch_engine` turns an engine that dies while serving into readiness false and a
 fatal exit (non-zero), so an orchestrator restarts the process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from types import FrameType
 
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.errors import ServerDrainingError, render_for_path
-from gateway.middleware import request_id_of
+from gateway.errors import ServerDrainingError, error_kind, render_for_path
+from gateway.middleware import report_status, request_id_of
 from runtime.engine import Engine
 
 log = logging.getLogger("gateway.shutdown")
-# Probes and scrapes are neither counted as in-flight work nor refused while draining.
-_OPS_PATHS = ("/health", "/metrics")
+# Probes and scrapes are neither counted as in-flight work nor refused while draining (Triton's readiness
+# says "not ready" itself; a refused liveness probe would get the draining pod killed).
+_OPS_PATHS = ("/health", "/metrics", "/v2/health/live", "/v2/health/ready")
+# Seconds the requests interrupted at the drain timeout get to send their error event: an engine abort
+# takes effect at its next step.
+_INTERRUPT_GRACE_S = 2.0
+
+Interrupt = Callable[[BaseException], bool]  # True when it cut something short
+
+
+@dataclass(eq=False)
+class _InFlight:
+    scope: Scope
+    interrupts: set[Interrupt] = field(default_factory=set)
+
+
+# The interrupts of the request being served: set per request by DrainMiddleware; the tasks a route
+# starts copy the context, so they all register on this one set.
+_interrupts_var: contextvars.ContextVar[set[Interrupt] | None] = contextvars.ContextVar("drain_interrupts",
+                                                                                        default=None)
+
+
+def on_drain_timeout(interrupt: Interrupt) -> Callable[[], None]:
+    """Have `interrupt(error)` called if the current request is still in flight when --drain-timeout
+    passes (it returns whether it cut anything short); returns the function that withdraws it (no-op
+    outside a request counted by DrainMiddleware)."""
+    interrupts = _interrupts_var.get()
+    if interrupts is None:
+        return lambda: None
+    interrupts.add(interrupt)
+    return lambda: interrupts.discard(interrupt)
 
 
 class Drain:
-    """In-flight request count and the draining flag of one app."""
+    """The requests in flight and the draining flag of one app."""
 
     def __init__(self) -> None:
         self.draining = False
-        self.in_flight = 0
+        self._requests: set[_InFlight] = set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._requests)
 
     def begin(self) -> None:
         if not self.draining:
@@ -49,9 +88,29 @@ class Drain:
             await asyncio.sleep(poll)
         return True
 
+    @contextlib.contextmanager
+    def tracking(self, scope: Scope) -> Iterator[None]:
+        """Count the request of `scope` as in flight, collecting its interrupts (on_drain_timeout)."""
+        request = _InFlight(scope)
+        self._requests.add(request)
+        reset = _interrupts_var.set(request.interrupts)
+        try:
+            yield
+        finally:
+            _interrupts_var.reset(reset)
+            self._requests.discard(request)
+
+    def interrupt_all(self, error: BaseException) -> None:
+        """Interrupt every request in flight with `error`; those it cut short are logged and counted with
+        the error's status (a stream has already sent 200)."""
+        for request in list(self._requests):
+            cut = [interrupt(error) for interrupt in list(request.interrupts)]  # all of them: no any() shortcut
+            if any(cut):
+                report_status(request.scope, error_kind(error).status)
+
 
 class DrainMiddleware:
-    """Counts in-flight requests; while draining, answers new ones with 503 (Retry-After) instead."""
+    """Tracks in-flight requests (Drain.tracking); while draining, answers new ones with 503 (Retry-After)."""
 
     def __init__(self, app: ASGIApp, drain: Drain) -> None:
         self.app = app
@@ -65,11 +124,8 @@ class DrainMiddleware:
             exc = ServerDrainingError("The server is shutting down and takes no new requests; retry on another replica.")
             await render_for_path(scope["path"], exc, request_id_of(scope))(scope, receive, send)
             return
-        self.drain.in_flight += 1
-        try:
+        with self.drain.tracking(scope):
             await self.app(scope, receive, send)
-        finally:
-            self.drain.in_flight -= 1
 
 
 async def watch_engine(engine: Engine, drain: Drain, on_death: Callable[[str], None], poll: float = 0.2) -> None:
@@ -111,6 +167,12 @@ class DrainingServer(uvicorn.Server):
 
     async def _drain_then_exit(self) -> None:
         if not await self._drain.wait_idle(self._drain_timeout):
-            log.warning("drain timeout (%.1f s) passed with %d requests in flight; aborting them",
+            log.warning("drain timeout (%.1f s) passed with %d requests in flight; ending them with an error",
                         self._drain_timeout, self._drain.in_flight)
+            self._drain.interrupt_all(ServerDrainingError(
+                f"The server is shutting down and its drain timeout ({self._drain_timeout:g} s, --drain-timeout) "
+                "passed before this request finished; it was aborted. Retry on another replica."))
+            if not await self._drain.wait_idle(_INTERRUPT_GRACE_S):
+                log.warning("%d requests did not end within %.0f s of their interrupt; closing their connections",
+                            self._drain.in_flight, _INTERRUPT_GRACE_S)
         self.should_exit = True

@@ -12,16 +12,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL_NAME, RunningServer, launch
+from tests.e2e.conftest import MODEL_NAME, RunningServer, launch, wait_for
 
-CONC_A, CONC_B, TOK_A, TOK_B = "key-conc-a", "key-conc-b", "key-tok-a", "key-tok-b"
+CONC_A, CONC_B, TOK_A, TOK_B, TOK_CUT = "key-conc-a", "key-conc-b", "key-tok-a", "key-tok-b", "key-tok-cut"
 TOKENS_PER_MINUTE = 120  # 2 tokens per second
 BODY = {"model": MODEL_NAME, "prompt": "count", "temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
 def limited(tiny_model_dir: Path) -> Iterator[RunningServer]:
-    srv = launch(tiny_model_dir, "native", gateway=dict(api_key=[CONC_A, CONC_B, TOK_A, TOK_B], key_max_concurrency=1,
+    srv = launch(tiny_model_dir, "native", gateway=dict(api_key=[CONC_A, CONC_B, TOK_A, TOK_B, TOK_CUT], key_max_concurrency=1,
                                                         key_tokens_per_minute=TOKENS_PER_MINUTE))
     yield srv
     srv.stop()
@@ -83,3 +83,20 @@ def test_token_budget_spent_is_429_with_the_seconds_until_it_refills(limited: Ru
     assert t.status_code == 429 and "--key-tokens-per-minute" in json.loads(t.text)["error"]
     other = httpx.post(url + "/v1/completions", headers=auth(TOK_B), json={**BODY, "max_tokens": 2}, timeout=60)
     assert other.status_code == 200  # another key has its own budget
+
+
+def test_a_stream_cut_before_its_usage_chunk_is_still_charged(limited: RunningServer) -> None:
+    """Disconnecting one event before the end used to dodge the budget (only the final usage was charged):
+    the prompt and the tokens delivered so far are charged when the stream closes, however it ends."""
+    events = 0
+    with httpx.Client(base_url=limited.url, timeout=60, headers=auth(TOK_CUT)) as c:
+        with c.stream("POST", "/v1/completions", json={**BODY, "max_tokens": 240, "stream": True}) as r:
+            for line in r.iter_lines():
+                events += line.startswith("data: ")
+                if events == TOKENS_PER_MINUTE + 10:  # each event carries at least one token
+                    break  # leaving the block closes the connection mid-stream
+        wait_for(lambda: limited.app.state.drain.in_flight == 0, 60, "the server to close the cut stream")
+        refused = c.post("/v1/completions", json={**BODY, "max_tokens": 2})
+    assert events == TOKENS_PER_MINUTE + 10
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["error"]["type"] == "tokens"

@@ -44,9 +44,9 @@ def openai_error(r: httpx.Response, status: int, code: str | None, param: str | 
 
 # ---- API keys -------------------------------------------------------------------------------------
 
-def test_health_and_metrics_are_public(secured: RunningServer) -> None:
-    assert httpx.get(secured.url + "/health").status_code == 200
-    assert httpx.get(secured.url + "/metrics").status_code == 200
+def test_health_probes_and_metrics_are_public(secured: RunningServer) -> None:
+    for path in ("/health", "/metrics", "/v2/health/live", "/v2/health/ready"):  # probes carry no key
+        assert httpx.get(secured.url + path).status_code == 200, path
 
 
 @pytest.mark.parametrize("path", ["/v1/models", "/openapi.json"])

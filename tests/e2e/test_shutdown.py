@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -90,6 +91,9 @@ def test_sigterm_drains_streams_in_flight_then_exits_0(tiny_model_dir: Path, tmp
     # Draining: readiness false and new requests refused with 503, while the streams go on.
     wait_for(lambda: httpx.get(url + "/health").status_code == 503, 10, "readiness to turn 503")
     assert httpx.get(url + "/health").json() == {"status": "draining"}
+    # Triton's probes answer as Triton does, not with the drain's 503: a failed liveness probe gets the pod killed
+    assert httpx.get(url + "/v2/health/live").status_code == 200
+    assert httpx.get(url + "/v2/health/ready").status_code == 400
     r = httpx.post(url + "/v1/completions", json={"model": MODEL_NAME, "prompt": "late", "max_tokens": 2})
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert r.json()["error"]["code"] == "service_unavailable"
@@ -140,3 +144,47 @@ def test_engine_death_turns_readiness_false_and_exits_nonzero(tiny_model_dir: Pa
     assert proc.wait(30) == 1
     log = (tmp_path / "server.log").read_text()
     assert "engine loop died" in log and "fatal: the engine stopped serving" in log
+
+
+def test_drain_timeout_ends_streams_with_an_error_event_and_the_end_marker(tiny_model_dir: Path, tmp_path: Path,
+                                                                           process: list[subprocess.Popen]) -> None:
+    """Streams still running when --drain-timeout passes used to be cut mid chunked body (no finish reason,
+    no error, no [DONE]) while the logs said 200: now each gets its dialect's error event and end marker,
+    and is logged and counted as a 503. A request stalled in its body is answered 503 too."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "server.log"
+    proc = spawn(["-m", "gateway", *serve_args(tiny_model_dir, port), "--drain-timeout", "0",
+                  "--log-format", "json"], log_path)
+    process.append(proc)
+    wait_ready(url, proc)
+
+    stalled = socket.create_connection(("127.0.0.1", port), timeout=60)
+    stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: 100\r\nx-request-id: cut-body\r\n\r\n{\"model\"")
+    long = {"max_tokens": 240, "temperature": 0, "stream": True}
+    with httpx.Client(base_url=url, timeout=60) as c, \
+            c.stream("POST", "/v1/completions", headers={"x-request-id": "cut-openai"},
+                     json={**long, "model": MODEL_NAME, "prompt": "long", "ignore_eos": True}) as openai_stream, \
+            c.stream("POST", f"/v2/models/{MODEL_NAME}/generate_stream", headers={"x-request-id": "cut-triton"},
+                     json={**long, "text_input": "long", "min_length": 240}) as triton_stream:
+        openai_lines, triton_lines = openai_stream.iter_lines(), triton_stream.iter_lines()
+        assert next(openai_lines).startswith("data: ") and next(triton_lines).startswith("data: ")
+        proc.send_signal(signal.SIGTERM)  # both streams have more than 200 tokens to go
+        openai_rest = [line for line in openai_lines if line]
+        triton_rest = [line for line in triton_lines if line]
+    assert openai_rest[-1] == "data: [DONE]"
+    error = json.loads(openai_rest[-2][6:])["error"]
+    assert error["code"] == "service_unavailable" and "--drain-timeout" in error["message"]
+    triton_error = json.loads(triton_rest[-1][6:])
+    assert list(triton_error) == ["error"] and "--drain-timeout" in triton_error["error"]
+    answer = stalled.makefile("rb").read()  # the server answers and closes the connection
+    assert answer.startswith(b"HTTP/1.1 503 ") and b"--drain-timeout" in answer
+    assert proc.wait(60) == 0
+
+    log = log_path.read_text()
+    assert "ASGI callable returned without completing response" not in log
+    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    statuses = {rec["request_id"]: rec["status"] for rec in records if rec["logger"] == "gateway.access"}
+    assert {rid: statuses.get(rid) for rid in ("cut-openai", "cut-triton", "cut-body")} == dict.fromkeys(
+        ("cut-openai", "cut-triton", "cut-body"), 503)

@@ -41,6 +41,14 @@ def test_public_paths_and_prefixes() -> None:
     assert isinstance(policy(api_key=["k"], public_paths=["/health"]).check("/metrics", None), AuthenticationError)
 
 
+def test_probes_and_metrics_are_public_by_default_and_the_rest_is_not() -> None:
+    p = policy(api_key=["k"])  # Kubernetes probes carry no key: Triton's liveness and readiness are open too
+    for path in ("/health", "/metrics", "/v2/health/live", "/v2/health/ready"):
+        assert p.check(path, None) is None, path
+    for path in ("/v2", "/v2/models/tiny/ready", "/v2/models/tiny/generate"):
+        assert isinstance(p.check(path, None), AuthenticationError), path
+
+
 def test_no_keys_means_open_and_admin_key_alone_guards_admin_routes_only() -> None:
     assert policy().check("/v1/load_lora_adapter", None) is None
     p = policy(admin_api_key=["adm"])

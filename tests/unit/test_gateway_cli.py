@@ -45,7 +45,8 @@ def test_env_vars_fill_options_and_flags_win() -> None:
 
 def test_defaults_keep_health_and_metrics_public_and_cors_off() -> None:
     s = parse_serve_args([], environ={})
-    assert s.public_paths == ["/health", "/metrics"] and s.cors_origins == [] and s.api_key == []
+    assert s.public_paths == ["/health", "/metrics", "/v2/health/live", "/v2/health/ready"]
+    assert s.cors_origins == [] and s.api_key == []
     assert s.log_format == "text" and not s.log_prompts and s.request_timeout is None
 
 
