@@ -2,6 +2,7 @@
 
     python -m benchmarks.gpu_bench --out /tmp/gpu_bench            # on a CUDA machine
     python -m benchmarks.gpu_bench --out DIR --skip http,tserve     # engine-only parts
+    python -m benchmarks.gpu_bench --device cpu --smoke --skip tserve  # every phase's code, tiny, in seconds
 
 Model: Llama-3.2-1B-shaped, random bf16 weights (benchmarks/gpu_models.py). Phases, each recorded
 in DIR/gpu_bench.json even when a later one fails:
@@ -13,6 +14,10 @@ in DIR/gpu_bench.json even when a later one fails:
               streams (with event-loop lag), and a torch.profiler summary of a batch-256 window
   http        our gateway over HTTP, 64 concurrent streams (benchmarks/serve.py), vs the engine at 64
   tserve      `transformers serve --continuous-batching` over HTTP, same load
+A phase that raises is recorded (its traceback in the JSON and on stderr), the later phases still run,
+and the run exits 1 at the end. --smoke runs every phase on a tiny model with tiny loads (SMOKE below);
+its figures mean nothing, it only proves the code runs (tests/benchmarks runs it on the CPU, where the
+CUDA-only parts, CUDA graphs and the no-graphs rerun, are skipped).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import subprocess
 import sys
 import time
 import traceback
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,22 +42,51 @@ import torch
 
 from benchmarks import gpu_models as gm
 
-PROMPT, OUTPUT = 128, 128
+
+@dataclass(frozen=True)
+class Sizes:
+    """Model shapes, loads and durations of a run."""
+
+    big: dict[str, Any] = field(default_factory=lambda: gm.LLAMA_1B)  # the timed model
+    small: dict[str, Any] = field(default_factory=lambda: gm.SMALL)  # the fp32 greedy check's model
+    prompt: int = 128  # tokens in, per request
+    output: int = 128  # tokens out, per request
+    batch: int = 256  # throughput and profile requests, all at once (the engine's max batch)
+    streams: int = 64  # closed-loop and HTTP concurrency
+    closed_loop_s: float = 15.0
+    http_s: float = 20.0
+    ttft_prompt: int = 1024
+    logits_prompt: int = 200
+    greedy_steps: int = 32
+    hf_batch1_tokens: int = 32
+    copy_gib: float = 1.0
+    max_model_len: int = 4096
 
 
-def bandwidth_tb_s(gib: float = 1.0) -> float:
+FULL = Sizes()
+SMOKE = Sizes(big=gm.TINY, small=gm.TINY, prompt=16, output=8, batch=8, streams=4, closed_loop_s=1.0, http_s=1.0,
+              ttft_prompt=64, logits_prompt=40, greedy_steps=8, hf_batch1_tokens=4, copy_gib=1 / 64,
+              max_model_len=256)
+
+
+def bandwidth_tb_s(gib: float = 1.0, device: str = "cuda") -> float:
     """Device-to-device copy rate, bytes read + written, median of 20 copies."""
     n = int(gib * 2**30) // 2
-    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    src = torch.randn(n, device=device, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     times = []
     for _ in range(25):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
+        if torch.device(device).type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:  # host memory (--smoke on the CPU)
+            t = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - t)
     return 2 * n * 2 / statistics.median(times[5:]) / 1e12
 
 
@@ -85,14 +120,18 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cuda") -> dict[str, Any]:
+async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cuda",
+                       sizes: Sizes = FULL) -> dict[str, Any]:
     from runtime.config import EngineConfig
+    from runtime.cuda.graphs import LENGTHS, SLOTS
     from runtime.llm_engine import NativeEngine
 
     res: dict[str, Any] = {}
+    s = sizes
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
-    cfg = EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=256, max_num_tokens=4096,
-                       max_kv_tokens=256 * (PROMPT + OUTPUT) * 2, max_model_len=4096, enable_prefix_caching=False)
+    cfg = EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=s.batch, max_num_tokens=4096,
+                       max_kv_tokens=s.batch * (s.prompt + s.output) * 2, max_model_len=s.max_model_len,
+                       enable_prefix_caching=False)
     t0 = time.perf_counter()
     engine = NativeEngine(cfg)
     await engine.start()
@@ -101,17 +140,17 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
     try:
         # warm-up: every prefill shape class and a full batch of decodes
         await asyncio.gather(*(_stream(engine, _request(f"w{i}", p, 8))
-                               for i, p in enumerate(gm.random_prompts(256, PROMPT, vocab, next(seed)))))
+                               for i, p in enumerate(gm.random_prompts(s.batch, s.prompt, vocab, next(seed)))))
         # decode at batch 1, 128-token context: inter-token gaps as the caller sees them
-        _, arr, _ = await _stream(engine, _request("itl", gm.random_prompts(1, PROMPT, vocab, next(seed))[0], 65))
+        _, arr, _ = await _stream(engine, _request("itl", gm.random_prompts(1, s.prompt, vocab, next(seed))[0], 65))
         gaps = [b - a for a, b in zip(arr[1:], arr[2:])]
         res["decode_b1_itl_ms_p50"] = statistics.median(gaps) * 1e3
         res["decode_b1_itl_ms_mean"] = statistics.mean(gaps) * 1e3
         graphs = engine.runner.graphs
-        if graphs is not None:  # GPU time of the batch-1 graph alone (nothing stored: slot -1)
-            graphs.packed[2, :1] = -1
-            graphs.packed[3, :1] = PROMPT
-            g = graphs.graphs[1]
+        if graphs is not None:  # GPU time of the batch-1 graph alone (nothing stored: slot -1); CUDA only
+            graphs.packed[SLOTS, :1] = -1
+            graphs.packed[LENGTHS, :1] = s.prompt
+            g = graphs.base[1]
             for _ in range(5):
                 g.replay()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -123,35 +162,36 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
             res["decode_b1_graph_gpu_ms"] = start.elapsed_time(end) / 100
         # TTFT of a 1024-token prompt at concurrency 1
         ttfts = []
-        for p in gm.random_prompts(6, 1024, vocab, next(seed)):
+        for p in gm.random_prompts(6, s.ttft_prompt, vocab, next(seed)):
             t, arr, _ = await _stream(engine, _request(f"ttft{len(ttfts)}", p, 1))
             ttfts.append(arr[0] - t)
-        res["ttft_1024_ms_p50"] = statistics.median(ttfts[1:]) * 1e3
-        res["ttft_1024_ms_all"] = [x * 1e3 for x in ttfts]
+        res[f"ttft_{s.ttft_prompt}_ms_p50"] = statistics.median(ttfts[1:]) * 1e3
+        res[f"ttft_{s.ttft_prompt}_ms_all"] = [x * 1e3 for x in ttfts]
         # throughput: 256 requests of 128 in / 128 out, all submitted at once
-        prompts = gm.random_prompts(256, PROMPT, vocab, next(seed))
+        prompts = gm.random_prompts(s.batch, s.prompt, vocab, next(seed))
         it0 = engine.stats().iterations
         t = time.perf_counter()
-        done = await asyncio.gather(*(_stream(engine, _request(f"tp{i}", p, OUTPUT)) for i, p in enumerate(prompts)))
+        done = await asyncio.gather(*(_stream(engine, _request(f"tp{i}", p, s.output))
+                                      for i, p in enumerate(prompts)))
         wall = time.perf_counter() - t
-        res["throughput_256_tok_s"] = sum(d[2] for d in done) / wall
-        res["throughput_256_wall_s"] = wall
-        res["throughput_256_steps"] = engine.stats().iterations - it0
+        res[f"throughput_{s.batch}_tok_s"] = sum(d[2] for d in done) / wall
+        res[f"throughput_{s.batch}_wall_s"] = wall
+        res[f"throughput_{s.batch}_steps"] = engine.stats().iterations - it0
         # 64 closed-loop streams for 15 s, with the event loop's lag measured alongside
-        res.update(await _closed_loop(engine, 64, 15.0, vocab, next(seed)))
+        res.update(await _closed_loop(engine, s, vocab, next(seed)))
         if profile:
-            res["profile"] = await _profile(engine, vocab, next(seed), out)
+            res["profile"] = await _profile(engine, s, vocab, next(seed), out)
     finally:
         await engine.shutdown()
         del engine
         gc.collect()
         torch.cuda.empty_cache()
-    if device == "cuda":  # the batch-1 decode again without CUDA graphs (the same kernels, launched eagerly)
+    if torch.device(device).type == "cuda":  # batch-1 decode again without CUDA graphs (same kernels, launched eagerly)
         cfg.enable_cuda_graphs = False
         engine = NativeEngine(cfg)
         await engine.start()
         try:
-            p = gm.random_prompts(2, PROMPT, vocab, next(seed))
+            p = gm.random_prompts(2, s.prompt, vocab, next(seed))
             await _stream(engine, _request("eager-warm", p[0], 8))
             _, arr, _ = await _stream(engine, _request("eager-itl", p[1], 65))
             res["decode_b1_itl_ms_p50_no_graphs"] = statistics.median([b - a for a, b in zip(arr[1:], arr[2:])]) * 1e3
@@ -163,9 +203,10 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
     return res
 
 
-async def _closed_loop(engine: Any, streams: int, duration: float, vocab: int, seed: int) -> dict[str, Any]:
-    prompts = gm.random_prompts(4 * streams, PROMPT, vocab, seed)
-    stop_at = time.perf_counter() + duration
+async def _closed_loop(engine: Any, s: Sizes, vocab: int, seed: int) -> dict[str, Any]:
+    streams = s.streams
+    prompts = gm.random_prompts(4 * streams, s.prompt, vocab, seed)
+    stop_at = time.perf_counter() + s.closed_loop_s
     tokens = 0
     stop = asyncio.Event()
     lags: list[float] = []
@@ -174,7 +215,7 @@ async def _closed_loop(engine: Any, streams: int, duration: float, vocab: int, s
         nonlocal tokens
         i = w
         while time.perf_counter() < stop_at:
-            _, _, n = await _stream(engine, _request(f"cl{w}-{i}", prompts[i % len(prompts)], OUTPUT))
+            _, _, n = await _stream(engine, _request(f"cl{w}-{i}", prompts[i % len(prompts)], s.output))
             tokens += n
             i += streams
 
@@ -188,7 +229,7 @@ async def _closed_loop(engine: Any, streams: int, duration: float, vocab: int, s
             "event_loop_lag_ms_p50": _pct(lags, 0.5) * 1e3, "event_loop_lag_ms_p99": _pct(lags, 0.99) * 1e3}
 
 
-async def _profile(engine: Any, vocab: int, seed: int, out: Path) -> dict[str, Any]:
+async def _profile(engine: Any, s: Sizes, vocab: int, seed: int, out: Path) -> dict[str, Any]:
     """A batch-256 run (128 in / 64 out) with every engine step timed, and torch.profiler over 20 of its
     decode steps, entered inside the engine thread (the profiler records the thread that starts it)."""
     from torch.profiler import ProfilerActivity, profile
@@ -214,7 +255,7 @@ async def _profile(engine: Any, vocab: int, seed: int, out: Path) -> dict[str, A
 
     engine.step = timed_step
     try:
-        prompts = gm.random_prompts(256, PROMPT, vocab, seed)
+        prompts = gm.random_prompts(s.batch, s.prompt, vocab, seed)
         await asyncio.gather(*(_stream(engine, _request(f"pr{i}", p, 64)) for i, p in enumerate(prompts)))
     finally:
         del engine.step
@@ -226,11 +267,11 @@ async def _profile(engine: Any, vocab: int, seed: int, out: Path) -> dict[str, A
     stats.sort_stats("tottime").print_stats(30)
     (out / "profile.txt").write_text(ka.table(sort_by="self_cpu_time_total", row_limit=40) + "\n\n"
                                      + ka.table(sort_by=device_key, row_limit=30) + "\n\n" + text.getvalue())
-    decode = [t for n, t in steps[12:32] if n == 256]
+    decode = [t for n, t in steps[12:32] if n == s.batch]
     entries = stats.stats.items()  # type: ignore[attr-defined]
     host = {f"{Path(k[0]).name}:{k[2]}": round(v[3] * 1e3 / 20, 3) for k, v in entries if k[2] in _HOST_FUNCTIONS}
     return {"step_ms_by_batch": [(n, round(t * 1e3, 3)) for n, t in steps],
-            "decode256_step_ms_p50": statistics.median(decode) * 1e3 if decode else None,
+            f"decode{s.batch}_step_ms_p50": statistics.median(decode) * 1e3 if decode else None,
             "host_ms_per_step_cumulative": host,
             "top_cpu_ms": [(e.key, round(e.self_cpu_time_total / 1e3, 2), e.count) for e in
                            sorted(ka, key=lambda e: -e.self_cpu_time_total)[:15]],
@@ -244,8 +285,10 @@ _HOST_FUNCTIONS = {"step", "schedule", "_run_batch", "_step_input", "sampling_ro
                    "advance", "synchronize"}
 
 
-def http_phase(command: list[str], label: str, folder: Path, out: Path, *, tserve: bool, ready: str) -> dict[str, Any]:
-    """64 concurrent streams of 128 in / 128 out through an HTTP server started with `command`."""
+def http_phase(command: list[str], label: str, folder: Path, out: Path, *, tserve: bool, ready: str,
+               sizes: Sizes = FULL) -> dict[str, Any]:
+    """64 concurrent streams of 128 in / 128 out through an HTTP server started with `command`; raises
+    (with the server's log tail) when the server or the load fails."""
     from benchmarks.procs import Server, run_load_generator
 
     log = out / f"{label}.log"
@@ -253,19 +296,24 @@ def http_phase(command: list[str], label: str, folder: Path, out: Path, *, tserv
     server = Server("", command=["sh", "-c", "exec " + shell], ready_path=ready)
     try:
         server.wait_ready(timeout=240)
+        s = sizes
         if tserve:  # exact lengths through a per-request generation_config (it rejects unknown fields)
-            gen = {"do_sample": False, "min_new_tokens": OUTPUT, "max_new_tokens": OUTPUT}
+            gen = {"do_sample": False, "min_new_tokens": s.output, "max_new_tokens": s.output}
             extra = ["--no-ignore-eos", "--model", str(folder), "--extra-body",
                      json.dumps({"generation_config": json.dumps(gen)})]
         else:
             extra = ["--extra-body", json.dumps({"temperature": 0})]
         argv = ["--base-url", server.base_url, "--api", "completions", "--tokenizer", str(folder),
-                "--concurrency", "64", "--num-prompts", "256", "--input-mean", str(PROMPT), "--input-std", "0",
-                "--output-mean", str(OUTPUT), "--output-std", "0", "--duration", "20", "--warmup", "64"] + extra
+                "--concurrency", str(s.streams), "--num-prompts", str(s.batch), "--input-mean", str(s.prompt),
+                "--input-std", "0", "--output-mean", str(s.output), "--output-std", "0", "--duration", str(s.http_s),
+                "--warmup", str(s.streams)] + extra
         summary = run_load_generator(argv, timeout=300)["points"][0]["summary"]
+        if not summary["completed"] or summary["failed"]:
+            raise RuntimeError(f"{summary['failed']} of {summary['completed'] + summary['failed']} requests failed")
         return {"summary": summary, "log_tail": log.read_text()[-3000:]}
-    except Exception as exc:  # noqa: BLE001 - recorded with the server's log
-        return {"error": repr(exc), "log_tail": log.read_text()[-3000:] if log.exists() else ""}
+    except Exception as exc:  # the phase fails, with the server's log in its error
+        tail = log.read_text()[-3000:] if log.exists() else ""
+        raise RuntimeError(f"{label} over HTTP failed: {exc!r}; server log tail:\n{tail}") from exc
     finally:
         server.stop()
 
@@ -276,50 +324,74 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="/tmp/gpu_bench", help="folder for gpu_bench.json, profile.txt, server logs")
     p.add_argument("--work", default="/tmp/gpu_bench_models", help="folder for the random checkpoints")
     p.add_argument("--skip", default="", help="comma list of phases to skip (see above)")
+    p.add_argument("--device", default="cuda", help="cuda, or cpu (with --smoke: proves the code runs)")
+    p.add_argument("--smoke", action="store_true", help="tiny model, tiny loads, seconds per phase (SMOKE)")
     args = p.parse_args(argv)
-    out, work = Path(args.out), Path(args.work)
+    out, work, device = Path(args.out), Path(args.work), args.device
+    sizes = SMOKE if args.smoke else FULL
     out.mkdir(parents=True, exist_ok=True)
     skip = set(filter(None, args.skip.split(",")))
-    results: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                               "command": "python -m benchmarks.gpu_bench " + " ".join(argv or sys.argv[1:])}
+    on_cuda = torch.device(device).type == "cuda"
+    results: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(device) if on_cuda else device, "torch": torch.__version__,
+        "command": "python -m benchmarks.gpu_bench " + " ".join(sys.argv[1:] if argv is None else argv),
+        "sizes": asdict(sizes)}
     try:
         results["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                            text=True).stdout.strip()
     except OSError:
         pass
+    failed: list[str] = []
 
-    def phase(name: str, fn: Any) -> None:
+    def phase(name: str, fn: Any, ok: Any = lambda r: True) -> None:
+        """Run and record one phase; one that raises, or whose result `ok` rejects, fails the run at the end."""
         if name in skip:
             return
         t = time.perf_counter()
         try:
             results[name] = fn()
-        except Exception:  # noqa: BLE001 - one failed phase must not lose the others
+            if not ok(results[name]):
+                failed.append(name)
+                print(f"[{name}] FAILED its check: {json.dumps(results[name], default=str)[:1500]}",
+                      file=sys.stderr, flush=True)
+        except Exception:  # noqa: BLE001 - recorded, the later phases still run, and the run fails at the end
+            failed.append(name)
             results[name] = {"error": traceback.format_exc()[-3000:]}
+            print(f"[{name}] FAILED\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         results.setdefault("phase_s", {})[name] = round(time.perf_counter() - t, 1)
+        results["failed_phases"] = failed
         (out / "gpu_bench.json").write_text(json.dumps(results, indent=1, default=str))
         print(f"[{name}] {time.perf_counter() - t:.1f}s {json.dumps(results[name], default=str)[:1500]}", flush=True)
 
-    big = gm.make_checkpoint(work / "llama1b", gm.LLAMA_1B, torch.bfloat16)
-    small = gm.make_checkpoint(work / "small", gm.SMALL, torch.float32, init_std=0.08)
+    s = sizes
+    prefix = "smoke-" if args.smoke else ""  # the folders are reused when present: never a tiny one for a full run
+    big = gm.make_checkpoint(work / f"{prefix}llama1b", s.big, torch.bfloat16)
+    small = gm.make_checkpoint(work / f"{prefix}small", s.small, torch.float32, init_std=0.08)
     weights = sum(f.stat().st_size for f in big.glob("*.safetensors"))
-    phase("bandwidth", lambda: {"tb_s": bandwidth_tb_s(), "weight_bytes": weights})
+    phase("bandwidth", lambda: {"tb_s": bandwidth_tb_s(s.copy_gib, device), "weight_bytes": weights})
     if "bandwidth" in results and "tb_s" in results["bandwidth"]:
         results["bandwidth"]["floor_ms"] = weights / results["bandwidth"]["tb_s"] / 1e9
-    phase("logits", lambda: gm.check_logits(big))
-    phase("greedy_fp32", lambda: gm.check_greedy_fp32(small))
-    phase("hf", lambda: gm.hf_generate(big, torch.bfloat16, 32, 64, PROMPT, OUTPUT))
-    phase("engine", lambda: asyncio.run(engine_phase(big, out, profile="profile" not in skip)))
+    phase("logits", lambda: gm.check_logits(big, s.logits_prompt, device), ok=lambda r: r["pass"])
+    phase("greedy_fp32", lambda: gm.check_greedy_fp32(small, steps=s.greedy_steps, device=device),
+          ok=lambda r: r["equal"])
+    phase("hf", lambda: gm.hf_generate(big, torch.bfloat16, s.hf_batch1_tokens, s.streams, s.prompt, s.output, device))
+    phase("engine", lambda: asyncio.run(engine_phase(big, out, "profile" not in skip, device, s)))
     py = sys.executable
     phase("http", lambda: http_phase(
         [py, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--model", str(big),
-         "--device", "cuda",
-         "--dtype", "bfloat16", "--max-batch-size", "64", "--max-model-len", "4096", "--kv-cache-fraction", "0.3",
-         "--no-enable-prefix-caching", "--log-level", "info"], "gateway", big, out, tserve=False, ready="/health"))
+         "--device", device,
+         "--dtype", "bfloat16", "--max-batch-size", str(s.streams), "--max-model-len", str(s.max_model_len),
+         "--kv-cache-fraction", "0.3", "--no-enable-prefix-caching", "--log-level", "info"],
+        "gateway", big, out, tserve=False, ready="/health", sizes=s))
     phase("tserve", lambda: http_phase(
-        ["transformers", "serve", "--continuous-batching", "--device", "cuda", "--dtype", "bfloat16",
-         "--host", "127.0.0.1", "--port", "{port}", str(big)], "tserve", big, out, tserve=True, ready="/health"))
+        ["transformers", "serve", "--continuous-batching", "--device", device, "--dtype", "bfloat16",
+         "--host", "127.0.0.1", "--port", "{port}", str(big)], "tserve", big, out, tserve=True, ready="/health",
+        sizes=s))
     print(json.dumps(summary(results), indent=1))
+    if failed:
+        print(f"gpu_bench: FAILED phases: {', '.join(failed)} (tracebacks above and in {out / 'gpu_bench.json'})",
+              file=sys.stderr, flush=True)
+        return 1
     return 0
 
 
@@ -331,18 +403,21 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
             node = node.get(key) if isinstance(node, dict) else None
         return node
 
+    s = Sizes(**r["sizes"]) if "sizes" in r else FULL
     return {
         "copy_tb_s": get("bandwidth", "tb_s"), "floor_ms": get("bandwidth", "floor_ms"),
         "logits": get("logits"), "greedy_fp32_equal": get("greedy_fp32", "equal"),
-        "hf_b1_step_ms": get("hf", "batch1_step_ms"), "hf_b64_tok_s": get("hf", "batch64_output_tok_s"),
+        "hf_b1_step_ms": get("hf", "batch1_step_ms"),
+        f"hf_b{s.streams}_tok_s": get("hf", f"batch{s.streams}_output_tok_s"),
         "decode_b1_itl_ms": get("engine", "decode_b1_itl_ms_p50"),
         "decode_b1_graph_ms": get("engine", "decode_b1_graph_gpu_ms"),
-        "ttft_1024_ms": get("engine", "ttft_1024_ms_p50"), "engine_256_tok_s": get("engine", "throughput_256_tok_s"),
-        "engine_64_tok_s": get("engine", "closed_loop_64_tok_s"),
+        f"ttft_{s.ttft_prompt}_ms": get("engine", f"ttft_{s.ttft_prompt}_ms_p50"),
+        f"engine_{s.batch}_tok_s": get("engine", f"throughput_{s.batch}_tok_s"),
+        f"engine_{s.streams}_tok_s": get("engine", f"closed_loop_{s.streams}_tok_s"),
         "decode_b1_itl_no_graphs_ms": get("engine", "decode_b1_itl_ms_p50_no_graphs"),
         "loop_lag_p99_ms": get("engine", "event_loop_lag_ms_p99"),
-        "http_64_tok_s": get("http", "summary", "output_token_throughput"),
-        "tserve_64_tok_s": get("tserve", "summary", "output_token_throughput"),
+        f"http_{s.streams}_tok_s": get("http", "summary", "output_token_throughput"),
+        f"tserve_{s.streams}_tok_s": get("tserve", "summary", "output_token_throughput"),
     }
 
 

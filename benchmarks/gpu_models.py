@@ -6,6 +6,7 @@
 - `hf_generate_step_ms` / `hf_generate_tok_s`: transformers `generate` (eager, dynamic cache).
 - `check_logits`: our model's prompt logits vs transformers' on the same checkpoint (bf16 tolerance).
 - `check_greedy_fp32`: greedy ids of our engine (batched, CUDA graphs) vs transformers, fp32.
+  Each takes a `device` ("cuda"; "cpu" for gpu_bench --smoke, which runs them on the TINY shape).
 - `widen_checkpoint`: the trained demo model widened to a 1B shape that computes the same function, so
   speculation on the GPU pays a 1B model's weight traffic per step with the demo's real acceptance.
 """
@@ -28,6 +29,9 @@ LLAMA_1B_DRAFT = dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=
                       intermediate_size=1536, vocab_size=128256, tie_word_embeddings=True, head_dim=64)
 SMALL = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
              intermediate_size=512, vocab_size=2048, tie_word_embeddings=False, head_dim=32)
+# gpu_bench --smoke: every phase's code in seconds, on the CPU too (tests/benchmarks)
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=512, tie_word_embeddings=False, head_dim=16)
 
 
 def make_checkpoint(folder: Path, shape: dict[str, Any], dtype: torch.dtype, *, init_std: float = 0.02,
@@ -63,26 +67,32 @@ def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]
     return torch.randint(0, vocab - 1, (n, length), generator=g).tolist()
 
 
-def _hf_model(folder: Path, dtype: torch.dtype) -> Any:
+def _hf_model(folder: Path, dtype: torch.dtype, device: str) -> Any:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to("cuda").eval()
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device).eval()
+
+
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work (a no-op on the CPU, where every op is synchronous)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
 
 
 @torch.inference_mode()
 def hf_generate(folder: Path, dtype: torch.dtype, batch1_tokens: int, batch: int, prompt_len: int,
-                new_tokens: int) -> dict[str, float]:
+                new_tokens: int, device: str = "cuda") -> dict[str, float]:
     """transformers generate, greedy, exact lengths: ms per decode step at batch 1, and output tok/s at `batch`."""
-    model = _hf_model(folder, dtype)
+    model = _hf_model(folder, dtype, device)
     vocab = model.config.vocab_size
 
     def run(prompts: list[list[int]], n: int) -> float:
-        ids = torch.tensor(prompts, device="cuda")
-        torch.cuda.synchronize()
+        ids = torch.tensor(prompts, device=device)
+        synchronize(device)
         t0 = time.perf_counter()
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
                        do_sample=False, pad_token_id=vocab - 1)
-        torch.cuda.synchronize()
+        synchronize(device)
         return time.perf_counter() - t0
 
     one = random_prompts(1, prompt_len, vocab, 1)
@@ -98,7 +108,7 @@ def hf_generate(folder: Path, dtype: torch.dtype, batch1_tokens: int, batch: int
 
 
 @torch.inference_mode()
-def check_logits(folder: Path, prompt_len: int = 200) -> dict[str, Any]:
+def check_logits(folder: Path, prompt_len: int = 200, device: str = "cuda") -> dict[str, Any]:
     """Prompt logits of our runner (Triton prefill over the paged cache, in two chunks) and of transformers,
     both bf16, each against transformers in fp32. Pass: our error is within 1.5x of transformers' own
     bf16 error (random weights give nearly flat logits, so an absolute bound says little)."""
@@ -106,13 +116,13 @@ def check_logits(folder: Path, prompt_len: int = 200) -> dict[str, Any]:
     from runtime.models import load_model
     from runtime.sampler import Sampler
 
-    hf = _hf_model(folder, torch.float32)
+    hf = _hf_model(folder, torch.float32, device)
     ids = random_prompts(1, prompt_len, hf.config.vocab_size, 3)[0]
-    ref = hf(torch.tensor([ids], device="cuda")).logits[0].float()
+    ref = hf(torch.tensor([ids], device=device)).logits[0].float()
     hf = hf.to(torch.bfloat16)
-    hf_bf16 = hf(torch.tensor([ids], device="cuda")).logits[0].float()
+    hf_bf16 = hf(torch.tensor([ids], device=device)).logits[0].float()
     del hf
-    ours = ModelRunner(load_model(str(folder), torch.bfloat16, torch.device("cuda")), 16, Sampler())
+    ours = ModelRunner(load_model(str(folder), torch.bfloat16, torch.device(device)), 16, Sampler())
     blocks = -(-prompt_len // 16) + 1
     ours.allocate_kv_cache(blocks)
     # the second chunk attends to cached context through the block table (blocks in reverse order)
@@ -135,7 +145,7 @@ def check_logits(folder: Path, prompt_len: int = 200) -> dict[str, Any]:
             "pass": ours_err <= 1.5 * hf_err + 1e-3}
 
 
-def check_greedy_fp32(folder: Path, num_prompts: int = 4, steps: int = 32) -> dict[str, Any]:
+def check_greedy_fp32(folder: Path, num_prompts: int = 4, steps: int = 32, device: str = "cuda") -> dict[str, Any]:
     """Greedy ids for `steps` tokens: our engine (prompts batched, decode through CUDA graphs) vs
     transformers generate one prompt at a time, both fp32 without TF32."""
     from runtime.config import EngineConfig
@@ -144,19 +154,19 @@ def check_greedy_fp32(folder: Path, num_prompts: int = 4, steps: int = 32) -> di
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    hf = _hf_model(folder, torch.float32)
+    hf = _hf_model(folder, torch.float32, device)
     vocab = hf.config.vocab_size
     prompts = [random_prompts(1, n, vocab, 10 + n)[0] for n in (5, 17, 40, 100)[:num_prompts]]
     with torch.inference_mode():
         expected = []
         for p in prompts:
-            out = hf.generate(torch.tensor([p], device="cuda"), max_new_tokens=steps, min_new_tokens=steps,
+            out = hf.generate(torch.tensor([p], device=device), max_new_tokens=steps, min_new_tokens=steps,
                               do_sample=False, pad_token_id=vocab - 1)
             expected.append(out[0, len(p):].tolist())
     del hf
 
     async def ours() -> list[list[int]]:
-        engine = NativeEngine(EngineConfig(model=str(folder), device="cuda", dtype="float32", max_batch_size=8,
+        engine = NativeEngine(EngineConfig(model=str(folder), device=device, dtype="float32", max_batch_size=8,
                                            max_kv_tokens=4096, max_model_len=1024))
         await engine.start()
         try:

@@ -1,6 +1,7 @@
 """GPU micro-benchmark of one decode step's LoRA work, per implementation, inside a CUDA graph.
 
-    python -m benchmarks.lora_kernels_bench            # CUDA only
+    python -m benchmarks.lora_kernels_bench            # CUDA
+    TRITON_INTERPRET=1 python -m benchmarks.lora_kernels_bench --device cpu --smoke   # the code, tiny, on the CPU
 
 For the Llama-3.2-1B shapes (16 layers x the four adaptable Linears qkv, o, gate_up, down), 8 slots,
 every token on slot t % 8, rank-8 adapters in slots of rank `cap`, it captures the projections of all
@@ -13,12 +14,16 @@ Implementations (each includes the base matmul):
                (runtime/cuda/lora_kernels.py)
   gemm+expand  x W^T, x A_all^T (two cuBLAS matmuls), then an expand like the above reading h_all
   dense        x W^T, x A_all^T, one-hot mask, y.addmm_(h, B_all): the CPU product
+
+--smoke: one layer of tiny Linears, one token count and cap (tests/benchmarks runs it on the CPU, in Triton's
+interpreter, where the variants run eagerly: CUDA graphs need CUDA; its figures mean nothing).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -31,6 +36,7 @@ from runtime.cuda.lora_kernels import lora_expand
 
 LINEARS = {"qkv": (2048, 3072, 3), "o": (2048, 2048, 1), "gate_up": (2048, 16384, 2), "down": (8192, 2048, 1)}
 LAYERS, SLOTS, RANK = 16, 8, 8
+SMOKE_LINEARS = {"qkv": (64, 96, 3), "o": (64, 64, 1), "gate_up": (64, 256, 2), "down": (128, 64, 1)}
 
 
 @triton.jit
@@ -71,30 +77,39 @@ def dense(x, y, a, b, onehot):
     return y.addmm_(h, b.reshape(cap * s, -1))
 
 
-def build(tokens: int, cap_rank: int, dtype: torch.dtype):
+def build(tokens: int, cap_rank: int, dtype: torch.dtype, device: str = "cuda", linears: dict = LINEARS,
+          num_layers: int = LAYERS):
     """Per Linear: x, [W; A_all] with A_all = rank-major [cap * S, in] (rank-8 adapters), B, ranks."""
-    g = torch.Generator(device="cuda").manual_seed(0)
+    g = torch.Generator(device=device).manual_seed(0)
     layers = []
-    for _ in range(LAYERS):
-        for k, n, parts in LINEARS.values():
+    for _ in range(num_layers):
+        for k, n, parts in linears.values():
             cap = cap_rank * parts
             used = RANK * parts
-            stacked = torch.zeros(n + cap * SLOTS, k, device="cuda", dtype=dtype)
-            stacked[:n] = torch.randn(n, k, device="cuda", generator=g, dtype=dtype) * 0.01
-            stacked[n : n + used * SLOTS] = torch.randn(used * SLOTS, k, device="cuda", generator=g, dtype=dtype) * 0.01
-            b = torch.zeros(cap, SLOTS, n, device="cuda", dtype=dtype)
-            b[:used] = torch.randn(used, SLOTS, n, device="cuda", generator=g, dtype=dtype) * 0.01
-            ranks = torch.full((SLOTS,), used, dtype=torch.int32, device="cuda")
-            x = torch.randn(tokens, k, device="cuda", generator=g, dtype=dtype)
+            stacked = torch.zeros(n + cap * SLOTS, k, device=device, dtype=dtype)
+            stacked[:n] = torch.randn(n, k, device=device, generator=g, dtype=dtype) * 0.01
+            stacked[n : n + used * SLOTS] = torch.randn(used * SLOTS, k, device=device, generator=g, dtype=dtype) * 0.01
+            b = torch.zeros(cap, SLOTS, n, device=device, dtype=dtype)
+            b[:used] = torch.randn(used, SLOTS, n, device=device, generator=g, dtype=dtype) * 0.01
+            ranks = torch.full((SLOTS,), used, dtype=torch.int32, device=device)
+            x = torch.randn(tokens, k, device=device, generator=g, dtype=dtype)
             matmul_rank = min(1 << (used - 1).bit_length(), cap)
             layers.append((x, stacked, n, matmul_rank, b, ranks))
-    slots = torch.arange(tokens, device="cuda") % SLOTS
+    slots = torch.arange(tokens, device=device) % SLOTS
     onehot = torch.nn.functional.one_hot(slots, SLOTS).to(dtype)
     return layers, slots, onehot
 
 
-def time_graph(fn, iters: int = 50) -> float:
-    """Median-free mean of `iters` replays (events around the loop), microseconds per replay."""
+def time_graph(fn, iters: int = 50, device: str = "cuda") -> float:
+    """Median-free mean of `iters` replays (events around the loop), microseconds per replay. Off CUDA
+    (--smoke on the CPU): `fn` called eagerly, median of 3 calls."""
+    if device != "cuda":
+        times = []
+        for _ in range(3):
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e6)
+        return sorted(times)[1]
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -117,8 +132,8 @@ def time_graph(fn, iters: int = 50) -> float:
     return sorted(times)[2]
 
 
-def time_variants(tokens: int, cap: int, dtype: torch.dtype) -> list[dict]:
-    layers, slots, onehot = build(tokens, cap, dtype)
+def time_variants(tokens: int, cap: int, dtype: torch.dtype, device: str = "cuda", smoke: bool = False) -> list[dict]:
+    layers, slots, onehot = build(tokens, cap, dtype, device, *((SMOKE_LINEARS, 1) if smoke else (LINEARS, LAYERS)))
 
     def folded(x, stacked, n, r, b, ranks):
         return lora_expand(F.linear(x, stacked[: n + r * SLOTS]), b, slots, ranks)
@@ -140,23 +155,25 @@ def time_variants(tokens: int, cap: int, dtype: torch.dtype) -> list[dict]:
     rows = []
     base = None
     for name, fn in variants.items():
-        us = time_graph(fn)
+        us = time_graph(fn, device=device)
         base = base or us
         rows.append({"tokens": tokens, "cap": cap, "variant": name, "us": us, "ratio_to_base": us / base})
         print(f"tokens {tokens:>3} cap {cap:>3}  {name:<14} {us:9.1f} us  {us / base:5.2f}x", flush=True)
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, nargs="+", default=[8, 32])
     p.add_argument("--caps", type=int, nargs="+", default=[8, 64], help="slot capacity per part (max_lora_rank)")
+    p.add_argument("--device", default="cuda", help="cuda, or cpu (under TRITON_INTERPRET=1)")
+    p.add_argument("--smoke", action="store_true", help="tiny Linears, one layer (see above)")
     p.add_argument("--json", type=Path, default=None)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     rows = []
     for tokens in args.tokens:
         for cap in args.caps:
-            rows += time_variants(tokens, cap, torch.bfloat16)
+            rows += time_variants(tokens, cap, torch.bfloat16, args.device, args.smoke)
             torch.cuda.empty_cache()
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))

@@ -31,12 +31,12 @@ def load(paths: list[Path]) -> dict[str, list[tuple[int, float, float]]]:
     return {mode: sorted(points) for mode, points in series.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("files", type=Path, nargs="+")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--title", default="speculative decoding, one stream: the 0.98B widened demo target on an H100")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     series = load(args.files)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     for mode, points in series.items():

@@ -1,0 +1,65 @@
+"""benchmarks/gpu_bench.py --device cpu --smoke: every phase on the TINY shape (the engine phase, whose CUDA-graph
+timing broke on the H100 unnoticed, included), and a phase that raises failing the run at the end.
+
+Not run on the CPU: the CUDA-graph replay timing and the no-graphs rerun inside the engine phase (CUDA only; the
+script skips them off CUDA), and the tserve phase (`transformers serve` needs transformers[serving], which is not
+installed here). The HTTP phase's load generator runs in this process (conftest.load_generator_here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_bench
+from tests.benchmarks.smoke import positive
+
+pytestmark = pytest.mark.benchmark_smoke
+
+
+def test_every_phase_on_the_cpu(tmp_path: Path, load_generator_here: None) -> None:
+    out = tmp_path / "out"
+    code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "tserve", "--out", str(out),
+                           "--work", str(tmp_path / "work")])
+    assert code == 0
+    r = json.loads((out / "gpu_bench.json").read_text())
+    assert r["failed_phases"] == [] and set(r["phase_s"]) == {"bandwidth", "logits", "greedy_fp32", "hf", "engine",
+                                                               "http"}
+    assert r["logits"]["pass"] and r["greedy_fp32"]["equal"]
+    assert positive(r["bandwidth"]["tb_s"], r["bandwidth"]["floor_ms"], r["hf"]["batch1_step_ms"],
+                    r["hf"]["batch4_output_tok_s"])
+    engine = r["engine"]
+    assert positive(engine["load_s"], engine["decode_b1_itl_ms_p50"], engine["ttft_64_ms_p50"],
+                    engine["throughput_8_tok_s"], engine["closed_loop_4_tok_s"], engine["event_loop_lag_ms_p99"],
+                    engine["profile"]["decode8_step_ms_p50"])
+    assert "decode_b1_graph_gpu_ms" not in engine  # CUDA graphs: CUDA only
+    assert (out / "profile.txt").stat().st_size > 0
+    http = r["http"]["summary"]
+    assert http["failed"] == 0 and positive(http["completed"], http["output_token_throughput"])
+    headline = gpu_bench.summary(r)
+    assert positive(headline["engine_8_tok_s"], headline["http_4_tok_s"], headline["ttft_64_ms"])
+
+
+def test_a_failing_phase_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    def broken(*args: object, **kwargs: object) -> dict[str, object]:
+        raise AttributeError("'DecodeGraphs' object has no attribute 'graphs'")
+
+    monkeypatch.setattr(gpu_bench.gm, "check_logits", broken)
+    out = tmp_path / "out"
+    code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "greedy_fp32,hf,engine,http,tserve",
+                           "--out", str(out), "--work", str(tmp_path / "work")])
+    assert code == 1
+    r = json.loads((out / "gpu_bench.json").read_text())
+    assert r["failed_phases"] == ["logits"] and "AttributeError" in r["logits"]["error"]
+    assert positive(r["bandwidth"]["tb_s"])  # the other phases still ran and were recorded
+    err = capsys.readouterr().err
+    assert "[logits] FAILED" in err and "Traceback" in err and "FAILED phases: logits" in err
+
+
+def test_a_failed_check_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(gpu_bench.gm, "check_logits", lambda *a, **k: {"pass": False})
+    code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "bandwidth,greedy_fp32,hf,engine,http,tserve",
+                           "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
+    assert code == 1

@@ -1,0 +1,24 @@
+"""benchmarks/hostile.py for 1 s per phase with one sender of lone surrogates (its own gateway process on the
+demo model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.benchmarks.smoke import output_of, positive, run_module
+
+pytestmark = pytest.mark.benchmark_smoke
+
+
+def test_lone_surrogates_beside_the_prober(tmp_path: Path) -> None:
+    out = tmp_path / "hostile.json"
+    proc = run_module("hostile", "--duration", "1", "--senders", "1", "--only", "lone_surrogate", "--json", str(out))
+    assert proc.returncode == 0, output_of(proc)
+    result = json.loads(out.read_text())
+    assert result["server_5xx"] == 0
+    assert set(result["hostile_statuses"]) == {"lone_surrogate 400"}, result["hostile_statuses"]
+    for phase in ("idle", "hostile"):
+        assert positive(result[phase]["count"], result[phase]["p50_ms"], result[phase]["p99_ms"])

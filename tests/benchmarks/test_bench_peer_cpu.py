@@ -1,0 +1,34 @@
+"""benchmarks/peer_cpu.py: sequential transformers generate, then our gateway (its own process) on the tiny model at
+one concurrency; the transformers serve baseline left out (it needs transformers[serving], not installed here).
+The load generator runs in this process (conftest.load_generator_here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import peer_cpu
+from tests.benchmarks.smoke import positive
+
+pytestmark = pytest.mark.benchmark_smoke
+
+
+def test_generate_baseline_gateway_point_plot_and_section(tiny_model: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          load_generator_here: None) -> None:
+    monkeypatch.setattr(peer_cpu, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(peer_cpu, "RESULTS_MD", tmp_path / "RESULTS.md")
+    code = peer_cpu.main(["--model", str(tiny_model), "--concurrency", "2", "--dtypes", "float32",
+                          "--no-transformers-serve", "--duration", "0.5", "--generate-prompts", "1",
+                          "--input-tokens", "8", "--output-tokens", "4", "--append-results"])
+    assert code == 0
+    (js,), (png,) = tmp_path.glob("peer-cpu-*.json"), tmp_path.glob("peer-cpu-*.png")
+    result = json.loads(js.read_text())
+    point = result["points"]["ours float32"]["2"]
+    assert (point["failed"], point["mean_output_tokens"]) == (0, 4.0)
+    assert positive(result["generate_tok_s"], point["output_token_throughput"], point["ttft_ms"]["p50"])
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    section = (tmp_path / "RESULTS.md").read_text()
+    assert "| ours float32 | 2 |" in section and "x sequential generate" in section
