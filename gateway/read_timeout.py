@@ -10,8 +10,8 @@ stalled body held SIGTERM for the whole drain timeout. Two parts, one setting:
   client trickling a byte at a time could otherwise stretch out for ever.
 - body: ReadTimeoutMiddleware lets each read of the body wait `timeout` at most (an idle limit, like
   nginx's client_body_timeout: a body up to --max-body-bytes may take longer as a whole on a slow link).
-  Past it the route answers 408 in its dialect and the connection is closed (what is left of the body
-  would otherwise be read as the next request). A body read still waiting at the drain timeout is
+  Past it the route answers 408 in its dialect and the connection is closed (the client is not sending,
+  and the rest of its body could only be discarded). A body read still waiting at the drain timeout is
   interrupted like a generation (503), so SIGTERM waits for a stalled body at most the smaller timeout.
 """
 
@@ -81,7 +81,7 @@ class ReadTimeoutMiddleware:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
-                if failure is not None:  # the unread rest of the body must not be parsed as a request
+                if failure is not None:  # the rest of the body is not coming: nothing to keep the connection for
                     MutableHeaders(scope=message)["connection"] = "close"
             await send(message)
 
