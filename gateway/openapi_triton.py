@@ -145,12 +145,12 @@ def triton_paths(errors: Any) -> dict[str, Any]:
         "/v2": {"get": {"summary": "Server metadata (KServe v2)", "responses": {
             "200": {"description": "Server metadata", "content": _json("TritonServerMetadata")},
             **errors(("401",), "TritonError")}}},
-        "/v2/health/live": {"get": {"summary": "Liveness: 200 while the process serves HTTP", "responses": {
-            "200": {"description": "Live (empty body)"}, **errors(("401",), "TritonError")}}},
-        "/v2/health/ready": {"get": {"summary": "Readiness, as Triton answers it", "responses": {
+        # Public by default (--public-paths), like /health: Kubernetes probes carry no key.
+        "/v2/health/live": {"get": {"summary": "Liveness: 200 while the process serves HTTP", "security": [{}],
+                                    "responses": {"200": {"description": "Live (empty body)"}}}},
+        "/v2/health/ready": {"get": {"summary": "Readiness, as Triton answers it", "security": [{}], "responses": {
             "200": {"description": "Ready (empty body)"},
-            "400": {"description": "Not ready: loading, draining or failed (empty body)"},
-            **errors(("401",), "TritonError")}}},
+            "400": {"description": "Not ready: loading, draining or failed (empty body)"}}}},
     }
     for ids in (False, True):
         base = f"/v2/models/{IDS_MODEL_NAME}" if ids else "/v2/models/{model}"
