@@ -11,6 +11,8 @@ Stop rules (vLLM's, which OpenAI clients expect):
 - a stop string ends the sample; the text is cut before it (or after it with
   include_stop_str_in_output); stop_reason is the string;
 - no stop condition applies before `min_tokens` tokens were generated;
+- a guided sample ends ("stop", stop_reason None) when its grammar accepts its end token, whatever
+  ignore_eos and min_tokens say: the grammar has no more to constrain;
 - otherwise "length" at max_tokens or when the sequence fills the context window.
 """
 
@@ -187,7 +189,8 @@ class RequestState:
             if opts.include_stop_str_in_output:
                 delta.text = s.detokenizer.push([token_id])
             self._finish(s, "stop", token_id)
-        elif may_stop and not opts.ignore_eos and token_id in self.eos_token_ids:
+        elif (s.guide is not None and s.guide.complete) or (
+                may_stop and not opts.ignore_eos and token_id in self.eos_token_ids):
             self._finish(s, "stop", None)
         else:
             text = s.detokenizer.push([token_id])

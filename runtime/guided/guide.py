@@ -3,6 +3,8 @@
 The sampler masks the sample's next token with its matcher (runtime/guided/bitmask.py fills the masks
 of a whole batch in one call); the engine advances it after sampling (`accept_tokens`). Speculative
 decoding is off for guided requests (runtime/speculative/speculator.py), so one token per step.
+Once `complete`, the request state finishes the sample ("stop"), whatever ignore_eos or min_tokens say:
+past its end the matcher no longer masks, so the model would go on unconstrained.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ class GuideState:
     def active(self) -> bool:
         """True while the next token is constrained."""
         return not self.failed and not self._matcher.is_terminated()
+
+    @property
+    def complete(self) -> bool:
+        """True once the grammar accepted its end (a stop token): the answer is whole and must end here."""
+        return not self.failed and self._matcher.is_terminated()
 
     def accept_tokens(self, token_ids: Sequence[int]) -> int:
         """Advance over `token_ids` in order; returns how many the grammar accepted (stops at the first

@@ -49,6 +49,26 @@ def check_supported(request: GenerationRequest, ctx: SamplingContext) -> None:
         raise UnsupportedOptionError(name, BACKEND, "not available with speculative decoding")
     if s.beam_width > 1 and (s.logprobs is not None or s.prompt_logprobs is not None):
         raise UnsupportedOptionError("logprobs", BACKEND, "not returned for beam search")
+    if request.guided is not None:
+        check_guided_can_end(request, ctx)
+
+
+def check_guided_can_end(request: GenerationRequest, ctx: SamplingContext) -> None:
+    """Refuse options that keep a guided answer going past its grammar's end.
+
+    TensorRT-LLM's grammars end with the tokenizer's eos token (its guided decoding config's stop tokens;
+    tests/fakes/tensorrt_llm/llmapi/llm.py) and stop masking there, so generation would go on unconstrained
+    (the native runtime ends the sample there instead): with ignore_eos that token no longer stops, unless
+    it is also a stop token (Triton's end_id set to it), and min_tokens bans it while the grammar allows
+    nothing else.
+    """
+    s, guided = request.sampling, f"guided decoding ('{request.guided.param}')"  # type: ignore[union-attr]
+    if s.ignore_eos and not set(ctx.eos_token_ids[:1]) <= set(s.stop_token_ids):
+        raise UnsupportedOptionError("ignore_eos", BACKEND, f"{guided} could not end the answer at the grammar's end "
+                                     "(Triton: an end_id other than the model's end token)")
+    if s.min_tokens:
+        raise UnsupportedOptionError("min_tokens", BACKEND, f"{guided} could not end the answer at the grammar's end "
+                                     "(Triton: min_length)")
 
 
 def bad_word_strings(words: list[str]) -> list[str]:

@@ -135,3 +135,28 @@ def test_triton_guided_decoding_input_takes_a_json_schema(native: RunningServer)
     assert unsupported.json() == {"error": "The JSON schema uses features that constrained decoding does not support: "
                                            "'uniqueItems' at #"}
 
+
+
+PET_FORMAT = {"type": "json_schema", "json_schema": {"name": "pet", "schema": Pet.model_json_schema(), "strict": True}}
+
+
+@pytest.mark.parametrize("extra", [{"ignore_eos": True}, {"min_tokens": 150}])
+def test_a_complete_grammar_ends_the_answer_whatever_ignore_eos_or_min_tokens_say(client: openai.OpenAI,
+                                                                                  extra: dict[str, object]) -> None:
+    # Before: the grammar's end token was ignored and the model went on unconstrained up to max_tokens.
+    completion = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, temperature=0.0, max_tokens=200,
+                                                response_format=PET_FORMAT, extra_body=extra)
+    choice = completion.choices[0]
+    Pet.model_validate_json(choice.message.content)
+    assert choice.finish_reason == "stop" and completion.usage.completion_tokens < 150
+
+
+@pytest.mark.parametrize("extra", [{"end_id": -1}, {"min_length": 150}])
+def test_triton_guided_answer_ends_with_its_grammar_whatever_end_id_or_min_length_say(
+        native: RunningServer, extra: dict[str, int]) -> None:
+    body = {"text_input": "Describe a pet.", "max_tokens": 200, "temperature": 0.0, "exclude_input_in_output": True,
+            "guided_decoding": json.dumps(Pet.model_json_schema())}
+    r = httpx.post(f"{native.url}/v2/models/ensemble/generate", json={**body, **extra}, timeout=60)
+    assert r.status_code == 200, r.text
+    plain = httpx.post(f"{native.url}/v2/models/ensemble/generate", json=body, timeout=60).json()["text_output"]
+    assert Pet.model_validate_json(r.json()["text_output"]) == Pet.model_validate_json(plain)  # greedy: the same answer

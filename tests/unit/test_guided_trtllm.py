@@ -23,6 +23,7 @@ from transformers import AutoTokenizer
 from adapters.openai.response_format import ResponseFormat, response_format_guided
 from adapters.openai.tools import HERMES, LLAMA3_JSON, NamedToolChoice, ToolSpec, tool_guided
 from runtime.config import EngineConfig
+from runtime.errors import UnsupportedOptionError
 from runtime.request import GenerationRequest, GuidedDecoding, SamplingOptions
 from tests.fakes.trtllm import fake_trtllm  # noqa: F401  (fixture)
 from tests.tiny_models import build_tiny_model
@@ -38,10 +39,10 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("guided_trtllm"), "llama")
 
 
-async def run_guided(model_dir: Path, guides: list[GuidedDecoding],
-                     max_tokens: int = 1) -> tuple[list[Any], list[tuple[str, str | None]], dict[str, Any]]:
-    """Greedy requests under `guides`: the guided_decoding of the SamplingParams each reached the LLM with,
-    each one's (text, finish_reason), and the LLM's kwargs."""
+async def run_guided(model_dir: Path, guides: list[GuidedDecoding], max_tokens: int = 1,
+                     **sampling: Any) -> tuple[list[Any], list[tuple[str, str | None]], dict[str, Any]]:
+    """Greedy requests under `guides` (and `sampling` options): the guided_decoding of the SamplingParams
+    each reached the LLM with, each one's (text, finish_reason), and the LLM's kwargs."""
     from runtime.trtllm.engine import TrtllmEngine
 
     engine = TrtllmEngine(EngineConfig(model=str(model_dir), backend="trtllm", max_batch_size=4,
@@ -59,7 +60,7 @@ async def run_guided(model_dir: Path, guides: list[GuidedDecoding],
     try:
         for i, guided in enumerate(guides):
             request = GenerationRequest(f"g{i}", prompt="hi", guided=guided,
-                                        sampling=SamplingOptions(max_tokens=max_tokens, temperature=0.0))
+                                        sampling=SamplingOptions(max_tokens=max_tokens, temperature=0.0, **sampling))
             deltas = [d async for d in engine.generate(request)]
             outputs.append(("".join(d.text for d in deltas), deltas[-1].finish_reason))
         return sent, outputs, engine.llm_kwargs
@@ -120,3 +121,24 @@ async def test_the_backend_decodes_under_its_guides(fake_trtllm, model_dir: Path
     assert re.fullmatch("(yes|no)-[0-9]{2}", regex_text) and regex_finish == "stop"  # then only eos was allowed
     assert re.fullmatch(r"\[[ab]+\]" if ebnf_finish == "stop" else r"\[[ab]*", ebnf_text)
     assert not re.fullmatch("(yes|no)-[0-9]{2}", free_text)  # the same prompt, unconstrained
+
+
+@pytest.mark.parametrize("option, sampling", [("ignore_eos", {"ignore_eos": True}), ("min_tokens", {"min_tokens": 20}),
+                                              ("ignore_eos", {"ignore_eos": True, "stop_token_ids": [7]})])
+async def test_options_that_would_run_past_the_grammar_are_refused(fake_trtllm, model_dir: Path, option: str,
+                                                                   sampling: dict[str, Any]) -> None:
+    # TensorRT-LLM stops masking at the grammar's end; these went on unconstrained to max_tokens (finish "length").
+    with pytest.raises(UnsupportedOptionError) as refused:
+        await run_guided(model_dir, [GuidedDecoding(regex="(yes|no)-[0-9]{2}", param="response_format")],
+                         max_tokens=40, **sampling)
+    assert refused.value.param == option
+    assert f"'{option}' is not supported by the trtllm backend: guided decoding ('response_format')" in str(refused.value)
+
+
+async def test_ignore_eos_with_the_end_token_as_stop_token_still_ends_at_the_grammar(fake_trtllm,
+                                                                                     model_dir: Path) -> None:
+    # Triton's end_id set to the model's end token: ignore_eos, the end token a stop token; the grammar ends it.
+    eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
+    _, [(text, finish)], _ = await run_guided(model_dir, [GuidedDecoding(regex="(yes|no)-[0-9]{2}")], max_tokens=40,
+                                              ignore_eos=True, stop_token_ids=[eos])
+    assert re.fullmatch("(yes|no)-[0-9]{2}", text) and finish == "stop"
