@@ -1,4 +1,5 @@
-"""`trtllm-gateway serve ...` (the server) and `trtllm-gateway bench ...` (benchmarks.serve.main).
+"""`trtllm-gateway serve ...`: the server. (The load generator is `python -m benchmarks.serve` in a source
+checkout: benchmarks are not part of the package.)
 
 Every serve flag is generated from a Settings/EngineConfig field (gateway.settings.options), so
 flag, env var and field share one name; precedence: flag > TRTLLM_GATEWAY_<NAME> > default.
@@ -44,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="trtllm-gateway",
         description="OpenAI- and Triton-compatible LLM server over an in-process runtime.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve,bench}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{serve}")
     serve = sub.add_parser(
         "serve", help="serve a model over HTTP",
         description="Serve a model (default: the embedded demo model). Every option can also be set "
@@ -55,8 +56,6 @@ def build_parser() -> argparse.ArgumentParser:
         if opt.group not in groups:
             groups[opt.group] = serve.add_argument_group(opt.group)
         _add_option(groups[opt.group], opt)
-    sub.add_parser("bench", help="benchmark a running server (arguments go to benchmarks.serve)",
-                   add_help=False)
     return parser
 
 
@@ -128,10 +127,6 @@ def serve(settings: Settings) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `trtllm-gateway` console script and `python -m gateway`."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "bench":
-        from benchmarks.serve import main as bench_main  # lazily: benchmarks are optional
-
-        return int(bench_main(args[1:]) or 0)
     parser = build_parser()
     if not args or args[0] not in ("serve",):
         parser.parse_args(args)  # prints usage / help, exits
