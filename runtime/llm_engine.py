@@ -207,7 +207,7 @@ class NativeEngine(Engine):
         prepared = await self._prepare.call(is_heavy(request), self._validate, request)
         new_guide = None
         if request.guided is not None:  # a new grammar takes up to seconds to compile: off the event loop
-            new_guide = await asyncio.to_thread(self._guide_factory, request.guided)
+            new_guide = await self._guides().guide_factory_async(request.guided)
         state = self._submit(request, prepared, new_guide)
         queue: asyncio.Queue[Any] = state.queue  # type: ignore[assignment]
         done = False

@@ -2,7 +2,9 @@
 
 - grammars.py: GuidedDecoding -> xgrammar Grammar (compact JSON; tool-call structural tags);
 - schema_check.py: unsupported JSON-schema keywords -> InvalidRequestError naming them;
-- compiler.py: GuidedCompiler, compiled grammars cached by constraint, per tokenizer;
+- limits.py: how large and intricate a constraint may be (compile time and memory), checked first;
+- cache.py: GrammarCache, compiled grammars by constraint within a byte budget;
+- compiler.py: GuidedCompiler, compiles in its own threads, cached by constraint, per tokenizer;
 - guide.py: GuideState, one sample's matcher (`active`, `accept_tokens`);
 - bitmask.py: batched bitmask fill and apply, used by the sampler.
 """

@@ -132,7 +132,8 @@ async def test_options_that_would_run_past_the_grammar_are_refused(fake_trtllm, 
         await run_guided(model_dir, [GuidedDecoding(regex="(yes|no)-[0-9]{2}", param="response_format")],
                          max_tokens=40, **sampling)
     assert refused.value.param == option
-    assert f"'{option}' is not supported by the trtllm backend: guided decoding ('response_format')" in str(refused.value)
+    assert str(refused.value).startswith(f"'{option}' is not supported by the trtllm backend: "
+                                         "guided decoding ('response_format')")
 
 
 async def test_ignore_eos_with_the_end_token_as_stop_token_still_ends_at_the_grammar(fake_trtllm,
