@@ -31,7 +31,7 @@ from runtime.kv_cache import num_kv_blocks
 from runtime.lora import LoraManager
 from runtime.model_runner import ModelRunner, StepInput, StepResult
 from runtime.models import ModelSpec, kv_cache_bytes_per_token, load_model
-from runtime.request import GenerationRequest, GuidedDecoding, OutputDelta
+from runtime.request import GenerationRequest, OutputDelta
 from runtime.request_state import RequestState
 from runtime.sampler import Sampler
 from runtime.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
@@ -276,11 +276,6 @@ class NativeEngine(Engine):
             if self._guided_compiler is None:
                 self._guided_compiler = GuidedCompiler(self.tokenizer.hf, self.spec.vocab_size, self.eos_token_ids)
             return self._guided_compiler
-
-    def _guide_factory(self, guided: GuidedDecoding) -> Callable[[], GuideState]:
-        """Compile `guided` (cached by constraint; InvalidRequestError when unsupported) into a maker of
-        per-sample matchers."""
-        return self._guides().guide_factory(guided)
 
     def abort(self, request_id: str) -> None:
         with self._cond:

@@ -7,6 +7,7 @@ listed there); an upstream rename shows up as a diff to that file, then as failu
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 import inspect
 import sys
 
@@ -110,10 +111,14 @@ def test_backend_passes_only_recorded_names(fake_trtllm, tmp_path):
         presence_penalty=0.2, frequency_penalty=0.3, min_tokens=1, bad_words=["x"], seed=1,
         stop_token_ids=[7], ignore_eos=False, n=2, logprobs=2, prompt_logprobs=1,
         return_context_logits=True, return_generation_logits=True, skip_special_tokens=False)
-    req = GenerationRequest("r", prompt="hi", sampling=everything, guided=GuidedDecoding(regex="a+"))
+    req = GenerationRequest("r", prompt="hi", sampling=everything)
+    # guided decoding refuses min_tokens on this backend (it could not end at the grammar's end)
+    guided = GenerationRequest("g", prompt="hi", sampling=replace(everything, min_tokens=0),
+                               guided=GuidedDecoding(regex="a+"))
     ctx = SamplingContext(context_window=256, vocab_size=300, eos_token_ids=(0, 2), default_seed=0,
                           max_beam_width=4, speculative=False)
-    assert set(sampling_kwargs(req, 3, ctx)) <= set(SNAP["classes"]["SamplingParams"]["fields"])
+    for r in (req, guided):
+        assert set(sampling_kwargs(r, 3, ctx)) <= set(SNAP["classes"]["SamplingParams"]["fields"])
     beam = GenerationRequest("b", prompt="hi", sampling=SamplingOptions(beam_width=2, length_penalty=0.5))
     assert set(sampling_kwargs(beam, 3, ctx)) <= set(SNAP["classes"]["SamplingParams"]["fields"])
 
