@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.benchmarks.smoke import ThreadServer
+from tests.benchmarks.smoke import thread_server
+from tests.e2e.conftest import RunningServer
 from tests.tiny_models import build_tiny_model
 
 
@@ -57,8 +58,8 @@ def load_generator_here(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(scope="module")
-def gateway(tiny_model: Path) -> Iterator[ThreadServer]:
+def gateway(tiny_model: Path) -> Iterator[RunningServer]:
     """The gateway on the tiny model, shared by a module's tests."""
-    server = ThreadServer(tiny_model).start()
+    server = thread_server(tiny_model).start()
     yield server
     server.stop()

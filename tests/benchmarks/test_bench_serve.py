@@ -9,18 +9,19 @@ from pathlib import Path
 import pytest
 
 from benchmarks import serve
-from tests.benchmarks.smoke import ThreadServer, positive
+from tests.benchmarks.smoke import positive, thread_server
+from tests.e2e.conftest import RunningServer
 
 pytestmark = pytest.mark.benchmark_smoke
 
 
-def _argv(gateway: ThreadServer, tiny_model: Path, *extra: str) -> list[str]:
+def _argv(gateway: RunningServer, tiny_model: Path, *extra: str) -> list[str]:
     return ["--base-url", gateway.url, "--tokenizer", str(tiny_model), "--num-prompts", "4", "--input-mean", "8",
             "--input-std", "0", "--output-mean", "4", "--output-std", "0", "--warmup", "1", *extra]
 
 
 @pytest.mark.parametrize("api", ["completions", "chat", "triton"])
-def test_one_point_per_dialect(gateway: ThreadServer, tiny_model: Path, tmp_path: Path, api: str) -> None:
+def test_one_point_per_dialect(gateway: RunningServer, tiny_model: Path, tmp_path: Path, api: str) -> None:
     out = tmp_path / "serve.json"
     code = serve.main(_argv(gateway, tiny_model, "--api", api, "--num-requests", "6", "--concurrency", "2",
                             "--goodput", "e2e:60000", "--quiet", "--json", str(out)))
@@ -33,7 +34,7 @@ def test_one_point_per_dialect(gateway: ThreadServer, tiny_model: Path, tmp_path
                     summary["e2e_ms"]["p99"])
 
 
-def test_sweep_writes_plot_and_json(gateway: ThreadServer, tiny_model: Path, tmp_path: Path) -> None:
+def test_sweep_writes_plot_and_json(gateway: RunningServer, tiny_model: Path, tmp_path: Path) -> None:
     code = serve.main(_argv(gateway, tiny_model, "--no-stream", "--num-requests", "4", "--sweep-concurrency", "1,2",
                             "--results-dir", str(tmp_path), "--label", "smoke", "--quiet"))
     assert code == 0
