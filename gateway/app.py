@@ -8,7 +8,8 @@ loaded, 200 after) and shuts it down on exit. app.state holds `engine`, `setting
 (gateway.metrics.GatewayMetrics; its `.registry` is what /metrics exposes), `auth`
 (gateway.auth.AuthPolicy), `drain` (gateway.shutdown.Drain), `limits` (RequestLimits), `prepare`
 (runtime.workers.WorkerPool for large bodies), `startup_error` and `fatal_error` (the engine died while
-serving).
+serving). The server may set `on_ready` (called once the engine has started) and `on_fatal` (called when
+it fails to start or dies).
 """
 
 from __future__ import annotations
@@ -98,6 +99,9 @@ async def _start_engine(app: Starlette) -> bool:
         if on_fatal is not None:
             on_fatal()
         return False
+    on_ready: Callable[[], None] | None = getattr(app.state, "on_ready", None)
+    if on_ready is not None:
+        on_ready()
     info = engine.model_info
     log.info("ready: model '%s' (%s backend, %s, %s) at %s/v1", info.name, info.backend, info.device,
              info.dtype, settings.url)

@@ -136,6 +136,21 @@ def test_health_is_503_while_loading_then_200(engine: ScriptedEngine) -> None:
         assert c.get("/health").json() == {"status": "ready"}
 
 
+def test_on_ready_runs_once_the_engine_has_started(engine: ScriptedEngine) -> None:
+    """`serve` freezes the start-up objects out of the garbage collector here (gateway.cli)."""
+    engine.start_gate.clear()
+    calls: list[bool] = []
+    app = create_app(Settings(), engine)
+    app.state.on_ready = lambda: calls.append(engine.ready)
+    with TestClient(app) as c:
+        assert calls == []
+        c.portal.call(engine.start_gate.set)
+        for _ in range(100):
+            if c.get("/health").status_code == 200:
+                break
+        assert calls == [True]
+
+
 def test_models_lists_served_model_and_lora_adapters(engine: ScriptedEngine) -> None:
     settings = Settings()
     settings.engine.lora_modules = {"sql": "/adapters/sql"}
