@@ -46,9 +46,11 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_model_path(config: EngineConfig) -> tuple[str, bool]:
-    """(checkpoint folder, is it the embedded demo model)."""
+    """(checkpoint folder, is it the embedded demo model); a GGUF file is converted to a cached folder."""
     if config.model is not None:
-        return config.model, False
+        from runtime.models.gguf import resolve_gguf
+
+        return resolve_gguf(config.model, config.dtype), False
     try:
         from runtime.demo import demo_model_path
     except ImportError as exc:

