@@ -19,6 +19,10 @@ from runtime.demo import demo_model_path
 def build_engine(config: EngineConfig) -> Engine:
     """The engine for `config.backend`: "native" (our PyTorch runtime) or "trtllm" (TensorRT-LLM)."""
     if config.backend == "native":
+        if config.engine_process:
+            from runtime.process.client import EngineClient
+
+            return EngineClient(config)
         from runtime.llm_engine import NativeEngine
 
         return NativeEngine(config)

@@ -16,6 +16,7 @@ class EngineConfig:
     tokenizer: str | None = None  # tokenizer folder when it differs from `model`
     served_model_name: str | None = None  # default: the folder's name ("demo" for the demo model)
     backend: Literal["native", "trtllm"] = "native"
+    engine_process: bool = True  # native backend: run the engine core in its own process (off: in this one)
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     dtype: str = "auto"  # "auto" | "bfloat16" | "float16" | "float32"
     seed: int = 0

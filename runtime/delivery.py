@@ -1,7 +1,9 @@
-"""Hand-off of deltas from the engine's step thread to the event loops that wait for them.
+"""Hand-off of deltas from the engine's step thread to whoever waits for them.
 
-Each step the engine queues its deltas here; `flush` then makes ONE `loop.call_soon_threadsafe` per event
-loop, which puts them into the per-request asyncio queues read by `NativeEngine.generate_batches`.
+Each step the engine queues its deltas in an Outbox; `flush` then hands the step's batch over in one go:
+- `Outbox` (in-process): ONE `loop.call_soon_threadsafe` per event loop, which puts the deltas into the
+  per-request asyncio queues read by `read_batches`;
+- `runtime.process.core.SocketOutbox`: one message to the front-end process.
 Deltas of non-streamed requests are held until the request ends: one hand-off in all instead of one per step.
 """
 
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from runtime.request import OutputDelta
@@ -16,12 +19,14 @@ from runtime.request_state import RequestState
 
 END = object()  # queued after a request's last delta
 
+Pending = list[tuple[RequestState, list[OutputDelta], bool]]  # (request, its deltas, are they its last)
+
 
 class Outbox:
     """Deltas produced by the step thread, waiting for the next `flush`. Used by the step thread only."""
 
     def __init__(self) -> None:
-        self._items: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
+        self._pending: Pending = []
         self._held: dict[str, list[OutputDelta]] = {}  # deltas of non-streamed requests, until they end
 
     def emit(self, state: RequestState, deltas: list[OutputDelta], final: bool = False) -> None:
@@ -30,22 +35,29 @@ class Outbox:
         now = time.monotonic()
         for d in deltas:
             d.time = now
-        if state.loop is None:
-            return
         if not state.request.stream:
             held = self._held.setdefault(state.request_id, [])
             held.extend(deltas)
             if not final:
                 return
             deltas = self._held.pop(state.request_id)
-        items = self._items.setdefault(state.loop, [])  # type: ignore[arg-type]
-        items.extend((state.queue, d) for d in deltas)  # type: ignore[misc]
-        if final:
-            items.append((state.queue, END))  # type: ignore[arg-type]
+        self._pending.append((state, deltas, final))
 
     def flush(self) -> None:
-        """Hand everything queued so far to its event loop."""
-        items, self._items = self._items, {}
+        """Hand everything queued so far over."""
+        pending, self._pending = self._pending, []
+        self.send(pending)
+
+    def send(self, pending: Pending) -> None:
+        """In-process: into each request's asyncio queue, one call per event loop."""
+        items: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
+        for state, deltas, final in pending:
+            if state.loop is None or state.queue is None:  # driven without a consumer (unit tests)
+                continue
+            batch = items.setdefault(state.loop, [])
+            batch.extend((state.queue, d) for d in deltas)
+            if final:
+                batch.append((state.queue, END))
         for loop, batch in items.items():
             try:
                 loop.call_soon_threadsafe(_deliver, batch)
@@ -56,3 +68,19 @@ class Outbox:
 def _deliver(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
     for queue, item in items:
         queue.put_nowait(item)
+
+
+async def read_batches(queue: asyncio.Queue[Any]) -> AsyncIterator[list[OutputDelta]]:
+    """Every delta already queued, one list per wake-up, until END. An exception queued first is raised
+    (a request the engine refused after it was handed over)."""
+    while True:
+        batch = [await queue.get()]
+        while not queue.empty():
+            batch.append(queue.get_nowait())
+        if isinstance(batch[0], BaseException):
+            raise batch[0]
+        if batch[-1] is END:  # nothing is queued after END
+            if len(batch) > 1:
+                yield batch[:-1]
+            return
+        yield batch

@@ -22,7 +22,7 @@ import torch
 
 from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig
-from runtime.delivery import END, Outbox
+from runtime.delivery import Outbox, read_batches
 from runtime.device import cpu_thread_count, dtype_name, resolve_device, resolve_dtype
 from runtime.engine import Engine, EngineStats, ModelInfo, deltas_of
 from runtime.errors import EngineNotReadyError, InvalidRequestError, QueueFullError
@@ -58,37 +58,36 @@ def resolve_model_path(config: EngineConfig) -> tuple[str, bool]:
     return demo_model_path(), True
 
 
+def describe_model(config: EngineConfig) -> tuple[str, ModelSpec, torch.device, torch.dtype, ModelInfo]:
+    """(checkpoint folder, its spec, device, dtype, what the gateway is told) without loading weights."""
+    model_path, is_demo = resolve_model_path(config)
+    spec = ModelSpec.from_pretrained(model_path)
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device, spec.torch_dtype)
+    window = config.max_model_len or spec.max_position_embeddings
+    if window > spec.max_position_embeddings:
+        raise ValueError(
+            f"max_model_len {window} exceeds the model's max_position_embeddings ({spec.max_position_embeddings})"
+        )
+    name = config.served_model_name or ("demo" if is_demo else Path(model_path).name)
+    info = ModelInfo(name=name, context_window=window, vocab_size=spec.vocab_size, backend="native",
+                     dtype=dtype_name(dtype), device=str(device))
+    return model_path, spec, device, dtype, info
+
+
 class NativeEngine(Engine):
     """In-flight batching over a paged KV cache, in-process (see the module docstring)."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, outbox: Outbox | None = None) -> None:
         self.config = config
-        self.model_path, is_demo = resolve_model_path(config)
-        self.spec = ModelSpec.from_pretrained(self.model_path)
-        self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.device, self.spec.torch_dtype)
-        window = config.max_model_len or self.spec.max_position_embeddings
-        if window > self.spec.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len {window} exceeds the model's max_position_embeddings "
-                f"({self.spec.max_position_embeddings})"
-            )
-        name = config.served_model_name or ("demo" if is_demo else Path(self.model_path).name)
-        self.model_info = ModelInfo(
-            name=name,
-            context_window=window,
-            vocab_size=self.spec.vocab_size,
-            backend="native",
-            dtype=dtype_name(self.dtype),
-            device=str(self.device),
-        )
+        self.model_path, self.spec, self.device, self.dtype, self.model_info = describe_model(config)
         self._cond = threading.Condition()
         self._inbox: list[RequestState] = []  # guarded by _cond, like the three fields below
         self._aborts: list[str] = []
         self._active_ids: set[str] = set()
         self._num_waiting = 0  # scheduler's waiting requests as of the last step
         self._requests: dict[str, RequestState] = {}  # loop thread only
-        self.outbox = Outbox()
+        self.outbox = outbox or Outbox()  # the engine-core process passes one that sends to the front end
         self._thread: threading.Thread | None = None
         self._accepting = False
         self._stopping = False
@@ -207,26 +206,25 @@ class NativeEngine(Engine):
         """Every delta already queued for the request, in one list per wake-up (one or more steps')."""
         self._check_ready()  # preparing needs the loaded tokenizer
         prepared = await self._prepare.call(is_heavy(request), self._validate, request)
-        new_guide = None
-        if request.guided is not None:  # a new grammar takes up to seconds to compile: off the event loop
-            new_guide = await self._guides().guide_factory_async(request.guided)
-        state = self._submit(request, prepared, new_guide)
-        queue: asyncio.Queue[Any] = state.queue  # type: ignore[assignment]
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        await self.submit(request, prepared, queue)
         done = False
         try:
-            while True:
-                batch = [await queue.get()]
-                while not queue.empty():
-                    batch.append(queue.get_nowait())
-                if batch[-1] is END:  # nothing is queued after END
-                    done = True
-                    if len(batch) > 1:
-                        yield batch[:-1]
-                    return
+            async for batch in read_batches(queue):
                 yield batch
+            done = True
         finally:
             if not done:  # the consumer left early (client gone): free the request's blocks
                 self.abort(request.request_id)
+
+    async def submit(self, request: GenerationRequest, prepared: PreparedRequest,
+                     queue: asyncio.Queue[Any] | None = None) -> None:
+        """Hand a validated request to the step thread; its deltas go to `queue` (in-process) or wherever
+        this engine's outbox sends them. Raises the engine's refusals (queue full, grammar, adapter...)."""
+        new_guide = None
+        if request.guided is not None:  # a new grammar takes up to seconds to compile: off the event loop
+            new_guide = await self._guides().guide_factory_async(request.guided)
+        self._submit(request, prepared, new_guide, queue)
 
     def _check_ready(self) -> None:
         if not self.ready:
@@ -238,7 +236,7 @@ class NativeEngine(Engine):
                                 context_window=self.model_info.context_window, config=self.config)
 
     def _submit(self, request: GenerationRequest, prepared: PreparedRequest,
-                new_guide: Callable[[], GuideState] | None = None) -> RequestState:
+                new_guide: Callable[[], GuideState] | None, queue: asyncio.Queue[Any] | None) -> RequestState:
         self._check_ready()
         if self.config.scheduler_policy == "guaranteed_no_evict":
             fanout = max(request.sampling.n, request.sampling.beam_width)
@@ -257,8 +255,8 @@ class NativeEngine(Engine):
             eos_token_ids=self.eos_token_ids,
             context_window=self.model_info.context_window,
             device=self.device,
-            loop=asyncio.get_running_loop(),
-            queue=asyncio.Queue(),
+            loop=asyncio.get_running_loop() if queue is not None else None,
+            queue=queue,
             new_guide=new_guide,
         )
         with self._cond:

@@ -100,7 +100,8 @@ def one_slot_server(tiny_model_dir) -> Iterator[RunningServer]:
     """One running request at a time and one waiting: the third concurrent request overflows."""
     from tests.e2e.conftest import launch
 
-    srv = launch(tiny_model_dir, "native", max_batch_size=1, max_queue_size=1)
+    # in-process engine: the test slows its output processing down
+    srv = launch(tiny_model_dir, "native", max_batch_size=1, max_queue_size=1, engine_process=False)
     yield srv
     srv.stop()
 
@@ -150,12 +151,21 @@ def test_queue_full_is_429_with_retry_after_and_others_finish(one_slot_server: R
 POISON = "poison pill"
 
 
+@pytest.fixture(scope="module")
+def in_process_server(tiny_model_dir) -> Iterator[RunningServer]:
+    """The native engine in the gateway's process, where a test can wrap its methods."""
+    from tests.e2e.conftest import launch
+
+    srv = launch(tiny_model_dir, "native", engine_process=False)
+    yield srv
+    srv.stop()
+
+
 @pytest.fixture
-def poisoned(server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> RunningServer:
-    """Output processing raises at the third step of any request whose prompt holds POISON (native engine
-    only), so the failure comes after the first outputs: mid-stream for streams."""
-    if server.settings.engine.backend != "native":
-        pytest.skip("fault injection wraps a method of the native engine")
+def poisoned(in_process_server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> RunningServer:
+    """Output processing raises at the third step of any request whose prompt holds POISON, so the failure
+    comes after the first outputs: mid-stream for streams."""
+    server = in_process_server
     engine = server.engine
     original = engine._postprocess
     steps: dict[str, int] = {}

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, MODEL_NAME, free_port, wait_for
@@ -65,6 +66,7 @@ def test_sigterm_drains_streams_in_flight_then_exits_0(tiny_model_dir: Path, tmp
                   "--log-format", "json"], log_path)
     process.append(proc)
     wait_ready(url, proc)
+    (core,) = psutil.Process(proc.pid).children(recursive=True)  # the engine-core process
 
     results: list[dict] = []
     started = threading.Barrier(STREAMS + 1)
@@ -101,6 +103,7 @@ def test_sigterm_drains_streams_in_flight_then_exits_0(tiny_model_dir: Path, tmp
     for t in threads:
         t.join(120)
     assert proc.wait(60) == 0
+    assert not core.is_running()  # no process left behind
     assert len(results) == STREAMS
     for res in results:  # every accepted request completed in full
         assert res["done"] and res["usage"]["completion_tokens"] == MAX_TOKENS
@@ -131,9 +134,11 @@ sys.exit(main(sys.argv[1:]))
 
 def test_engine_death_turns_readiness_false_and_exits_nonzero(tiny_model_dir: Path, tmp_path: Path,
                                                               process: list[subprocess.Popen]) -> None:
+    """The in-process engine (--no-engine-process): its step loop dies."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = spawn(["-c", DYING_SERVER, *serve_args(tiny_model_dir, port)], tmp_path / "server.log")
+    proc = spawn(["-c", DYING_SERVER, *serve_args(tiny_model_dir, port), "--no-engine-process"],
+                 tmp_path / "server.log")
     process.append(proc)
     wait_ready(url, proc)
     ok = httpx.post(url + "/v1/completions", json={"model": MODEL_NAME, "prompt": "fine", "max_tokens": 2})
@@ -144,6 +149,27 @@ def test_engine_death_turns_readiness_false_and_exits_nonzero(tiny_model_dir: Pa
     assert proc.wait(30) == 1
     log = (tmp_path / "server.log").read_text()
     assert "engine loop died" in log and "fatal: the engine stopped serving" in log
+
+
+def test_a_killed_engine_core_ends_streams_with_an_error_and_the_server_exits_nonzero(
+        tiny_model_dir: Path, tmp_path: Path, process: list[subprocess.Popen]) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = spawn(["-m", "gateway", *serve_args(tiny_model_dir, port)], tmp_path / "server.log")
+    process.append(proc)
+    wait_ready(url, proc)
+    (core,) = psutil.Process(proc.pid).children(recursive=True)
+    body = {"model": MODEL_NAME, "prompt": "long", "max_tokens": 240, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+        core.kill()
+        rest = [line for line in lines if line]
+    assert rest[-1] == "data: [DONE]"
+    error = json.loads(rest[-2][6:])["error"]
+    assert "engine-core process exited unexpectedly" in error["message"]
+    assert proc.wait(30) == 1
+    assert "fatal: the engine stopped serving" in (tmp_path / "server.log").read_text()
 
 
 def test_drain_timeout_ends_streams_with_an_error_event_and_the_end_marker(tiny_model_dir: Path, tmp_path: Path,

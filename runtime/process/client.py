@@ -1,0 +1,303 @@
+"""EngineClient: the native engine run in its own process, seen from the front end as an Engine.
+
+    engine = EngineClient(config)      # what runtime.build_engine returns for backend "native"
+    await engine.start()               # spawns the engine-core process (runtime/process/core.py)
+
+Split (vLLM v1's): this process keeps HTTP, tokenization, chat templates and validation; the core process
+keeps the scheduler, KV blocks, model, sampler, LoRA and speculation, with a GIL of its own. They talk over
+two ZeroMQ ipc:// sockets with msgpack messages (runtime/process/messages.py): requests and aborts in, one
+message per engine step out. A receiver task puts each step's deltas into the per-request asyncio queues
+that `generate_batches` reads, as the in-process engine does.
+
+Failure contract: the core's exit is seen at once (a pidfd of it is watched by the event loop). Every
+request in flight then ends with an error delta, `ready` turns False (the gateway's watcher makes /health 503
+and the server exit non-zero). `shutdown` drains in the core, then waits for it to exit, killing it if needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import itertools
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from runtime.config import EngineConfig
+from runtime.delivery import END, read_batches
+from runtime.engine import Engine, EngineStats, deltas_of
+from runtime.errors import EngineFailedError, EngineNotReadyError, InvalidRequestError
+from runtime.llm_engine import describe_model
+from runtime.process.core import Addresses, CoreArgs
+from runtime.process.messages import (
+    Abort, AddRequest, LoraCall, LoraReply, Ready, Rejected, Shutdown, StartFailed, StepOutputs, ToCore, encoder,
+    rebuild_error, to_front_end,
+)
+from runtime.request import GenerationRequest, OutputDelta
+from runtime.tokenizer import Tokenizer
+from runtime.validation import PreparedRequest, validate_request
+from runtime.workers import WorkerPool, is_heavy
+
+logger = logging.getLogger(__name__)
+
+EXIT_GRACE = 30.0  # s the core may take to exit after draining, before it is killed
+
+
+class EngineClient(Engine):
+    """The front end's handle on the engine-core process (see the module docstring)."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.model_path, self.spec, _, _, self.model_info = describe_model(config)
+        self._stats = EngineStats(max_batch_size=config.max_batch_size, max_num_tokens=config.max_num_tokens)
+        self._adapters: dict[str, str] | None = None  # the core's, once it is ready
+        self._queues: dict[str, tuple[asyncio.Queue[Any], int]] = {}  # request id -> (its deltas, samples)
+        self._lora_calls: dict[int, asyncio.Future[None]] = {}
+        self._call_ids = itertools.count()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._exit_fd: int | None = None
+        self._folder: str | None = None
+        self._sender: zmq.Socket | None = None
+        self._receiver: zmq.asyncio.Socket | None = None
+        self._receiving: asyncio.Task[None] | None = None
+        self._accepting = False
+        self._stopping = False
+        self._failure: str | None = None
+        self._prepare = WorkerPool("prepare")  # tokenizing large prompts and bad words, off the event loop
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._process is not None:
+            return
+        self.tokenizer = await asyncio.to_thread(Tokenizer.from_pretrained, self.config.tokenizer or self.model_path)
+        self._folder = tempfile.mkdtemp(prefix="trtllm-gateway-")
+        addresses = Addresses(f"ipc://{self._folder}/to-core", f"ipc://{self._folder}/to-front-end")
+        self._sender = zmq.Context.instance().socket(zmq.PUSH)
+        self._sender.setsockopt(zmq.SNDHWM, 0)  # never drop or block: the core's death is watched instead
+        self._sender.bind(addresses.to_core)
+        self._receiver = zmq.asyncio.Context.instance().socket(zmq.PULL)
+        self._receiver.setsockopt(zmq.RCVHWM, 0)
+        self._receiver.bind(addresses.to_front_end)
+        # a fresh interpreter: no copy of this process's threads, sockets or CUDA state, no re-import of __main__
+        args = CoreArgs(self.config, addresses, os.getpid(), logging.getLogger().getEffectiveLevel())
+        self._process = subprocess.Popen([sys.executable, "-m", "runtime.process.core"], stdin=subprocess.PIPE,
+                                         env=_with_our_packages(os.environ))
+        assert self._process.stdin is not None
+        self._process.stdin.write(msgspec.msgpack.encode(args))
+        self._process.stdin.close()
+        atexit.register(self._kill)  # a front end that exits without shutdown() leaves no core behind
+        self._exit_fd = os.pidfd_open(self._process.pid)  # readable once the core has exited
+        asyncio.get_running_loop().add_reader(self._exit_fd, self._on_core_exit)
+        try:
+            ready = await self._first_message()
+        except BaseException:
+            self._stopping = True
+            self._kill()
+            raise
+        self._adapters, self._stats = ready.adapters, ready.stats
+        self._receiving = asyncio.create_task(self._receive())
+        self._accepting = True
+        logger.info("engine core running in process %d", self._process.pid)
+
+    async def _first_message(self) -> Ready:
+        assert self._receiver is not None
+        while True:
+            if await self._receiver.poll(200):
+                msg = to_front_end.decode(await self._receiver.recv())
+                if isinstance(msg, StartFailed):
+                    raise EngineFailedError(f"the engine core failed to start: {msg.error}")
+                assert isinstance(msg, Ready), msg
+                return msg
+            if self._failure is not None:
+                raise EngineFailedError(self._failure)
+
+    async def shutdown(self, drain_timeout: float = 0.0) -> None:
+        self._accepting = False
+        process = self._process
+        if process is None or self._stopping:
+            return
+        self._stopping = True
+        if process.poll() is None:
+            self._send(Shutdown(drain_timeout))
+            try:
+                await asyncio.to_thread(process.wait, drain_timeout + EXIT_GRACE)
+            except subprocess.TimeoutExpired:
+                pass  # killed below
+        self._kill()
+        await self._drain_messages()  # the core's last deltas (aborts of what did not finish in time)
+        self._fail_in_flight("EngineNotReadyError: the engine shut down")
+        self._close()
+
+    def _kill(self) -> None:
+        process = self._process
+        if process is not None and process.poll() is None:
+            logger.warning("killing the engine-core process %d", process.pid)
+            process.kill()
+            process.wait(5)
+
+    def _close(self) -> None:
+        if self._exit_fd is not None:
+            asyncio.get_running_loop().remove_reader(self._exit_fd)
+            os.close(self._exit_fd)
+            self._exit_fd = None
+        if self._receiving is not None:
+            self._receiving.cancel()
+        for socket in (self._sender, self._receiver):
+            if socket is not None:
+                socket.close(linger=0)
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
+        self._prepare.shutdown()
+
+    @property
+    def ready(self) -> bool:
+        return self._accepting and self._failure is None
+
+    def _on_core_exit(self) -> None:
+        assert self._process is not None and self._exit_fd is not None
+        asyncio.get_running_loop().remove_reader(self._exit_fd)
+        if self._stopping:
+            return
+        code = self._process.wait()
+        self._failure = f"the engine-core process exited unexpectedly (exit code {code})"
+        logger.error("%s; failing the requests in flight", self._failure)
+        self._fail_in_flight(f"EngineFailedError: {self._failure}")
+        for future in self._lora_calls.values():
+            if not future.done():
+                future.set_exception(EngineFailedError(self._failure))
+
+    def _fail_in_flight(self, error: str) -> None:
+        queues, self._queues = self._queues, {}
+        for request_id, (queue, samples) in queues.items():
+            for index in range(samples):
+                queue.put_nowait(OutputDelta(request_id=request_id, index=index, finish_reason="error", error=error))
+            queue.put_nowait(END)
+
+    # ---- messages -----------------------------------------------------------------------------
+    def _send(self, msg: ToCore | bytes) -> None:
+        assert self._sender is not None
+        self._sender.send(msg if isinstance(msg, bytes) else encoder.encode(msg), zmq.NOBLOCK, copy=False)
+
+    async def _receive(self) -> None:
+        assert self._receiver is not None
+        while True:
+            self._dispatch(to_front_end.decode(await self._receiver.recv()))
+
+    async def _drain_messages(self) -> None:
+        """Dispatch what the core sent before it exited (after `_receive` stopped or never ran)."""
+        assert self._receiver is not None
+        if self._receiving is not None:
+            self._receiving.cancel()
+            self._receiving = None
+        while await self._receiver.poll(0):
+            self._dispatch(to_front_end.decode(await self._receiver.recv()))
+
+    def _dispatch(self, msg: Any) -> None:
+        if isinstance(msg, StepOutputs):
+            for request_id, deltas, final in msg.deltas:
+                entry = self._queues.get(request_id)
+                if entry is None:  # its caller is gone (aborted)
+                    continue
+                queue = entry[0]
+                for delta in deltas:
+                    queue.put_nowait(delta)
+                if final:
+                    queue.put_nowait(END)
+                    del self._queues[request_id]
+            if msg.stats is not None:
+                self._stats = msg.stats
+        elif isinstance(msg, Rejected):
+            entry = self._queues.pop(msg.request_id, None)
+            if entry is not None:
+                entry[0].put_nowait(rebuild_error(msg.error))
+        elif isinstance(msg, LoraReply):
+            self._adapters = msg.adapters
+            future = self._lora_calls.pop(msg.call_id, None)
+            if future is not None and not future.done():
+                if msg.error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(rebuild_error(msg.error))
+
+    # ---- requests -----------------------------------------------------------------------------
+    def generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
+        return deltas_of(self.generate_batches(request))
+
+    async def generate_batches(self, request: GenerationRequest) -> AsyncIterator[list[OutputDelta]]:
+        """Every delta already received for the request, in one list per wake-up (one or more steps')."""
+        self._check_ready()
+        prepared = await self._prepare.call(is_heavy(request), self._validate, request)
+        self._check_ready()
+        request_id = request.request_id
+        if request_id in self._queues:
+            raise InvalidRequestError(f"request_id {request_id!r} is already running", param="request_id")
+        try:
+            message = encoder.encode(AddRequest(request, prepared.prompt_token_ids, prepared.max_tokens,
+                                                prepared.bad_words_ids))
+        except OverflowError as exc:  # an option the engine ignores, holding a number past 64 bits
+            raise InvalidRequestError(f"A number in the request is out of range: {exc}") from exc
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._queues[request_id] = (queue, request.sampling.n)
+        self._send(message)
+        done = False
+        try:
+            async for batch in read_batches(queue):
+                yield batch
+            done = True
+        finally:
+            if not done:  # the consumer left early (client gone) or the core refused it
+                self._queues.pop(request_id, None)
+                self.abort(request_id)
+
+    def _check_ready(self) -> None:
+        if self._failure is not None:
+            raise EngineNotReadyError(f"The engine is not serving: {self._failure}")
+        if not self.ready:
+            raise EngineNotReadyError(f"The engine is {'shutting down' if self._process else 'not started'}")
+
+    def _validate(self, request: GenerationRequest) -> PreparedRequest:
+        return validate_request(request, tokenizer=self.tokenizer, vocab_size=self.spec.vocab_size,
+                                context_window=self.model_info.context_window, config=self.config)
+
+    def abort(self, request_id: str) -> None:
+        if self._process is not None and self._failure is None and not self._stopping:
+            self._send(Abort([request_id]))
+
+    def stats(self) -> EngineStats:
+        return EngineStats(**{**self._stats.__dict__, "memory_bytes": dict(self._stats.memory_bytes)})
+
+    # ---- LoRA adapters --------------------------------------------------------------------------
+    def lora_adapters(self) -> dict[str, str] | None:
+        return dict(self._adapters) if self._adapters is not None else dict(self.config.lora_modules)
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        await self._lora_call(name, path)
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        await self._lora_call(name, None)
+
+    async def _lora_call(self, name: str, path: str | None) -> None:
+        self._check_ready()
+        call_id = next(self._call_ids)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._lora_calls[call_id] = future
+        self._send(LoraCall(call_id, name, path))
+        await future
+
+
+def _with_our_packages(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` with the folder holding `runtime` first on PYTHONPATH (the core runs `-m runtime.process.core`
+    from whatever working directory the front end has)."""
+    root = str(Path(__file__).resolve().parents[2])
+    paths = [root, *filter(None, environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}

@@ -1,0 +1,213 @@
+"""The engine-core process: a NativeEngine driven by messages from the front end (runtime/process/client.py).
+
+    python -m runtime.process.core < CoreArgs as msgpack    # started by EngineClient, not by hand
+
+The front end has already tokenized and validated each request; here a request is only handed to the step
+thread (after its grammar compiles, when it has one). The step thread sends each step's deltas itself
+(SocketOutbox), so per step there is one message and no hop through this process's event loop. This loop
+sends the rest on its own socket: Ready/StartFailed, refusals and LoRA replies.
+
+Signals: SIGINT and SIGTERM are ignored. The front end drains first and then sends Shutdown; Ctrl-C or a
+group-wide SIGTERM reaches both processes, and the core must keep serving while the front end drains. If the
+front end dies anyway, the core notices that its parent is gone within PARENT_POLL s and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from runtime.config import EngineConfig
+from runtime.delivery import Outbox, Pending
+from runtime.engine import EngineStats
+from runtime.llm_engine import NativeEngine
+from runtime.process.messages import (
+    STATS_PERIOD, Abort, AddRequest, LoraCall, LoraReply, Ready, Rejected, Shutdown, StartFailed, StepOutputs,
+    encoder, error_info, to_core,
+)
+from runtime.validation import PreparedRequest
+
+logger = logging.getLogger(__name__)
+
+PARENT_POLL = 0.5  # s between checks that the front end is still alive
+LINGER_MS = 5000  # how long the last messages may take to leave when the core exits
+
+
+@dataclass(frozen=True)
+class Addresses:
+    """ZeroMQ endpoints, bound by the front end."""
+
+    to_core: str  # requests, aborts, LoRA calls, shutdown
+    to_front_end: str  # step outputs and replies
+
+
+@dataclass(frozen=True)
+class CoreArgs:
+    """What the front end hands the core on its stdin."""
+
+    config: EngineConfig
+    addresses: Addresses
+    parent_pid: int
+    log_level: int
+
+
+class SocketOutbox(Outbox):
+    """Sends each step's deltas to the front end in one message, with the engine's stats at most every
+    STATS_PERIOD s (and whenever a request ends, so the front end's view is exact when idle)."""
+
+    def __init__(self, socket: zmq.Socket, stats: Callable[[], EngineStats]) -> None:
+        super().__init__()
+        self._socket = socket
+        self._stats = stats
+        self._stats_sent = 0.0
+
+    def send(self, pending: Pending) -> None:
+        now = time.monotonic()
+        stats = None
+        if now - self._stats_sent >= STATS_PERIOD or any(final for _, _, final in pending):
+            stats, self._stats_sent = self._stats(), now
+        if pending or stats is not None:
+            deltas = [(state.request_id, ds, final) for state, ds, final in pending]
+            self._socket.send(encoder.encode(StepOutputs(deltas, stats)), copy=False)
+
+
+class CoreServer:
+    """Receives the front end's messages and drives the engine; sends its control replies."""
+
+    def __init__(self, config: EngineConfig, addresses: Addresses) -> None:
+        self._context = zmq.asyncio.Context()
+        self._inbox = self._context.socket(zmq.PULL)
+        self._inbox.connect(addresses.to_core)
+        self._control = self._context.socket(zmq.PUSH)
+        self._control.connect(addresses.to_front_end)
+        # the step thread's own socket (a zmq socket belongs to one thread)
+        self._step_context = zmq.Context()
+        self._outputs = self._step_context.socket(zmq.PUSH)
+        self._outputs.connect(addresses.to_front_end)
+        self.engine = NativeEngine(config, outbox=SocketOutbox(self._outputs, lambda: self.engine.stats()))
+        self._adding: set[str] = set()  # requests whose grammar is compiling
+        self._aborted_while_adding: set[str] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    async def serve(self) -> int:
+        """Start the engine, then serve until Shutdown (0) or the engine dies (1)."""
+        try:
+            await self.engine.start()
+        except Exception as exc:  # noqa: BLE001 - the front end reports it
+            logger.exception("engine failed to start")
+            await self._control.send(encoder.encode(StartFailed(f"{type(exc).__name__}: {exc}")))
+            return 1
+        await self._control.send(encoder.encode(Ready(self.engine.lora_adapters() or {}, self.engine.stats())))
+        watcher = asyncio.create_task(self._watch_engine())
+        receiver = asyncio.create_task(self._receive())
+        done, _ = await asyncio.wait({watcher, receiver}, return_when=asyncio.FIRST_COMPLETED)
+        watcher.cancel()
+        receiver.cancel()
+        if receiver in done:
+            receiver.result()  # a broken message loop fails loudly
+            return 0
+        return 1
+
+    async def _receive(self) -> None:
+        while True:
+            msg = to_core.decode(await self._inbox.recv())
+            if isinstance(msg, AddRequest):
+                self._spawn(self._add(msg))
+            elif isinstance(msg, Abort):
+                for request_id in msg.request_ids:
+                    if request_id in self._adding:
+                        self._aborted_while_adding.add(request_id)
+                    self.engine.abort(request_id)
+            elif isinstance(msg, LoraCall):
+                self._spawn(self._lora(msg))
+            elif isinstance(msg, Shutdown):
+                self._stopping = True
+                await asyncio.gather(*self._tasks)  # requests handed over before the shutdown are served
+                await self.engine.shutdown(msg.drain_timeout)
+                return
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _add(self, msg: AddRequest) -> None:
+        request_id = msg.request.request_id
+        self._adding.add(request_id)
+        try:
+            prepared = PreparedRequest(msg.prompt_token_ids, msg.max_tokens, msg.bad_words_ids)
+            await self.engine.submit(msg.request, prepared)
+        except Exception as exc:  # noqa: BLE001 - every refusal goes back to its caller
+            await self._control.send(encoder.encode(Rejected(request_id, error_info(exc))))
+            return
+        finally:
+            self._adding.discard(request_id)
+        if request_id in self._aborted_while_adding:  # the caller left while its grammar compiled
+            self._aborted_while_adding.discard(request_id)
+            self.engine.abort(request_id)
+
+    async def _lora(self, msg: LoraCall) -> None:
+        error = None
+        try:
+            if msg.path is None:
+                await self.engine.unload_lora_adapter(msg.name)
+            else:
+                await self.engine.load_lora_adapter(msg.name, msg.path)
+        except Exception as exc:  # noqa: BLE001
+            error = error_info(exc)
+        reply = LoraReply(msg.call_id, self.engine.lora_adapters() or {}, error)
+        await self._control.send(encoder.encode(reply))
+
+    async def _watch_engine(self) -> None:
+        """Return when the engine stops serving without having been told to (its step loop died)."""
+        while self._stopping or self.engine.ready:
+            await asyncio.sleep(0.1)
+        logger.error("the engine's step loop died; the engine-core process exits")
+
+    def close(self) -> None:
+        self._outputs.close(linger=LINGER_MS)
+        self._control.close(linger=LINGER_MS)
+        self._inbox.close(linger=0)
+        self._step_context.term()
+        self._context.term()
+
+
+def _exit_when_orphaned(parent_pid: int) -> None:
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL)
+        logger.error("the front-end process is gone; the engine-core process exits")
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def main() -> int:
+    """Entry point of the engine-core process (see the module docstring); non-zero on failure."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    args = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=CoreArgs)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s engine-core %(name)s: %(message)s")
+    _exit_when_orphaned(args.parent_pid)
+    server = CoreServer(args.config, args.addresses)
+    try:
+        return asyncio.run(server.serve())
+    finally:
+        server.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""What the front end and the engine-core process say to each other, and how it is encoded (msgpack).
+
+Front end -> core: `AddRequest` (a request already tokenized and validated by the front end), `Abort`,
+`LoraCall` (load/unload an adapter), `Shutdown`.
+Core -> front end: `Ready` (or `StartFailed`) once, then `StepOutputs` (one per engine step that produced
+anything: every request's new deltas, and the engine's stats at most every STATS_PERIOD s), `Rejected` (a
+request the core refused after it was handed over: queue full, grammar, adapter), `LoraReply`.
+
+The request/delta dataclasses of runtime.request travel as they are (msgspec encodes dataclasses); tensors
+(context/generation logits) and numpy arrays (Triton LoRA weights) travel as msgpack extensions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+import numpy as np
+import torch
+
+from runtime import errors
+from runtime.engine import EngineStats
+from runtime.request import GenerationRequest, OutputDelta
+
+STATS_PERIOD = 0.05  # s between stats updates while the core is busy
+_TENSOR, _NDARRAY = 1, 2  # msgpack extension codes
+
+
+class ErrorInfo(msgspec.Struct):
+    """A runtime.errors exception: its class name, message and attributes (param, ...)."""
+
+    type: str
+    message: str
+    attrs: dict[str, Any] = {}
+
+
+class AddRequest(msgspec.Struct, tag="add"):
+    request: GenerationRequest
+    prompt_token_ids: list[int]
+    max_tokens: int
+    bad_words_ids: list[list[int]]
+
+
+class Abort(msgspec.Struct, tag="abort"):
+    request_ids: list[str]
+
+
+class LoraCall(msgspec.Struct, tag="lora"):
+    call_id: int
+    name: str
+    path: str | None  # None: unload
+
+
+class Shutdown(msgspec.Struct, tag="shutdown"):
+    drain_timeout: float
+
+
+class Ready(msgspec.Struct, tag="ready"):
+    adapters: dict[str, str]
+    stats: EngineStats
+
+
+class StartFailed(msgspec.Struct, tag="start_failed"):
+    error: str
+
+
+class StepOutputs(msgspec.Struct, tag="out"):
+    deltas: list[tuple[str, list[OutputDelta], bool]]  # (request id, its new deltas, are they its last)
+    stats: EngineStats | None
+
+
+class Rejected(msgspec.Struct, tag="rejected"):
+    request_id: str
+    error: ErrorInfo
+
+
+class LoraReply(msgspec.Struct, tag="lora_reply"):
+    call_id: int
+    adapters: dict[str, str]
+    error: ErrorInfo | None = None
+
+
+ToCore = Union[AddRequest, Abort, LoraCall, Shutdown]
+ToFrontEnd = Union[Ready, StartFailed, StepOutputs, Rejected, LoraReply]
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        dtype, raw = str(t.dtype).removeprefix("torch."), t.view(torch.uint8).numpy().tobytes()
+        return msgspec.msgpack.Ext(_TENSOR, _with_header(dtype, t.shape, raw))
+    if isinstance(obj, np.ndarray):
+        a = np.ascontiguousarray(obj)
+        return msgspec.msgpack.Ext(_NDARRAY, _with_header(a.dtype.str, a.shape, a.tobytes()))
+    raise NotImplementedError(f"cannot send a {type(obj).__name__} to the other process")
+
+
+def _with_header(dtype: str, shape: Any, raw: bytes) -> bytes:
+    """[header length: 2 bytes][msgpack (dtype, shape)][raw bytes]."""
+    header = msgspec.msgpack.encode((dtype, list(shape)))
+    return len(header).to_bytes(2, "little") + header + raw
+
+
+_header = msgspec.msgpack.Decoder(tuple[str, list[int]])
+
+
+def _ext_hook(code: int, data: memoryview) -> Any:
+    size = int.from_bytes(data[:2], "little")
+    dtype, shape = _header.decode(data[2 : 2 + size])
+    raw = data[2 + size :]
+    if code == _TENSOR:
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
+    if code == _NDARRAY:
+        return np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
+    raise ValueError(f"unknown msgpack extension {code}")
+
+
+def error_info(exc: BaseException) -> ErrorInfo:
+    """`exc` as sent over: its nearest class of runtime.errors (which says the status), message and simple
+    attributes. Anything that is no EngineError is an EngineFailedError."""
+    name = next((c.__name__ for c in type(exc).__mro__ if getattr(errors, c.__name__, None) is c
+                 and issubclass(c, errors.EngineError)), "EngineFailedError")
+    message = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+    attrs = {k: v for k, v in vars(exc).items() if k != "message" and isinstance(v, (str, int, float, type(None)))}
+    return ErrorInfo(name, message, attrs)
+
+
+def rebuild_error(info: ErrorInfo) -> errors.EngineError:
+    """The exception `info` describes, of its original class (EngineFailedError when unknown)."""
+    cls = getattr(errors, info.type, errors.EngineFailedError)
+    if not (isinstance(cls, type) and issubclass(cls, errors.EngineError)):
+        cls = errors.EngineFailedError
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, info.message)
+    exc.message = info.message
+    vars(exc).update(info.attrs)
+    return exc
+
+
+encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
+to_core = msgspec.msgpack.Decoder(ToCore, ext_hook=_ext_hook)
+to_front_end = msgspec.msgpack.Decoder(ToFrontEnd, ext_hook=_ext_hook)

@@ -1,0 +1,178 @@
+"""The engine core in its own process (runtime/process): same outputs as in-process, and the failure contract.
+
+Each test starts a real core process over the tiny model; outputs are compared with NativeEngine's in this
+process for the same requests (greedy, so they must be equal token for token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from runtime import build_engine
+from runtime.config import EngineConfig
+from runtime.engine import Engine
+from runtime.errors import EngineNotReadyError, InvalidRequestError, QueueFullError
+from runtime.process.client import EngineClient
+from runtime.request import GuidedDecoding
+from tests.engine_harness import Collected, collect, request, wait_for
+from tests.tiny_models import build_tiny_model
+
+ENGINE = dict(device="cpu", dtype="float32", kv_block_size=4, max_kv_tokens=1024, max_batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("process"), "llama")
+
+
+@asynccontextmanager
+async def started(checkpoint: Path, engine_process: bool, **options: Any) -> AsyncIterator[Engine]:
+    engine = build_engine(EngineConfig(model=str(checkpoint), engine_process=engine_process, **{**ENGINE, **options}))
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.shutdown()
+
+
+def core_of(engine: Engine) -> psutil.Process:
+    assert isinstance(engine, EngineClient) and engine._process is not None
+    return psutil.Process(engine._process.pid)
+
+
+MIXED = [  # joins at different times, a stop string, n > 1, a grammar, an early abort
+    (0.0, request("plain", [5, 6, 7, 8], 12)),
+    (0.0, request("stop", [9, 10, 11], 16, stop=["e"], ignore_eos=False)),
+    (0.01, request("n3", [12, 13], 6, n=3, temperature=0.0)),
+    (0.02, request("logprobs", [14, 15, 16, 17, 18], 8, logprobs=2, prompt_logprobs=1)),
+]
+
+
+async def run_mixed(engine: Engine) -> dict[str, Collected]:
+    guided = request("guided", [20, 21], 24, ignore_eos=False)
+    guided.guided = GuidedDecoding(regex="[ab]{3}")
+
+    async def later(delay: float, req: Any) -> Collected:
+        await asyncio.sleep(delay)
+        return await collect(engine, req)
+
+    async def aborted() -> None:  # leaves after its second delta: the core must drop it
+        deltas = 0
+        async for _ in engine.generate(request("aborted", [3, 4], 40)):
+            deltas += 1
+            if deltas == 2:
+                break
+
+    results = await asyncio.gather(*(later(d, r) for d, r in MIXED), later(0.0, guided), aborted())
+    return dict(zip([r.request_id for _, r in MIXED] + ["guided"], results[:-1]))
+
+
+def summary(out: Collected) -> tuple[Any, ...]:
+    logprobs = [(lp.token_id, round(lp.logprob, 4)) for d in out.deltas for lp in d.logprobs or []]
+    return out.tokens, out.text, out.finish, out.stop_reason, out.usage, logprobs
+
+
+async def test_outputs_equal_in_process_and_split(checkpoint: Path) -> None:
+    async with started(checkpoint, engine_process=False) as local:
+        want = await run_mixed(local)
+    async with started(checkpoint, engine_process=True) as split:
+        got = await run_mixed(split)
+        await wait_for(lambda: split.stats().kv_blocks_used == 0 and split.stats().running == 0)
+    assert {k: summary(v) for k, v in got.items()} == {k: summary(v) for k, v in want.items()}
+    assert got["guided"].finish[0] == "stop" and len(got["guided"].text[0]) == 3
+
+
+async def test_refusals_keep_their_type_and_field(checkpoint: Path) -> None:
+    async with started(checkpoint, engine_process=True, max_queue_size=0) as engine:
+        with pytest.raises(QueueFullError):  # refused in the core, after the hand-over
+            await collect(engine, request("full", [1, 2], 4))
+    async with started(checkpoint, engine_process=True) as engine:
+        too_big = request("grammar", [1, 2], 4)
+        too_big.guided = GuidedDecoding(json_schema={"enum": ["x" * 300]}, param="response_format")
+        with pytest.raises(InvalidRequestError) as err:
+            await collect(engine, too_big)
+        assert err.value.param == "response_format"
+        with pytest.raises(InvalidRequestError) as err:  # validated in the front end
+            await collect(engine, request("long", [1] * 5000, 4))
+        assert err.value.param == "max_tokens"
+        assert (await collect(engine, request("after", [1, 2], 3))).finish == {0: "length"}
+
+
+async def test_a_killed_core_fails_requests_in_flight_and_turns_not_ready(checkpoint: Path) -> None:
+    async with started(checkpoint, engine_process=True) as engine:
+        first = asyncio.Event()
+        stream = asyncio.create_task(collect(engine, request("long", [1, 2], 200), started=first))
+        await first.wait()
+        core_of(engine).kill()
+        out = await asyncio.wait_for(stream, 30)
+        assert out.finish == {0: "error"}
+        assert "engine-core process exited unexpectedly" in (out.deltas[-1].error or "")
+        assert not engine.ready
+        with pytest.raises(EngineNotReadyError):
+            await collect(engine, request("next", [1], 2))
+
+
+async def test_shutdown_drains_then_the_core_exits(checkpoint: Path) -> None:
+    engine = build_engine(EngineConfig(model=str(checkpoint), **ENGINE))
+    await engine.start()
+    running = asyncio.create_task(collect(engine, request("draining", [1, 2], 20)))
+    await asyncio.sleep(0)  # handed over before the shutdown begins
+    await engine.shutdown(drain_timeout=60)
+    assert (await running).finish == {0: "length"}
+    assert isinstance(engine, EngineClient) and engine._process is not None
+    assert engine._process.returncode == 0
+
+
+FRONT_END = """
+import asyncio, sys
+from runtime import build_engine
+from runtime.config import EngineConfig
+async def main():
+    engine = build_engine(EngineConfig(model=sys.argv[1], device="cpu", dtype="float32", max_kv_tokens=256))
+    await engine.start()
+    print(engine._process.pid, flush=True)
+    await asyncio.sleep(600)
+asyncio.run(main())
+"""
+
+
+def test_the_core_exits_when_its_front_end_is_killed(checkpoint: Path, tmp_path: Path) -> None:
+    script = tmp_path / "front_end.py"
+    script.write_text(textwrap.dedent(FRONT_END))
+    root = str(Path(__file__).resolve().parents[2])
+    front = subprocess.Popen([sys.executable, str(script), str(checkpoint)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": root})
+    try:
+        assert front.stdout is not None
+        core = psutil.Process(int(front.stdout.readline()))
+        front.send_signal(signal.SIGKILL)
+        front.wait(10)
+        core.wait(30)  # psutil.TimeoutExpired if it stays
+    finally:
+        front.kill()
+
+
+async def test_lora_calls_reach_the_core_and_errors_come_back(checkpoint: Path, tmp_path: Path) -> None:
+    async with started(checkpoint, engine_process=True) as engine:
+        with pytest.raises(InvalidRequestError):
+            await engine.load_lora_adapter("missing", str(tmp_path / "no-such-adapter"))
+        assert engine.lora_adapters() == {}
+
+
+def test_time_is_comparable_across_processes() -> None:
+    """Deadlines and delta times are time.monotonic() values taken in the other process."""
+    other = float(subprocess.check_output([sys.executable, "-c", "import time; print(time.monotonic())"]))
+    assert abs(other - time.monotonic()) < 5
