@@ -13,6 +13,8 @@ in DIR/gpu_bench.json even when a later one fails:
               graphed decode step, TTFT of a 1024-token prompt, 256 x 128/128 throughput, 64 closed-loop
               streams (with event-loop lag), and a torch.profiler summary of a batch-256 window
   http        our gateway over HTTP, 64 concurrent streams (benchmarks/serve.py), vs the engine at 64
+  http_in_process  the same with --no-engine-process (the engine in the HTTP server's process)
+  http_batch  our gateway over HTTP, 256 concurrent streams, vs the engine's 256-request throughput
   tserve      `transformers serve --continuous-batching` over HTTP, same load
 A phase that raises is recorded (its traceback in the JSON and on stderr), the later phases still run,
 and the run exits 1 at the end. --smoke runs every phase on a tiny model with tiny loads (SMOKE below);
@@ -286,9 +288,9 @@ _HOST_FUNCTIONS = {"step", "schedule", "_run_batch", "_step_input", "sampling_ro
 
 
 def http_phase(command: list[str], label: str, folder: Path, out: Path, *, tserve: bool, ready: str,
-               sizes: Sizes = FULL) -> dict[str, Any]:
-    """64 concurrent streams of 128 in / 128 out through an HTTP server started with `command`; raises
-    (with the server's log tail) when the server or the load fails."""
+               sizes: Sizes = FULL, streams: int | None = None) -> dict[str, Any]:
+    """`streams` (default sizes.streams) concurrent streams of 128 in / 128 out through an HTTP server started
+    with `command`; raises (with the server's log tail) when the server or the load fails."""
     from benchmarks.procs import Server, run_load_generator
 
     log = out / f"{label}.log"
@@ -297,6 +299,7 @@ def http_phase(command: list[str], label: str, folder: Path, out: Path, *, tserv
     try:
         server.wait_ready(timeout=240)
         s = sizes
+        concurrency = streams or s.streams
         if tserve:  # exact lengths through a per-request generation_config (it rejects unknown fields)
             gen = {"do_sample": False, "min_new_tokens": s.output, "max_new_tokens": s.output}
             extra = ["--no-ignore-eos", "--model", str(folder), "--extra-body",
@@ -304,9 +307,9 @@ def http_phase(command: list[str], label: str, folder: Path, out: Path, *, tserv
         else:
             extra = ["--extra-body", json.dumps({"temperature": 0})]
         argv = ["--base-url", server.base_url, "--api", "completions", "--tokenizer", str(folder),
-                "--concurrency", str(s.streams), "--num-prompts", str(s.batch), "--input-mean", str(s.prompt),
+                "--concurrency", str(concurrency), "--num-prompts", str(max(s.batch, concurrency)), "--input-mean", str(s.prompt),
                 "--input-std", "0", "--output-mean", str(s.output), "--output-std", "0", "--duration", str(s.http_s),
-                "--warmup", str(s.streams)] + extra
+                "--warmup", str(concurrency)] + extra
         summary = run_load_generator(argv, timeout=300)["points"][0]["summary"]
         if not summary["completed"] or summary["failed"]:
             raise RuntimeError(f"{summary['failed']} of {summary['completed'] + summary['failed']} requests failed")
@@ -377,12 +380,17 @@ def main(argv: list[str] | None = None) -> int:
     phase("hf", lambda: gm.hf_generate(big, torch.bfloat16, s.hf_batch1_tokens, s.streams, s.prompt, s.output, device))
     phase("engine", lambda: asyncio.run(engine_phase(big, out, "profile" not in skip, device, s)))
     py = sys.executable
-    phase("http", lambda: http_phase(
-        [py, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--model", str(big),
-         "--device", device,
-         "--dtype", "bfloat16", "--max-batch-size", str(s.streams), "--max-model-len", str(s.max_model_len),
-         "--kv-cache-fraction", "0.3", "--no-enable-prefix-caching", "--log-level", "info"],
-        "gateway", big, out, tserve=False, ready="/health", sizes=s))
+
+    def gateway(label: str, streams: int, *extra: str) -> dict[str, Any]:
+        command = [py, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--model", str(big),
+                   "--device", device, "--dtype", "bfloat16", "--max-batch-size", str(streams),
+                   "--max-model-len", str(s.max_model_len), "--kv-cache-fraction", "0.3",
+                   "--no-enable-prefix-caching", "--log-level", "info", *extra]
+        return http_phase(command, label, big, out, tserve=False, ready="/health", sizes=s, streams=streams)
+
+    phase("http", lambda: gateway("gateway", s.streams))  # the engine core in its own process (the default)
+    phase("http_in_process", lambda: gateway("gateway-in-process", s.streams, "--no-engine-process"))
+    phase("http_batch", lambda: gateway("gateway-batch", s.batch))
     phase("tserve", lambda: http_phase(
         ["transformers", "serve", "--continuous-batching", "--device", device, "--dtype", "bfloat16",
          "--host", "127.0.0.1", "--port", "{port}", str(big)], "tserve", big, out, tserve=True, ready="/health",
@@ -417,6 +425,8 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
         "decode_b1_itl_no_graphs_ms": get("engine", "decode_b1_itl_ms_p50_no_graphs"),
         "loop_lag_p99_ms": get("engine", "event_loop_lag_ms_p99"),
         f"http_{s.streams}_tok_s": get("http", "summary", "output_token_throughput"),
+        f"http_{s.streams}_in_process_tok_s": get("http_in_process", "summary", "output_token_throughput"),
+        f"http_{s.batch}_tok_s": get("http_batch", "summary", "output_token_throughput"),
         f"tserve_{s.streams}_tok_s": get("tserve", "summary", "output_token_throughput"),
     }
 
