@@ -6,7 +6,7 @@ requests (OpenAI and Triton dialects) at fixed concurrency, on loopback, for a f
 Passes (exit 0) when: no request failed except those the script aborts on purpose; every completed
 request has exactly the tokens it asked for (ignore_eos); the server answered no 5xx; after the load
 the server holds no KV blocks and no requests (read from /metrics); the server's resident memory grew
-less than 10% from the end of the warm-up to the end (psutil on the server pid); and SIGTERM then
+less than 10% from the end of the warm-up to the end (psutil: the server's process and its engine core); and SIGTERM then
 drains the idle server and it exits 0. `--hostile` mixes in benchmarks.hostile's requests (any answer but
 a 5xx is right for those) and reports the non-streamed p99 per third of the run. `--append-results` adds a dated section to benchmarks/RESULTS.md.
 """
@@ -171,9 +171,21 @@ async def drive(url: str, model: str, args: argparse.Namespace, tally: Tally, st
         await asyncio.gather(*(worker(i) for i in range(args.concurrency)))
 
 
-async def sample_rss(proc: psutil.Process, samples: list[tuple[float, int]], stop: asyncio.Event) -> None:
+def tree_rss(proc: psutil.Process) -> tuple[int, int]:
+    """(resident bytes of the server's processes: the front end and its engine core, of the front end alone)."""
+    front = proc.memory_info().rss
+    total = front
+    for child in proc.children(recursive=True):
+        try:
+            total += child.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total, front
+
+
+async def sample_rss(proc: psutil.Process, samples: list[tuple[float, int, int]], stop: asyncio.Event) -> None:
     while not stop.is_set():
-        samples.append((time.monotonic(), proc.memory_info().rss))
+        samples.append((time.monotonic(), *tree_rss(proc)))
         try:
             await asyncio.wait_for(stop.wait(), 1.0)
         except asyncio.TimeoutError:
@@ -225,13 +237,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         asyncio.run(main())
         load_s = time.monotonic() - started
         metrics = wait_idle(url)
-        end_rss = proc.memory_info().rss
+        end_rss, end_front = tree_rss(proc)
         server.proc.send_signal(15)  # SIGTERM on an idle server: drained at once, exit 0
         exit_code = server.proc.wait(60)
     finally:
         server.stop()
-    warm = [rss for t, rss in samples if t <= started + args.warmup]
-    baseline = warm[-1] if warm else samples[0][1]
+    warm = [(rss, front) for t, rss, front in samples if t <= started + args.warmup]
+    baseline, front_baseline = warm[-1] if warm else samples[0][1:]
     thirds = [sum(n for t, n in tally.finished_at if started + k * load_s / 3 <= t < started + (k + 1) * load_s / 3)
               for k in range(3)]
     p99_by_third = [float(np.percentile(x, 99)) * 1e3 if (x := [d for t, d in tally.latencies
@@ -255,8 +267,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "kv_blocks_used_end": metrics["trtllm_gateway_kv_blocks_used"],
         "requests_running_end": metrics["trtllm_gateway_requests_running"],
         "rss_start_mb": round(samples[0][1] / 2**20, 1), "rss_warm_mb": round(baseline / 2**20, 1),
-        "rss_peak_mb": round(max(r for _, r in samples) / 2**20, 1), "rss_end_mb": round(end_rss / 2**20, 1),
-        "rss_growth": round(end_rss / baseline - 1, 4), "exit_code": exit_code,
+        "rss_peak_mb": round(max(r for _, r, _ in samples) / 2**20, 1), "rss_end_mb": round(end_rss / 2**20, 1),
+        "rss_growth": round(end_rss / baseline - 1, 4),
+        "front_end_rss_warm_mb": round(front_baseline / 2**20, 1), "front_end_rss_end_mb": round(end_front / 2**20, 1),
+        "exit_code": exit_code,
     }
 
 
@@ -298,9 +312,10 @@ def results_section(result: dict[str, Any], args: argparse.Namespace, failed: li
         ("hostile requests by answer", ", ".join(f"{k}: {v}" for k, v in r["hostile"].items()) or "none sent"),
         ("KV blocks used / requests running at the end", f"{r['kv_blocks_used_end']:.0f} / "
                                                           f"{r['requests_running_end']:.0f}"),
-        ("server RSS MB: start / after warm-up / peak / end", f"{r['rss_start_mb']} / {r['rss_warm_mb']} / "
+        ("server RSS MB (front end + engine core): start / after warm-up / peak / end", f"{r['rss_start_mb']} / {r['rss_warm_mb']} / "
                                                                f"{r['rss_peak_mb']} / {r['rss_end_mb']}"),
         ("RSS growth after warm-up (end / after warm-up - 1)", f"{r['rss_growth']:+.1%} (limit +10%)"),
+        ("front end alone, RSS MB after warm-up / end", f"{r['front_end_rss_warm_mb']} / {r['front_end_rss_end_mb']}"),
         ("exit code after SIGTERM", str(r["exit_code"])),
     ]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
