@@ -79,7 +79,6 @@ class EngineClient(Engine):
     async def start(self) -> None:
         if self._process is not None:
             return
-        self.tokenizer = await asyncio.to_thread(Tokenizer.from_pretrained, self.config.tokenizer or self.model_path)
         self._folder = tempfile.mkdtemp(prefix="trtllm-gateway-")
         addresses = Addresses(f"ipc://{self._folder}/to-core", f"ipc://{self._folder}/to-front-end")
         self._sender = zmq.Context.instance().socket(zmq.PUSH)
@@ -98,7 +97,9 @@ class EngineClient(Engine):
         atexit.register(self._kill)  # a front end that exits without shutdown() leaves no core behind
         self._exit_fd = os.pidfd_open(self._process.pid)  # readable once the core has exited
         asyncio.get_running_loop().add_reader(self._exit_fd, self._on_core_exit)
-        try:
+        try:  # the tokenizer loads here while the core starts
+            self.tokenizer = await asyncio.to_thread(Tokenizer.from_pretrained,
+                                                     self.config.tokenizer or self.model_path)
             ready = await self._first_message()
         except BaseException:
             self._stopping = True

@@ -54,9 +54,11 @@ BACKENDS: dict[str, Backend] = {
 }
 
 # Small everything: 2 CPU cores are shared by the whole team.
+# Dedicated servers keep the native engine in their process (an engine-core process costs ~7 s to start and
+# stop here); the shared `server` runs it in its own process, as `serve` does.
 DEFAULT_ENGINE_OPTIONS: dict[str, Any] = dict(
     device="cpu", dtype="float32", max_batch_size=8, max_num_tokens=512, max_kv_tokens=4096, kv_block_size=16,
-    served_model_name=MODEL_NAME,
+    served_model_name=MODEL_NAME, engine_process=False,
 )
 
 
@@ -147,8 +149,8 @@ def start_server(tiny_model_dir: Path) -> Iterator[Callable[..., RunningServer]]
 
 @pytest.fixture(scope="session", params=list(BACKENDS))
 def server(request: pytest.FixtureRequest, tiny_model_dir: Path) -> Iterator[RunningServer]:
-    """The shared server of one backend (default options)."""
-    srv = launch(tiny_model_dir, request.param)
+    """The shared server of one backend (default options; the native engine core in its own process)."""
+    srv = launch(tiny_model_dir, request.param, engine_process=True)
     yield srv
     srv.stop()
 
