@@ -49,7 +49,7 @@ def test_a_failing_phase_fails_the_run(tmp_path: Path, monkeypatch: pytest.Monke
 
     monkeypatch.setattr(gpu_bench.gm, "check_logits", broken)
     out = tmp_path / "out"
-    code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "greedy_fp32,hf,engine,http,tserve",
+    code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "greedy_fp32,hf,engine,http,http_in_process,http_batch,tserve",
                            "--out", str(out), "--work", str(tmp_path / "work")])
     assert code == 1
     r = json.loads((out / "gpu_bench.json").read_text())
@@ -61,6 +61,6 @@ def test_a_failing_phase_fails_the_run(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_a_failed_check_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gpu_bench.gm, "check_logits", lambda *a, **k: {"pass": False})
-    code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "bandwidth,greedy_fp32,hf,engine,http,tserve",
+    code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "bandwidth,greedy_fp32,hf,engine,http,http_in_process,http_batch,tserve",
                            "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
     assert code == 1

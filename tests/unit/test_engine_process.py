@@ -24,7 +24,7 @@ import pytest
 from runtime import build_engine
 from runtime.config import EngineConfig
 from runtime.engine import Engine
-from runtime.errors import EngineNotReadyError, InvalidRequestError, QueueFullError
+from runtime.errors import EngineNotReadyError, InvalidRequestError
 from runtime.process.client import EngineClient
 from runtime.request import GuidedDecoding
 from tests.engine_harness import Collected, collect, request, wait_for
@@ -85,30 +85,30 @@ def summary(out: Collected) -> tuple[Any, ...]:
     return out.tokens, out.text, out.finish, out.stop_reason, out.usage, logprobs
 
 
-async def test_outputs_equal_in_process_and_split(checkpoint: Path) -> None:
+async def test_outputs_equal_in_process_and_split_and_refusals_come_back(checkpoint: Path, tmp_path: Path) -> None:
+    """One core process (each costs seconds to start here): the mixed batch, then refused requests and calls."""
     async with started(checkpoint, engine_process=False) as local:
         want = await run_mixed(local)
     async with started(checkpoint, engine_process=True) as split:
         got = await run_mixed(split)
         await wait_for(lambda: split.stats().kv_blocks_used == 0 and split.stats().running == 0)
-    assert {k: summary(v) for k, v in got.items()} == {k: summary(v) for k, v in want.items()}
-    assert got["guided"].finish[0] == "stop" and len(got["guided"].text[0]) == 3
+        assert {k: summary(v) for k, v in got.items()} == {k: summary(v) for k, v in want.items()}
+        assert got["guided"].finish[0] == "stop" and len(got["guided"].text[0]) == 3
 
-
-async def test_refusals_keep_their_type_and_field(checkpoint: Path) -> None:
-    async with started(checkpoint, engine_process=True, max_queue_size=0) as engine:
-        with pytest.raises(QueueFullError):  # refused in the core, after the hand-over
-            await collect(engine, request("full", [1, 2], 4))
-    async with started(checkpoint, engine_process=True) as engine:
+        # refused in the core after the hand-over: the error keeps its class and field
         too_big = request("grammar", [1, 2], 4)
         too_big.guided = GuidedDecoding(json_schema={"enum": ["x" * 300]}, param="response_format")
         with pytest.raises(InvalidRequestError) as err:
-            await collect(engine, too_big)
+            await collect(split, too_big)
         assert err.value.param == "response_format"
-        with pytest.raises(InvalidRequestError) as err:  # validated in the front end
-            await collect(engine, request("long", [1] * 5000, 4))
+        # validated in the front end
+        with pytest.raises(InvalidRequestError) as err:
+            await collect(split, request("long", [1] * 5000, 4))
         assert err.value.param == "max_tokens"
-        assert (await collect(engine, request("after", [1, 2], 3))).finish == {0: "length"}
+        with pytest.raises(InvalidRequestError):  # a LoRA call answered by the core
+            await split.load_lora_adapter("missing", str(tmp_path / "no-such-adapter"))
+        assert split.lora_adapters() == {}
+        assert (await collect(split, request("after", [1, 2], 3))).finish == {0: "length"}
 
 
 async def test_a_killed_core_fails_requests_in_flight_and_turns_not_ready(checkpoint: Path) -> None:
@@ -163,13 +163,6 @@ def test_the_core_exits_when_its_front_end_is_killed(checkpoint: Path, tmp_path:
         core.wait(30)  # psutil.TimeoutExpired if it stays
     finally:
         front.kill()
-
-
-async def test_lora_calls_reach_the_core_and_errors_come_back(checkpoint: Path, tmp_path: Path) -> None:
-    async with started(checkpoint, engine_process=True) as engine:
-        with pytest.raises(InvalidRequestError):
-            await engine.load_lora_adapter("missing", str(tmp_path / "no-such-adapter"))
-        assert engine.lora_adapters() == {}
 
 
 def test_time_is_comparable_across_processes() -> None:
