@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from runtime.request import OutputDelta
@@ -70,17 +70,24 @@ def _deliver(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
         queue.put_nowait(item)
 
 
-async def read_batches(queue: asyncio.Queue[Any]) -> AsyncIterator[list[OutputDelta]]:
-    """Every delta already queued, one list per wake-up, until END. An exception queued first is raised
-    (a request the engine refused after it was handed over)."""
-    while True:
-        batch = [await queue.get()]
-        while not queue.empty():
-            batch.append(queue.get_nowait())
-        if isinstance(batch[0], BaseException):
-            raise batch[0]
-        if batch[-1] is END:  # nothing is queued after END
-            if len(batch) > 1:
-                yield batch[:-1]
-            return
-        yield batch
+async def read_batches(queue: asyncio.Queue[Any], on_early_exit: Callable[[], None]) -> AsyncIterator[list[OutputDelta]]:
+    """Every delta already queued, one list per wake-up, until END. An exception queued first is raised (a
+    request the engine refused after it was handed over). `on_early_exit()` runs when the reader leaves before
+    END or the refusal is raised (the caller aborts the request there): close this generator to run it at once."""
+    done = False
+    try:
+        while True:
+            batch = [await queue.get()]
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            if isinstance(batch[0], BaseException):
+                raise batch[0]
+            if batch[-1] is END:  # nothing is queued after END
+                done = True
+                if len(batch) > 1:
+                    yield batch[:-1]
+                return
+            yield batch
+    finally:
+        if not done:
+            on_early_exit()

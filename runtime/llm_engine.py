@@ -10,6 +10,7 @@ while idle.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import threading
@@ -208,14 +209,10 @@ class NativeEngine(Engine):
         prepared = await self._prepare.call(is_heavy(request), self._validate, request)
         queue: asyncio.Queue[Any] = asyncio.Queue()
         await self.submit(request, prepared, queue)
-        done = False
-        try:
-            async for batch in read_batches(queue):
+        # the consumer leaving early (client gone) aborts the request, which frees its blocks
+        async with contextlib.aclosing(read_batches(queue, lambda: self.abort(request.request_id))) as batches:
+            async for batch in batches:
                 yield batch
-            done = True
-        finally:
-            if not done:  # the consumer left early (client gone): free the request's blocks
-                self.abort(request.request_id)
 
     async def submit(self, request: GenerationRequest, prepared: PreparedRequest,
                      queue: asyncio.Queue[Any] | None = None) -> None:

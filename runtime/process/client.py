@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import itertools
 import logging
 import os
@@ -250,15 +251,14 @@ class EngineClient(Engine):
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._queues[request_id] = (queue, request.sampling.n)
         self._send(message)
-        done = False
-        try:
-            async for batch in read_batches(queue):
+        # the consumer leaving early (client gone) aborts the request in the core
+        async with contextlib.aclosing(read_batches(queue, lambda: self._forget(request_id))) as batches:
+            async for batch in batches:
                 yield batch
-            done = True
-        finally:
-            if not done:  # the consumer left early (client gone) or the core refused it
-                self._queues.pop(request_id, None)
-                self.abort(request_id)
+
+    def _forget(self, request_id: str) -> None:
+        self._queues.pop(request_id, None)
+        self.abort(request_id)
 
     def _check_ready(self) -> None:
         if self._failure is not None:
