@@ -30,9 +30,10 @@ log = logging.getLogger("gateway.errors")
 class ModelNotFoundError(EngineError):
     """The request names a model that is neither the served model nor a loaded adapter."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, param: str | None = None) -> None:
         super().__init__(f"The model `{model}` does not exist.")
         self.model = model
+        self.param = param  # "model" where the name is the subject (GET /v1/models/{model}), as OpenAI sends it
 
 
 class AuthenticationError(EngineError):

@@ -1,4 +1,4 @@
-"""OpenAI routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
+"""OpenAI routes: GET /v1/models, GET /v1/models/{model}, POST /v1/completions, POST /v1/chat/completions.
 
 Both POST routes share one path (`_serve`): parse -> translate -> GenerationStream -> either the
 shared SSE writer or one JSON body. The endpoints differ only in their adapter functions.
@@ -179,11 +179,9 @@ async def chat_completions(request: Request) -> Response:
     return await _serve(request, ChatCompletionRequest, "chatcmpl", _plan_chat)
 
 
-async def list_models(request: Request) -> Response:
-    try:
-        engine = ready_engine(request)
-    except EngineNotReadyError as exc:
-        return openai_error_response(exc, request_id_of(request.scope))
+def _model_cards(request: Request) -> list[ModelCard]:
+    """The served model, then its LoRA adapters: what GET /v1/models lists (503 while not ready)."""
+    engine = ready_engine(request)
     info = engine.model_info
     settings = request.app.state.settings
     created = request.app.state.created
@@ -192,12 +190,40 @@ async def list_models(request: Request) -> Response:
     cards += [ModelCard(id=name, created=created, owned_by=OWNED_BY, root=path, parent=info.name,
                         max_model_len=info.context_window)
               for name, path in served_adapters(request, engine).items()]
-    return JSONResponse(ModelList(data=cards).model_dump())
+    return cards
+
+
+async def list_models(request: Request) -> Response:
+    try:
+        return JSONResponse(ModelList(data=_model_cards(request)).model_dump())
+    except EngineNotReadyError as exc:
+        return openai_error_response(exc, request_id_of(request.scope))
+
+
+async def retrieve_model(request: Request) -> Response:
+    """GET /v1/models/{model} (the SDK's models.retrieve): the entry GET /v1/models lists under that id."""
+    name = request.path_params["model"]
+    try:
+        card = next((c for c in _model_cards(request) if c.id == name), None)
+        if card is None:
+            raise ModelNotFoundError(name, param="model")
+        return JSONResponse(card.model_dump())
+    except (EngineNotReadyError, ModelNotFoundError) as exc:
+        return openai_error_response(exc, request_id_of(request.scope))
+
+
+def _retrieve_route() -> Route:
+    # Ids may hold "/" (a folder-like served name): the path converter matches them whole. `path` is only
+    # the template (metrics label, route listing), so it reads as /openapi.json documents it.
+    route = Route("/v1/models/{model:path}", retrieve_model, methods=["GET"])
+    route.path = "/v1/models/{model}"
+    return route
 
 
 def openai_routes() -> list[BaseRoute]:
     return [
         Route("/v1/models", list_models, methods=["GET"]),
+        _retrieve_route(),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
     ]

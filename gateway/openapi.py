@@ -20,12 +20,19 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from adapters.openai.requests import ChatCompletionRequest, CompletionRequest
-from adapters.openai.responses import ChatCompletion, ChatCompletionChunk, Completion, ErrorResponse, ModelList
+from adapters.openai.responses import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    Completion,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+)
 from gateway.openapi_triton import sse_events, triton_paths, triton_schemas
 
 _REF = "#/components/schemas/{model}"
 _MODELS: list[type[BaseModel]] = [CompletionRequest, ChatCompletionRequest, Completion, ChatCompletion,
-                                  ChatCompletionChunk, ModelList, ErrorResponse]
+                                  ChatCompletionChunk, ModelList, ModelCard, ErrorResponse]
 
 # Statuses the error table (gateway/errors.py) can produce on each kind of route.
 _ERRORS = {
@@ -42,6 +49,7 @@ _ERRORS = {
     "504": "The request ran past --request-timeout.",
 }
 _GET_ERRORS = ("401", "503")
+_GET_MODEL_ERRORS = ("401", "404", "503")
 _POST_ERRORS = tuple(_ERRORS)
 
 
@@ -109,6 +117,13 @@ def openapi_document(title: str = "trtllm-gateway", version: str = "0.1.0") -> d
             "/v1/models": {"get": {"summary": "The served model and its LoRA adapters", "responses": {
                 "200": {"description": "Model list", "content": {"application/json": {"schema": _ref(ModelList)}}},
                 **_errors(_GET_ERRORS)}}},
+            "/v1/models/{model}": {"get": {
+                "summary": "One entry of /v1/models: the served model or a LoRA adapter",
+                "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"},
+                                "description": "A model id as /v1/models lists it (it may contain '/')."}],
+                "responses": {
+                    "200": {"description": "The model", "content": {"application/json": {"schema": _ref(ModelCard)}}},
+                    **_errors(_GET_MODEL_ERRORS)}}},
             "/v1/completions": _generate("Text completion", CompletionRequest, Completion, Completion),
             "/v1/chat/completions": _generate("Chat completion", ChatCompletionRequest, ChatCompletion,
                                                ChatCompletionChunk),

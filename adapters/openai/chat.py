@@ -44,9 +44,10 @@ class ChatOutput(EndpointOutput):
             return None
         return chat_logprobs(self._tok, self.req.top_logprobs or 0, delta.token_ids, delta.logprobs)
 
-    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
-        # OpenAI: every chunk has usage null when usage is requested
-        return stream_chunk("chat.completion.chunk", self.id, self.created, self.model, choice, self.req.include_usage)
+    def _chunk(self, choice: dict[str, Any], not_yet: int = 0) -> dict[str, Any]:
+        # OpenAI: every chunk has usage null when usage is requested; vLLM's continuous usage: the counts so far
+        return stream_chunk("chat.completion.chunk", self.id, self.created, self.model, choice, self.req.include_usage,
+                            self._running_usage(not_yet))
 
     # -- streaming --
 
@@ -56,7 +57,8 @@ class ChatOutput(EndpointOutput):
         delta = item[1]
         out = []
         if first:
-            out.append(self._chunk(chat_chunk_choice(choice, role="assistant", content="")))
+            out.append(self._chunk(chat_chunk_choice(choice, role="assistant", content=""),
+                                   not_yet=len(delta.token_ids)))
         entries = self._logprob_entries(delta)
         text, calls, finish = delta.text, None, delta.finish_reason
         if self._tool_format is not None:

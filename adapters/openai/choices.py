@@ -6,7 +6,7 @@ import time
 from typing import Any, ClassVar
 
 from adapters.openai.requests import SamplingFields
-from adapters.openai.responses import ChatCompletion, ChatCompletionChunk, Completion, UsageInfo
+from adapters.openai.responses import ChatCompletion, ChatCompletionChunk, Completion, UsageInfo, running_usage
 from runtime.request import OutputDelta, TokenLogprob, Usage
 from runtime.tokenizer import Tokenizer
 
@@ -27,6 +27,7 @@ class ChoiceTracker:
         self.prompt_logprobs: dict[int, list[TokenLogprob | None]] = {}
         self._started: set[int] = set()
         self.finish_reasons: dict[int, str] = {}
+        self.generated = 0  # tokens delivered so far, all choices (continuous usage stats)
 
     def see(self, prompt_index: int, delta: OutputDelta) -> tuple[int, bool]:
         """Record `delta`; return (choice index, whether this is the choice's first delta)."""
@@ -38,6 +39,7 @@ class ChoiceTracker:
             self.usage.prompt_tokens += delta.usage.prompt_tokens
             self.usage.completion_tokens += delta.usage.completion_tokens
             self.usage.cached_tokens += delta.usage.cached_tokens
+        self.generated += len(delta.token_ids)
         choice = prompt_index * self.n + delta.index
         first = choice not in self._started
         self._started.add(choice)
@@ -62,6 +64,14 @@ class EndpointOutput:
         self._tok = tokenizer
         self._tracker = ChoiceTracker(req.n)
         self._text: dict[int, list[str]] = {}
+
+    def _running_usage(self, not_yet: int = 0) -> dict[str, int] | None:
+        """With stream_options.continuous_usage_stats: the usage so far for a chunk, less `not_yet`
+        generated tokens (a role chunk goes out before its delta's tokens); else None."""
+        if not self.req.continuous_usage:
+            return None
+        t = self._tracker
+        return running_usage(sum(map(len, t.prompt_token_ids.values())), t.generated - not_yet)
 
     def final_chunks(self) -> list[dict[str, Any]]:
         """With stream_options.include_usage: one last chunk with no choices and the usage."""

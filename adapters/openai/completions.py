@@ -64,7 +64,8 @@ class CompletionOutput(EndpointOutput):
             return []
         # OpenAI: every chunk has usage null when usage is requested
         return [stream_chunk("text_completion", self.id, self.created, self.model,
-                             completion_chunk_choice(choice, text, logprobs, finish), self.req.include_usage)]
+                             completion_chunk_choice(choice, text, logprobs, finish), self.req.include_usage,
+                             self._running_usage())]
 
     # -- whole response --
 

@@ -33,6 +33,8 @@ class _Base(BaseModel):
 
 class StreamOptions(_Base):
     include_usage: bool = False
+    # vLLM's extension (aiperf --per-chunk-usage): every chunk carries the usage so far
+    continuous_usage_stats: bool = False
 
 
 class ContentPart(_Base):
@@ -163,6 +165,12 @@ class SamplingFields(_Base):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        """Usage so far on every stream chunk (stream_options.continuous_usage_stats, even without
+        include_usage, which still decides the closing usage-only chunk)."""
+        return bool(self.stream_options and self.stream_options.continuous_usage_stats)
 
 
 def _never(_: Any) -> bool:

@@ -30,6 +30,9 @@ class PromptTokensDetails(_Wire):
 
 
 class UsageInfo(_Wire):
+    """Token counts. `prompt_tokens_details.cached_tokens` (prefix-cache hits) is always sent, 0 included,
+    as OpenAI sends it: aiperf warns when it is absent."""
+
     _omit_if_none = frozenset({"prompt_tokens_details"})
     prompt_tokens: int
     completion_tokens: int
@@ -38,9 +41,16 @@ class UsageInfo(_Wire):
 
     @classmethod
     def of(cls, usage: Usage) -> UsageInfo:
-        details = PromptTokensDetails(cached_tokens=usage.cached_tokens) if usage.cached_tokens else None
         return cls(prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-                   total_tokens=usage.total_tokens, prompt_tokens_details=details)
+                   total_tokens=usage.total_tokens,
+                   prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens))
+
+
+def running_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """A stream chunk's usage with stream_options.continuous_usage_stats: the counts so far (vLLM's shape,
+    without prompt_tokens_details: the cache hits are known with the final usage)."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
 
 
 # ----- /v1/completions -----
@@ -92,9 +102,13 @@ class ChatChoiceLogprobs(_Wire):
 
 
 class ChatResponseMessage(_Wire):
+    """The assistant message; `refusal` is always null (nothing here refuses), and the official schema
+    requires the key."""
+
     _omit_if_none = frozenset({"tool_calls"})
     role: Literal["assistant"] = "assistant"
     content: str | None
+    refusal: None = None
     tool_calls: list[dict[str, Any]] | None = None  # adapters/openai/tools.py ToolCall.wire()
 
 
@@ -117,10 +131,21 @@ class ChatCompletion(_Wire):
 
 
 class ChatDelta(_Wire):
+    """A chunk's delta. The role chunk carries `refusal: null`, as OpenAI's first chunk does; later ones
+    leave it out."""
+
     _omit_if_none = frozenset({"role", "content", "tool_calls"})
     role: Literal["assistant"] | None = None
     content: str | None = None
+    refusal: None = None
     tool_calls: list[dict[str, Any]] | None = None  # ToolCall.wire(index)
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler: Any) -> dict[str, Any]:
+        data = _Wire._drop_unset(self, handler)
+        if self.role is None:
+            data.pop("refusal", None)
+        return data
 
 
 class ChatChunkChoice(_Wire):
@@ -147,11 +172,14 @@ class ChatCompletionChunk(_Wire):
 # order included; tests/unit/test_stream_chunks.py holds them to it.
 
 def stream_chunk(object_type: str, response_id: str, created: int, model: str, choice: dict[str, Any],
-                 usage_null: bool) -> dict[str, Any]:
+                 usage_null: bool, usage: dict[str, int] | None = None) -> dict[str, Any]:
     """A stream chunk: `object_type` "text_completion" (/v1/completions, `Completion`) or
-    "chat.completion.chunk" (`ChatCompletionChunk`); `usage_null`: with include_usage, usage is null."""
+    "chat.completion.chunk" (`ChatCompletionChunk`); `usage` (continuous usage stats) when given, else
+    with `usage_null` (include_usage) usage is null."""
     chunk = {"id": response_id, "object": object_type, "created": created, "model": model, "choices": [choice]}
-    if usage_null:
+    if usage is not None:
+        chunk["usage"] = usage
+    elif usage_null:
         chunk["usage"] = None
     return chunk
 
@@ -166,12 +194,15 @@ def completion_chunk_choice(index: int, text: str, logprobs: CompletionLogprobs 
 def chat_chunk_choice(index: int, *, role: str | None = None, content: str | None = None,
                       tool_calls: list[dict[str, Any]] | None = None, logprobs: ChatChoiceLogprobs | None = None,
                       finish_reason: str | None = None) -> dict[str, Any]:
-    """`ChatChunkChoice`: the delta leaves out role, content and tool_calls when None, as `ChatDelta` does."""
+    """`ChatChunkChoice`: the delta leaves out role, content and tool_calls when None, and refusal unless
+    role is set, as `ChatDelta` does."""
     delta: dict[str, Any] = {}
     if role is not None:
         delta["role"] = role
     if content is not None:
         delta["content"] = content
+    if role is not None:
+        delta["refusal"] = None
     if tool_calls is not None:
         delta["tool_calls"] = tool_calls
     return {"index": index, "delta": delta, "logprobs": None if logprobs is None else logprobs.model_dump(),

@@ -194,7 +194,7 @@ def test_completion_exact_response(client: TestClient, tokenizer: Tokenizer) -> 
     assert body["id"].startswith("cmpl-") and r.headers["x-request-id"]
     assert body["choices"] == [{"index": 0, "text": tokenizer.decode([ids[i % len(ids)] for i in range(3)]),
                                 "logprobs": None, "finish_reason": "length"}]
-    assert body["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 3, "total_tokens": len(ids) + 3}
+    assert body["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 3, "total_tokens": len(ids) + 3, "prompt_tokens_details": {"cached_tokens": 0}}
     openai.types.Completion.model_validate(body)
 
 
@@ -205,7 +205,7 @@ def test_completion_list_prompts_and_n_index_choices(client: TestClient, engine:
     dec = engine.tokenizer.decode
     assert texts == {0: dec([5, 6]), 1: dec([6, 5]), 2: dec([7, 8]), 3: dec([8, 9])}
     assert [q.request_id for q in engine.requests] == [body["id"] + "-0", body["id"] + "-1"]
-    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13, "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 def test_completion_echo_with_logprobs(client: TestClient, tokenizer: Tokenizer) -> None:
@@ -237,10 +237,10 @@ def test_chat_exact_response_with_logprobs(client: TestClient, engine: ScriptedE
                        "top_logprobs": [{"token": tok.token_text(t), "logprob": -0.5, "bytes": tok.token_bytes(t)},
                                         {"token": tok.token_text(0), "logprob": -2.0, "bytes": tok.token_bytes(0)}]}
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
-    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": tok.decode(ids[:2])},
+    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": tok.decode(ids[:2]), "refusal": None},
                                 "logprobs": {"content": [entry(ids[0]), entry(ids[1])], "refusal": None},
                                 "finish_reason": "length"}]
-    assert body["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 2, "total_tokens": len(ids) + 2}
+    assert body["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 2, "total_tokens": len(ids) + 2, "prompt_tokens_details": {"cached_tokens": 0}}
     openai.types.chat.ChatCompletion.model_validate(body)
 
 
@@ -258,7 +258,7 @@ def test_chat_stream_role_first_finish_last_usage_then_done(client: TestClient) 
     assert all(c["usage"] is None for c in chunks[:-1])
     for index in (0, 1):
         mine = [c["choices"][0] for c in chunks[:-1] if c["choices"][0]["index"] == index]
-        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert mine[0]["delta"] == {"role": "assistant", "content": "", "refusal": None}
         assert all("role" not in c["delta"] for c in mine[1:])
         assert [c["finish_reason"] for c in mine] == [None] * (len(mine) - 1) + ["length"]
 
