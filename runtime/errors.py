@@ -58,3 +58,13 @@ class EngineNotReadyError(EngineError):
 
 class EngineFailedError(EngineError):
     """The engine failed while serving this request (or died)."""
+
+
+class UnknownLoraTaskError(InvalidRequestError):
+    """A Triton lora_task_id that is neither cached nor a registered adapter, sent without weights (400)."""
+
+    def __init__(self, task_id: int) -> None:
+        super().__init__(
+            f"LoRA task {task_id} not found in cache. Please send LoRA weights with request "
+            "(lora_weights and lora_config) or use the id of a loaded adapter.", param="lora_task_id")
+        self.task_id = task_id

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.guided.schema_check import check_schema
+from runtime.schema_check import check_schema
 from runtime.request import GuidedDecoding
 
 

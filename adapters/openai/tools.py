@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from adapters.openai.response_format import ResponseFormat, response_format_guided
 from runtime.errors import InvalidRequestError
-from runtime.guided.schema_check import check_schema
+from runtime.schema_check import check_schema
 from runtime.request import GuidedDecoding
 
 _EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}

@@ -15,7 +15,7 @@ from typing import Any
 import xgrammar as xgr
 
 from runtime.errors import InvalidRequestError
-from runtime.guided.schema_check import check_schema, subschemas
+from runtime.schema_check import check_schema, subschemas
 from runtime.request import GuidedDecoding
 
 

@@ -10,7 +10,7 @@
     apply.py          the Linear delta hook: per-token gathered low-rank products in one forward pass
 """
 
-from runtime.lora.manager import LoraManager, UnknownLoraTaskError
+from runtime.lora.manager import LoraManager
 from runtime.lora.weights import LoraPair, LoraWeights
 
-__all__ = ["LoraManager", "LoraPair", "LoraWeights", "UnknownLoraTaskError"]
+__all__ = ["LoraManager", "LoraPair", "LoraWeights"]

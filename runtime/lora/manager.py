@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from runtime.config import EngineConfig
-from runtime.errors import InvalidRequestError, UnknownAdapterError
+from runtime.errors import InvalidRequestError, UnknownAdapterError, UnknownLoraTaskError
 from runtime.lora.apply import LoraBatch, LoraDelta
 from runtime.lora.host_cache import HostCache
 from runtime.lora.peft import load_peft_adapter, read_peft_config
@@ -30,16 +30,6 @@ from runtime.models import CausalLM
 from runtime.request import GenerationRequest
 
 logger = logging.getLogger(__name__)
-
-
-class UnknownLoraTaskError(InvalidRequestError):
-    """A Triton lora_task_id that is neither cached nor a registered adapter, sent without weights (400)."""
-
-    def __init__(self, task_id: int) -> None:
-        super().__init__(
-            f"LoRA task {task_id} not found in cache. Please send LoRA weights with request "
-            "(lora_weights and lora_config) or use the id of a loaded adapter.", param="lora_task_id")
-        self.task_id = task_id
 
 
 class LoraManager:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from runtime.errors import InvalidRequestError, UnknownAdapterError, UnsupportedOptionError
-from runtime.lora.manager import UnknownLoraTaskError
+from runtime.errors import (
+    InvalidRequestError, UnknownAdapterError, UnknownLoraTaskError, UnsupportedOptionError,
+)
 from runtime.lora.peft import read_peft_config
 from runtime.lora.registry import Adapter, AdapterRegistry
 from runtime.request import LoraTask

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from runtime.errors import InvalidRequestError, UnknownAdapterError
-from runtime.lora import UnknownLoraTaskError
+from runtime.errors import UnknownLoraTaskError
 from runtime.request import LoraTask
 from tests.engine_harness import StepRecorder, collect, hf_greedy, load_hf, request, running_engine, wait_for
 from tests.lora_adapters import make_peft_adapter, peft_greedy, trtllm_tensors

@@ -18,7 +18,7 @@ import torch
 from runtime.config import EngineConfig
 from runtime.errors import (InvalidRequestError, PromptTooLongError, UnknownAdapterError,
                             UnsupportedOptionError)
-from runtime.lora.manager import UnknownLoraTaskError
+from runtime.errors import UnknownLoraTaskError
 from runtime.request import GenerationRequest, GuidedDecoding, LoraTask, OutputDelta, SamplingOptions
 from tests.engine_harness import hf_greedy, load_hf
 from tests.fakes.trtllm import fake_trtllm  # noqa: F401  (fixture)
