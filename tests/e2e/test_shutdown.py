@@ -10,7 +10,8 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -47,25 +48,39 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
     wait_for(ready, timeout, "the server to be ready")
 
 
+@dataclass
+class Served:
+    proc: subprocess.Popen
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
 @pytest.fixture
-def process(tmp_path: Path) -> Iterator[list[subprocess.Popen]]:
-    procs: list[subprocess.Popen] = []
-    yield procs
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait(10)
+def start(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Callable[..., Served]]:
+    """start(*serve flags, program=["-m", "gateway"]): the server on the tiny model, ready, logging to
+    tmp_path/server.log; killed after the test if still running."""
+    started: list[Served] = []
+
+    def _start(*flags: str, program: Sequence[str] = ("-m", "gateway")) -> Served:
+        port = free_port()
+        served = Served(spawn([*program, *serve_args(tiny_model_dir, port), *flags], tmp_path / "server.log"), port)
+        started.append(served)
+        wait_ready(served.url, served.proc)
+        return served
+
+    yield _start
+    for served in started:
+        if served.proc.poll() is None:
+            served.proc.kill()
+            served.proc.wait(10)
 
 
-def test_sigterm_drains_streams_in_flight_then_exits_0(tiny_model_dir: Path, tmp_path: Path,
-                                                       process: list[subprocess.Popen]) -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path / "server.log"
-    proc = spawn(["-m", "gateway", *serve_args(tiny_model_dir, port), "--drain-timeout", "60",
-                  "--log-format", "json"], log_path)
-    process.append(proc)
-    wait_ready(url, proc)
+def test_sigterm_drains_streams_in_flight_then_exits_0(start: Callable[..., Served], tmp_path: Path) -> None:
+    served = start("--drain-timeout", "60", "--log-format", "json")
+    proc, url, log_path = served.proc, served.url, tmp_path / "server.log"
     (core,) = psutil.Process(proc.pid).children(recursive=True)  # the engine-core process
 
     results: list[dict] = []
@@ -132,15 +147,10 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_engine_death_turns_readiness_false_and_exits_nonzero(tiny_model_dir: Path, tmp_path: Path,
-                                                              process: list[subprocess.Popen]) -> None:
+def test_engine_death_turns_readiness_false_and_exits_nonzero(start: Callable[..., Served], tmp_path: Path) -> None:
     """The in-process engine (--no-engine-process): its step loop dies."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = spawn(["-c", DYING_SERVER, *serve_args(tiny_model_dir, port), "--no-engine-process"],
-                 tmp_path / "server.log")
-    process.append(proc)
-    wait_ready(url, proc)
+    served = start("--no-engine-process", program=["-c", DYING_SERVER])
+    proc, url = served.proc, served.url
     ok = httpx.post(url + "/v1/completions", json={"model": MODEL_NAME, "prompt": "fine", "max_tokens": 2})
     assert ok.status_code == 200
     r = httpx.post(url + "/v1/completions", json={"model": MODEL_NAME, "prompt": "die", "max_tokens": 2},
@@ -152,12 +162,9 @@ def test_engine_death_turns_readiness_false_and_exits_nonzero(tiny_model_dir: Pa
 
 
 def test_a_killed_engine_core_ends_streams_with_an_error_and_the_server_exits_nonzero(
-        tiny_model_dir: Path, tmp_path: Path, process: list[subprocess.Popen]) -> None:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = spawn(["-m", "gateway", *serve_args(tiny_model_dir, port)], tmp_path / "server.log")
-    process.append(proc)
-    wait_ready(url, proc)
+        start: Callable[..., Served], tmp_path: Path) -> None:
+    served = start()
+    proc, url = served.proc, served.url
     (core,) = psutil.Process(proc.pid).children(recursive=True)
     body = {"model": MODEL_NAME, "prompt": "long", "max_tokens": 240, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
@@ -172,18 +179,13 @@ def test_a_killed_engine_core_ends_streams_with_an_error_and_the_server_exits_no
     assert "fatal: the engine stopped serving" in (tmp_path / "server.log").read_text()
 
 
-def test_drain_timeout_ends_streams_with_an_error_event_and_the_end_marker(tiny_model_dir: Path, tmp_path: Path,
-                                                                           process: list[subprocess.Popen]) -> None:
+def test_drain_timeout_ends_streams_with_an_error_event_and_the_end_marker(start: Callable[..., Served],
+                                                                           tmp_path: Path) -> None:
     """Streams still running when --drain-timeout passes used to be cut mid chunked body (no finish reason,
     no error, no [DONE]) while the logs said 200: now each gets its dialect's error event and end marker,
     and is logged and counted as a 503. A request stalled in its body is answered 503 too."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path / "server.log"
-    proc = spawn(["-m", "gateway", *serve_args(tiny_model_dir, port), "--drain-timeout", "0",
-                  "--log-format", "json"], log_path)
-    process.append(proc)
-    wait_ready(url, proc)
+    served = start("--drain-timeout", "0", "--log-format", "json")
+    proc, url, port, log_path = served.proc, served.url, served.port, tmp_path / "server.log"
 
     stalled = socket.create_connection(("127.0.0.1", port), timeout=60)
     stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
