@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -58,6 +59,10 @@ class EngineStats:
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_steps: int = 0
+
+    def copy(self) -> EngineStats:
+        """A snapshot that later updates of this one do not change."""
+        return dataclasses.replace(self, memory_bytes=dict(self.memory_bytes), lora_requests=dict(self.lora_requests))
 
 
 class Engine(abc.ABC):

@@ -464,7 +464,7 @@ class NativeEngine(Engine):
     # ---- stats --------------------------------------------------------------------------------
     def stats(self) -> EngineStats:
         with self._stats_lock:
-            snapshot = EngineStats(**{**self._stats.__dict__, "memory_bytes": dict(self._stats.memory_bytes)})
+            snapshot = self._stats.copy()
         with self._cond:
             snapshot.waiting += len(self._inbox)
         return snapshot

@@ -105,6 +105,7 @@ class EngineClient(Engine):
         except BaseException:
             self._stopping = True
             self._kill()
+            self._close()
             raise
         self._adapters, self._stats = ready.adapters, ready.stats
         self._receiving = asyncio.create_task(self._receive())
@@ -148,6 +149,7 @@ class EngineClient(Engine):
             process.wait(5)
 
     def _close(self) -> None:
+        atexit.unregister(self._kill)  # the core is gone; the hook would keep this object alive
         if self._exit_fd is not None:
             asyncio.get_running_loop().remove_reader(self._exit_fd)
             os.close(self._exit_fd)
@@ -275,7 +277,7 @@ class EngineClient(Engine):
             self._send(Abort([request_id]))
 
     def stats(self) -> EngineStats:
-        return EngineStats(**{**self._stats.__dict__, "memory_bytes": dict(self._stats.memory_bytes)})
+        return self._stats.copy()
 
     # ---- LoRA adapters --------------------------------------------------------------------------
     def lora_adapters(self) -> dict[str, str] | None:

@@ -73,9 +73,8 @@ class StatsCollector:
         """The latest stats. `in_flight`: requests the engine holds now; TensorRT-LLM reports no
         iteration while idle, so with none in flight the last iteration's occupancy is stale: zero it."""
         with self._lock:
-            s = self._stats
-            snap = EngineStats(**{**s.__dict__, "memory_bytes": dict(s.memory_bytes),
-                                  "lora_requests": dict(s.lora_requests), "lora_loaded": lora_loaded})
+            snap = self._stats.copy()
+        snap.lora_loaded = lora_loaded
         if in_flight == 0:
             snap.waiting = snap.running = snap.paused = snap.scheduled = 0
             snap.context_requests = snap.generation_requests = snap.context_tokens = 0
