@@ -11,7 +11,8 @@ in DIR/gpu_bench.json even when a later one fails:
   hf          transformers generate: ms per step at batch 1, output tok/s at batch 64
   engine      our NativeEngine in-process: decode ITL at batch 1 (128-token context), GPU time of one
               graphed decode step, TTFT of a 1024-token prompt, 256 x 128/128 throughput, 64 closed-loop
-              streams (with event-loop lag), and a torch.profiler summary of a batch-256 window
+              streams (with event-loop lag), and a torch.profiler summary of a batch-256 window; then
+              batch-1 ITL and 256-request throughput with async scheduling off, and batch-1 without graphs
   http        our gateway over HTTP, 64 concurrent streams (benchmarks/serve.py), vs the engine at 64
   http_in_process  the same with --no-engine-process (the engine in the HTTP server's process)
   http_batch  our gateway over HTTP, 256 concurrent streams, vs the engine's 256-request throughput
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import dataclasses
 import gc
 import io
 import json
@@ -188,20 +190,33 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
         del engine
         gc.collect()
         torch.cuda.empty_cache()
-    if torch.device(device).type == "cuda":  # batch-1 decode again without CUDA graphs (same kernels, launched eagerly)
-        cfg.enable_cuda_graphs = False
-        engine = NativeEngine(cfg)
+    # The same engine with async scheduling off (each step waits for its tokens before the next is prepared),
+    # then also without CUDA graphs (same kernels, launched eagerly): batch-1 decode, and the 256-request
+    # throughput without async scheduling.
+    variants = [("sync", {"async_scheduling": False}, True)]
+    if torch.device(device).type == "cuda":
+        variants.append(("no_graphs", {"async_scheduling": False, "enable_cuda_graphs": False}, False))
+    for label, changes, throughput in variants:
+        engine = NativeEngine(dataclasses.replace(cfg, **changes))
         await engine.start()
         try:
             p = gm.random_prompts(2, s.prompt, vocab, next(seed))
-            await _stream(engine, _request("eager-warm", p[0], 8))
-            _, arr, _ = await _stream(engine, _request("eager-itl", p[1], 65))
-            res["decode_b1_itl_ms_p50_no_graphs"] = statistics.median([b - a for a, b in zip(arr[1:], arr[2:])]) * 1e3
+            await _stream(engine, _request(f"{label}-warm", p[0], 8))
+            _, arr, _ = await _stream(engine, _request(f"{label}-itl", p[1], 65))
+            res[f"decode_b1_itl_ms_p50_{label}"] = statistics.median([b - a for a, b in zip(arr[1:], arr[2:])]) * 1e3
+            if throughput:
+                prompts = gm.random_prompts(s.batch, s.prompt, vocab, next(seed))
+                await asyncio.gather(*(_stream(engine, _request(f"{label}-w{i}", q, 8)) for i, q in enumerate(prompts)))
+                t = time.perf_counter()
+                done = await asyncio.gather(*(_stream(engine, _request(f"{label}-tp{i}", q, s.output))
+                                              for i, q in enumerate(prompts)))
+                res[f"throughput_{s.batch}_tok_s_{label}"] = sum(d[2] for d in done) / (time.perf_counter() - t)
         finally:
             await engine.shutdown()
             del engine
             gc.collect()
-            torch.cuda.empty_cache()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
     return res
 
 
@@ -422,6 +437,8 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
         f"ttft_{s.ttft_prompt}_ms": get("engine", f"ttft_{s.ttft_prompt}_ms_p50"),
         f"engine_{s.batch}_tok_s": get("engine", f"throughput_{s.batch}_tok_s"),
         f"engine_{s.streams}_tok_s": get("engine", f"closed_loop_{s.streams}_tok_s"),
+        "decode_b1_itl_sync_ms": get("engine", "decode_b1_itl_ms_p50_sync"),
+        f"engine_{s.batch}_tok_s_sync": get("engine", f"throughput_{s.batch}_tok_s_sync"),
         "decode_b1_itl_no_graphs_ms": get("engine", "decode_b1_itl_ms_p50_no_graphs"),
         "loop_lag_p99_ms": get("engine", "event_loop_lag_ms_p99"),
         f"http_{s.streams}_tok_s": get("http", "summary", "output_token_throughput"),

@@ -48,6 +48,7 @@ class EngineConfig:
     cpu_threads: int | None = None  # torch threads of the native runtime on CPU; default $OMP_NUM_THREADS, else all cores but one
     # GPU execution
     enable_cuda_graphs: bool = True
+    async_scheduling: bool | None = None  # prepare step N+1 while the device runs step N; default: on for CUDA
     # TensorRT-LLM only
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1

@@ -8,7 +8,9 @@ Method (the one vLLM uses, written anew): keep two offsets into the ids. `read` 
 emitted; `prefix` starts a short context window before it. Each push decodes `ids[prefix:read]` and
 `ids[prefix:]` and emits the difference. The context matters for tokenizers whose decoders treat the first
 token of a string specially (SentencePiece strips its leading space); it holds at least the last emitted
-token, so a push costs O(window), not O(sequence length). Text ending in U+FFFD (an incomplete UTF-8
+token, so a push costs O(window), not O(sequence length). The window moves on only once it spans WINDOW
+tokens: until then the last push's decode of `ids[prefix:]` is the next push's `ids[prefix:read]`, so
+most pushes decode once, not twice. Text ending in U+FFFD (an incomplete UTF-8
 character) is held back until a later token completes it, or until `flush()`; so is a trailing run of
 SentencePiece byte pieces, whose text transformers decides only when the run ends (Tokenizer docs).
 Text of the same push before the held part goes out at once.
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from runtime.tokenizer import Tokenizer
 
 _REPLACEMENT_CHAR = "\ufffd"
+WINDOW = 8  # tokens of decode window before it moves on
 
 
 class IncrementalDetokenizer:
@@ -42,6 +45,7 @@ class IncrementalDetokenizer:
         self._prefix = 0  # start of the decode window (context already emitted)
         self._read = 0  # ids before this are emitted as text
         self._sent = 0  # chars of ids[read:]'s text emitted ahead (the settled part of a held push)
+        self._prefix_text: str | None = None  # decode(ids[prefix:read]) when already known
 
     def push(self, token_ids: Sequence[int]) -> str:
         """Append new output ids; return the text they complete (may be "" while a char is split)."""
@@ -57,16 +61,23 @@ class IncrementalDetokenizer:
         if read == len(ids):
             return ""
         decode = self._tokenizer.decode
-        prefix_text = decode(ids[self._prefix : read], self._skip_special)
+        prefix_text = self._prefix_text
+        if prefix_text is None:
+            prefix_text = decode(ids[self._prefix : read], self._skip_special)
         end = len(ids)
         if not final:  # an open run of byte pieces is not final text yet
             while end > read and ids[end - 1] in self._tokenizer.byte_fallback_ids:
                 end -= 1
-        text = decode(ids[self._prefix : end], self._skip_special)[len(prefix_text) :] if end > read else ""
+        full = decode(ids[self._prefix : end], self._skip_special) if end > read else prefix_text
+        text = full[len(prefix_text) :]
         if final or (end == len(ids) and not text.endswith(_REPLACEMENT_CHAR)):
-            # every new token's text is settled: move the window on
+            # every new token's text is settled: it becomes context; past WINDOW tokens the window moves on
             out = text[self._sent :]
-            self._prefix, self._read, self._sent = read, len(ids), 0
+            if len(ids) - self._prefix > WINDOW:
+                self._prefix, self._prefix_text = read, None
+            else:
+                self._prefix_text = full
+            self._read, self._sent = len(ids), 0
             return out
         # Text before a trailing incomplete character (or open byte run) is settled already: emit it
         # now and remember how much of the unsettled tokens' text went out.

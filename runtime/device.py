@@ -61,3 +61,12 @@ def cpu_thread_count(configured: int | None) -> int:
         return int(env)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores - 1)
+
+
+def host_tensor(values: list, dtype: torch.dtype | None, device: torch.device) -> torch.Tensor:
+    """`values` as a tensor on `device`, copied without waiting for the device's queued work.
+
+    `torch.tensor(values, device=cuda)` synchronises the stream, so the host would wait for a step it
+    has only just launched (the engine's async scheduling prepares the next step meanwhile).
+    """
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)

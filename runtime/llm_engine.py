@@ -5,6 +5,13 @@ run the model and sample (runtime/model_runner.py), turn tokens into deltas (run
 Deltas cross to the event loop through runtime/delivery.py (one `loop.call_soon_threadsafe` per step and
 event loop) into per-request asyncio queues read by `generate_batches()`. The thread sleeps on a Condition
 while idle.
+
+Async scheduling (on by default on CUDA): a step whose sequences need no host-side token knowledge
+(`RequestState.overlappable`) is launched without waiting for it; its sampled tokens hold their places as
+PENDING_TOKEN and feed the next step on the device. While the device runs step N, the thread schedules and
+launches step N+1, then collects step N's tokens and turns them into deltas: stop conditions are seen one
+step late, so a finished sequence may compute one extra token, which is discarded. Any other step first
+collects the step in flight (a synchronous step).
 """
 
 from __future__ import annotations
@@ -30,13 +37,13 @@ from runtime.errors import EngineNotReadyError, InvalidRequestError, QueueFullEr
 from runtime.guided import GuidedCompiler, GuideState
 from runtime.kv_cache import num_kv_blocks
 from runtime.lora import LoraManager
-from runtime.model_runner import ModelRunner, StepInput, StepResult
+from runtime.model_runner import ModelRunner, PendingStep, StepInput, StepResult
 from runtime.models import ModelSpec, kv_cache_bytes_per_token, load_model
 from runtime.request import GenerationRequest, OutputDelta
 from runtime.request_state import RequestState
 from runtime.sampler import Sampler
 from runtime.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
-from runtime.sequence import SequenceStatus
+from runtime.sequence import PENDING_TOKEN, SequenceStatus
 from runtime.speculative import Speculator, build_speculator, load_proposer
 from runtime.tokenizer import Tokenizer
 from runtime.validation import PreparedRequest, validate_request
@@ -99,6 +106,10 @@ class NativeEngine(Engine):
         self._guided_compiler: GuidedCompiler | None = None
         self._guided_lock = threading.Lock()
         self.speculator: Speculator | None = None
+        async_scheduling = config.async_scheduling
+        self._async_scheduling = self.device.type == "cuda" if async_scheduling is None else async_scheduling
+        self._inflight: tuple[ScheduledBatch, PendingStep] | None = None  # launched, tokens not collected yet
+        self._inflight_rows: dict[int, int] = {}  # seq_id -> its row in the in-flight step's sampled ids
         self._prepare = WorkerPool("prepare")  # tokenizing large prompts and bad words, off the event loop
 
     # ---- lifecycle ----------------------------------------------------------------------------
@@ -286,7 +297,7 @@ class NativeEngine(Engine):
             while True:
                 with self._cond:
                     while not (self._stopping or self._inbox or self._aborts or self.scheduler.has_work()
-                               or self.lora.has_admissible()):
+                               or self._inflight is not None or self.lora.has_admissible()):
                         self._cond.wait()
                     if self._stopping and not self._aborts:
                         break
@@ -306,6 +317,8 @@ class NativeEngine(Engine):
         if batch:
             self._stats.iterations += 1
             self._run_batch(batch)
+        else:
+            self._collect_inflight()
         self._publish_stats(batch)
         self.outbox.flush()
         return len(batch.entries)
@@ -346,6 +359,12 @@ class NativeEngine(Engine):
                 self._end(state, state.end_all("abort"))
 
     def _run_batch(self, batch: ScheduledBatch) -> None:
+        overlap = self._overlappable(batch)
+        if not overlap:  # this step needs every token on the host: finish the step in flight first
+            self._collect_inflight()
+            batch.entries = [e for e in batch.entries if e.seq.status is not SequenceStatus.FINISHED]
+            if not batch:
+                return
         spec = self.speculator
         if spec is not None:
             spec.plan(batch, self._requests)  # drafts for speculating decode entries (runtime/speculative)
@@ -353,17 +372,73 @@ class NativeEngine(Engine):
         try:
             if spec is not None:
                 spec.patch_inputs(batch, inputs)
-            results = self.runner.execute(inputs, batch.copies)
+            pending = self.runner.launch(inputs, batch.copies)
+        except Exception as exc:  # noqa: BLE001 - one failed step fails its requests, not the engine
+            self._fail_batch(batch, exc)
+            return
+        self._collect_inflight()  # step N's tokens, while the device runs step N+1 (no-op when synchronous)
+        if overlap:
+            self.scheduler.advance(batch)
+            self._hold_places(batch)
+            self._inflight = (batch, pending)
+            return
+        try:
+            results = pending.collect()
             if spec is not None:
                 spec.verify(batch, results)  # accepted drafts join; rejected tokens' KV is rolled back
-        except Exception as exc:  # noqa: BLE001 - one failed step fails its requests, not the engine
-            logger.exception("model step failed")
-            for request_id in dict.fromkeys(e.seq.request_id for e in batch.entries):
-                state = self._requests.get(request_id)
-                if state is not None:
-                    self._end(state, state.end_all("error", f"EngineFailedError: model step failed: {exc!r}"))
+        except Exception as exc:  # noqa: BLE001
+            self._fail_batch(batch, exc)
             return
         self.scheduler.advance(batch)
+        self._process(batch, results)
+
+    def _overlappable(self, batch: ScheduledBatch) -> bool:
+        """Whether the step may run before the host knows the tokens of the step in flight (async scheduling)."""
+        if not self._async_scheduling or self.speculator is not None:
+            return False
+        requests = self._requests
+        return all(not e.samples or (requests[e.seq.request_id].overlappable and e.seq.num_samples == 1)
+                   for e in batch.entries)
+
+    def _hold_places(self, batch: ScheduledBatch) -> None:
+        """Sequences sampled by the launched step get PENDING_TOKEN, so the next step can schedule them; not
+        those whose sampled token is surely their last (max_tokens, context window)."""
+        rows: dict[int, int] = {}
+        for entry in batch.entries:
+            if not entry.samples:
+                continue
+            seq = entry.seq
+            rows[seq.seq_id] = len(rows)
+            if seq.status is SequenceStatus.FINISHED:  # ended while the step was being launched
+                continue
+            state = self._requests[seq.request_id]
+            if (state.samples[seq.index].num_tokens + 1 < state.max_tokens
+                    and seq.num_tokens + 1 < self.model_info.context_window):
+                seq.append_token(PENDING_TOKEN)
+        self._inflight_rows = rows
+
+    def _collect_inflight(self) -> None:
+        """Wait for the step in flight and turn its tokens into deltas."""
+        if self._inflight is None:
+            return
+        (batch, pending), self._inflight = self._inflight, None
+        self._inflight_rows = {}
+        try:
+            results = pending.collect()
+        except Exception as exc:  # noqa: BLE001
+            self._fail_batch(batch, exc)
+            return
+        self._process(batch, results)
+
+    def _fail_batch(self, batch: ScheduledBatch, exc: Exception) -> None:
+        logger.exception("model step failed", exc_info=exc)
+        for request_id in dict.fromkeys(e.seq.request_id for e in batch.entries):
+            state = self._requests.get(request_id)
+            if state is not None:
+                self._end(state, state.end_all("error", f"EngineFailedError: model step failed: {exc!r}"))
+
+    def _process(self, batch: ScheduledBatch, results: list[StepResult]) -> None:
+        """Turn a finished step's results into deltas, and end the requests that finished."""
         produced: dict[str, list[OutputDelta]] = {}
         for entry, result in zip(batch.entries, results):
             state = self._requests.get(entry.seq.request_id)
@@ -389,6 +464,7 @@ class NativeEngine(Engine):
         samples = entry.samples
         return StepInput(
             token_ids=seq.token_ids[start : start + entry.num_new_tokens],
+            prev_sample=self._inflight_rows.get(seq.seq_id, -1) if seq.token_ids[-1] == PENDING_TOKEN else -1,
             start_pos=start,
             block_table=seq.block_table,
             sample_rows=state.sampling_rows(seq) if samples else [],
@@ -428,7 +504,7 @@ class NativeEngine(Engine):
             state.seqs.update((s.index, s) for s in seqs)
         deltas = []
         for s, token_id, logprob, top in zip(seqs, result.token_ids, result.logprobs, result.top):
-            s.append_token(token_id)
+            s.add_sampled(token_id)
             self._stats.generation_tokens_total += 1
             deltas.append(state.add_token(s, token_id, logprob, top, result.sample_logits))
             if state.samples[s.index].finish_reason is not None:

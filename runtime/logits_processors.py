@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from runtime.device import host_tensor
+
 if TYPE_CHECKING:
     from runtime.sampler import SamplingRow
 
@@ -99,7 +101,7 @@ def apply_logit_bias(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
                 t_idx.append(tok)
                 bias.append(float(b))
     if r_idx:
-        _put(logits, r_idx, t_idx, torch.tensor(bias, dtype=logits.dtype, device=logits.device), add=True)
+        _put(logits, r_idx, t_idx, host_tensor(bias, logits.dtype, logits.device), add=True)
 
 
 def apply_min_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> None:
@@ -142,5 +144,5 @@ def _ban(logits: torch.Tensor, r_idx: list[int], t_idx: list[int]) -> None:
 
 def _put(logits: torch.Tensor, r_idx: list[int], t_idx: list[int], values: torch.Tensor, add: bool) -> None:
     device = logits.device
-    index = (torch.tensor(r_idx, device=device), torch.tensor(t_idx, device=device))
+    index = (host_tensor(r_idx, torch.long, device), host_tensor(t_idx, torch.long, device))
     logits.index_put_(index, values, accumulate=add)

@@ -7,6 +7,11 @@ pass over the paged KV cache, logits for the rows that need them, and the sample
 Extension points kept open on purpose: a step input carries per-sequence token lists of any length
 (speculative verification scores K+1 tokens at once), and `StepInput` is the place for per-token
 adapter indices (LoRA).
+
+`launch` queues a step on the device and returns at once; `PendingStep.collect` waits for its sampled
+ids. Between the two the host may prepare (and launch) the next step: a decode input may then name its
+token as "row r of the previous launch's samples" (`StepInput.prev_sample`), which is read on the device,
+so the next step never waits for the host to learn the token (the engine's async scheduling).
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from runtime.attention_metadata import AttentionMetadata
+from runtime.attention_metadata import AttentionMetadata, pad_block_tables
+from runtime.device import host_tensor
 from runtime.lora.apply import LoraBatch
 from runtime.models import CausalLM, allocate_kv_cache
 from runtime.sampler import Sampler, SamplingRow
@@ -26,7 +32,7 @@ if TYPE_CHECKING:
     from runtime.cuda.graphs import DecodeGraphs
 
 
-@dataclass
+@dataclass(slots=True)
 class StepInput:
     """One sequence's share of a step."""
 
@@ -41,6 +47,8 @@ class StepInput:
     # keep all_logits / sample_logits on the device (speculative verification and drafting read them
     # there and copy back only the chosen ids)
     logits_on_device: bool = False
+    # >= 0: token_ids is [PENDING_TOKEN]; the token is row `prev_sample` of the previous launch's sampled ids
+    prev_sample: int = -1
 
 
 @dataclass
@@ -53,6 +61,30 @@ class StepResult:
     all_logits: torch.Tensor | None = None  # [len(token_ids of the input), vocab]
     sample_logits: torch.Tensor | None = None  # [1, vocab]: the row every sample was drawn from
     # (on the runner's device instead when the input asked for logits_on_device)
+
+
+class PendingStep:
+    """A launched step: its sampled ids are being copied to the host; `collect` waits for them."""
+
+    def __init__(self, inputs: Sequence[StepInput], results: list[StepResult],
+                 fetched: list[torch.Tensor | None], done: torch.cuda.Event | None) -> None:
+        self._inputs, self._results, self._fetched, self._done = inputs, results, fetched, done
+
+    def collect(self) -> list[StepResult]:
+        if self._done is not None:
+            self._done.synchronize()
+        if self._fetched[0] is None:  # nothing was sampled
+            return self._results
+        token_ids, logprobs, top_ids, top_lps = (t.tolist() if t is not None else None for t in self._fetched)
+        assert token_ids is not None and logprobs is not None
+        i = 0
+        for inp, res in zip(self._inputs, self._results):
+            for _ in inp.sample_rows:
+                res.token_ids.append(token_ids[i])
+                res.logprobs.append(logprobs[i])
+                res.top.append(list(zip(top_ids[i], top_lps[i])) if top_ids is not None else [])
+                i += 1
+        return self._results
 
 
 def _deliver(logits: torch.Tensor, inp: StepInput) -> torch.Tensor:
@@ -71,6 +103,7 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []
         self.lora: LoraBatch | None = None  # set by the engine when LoRA is available
         self.graphs: DecodeGraphs | None = None  # CUDA graphs of decode steps (capture_decode_graphs)
+        self.last_sampled: torch.Tensor | None = None  # the last launch's sampled ids, on the device
         if self.device.type == "cuda":
             from runtime.cuda import enable_cuda_kernels
 
@@ -95,17 +128,22 @@ class ModelRunner:
     def kv_cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.kv_caches)
 
-    @torch.inference_mode()
     def execute(self, inputs: Sequence[StepInput], copies: Sequence[tuple[int, int]] = ()) -> list[StepResult]:
         """Copy-on-write copies, one forward pass over every input's new tokens, then sampling."""
+        return self.launch(inputs, copies).collect()
+
+    @torch.inference_mode()
+    def launch(self, inputs: Sequence[StepInput], copies: Sequence[tuple[int, int]] = ()) -> PendingStep:
+        """`execute` without waiting: the step is queued on the device (see the module docstring)."""
         self.copy_blocks(copies)
         hidden = graph_logits = None
         if self.graphs is not None and self.graphs.accepts(inputs):
-            graph_logits = self.graphs.run(inputs)  # one row per new token, in order
+            graph_logits = self.graphs.run(inputs, self._pending_tokens)  # one row per new token, in order
         else:
             if self.lora is not None:  # per-token adapter slots for the hooked Linears (runtime/lora/apply.py)
                 self.lora.set([len(inp.token_ids) for inp in inputs], [inp.adapter_slot for inp in inputs])
             input_ids, positions, meta = self.prepare(inputs)
+            self._pending_tokens(inputs, input_ids)
             hidden = self.model(input_ids, positions, self.kv_caches, meta)
 
         # Rows needing logits: every new token of inputs that return all logits, else the last one.
@@ -121,14 +159,15 @@ class ModelRunner:
                 rows.append(end - 1)
             spans.append((first, len(rows)))
         results = [StepResult() for _ in inputs]
+        self.last_sampled = None
         if not rows:
-            return results
+            return PendingStep(inputs, results, [None], None)
         if graph_logits is None:
-            logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+            logits = self.model.compute_logits(hidden[host_tensor(rows, torch.long, self.device)])
         elif len(rows) == graph_logits.shape[0]:  # every token needs its logits (plain decode steps)
             logits = graph_logits.clone() if any(inp.logits_on_device for inp in inputs) else graph_logits
         else:  # a gather is a copy: the graph's output buffer is overwritten by the next replay
-            logits = graph_logits[torch.tensor(rows, device=self.device)]
+            logits = graph_logits[host_tensor(rows, torch.long, self.device)]
 
         sample_idx: list[int] = []
         sample_rows: list[SamplingRow] = []
@@ -141,35 +180,37 @@ class ModelRunner:
                 sample_rows.extend(inp.sample_rows)
                 if inp.return_sample_logits:
                     results[b].sample_logits = _deliver(logits[last - 1 : last], inp)
-        if sample_rows:
-            # usually one sampled row per input, in order: then skip the gather (a copy of [rows, vocab] floats)
-            identity = sample_idx == list(range(logits.shape[0]))
-            picked = logits if identity else logits[torch.tensor(sample_idx, device=self.device)]
-            self._sample(picked, sample_rows, inputs, results)
-        return results
-
-    def _sample(
-        self,
-        logits: torch.Tensor,
-        rows: list[SamplingRow],
-        inputs: Sequence[StepInput],
-        results: list[StepResult],
-    ) -> None:
-        out = self.sampler(logits, rows)
-        # one wait for all device-to-host copies instead of one synchronising .tolist() per tensor
+        if not sample_rows:
+            return PendingStep(inputs, results, [None], None)
+        # usually one sampled row per input, in order: then skip the gather (a copy of [rows, vocab] floats)
+        identity = sample_idx == list(range(logits.shape[0]))
+        picked = logits if identity else logits[host_tensor(sample_idx, torch.long, self.device)]
+        out = self.sampler(picked, sample_rows)
+        self.last_sampled = out.token_ids
+        # one wait, in collect(), for all device-to-host copies instead of one synchronising .tolist() each
         fetched = [t.to("cpu", non_blocking=True) if t is not None else None
                    for t in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs)]
-        if logits.is_cuda:
-            torch.cuda.current_stream(logits.device).synchronize()
-        token_ids, logprobs, top_ids, top_lps = (t.tolist() if t is not None else None for t in fetched)
-        assert token_ids is not None and logprobs is not None
-        i = 0
-        for inp, res in zip(inputs, results):
-            for _ in inp.sample_rows:
-                res.token_ids.append(token_ids[i])
-                res.logprobs.append(logprobs[i])
-                res.top.append(list(zip(top_ids[i], top_lps[i])) if top_ids is not None else [])
-                i += 1
+        done = None
+        if picked.is_cuda:
+            done = torch.cuda.Event()
+            done.record()
+        return PendingStep(inputs, results, fetched, done)
+
+    def _pending_tokens(self, inputs: Sequence[StepInput], input_ids: torch.Tensor) -> None:
+        """Fill the rows of `input_ids` whose token the previous launch sampled, on the device."""
+        dst: list[int] = []
+        src: list[int] = []
+        row = 0
+        for inp in inputs:
+            if inp.prev_sample >= 0:
+                dst.append(row)
+                src.append(inp.prev_sample)
+            row += len(inp.token_ids)
+        if not dst:
+            return
+        assert self.last_sampled is not None, "a step named pending tokens but the previous one sampled none"
+        input_ids.index_copy_(0, host_tensor(dst, torch.long, self.device),
+                              self.last_sampled[host_tensor(src, torch.long, self.device)])
 
     def prepare(self, inputs: Sequence[StepInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flat input ids and positions of all new tokens, and their AttentionMetadata."""
@@ -188,18 +229,16 @@ class ModelRunner:
             query_start.append(query_start[-1] + len(inp.token_ids))
             context_lens.append(inp.start_pos)
             seq_lens.append(end)
-        width = max(len(inp.block_table) for inp in inputs)
-        tables = [inp.block_table + [0] * (width - len(inp.block_table)) for inp in inputs]
         query_lens = [len(inp.token_ids) for inp in inputs]
 
         def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=self.device)
+            return host_tensor(values, dtype, self.device)
 
         meta = AttentionMetadata(
             query_start_loc=tensor(query_start, torch.int32),
             context_lens=tensor(context_lens, torch.int32),
             seq_lens=tensor(seq_lens, torch.int32),
-            block_tables=tensor(tables, torch.int32),
+            block_tables=pad_block_tables([inp.block_table for inp in inputs]).to(self.device, non_blocking=True),
             slot_mapping=tensor(slots, torch.int64),
             block_size=bs,
             max_query_len=max(query_lens),
@@ -234,7 +273,7 @@ class ModelRunner:
         """Copy whole KV blocks src -> dst in every layer (copy-on-write of shared blocks)."""
         if not copies:
             return
-        src = torch.tensor([s for s, _ in copies], device=self.device)
-        dst = torch.tensor([d for _, d in copies], device=self.device)
+        src = host_tensor([s for s, _ in copies], torch.long, self.device)
+        dst = host_tensor([d for _, d in copies], torch.long, self.device)
         for cache in self.kv_caches:
             cache[:, dst] = cache[:, src]

@@ -30,7 +30,7 @@ from runtime.detokenizer import IncrementalDetokenizer
 from runtime.guided.guide import GuideState
 from runtime.request import FinishReason, GenerationRequest, OutputDelta, TokenLogprob, Usage
 from runtime.sampler import SamplingRow, compute_logprobs, make_generator
-from runtime.sequence import Sequence
+from runtime.sequence import OutputTokens, Sequence
 from runtime.stop import StopStringMatcher
 from runtime.tokenizer import Tokenizer
 from runtime.validation import PreparedRequest
@@ -87,13 +87,21 @@ class RequestState:
             for i in range(opts.n)
         ]
         self.seqs: dict[int, Sequence] = {}  # live sequences by sample index (by seq_id for beams)
+        self._rows: dict[int, list[SamplingRow]] = {}  # sampling rows by seq_id (sampling_rows)
         self.beam = None if opts.beam_width == 1 else BeamSearch(
             self.request_id, opts, prompt_token_ids=self.prompt_token_ids, max_tokens=self.max_tokens,
             context_window=context_window, eos_token_ids=eos_token_ids, tokenizer=tokenizer,
         )
+        self.wants_prompt_logits = opts.prompt_logprobs is not None or opts.return_context_logits
+        # Whether a step may sample this request's next token before the host knows its last one (the
+        # engine's async scheduling): not with grammars, token-dependent processors, beams, forks or logits.
+        self.overlappable = (
+            new_guide is None and self.beam is None and opts.n == 1 and not self.wants_prompt_logits
+            and not opts.return_generation_logits and not self.bad_words_ids and opts.repetition_penalty == 1.0
+            and opts.presence_penalty == 0.0 and opts.frequency_penalty == 0.0
+        )
         self.num_cached_tokens = 0
         self.adapter_key: str | None = None  # LoRA identity (set by the engine): the prefix-cache salt
-        self.wants_prompt_logits = opts.prompt_logprobs is not None or opts.return_context_logits
         self.prompt_logprobs: list[TokenLogprob | None] = [None]  # the first prompt token has none
         self.context_logits: list[torch.Tensor] = []
         self.num_prompt_positions = 0  # prompt positions whose logits were recorded
@@ -125,12 +133,15 @@ class RequestState:
 
     def sampling_rows(self, seq: Sequence) -> list[SamplingRow]:
         """One row per sample drawn from `seq`'s next-token logits (n of them before the fork)."""
+        rows = self._rows.get(seq.seq_id)
+        if rows is not None and seq.num_samples == 1:
+            return rows  # a row's fields never change, and its output ids are a live view
         indices = range(seq.num_samples) if seq.num_samples > 1 else (seq.index,)
-        return [
+        rows = [
             SamplingRow(
                 options=self.options,
                 prompt_token_ids=self.prompt_token_ids,
-                output_token_ids=seq.output_token_ids,
+                output_token_ids=OutputTokens(seq),
                 generator=self.samples[i].generator,
                 eos_token_ids=self.eos_token_ids,
                 bad_words_ids=self.bad_words_ids,
@@ -138,6 +149,9 @@ class RequestState:
             )
             for i in indices
         ]
+        if seq.num_samples == 1:
+            self._rows[seq.seq_id] = rows
+        return rows
 
     # ---- prompt side --------------------------------------------------------------------------
     def add_prompt_logits(self, start_pos: int, logits: torch.Tensor) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.device import host_tensor
 from runtime.guided.bitmask import apply_bitmask, fill_bitmasks
 from runtime.guided.guide import GuideState
 from runtime.logits_processors import apply_logits_processors
@@ -89,19 +90,19 @@ def processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch
 
     temps = [1.0 if o.greedy else float(o.temperature) for o in opts]
     if any(t != 1.0 for t in temps):
-        x.div_(torch.tensor(temps, device=device)[:, None])
+        x.div_(host_tensor(temps, torch.float32, device)[:, None])
 
     top_k = [o.top_k if 0 < o.top_k < vocab else 0 for o in opts]
     top_p = [float(o.top_p) for o in opts]
     if any(p < 1.0 for p in top_p):
-        x = _top_k_top_p_sorted(x, torch.tensor(top_k, device=device), torch.tensor(top_p, device=device))
+        x = _top_k_top_p_sorted(x, host_tensor(top_k, torch.long, device), host_tensor(top_p, torch.float32, device))
     elif any(top_k):
-        _top_k(x, torch.tensor(top_k, device=device), max(top_k))
+        _top_k(x, host_tensor(top_k, torch.long, device), max(top_k))
 
     min_p = [float(o.min_p) for o in opts]
     if any(m > 0.0 for m in min_p):
         probs = torch.softmax(x, dim=-1)
-        threshold = torch.tensor(min_p, device=device)[:, None] * probs.amax(dim=-1, keepdim=True)
+        threshold = host_tensor(min_p, torch.float32, device)[:, None] * probs.amax(dim=-1, keepdim=True)
         x.masked_fill_(probs < threshold, float("-inf"))
     return x
 
@@ -145,7 +146,7 @@ class Sampler:
             probs = _probs(processed_logits(logits, rows), greedy)
             noise = self._noise(probs, rows)
             if greedy:  # one-hot rows: argmax is the greedy token
-                noise.index_fill_(0, torch.tensor(greedy, device=noise.device), 1.0)
+                noise.index_fill_(0, host_tensor(greedy, torch.long, noise.device), 1.0)
             token_ids = probs.div_(noise).argmax(dim=-1)
         k = max((r.options.logprobs or 0) for r in rows) if rows else 0
         chosen, top_ids, top_lp = compute_logprobs(logits, token_ids, k)
@@ -196,7 +197,7 @@ def _probs(x: torch.Tensor, greedy: list[int]) -> torch.Tensor:
     """Softmax of processed logits; greedy rows become one-hot at their argmax."""
     probs = torch.softmax(x, dim=-1)
     if greedy:
-        index = torch.tensor(greedy, device=x.device)
+        index = host_tensor(greedy, torch.long, x.device)
         best = x.index_select(0, index).argmax(dim=-1)
         probs.index_copy_(0, index, torch.nn.functional.one_hot(best, x.shape[-1]).to(probs.dtype))
     return probs

@@ -26,7 +26,7 @@ from runtime.sequence import Sequence, SequenceStatus
 logger = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int  # tokens computed this step: num_computed_tokens .. + num_new_tokens - 1
@@ -114,12 +114,21 @@ class Scheduler:
         budget = self.max_num_tokens
 
         # Decodes before unfinished prompt chunks, so a long prompt never starves ongoing streams.
-        for seq in sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1):
-            if seq.status is not SequenceStatus.RUNNING or seq.num_uncomputed_tokens == 0:
+        bs, ref_counts = self.block_manager.block_size, self.block_manager.ref_counts
+        for seq in sorted(self.running, key=lambda s: len(s.token_ids) - s.num_computed_tokens > 1):
+            uncomputed = len(seq.token_ids) - seq.num_computed_tokens
+            if seq.status is not SequenceStatus.RUNNING or uncomputed == 0:
                 continue  # preempted earlier in this loop, or a beam waiting for its siblings' logits
             if budget == 0 or len(scheduled) == self.max_batch_size:
                 break
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            computed = seq.num_computed_tokens
+            if uncomputed == 1 and computed % bs and ref_counts[seq.block_table[computed // bs]] == 1:
+                # the common decode: its token goes into its own last block, which has room (no allocation)
+                batch.entries.append(ScheduledSeq(seq, 1, computed < seq.num_prompt_tokens, True))
+                scheduled.add(seq.seq_id)
+                budget -= 1
+                continue
+            num_new = min(uncomputed, budget)
             if not self._make_room(seq, num_new, scheduled, batch):
                 continue
             budget -= self._schedule(seq, num_new, batch, scheduled)

@@ -8,8 +8,30 @@ from __future__ import annotations
 
 import enum
 import itertools
+from collections.abc import Sequence as SequenceABC
 
 _seq_ids = itertools.count()
+# A token sampled by a step still running on the device (the engine's async scheduling): it holds the
+# sequence's place until the step's ids reach the host; the next step reads its value on the device.
+PENDING_TOKEN = -1
+
+
+class OutputTokens(SequenceABC):
+    """A live view of a sequence's output ids: sampling rows keep one instead of copying the ids each step."""
+
+    __slots__ = ("_seq",)
+
+    def __init__(self, seq: Sequence) -> None:
+        self._seq = seq
+
+    def __len__(self) -> int:
+        return len(self._seq.token_ids) - self._seq.num_prompt_tokens
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def]
+        return self._seq.output_token_ids[index]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._seq.output_token_ids)
 
 
 class SequenceStatus(enum.Enum):
@@ -93,6 +115,13 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+
+    def add_sampled(self, token_id: int) -> None:
+        """The token the last step sampled: it takes the place held by PENDING_TOKEN, if any."""
+        if self.token_ids[-1] == PENDING_TOKEN:
+            self.token_ids[-1] = token_id
+        else:
+            self.token_ids.append(token_id)
 
     def fork(self, index: int) -> "Sequence":
         """A copy for sample `index` with the same tokens and progress; blocks are shared by the caller."""

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from runtime.attention_metadata import AttentionMetadata
+from runtime.attention_metadata import AttentionMetadata, pad_block_tables
 
 if TYPE_CHECKING:
     from runtime.lora.apply import LoraBatch
@@ -71,24 +71,23 @@ MAX_ROWS_PER_SEQ = 17  # new tokens a sequence may bring to a graphed step (1 + 
 IDS, POSITIONS, SLOTS, LENGTHS, ADAPTERS = range(5)  # rows of the packed input buffer
 
 
-def pack_rows(inputs: Sequence[StepInput], block_size: int) -> tuple[list[list[int]], list[list[int]]]:
+def pack_rows(inputs: Sequence[StepInput], block_size: int) -> tuple[list[list[int]], torch.Tensor]:
     """One graph row per new token: the packed buffer's five columns-lists (ids, positions, KV slots,
-    lengths, adapter slots) and each row's block table, padded to the step's widest."""
+    lengths, adapter slots) and the rows' block tables, int32 padded to the step's widest."""
     columns: list[list[int]] = [[], [], [], [], []]
     ids, positions, slots, lengths, adapters = columns
     tables: list[list[int]] = []
-    width = max(len(inp.block_table) for inp in inputs)
     for inp in inputs:
-        table = inp.block_table + [0] * (width - len(inp.block_table))
+        table = inp.block_table
         for j, token in enumerate(inp.token_ids):
             p = inp.start_pos + j
             ids.append(token)
             positions.append(p)
-            slots.append(inp.block_table[p // block_size] * block_size + p % block_size)
+            slots.append(table[p // block_size] * block_size + p % block_size)
             lengths.append(p + 1)  # the row attends over its sequence up to and including itself
             adapters.append(inp.adapter_slot)
             tables.append(table)
-    return columns, tables
+    return columns, pad_block_tables(tables)
 
 
 def row_metadata(packed: torch.Tensor, tables: torch.Tensor, query_start: torch.Tensor, block_size: int,
@@ -180,10 +179,12 @@ class DecodeGraphs:
             rows += n
         return rows <= self.sizes[-1]
 
-    def run(self, inputs: Sequence[StepInput]) -> torch.Tensor:
-        """Replay the bucket's graph; float32 logits [new tokens, vocab] (valid until the next run)."""
+    def run(self, inputs: Sequence[StepInput],
+            fill_pending: Callable[[Sequence[StepInput], torch.Tensor], None]) -> torch.Tensor:
+        """Replay the bucket's graph; float32 logits [new tokens, vocab] (valid until the next run).
+        `fill_pending` writes the ids that the previous step sampled on the device (ModelRunner)."""
         columns, tables = pack_rows(inputs, self.block_size)
-        n = len(tables)
+        n = tables.shape[0]
         bucket = pick_bucket(self.sizes, n)
         assert bucket is not None
         graph = self._graphs(max(columns[ADAPTERS]) >= 0)[bucket]  # may capture: before the inputs are written
@@ -191,7 +192,8 @@ class DecodeGraphs:
         padding = (0, 0, -1, 0, -1)  # per packed row: what a padded graph row holds
         host = torch.tensor([col + [fill] * pad for col, fill in zip(columns, padding)], dtype=torch.long)
         self.packed[:, :bucket].copy_(host, non_blocking=True)
-        self.tables[:n, : len(tables[0])].copy_(torch.tensor(tables, dtype=torch.int32), non_blocking=True)
+        self.tables[:n, : tables.shape[1]].copy_(tables, non_blocking=True)
+        fill_pending(inputs, self.packed[IDS, :n])
         graph.replay()
         return self.logits[:n]
 
