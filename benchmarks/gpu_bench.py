@@ -12,6 +12,8 @@ in DIR/gpu_bench.json even when a later one fails:
   engine      our NativeEngine in-process: decode ITL at batch 1 (128-token context), GPU time of one
               graphed decode step, TTFT of a 1024-token prompt, 256 x 128/128 throughput, 64 closed-loop
               streams (with event-loop lag), and a torch.profiler summary of a batch-256 window; then
+              the same engine core in its own process behind EngineClient (the server's default: batch-1
+              ITL, 256-request throughput, 64 closed-loop streams with this process's event-loop lag),
               batch-1 ITL and 256-request throughput with async scheduling off, and batch-1 without graphs
   http        our gateway over HTTP, 64 concurrent streams (benchmarks/serve.py), vs the engine at 64
   http_in_process  the same with --no-engine-process (the engine in the HTTP server's process)
@@ -129,6 +131,7 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
     from runtime.config import EngineConfig
     from runtime.cuda.graphs import LENGTHS, SLOTS
     from runtime.llm_engine import NativeEngine
+    from runtime.process.client import EngineClient
 
     res: dict[str, Any] = {}
     s = sizes
@@ -190,14 +193,17 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
         del engine
         gc.collect()
         torch.cuda.empty_cache()
-    # The same engine with async scheduling off (each step waits for its tokens before the next is prepared),
-    # then also without CUDA graphs (same kernels, launched eagerly): batch-1 decode, and the 256-request
-    # throughput without async scheduling.
-    variants = [("sync", {"async_scheduling": False}, True)]
+    # The engine core in its own process (what the server runs by default; this loop only reads its outputs),
+    # then the in-process engine with async scheduling off (each step waits for its tokens before the next is
+    # prepared), then also without CUDA graphs (same kernels, launched eagerly).
+    variants: list[tuple[str, Any, bool]] = [
+        ("client", lambda: EngineClient(cfg), True),
+        ("sync", lambda: NativeEngine(dataclasses.replace(cfg, async_scheduling=False)), True)]
     if torch.device(device).type == "cuda":
-        variants.append(("no_graphs", {"async_scheduling": False, "enable_cuda_graphs": False}, False))
-    for label, changes, throughput in variants:
-        engine = NativeEngine(dataclasses.replace(cfg, **changes))
+        variants.append(("no_graphs", lambda: NativeEngine(dataclasses.replace(
+            cfg, async_scheduling=False, enable_cuda_graphs=False)), False))
+    for label, make, throughput in variants:
+        engine = make()
         await engine.start()
         try:
             p = gm.random_prompts(2, s.prompt, vocab, next(seed))
@@ -211,6 +217,8 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
                 done = await asyncio.gather(*(_stream(engine, _request(f"{label}-tp{i}", q, s.output))
                                               for i, q in enumerate(prompts)))
                 res[f"throughput_{s.batch}_tok_s_{label}"] = sum(d[2] for d in done) / (time.perf_counter() - t)
+            if label == "client":
+                res.update({f"{k}_client": v for k, v in (await _closed_loop(engine, s, vocab, next(seed))).items()})
         finally:
             await engine.shutdown()
             del engine
@@ -441,6 +449,10 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
         f"engine_{s.batch}_tok_s_sync": get("engine", f"throughput_{s.batch}_tok_s_sync"),
         "decode_b1_itl_no_graphs_ms": get("engine", "decode_b1_itl_ms_p50_no_graphs"),
         "loop_lag_p99_ms": get("engine", "event_loop_lag_ms_p99"),
+        f"engine_client_{s.batch}_tok_s": get("engine", f"throughput_{s.batch}_tok_s_client"),
+        f"engine_client_{s.streams}_tok_s": get("engine", f"closed_loop_{s.streams}_tok_s_client"),
+        "decode_b1_itl_client_ms": get("engine", "decode_b1_itl_ms_p50_client"),
+        "loop_lag_p99_client_ms": get("engine", "event_loop_lag_ms_p99_client"),
         f"http_{s.streams}_tok_s": get("http", "summary", "output_token_throughput"),
         f"http_{s.streams}_in_process_tok_s": get("http_in_process", "summary", "output_token_throughput"),
         f"http_{s.batch}_tok_s": get("http_batch", "summary", "output_token_throughput"),

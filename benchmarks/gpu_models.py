@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from runtime.tokenizer import bytes_to_unicode
+
 LLAMA_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
                 intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True, head_dim=64)
 # A draft for LLAMA_1B in the spirit of Llama-3.2's small siblings: same vocabulary and tokenizer, 2 layers.
@@ -36,8 +38,8 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
 
 def make_checkpoint(folder: Path, shape: dict[str, Any], dtype: torch.dtype, *, init_std: float = 0.02,
                     max_positions: int = 8192, seed: int = 0) -> Path:
-    """Save a random Llama of `shape` and a word-level tokenizer to `folder` (skipped when present)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """Save a random Llama of `shape` and a byte-level tokenizer to `folder` (skipped when present)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     if (folder / "config.json").exists():
@@ -51,9 +53,13 @@ def make_checkpoint(folder: Path, shape: dict[str, Any], dtype: torch.dtype, *, 
         model = LlamaForCausalLM(config).to(dtype)
     model.generation_config.eos_token_id = eos
     model.save_pretrained(folder)
-    words = {f"w{i}": i for i in range(vocab - 1)} | {"<|endoftext|>": eos}
+    # byte-level, as Llama 3's: the 256 byte pieces, then " w<i>" words ("Ġ" is the space byte's piece)
+    byte_chars = list(bytes_to_unicode().values())
+    pieces = byte_chars + [f"\u0120w{i}" for i in range(vocab - 1 - len(byte_chars))]
+    words = {piece: i for i, piece in enumerate(pieces)} | {"<|endoftext|>": eos}
     tok = Tokenizer(models.WordLevel(words, unk_token="<|endoftext|>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
                             pad_token="<|endoftext|>", unk_token="<|endoftext|>").save_pretrained(folder)
     del model

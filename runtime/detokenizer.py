@@ -14,10 +14,15 @@ most pushes decode once, not twice. Text ending in U+FFFD (an incomplete UTF-8
 character) is held back until a later token completes it, or until `flush()`; so is a trailing run of
 SentencePiece byte pieces, whose text transformers decides only when the run ends (Tokenizer docs).
 Text of the same push before the held part goes out at once.
+
+Byte-level tokenizers (`Tokenizer.byte_pieces`) take a shorter road: a token's text is its bytes, so the
+stream is those bytes through an incremental UTF-8 decoder, which holds an incomplete character back by
+itself; no tokenizer call per token.
 """
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 
 from runtime.tokenizer import Tokenizer
@@ -46,14 +51,22 @@ class IncrementalDetokenizer:
         self._read = 0  # ids before this are emitted as text
         self._sent = 0  # chars of ids[read:]'s text emitted ahead (the settled part of a held push)
         self._prefix_text: str | None = None  # decode(ids[prefix:read]) when already known
+        self._pieces = tokenizer.byte_pieces
+        # "replace": an invalid byte shows as U+FFFD, as in the tokenizer's own (lossy) decode
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
 
     def push(self, token_ids: Sequence[int]) -> str:
         """Append new output ids; return the text they complete (may be "" while a char is split)."""
-        self._ids.extend(t for t in token_ids if t not in self._dropped)
+        pieces, dropped = self._pieces, self._dropped
+        if pieces is not None:
+            return self._utf8.decode(b"".join(pieces.get(t, b"") for t in token_ids if t not in dropped))
+        self._ids.extend(t for t in token_ids if t not in dropped)
         return self._emit(final=False)
 
     def flush(self) -> str:
         """Text still held back at the end of the sequence (an incomplete character shows as U+FFFD)."""
+        if self._pieces is not None:
+            return self._utf8.decode(b"", final=True)
         return self._emit(final=True)
 
     def _emit(self, final: bool) -> str:

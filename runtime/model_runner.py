@@ -56,7 +56,7 @@ class StepResult:
     """What the step produced for one StepInput (tensors are float32, on the CPU unless asked otherwise)."""
 
     token_ids: list[int] = field(default_factory=list)  # one per sample row
-    logprobs: list[float] = field(default_factory=list)  # raw logprob of each chosen token
+    logprobs: list[float] = field(default_factory=list)  # raw logprob of each chosen token (0.0: not asked)
     top: list[list[tuple[int, float]]] = field(default_factory=list)  # per row, best first
     all_logits: torch.Tensor | None = None  # [len(token_ids of the input), vocab]
     sample_logits: torch.Tensor | None = None  # [1, vocab]: the row every sample was drawn from
@@ -76,12 +76,12 @@ class PendingStep:
         if self._fetched[0] is None:  # nothing was sampled
             return self._results
         token_ids, logprobs, top_ids, top_lps = (t.tolist() if t is not None else None for t in self._fetched)
-        assert token_ids is not None and logprobs is not None
+        assert token_ids is not None
         i = 0
         for inp, res in zip(self._inputs, self._results):
             for _ in inp.sample_rows:
                 res.token_ids.append(token_ids[i])
-                res.logprobs.append(logprobs[i])
+                res.logprobs.append(logprobs[i] if logprobs is not None else 0.0)
                 res.top.append(list(zip(top_ids[i], top_lps[i])) if top_ids is not None else [])
                 i += 1
         return self._results

@@ -217,7 +217,7 @@ class RequestState:
             self._finish(s, "length", None)
         if s.finish_reason is not None:
             self._close_sample(s, delta)
-        delta.cumulative_logprob = s.cumulative_logprob
+        delta.cumulative_logprob = self._cumulative(s)
         return delta
 
     def end_all(self, reason: FinishReason, error: str | None = None) -> list[OutputDelta]:
@@ -231,9 +231,13 @@ class RequestState:
                     self._close_sample(s, delta)
                 else:
                     delta.finish_reason = reason
-                delta.cumulative_logprob = s.cumulative_logprob
+                delta.cumulative_logprob = self._cumulative(s)
                 deltas.append(delta)
         return deltas
+
+    def _cumulative(self, s: SampleState) -> float | None:
+        """The sample's summed logprob, known only when the request asked for logprobs (else not computed)."""
+        return s.cumulative_logprob if self.options.logprobs is not None else None
 
     def decorate(self, deltas: list[OutputDelta]) -> None:
         """Prompt facts on the request's first delta; usage and context logits on its last."""

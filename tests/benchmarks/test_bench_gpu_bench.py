@@ -32,7 +32,9 @@ def test_every_phase_on_the_cpu(tmp_path: Path, load_generator_here: None) -> No
     engine = r["engine"]
     assert positive(engine["load_s"], engine["decode_b1_itl_ms_p50"], engine["ttft_64_ms_p50"],
                     engine["throughput_8_tok_s"], engine["closed_loop_4_tok_s"], engine["event_loop_lag_ms_p99"],
-                    engine["profile"]["decode8_step_ms_p50"])
+                    engine["profile"]["decode8_step_ms_p50"], engine["throughput_8_tok_s_client"],
+                    engine["closed_loop_4_tok_s_client"], engine["event_loop_lag_ms_p99_client"],
+                    engine["throughput_8_tok_s_sync"])
     assert "decode_b1_graph_gpu_ms" not in engine  # CUDA graphs: CUDA only
     assert (out / "profile.txt").stat().st_size > 0
     http = r["http"]["summary"]

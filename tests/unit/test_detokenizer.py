@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -141,6 +142,9 @@ def test_push_cost_does_not_grow_with_length(tokenizer: Tokenizer) -> None:
     finally:
         del tokenizer.decode
     assert text == tokenizer.decode(ids)
+    if tokenizer.byte_pieces is not None:  # byte-level: text from the token byte table, no decode at all
+        assert calls == []
+        return
     # a window holds up to WINDOW context tokens plus a held-back character (at most 4 byte tokens), or for
     # SentencePiece a run of byte pieces
     longest_run, run = 0, 0
@@ -150,3 +154,22 @@ def test_push_cost_does_not_grow_with_length(tokenizer: Tokenizer) -> None:
     assert max(calls) <= WINDOW + 4 + longest_run
     # and most pushes decode once: the last decode is the next push's context
     assert len(calls) < 1.4 * len(ids)
+
+
+def test_byte_level_table_only_where_decode_is_its_bytes(tokenizer: Tokenizer) -> None:
+    """The byte-table road is taken for byte-level BPE, never for SentencePiece, and survives added tokens
+    that are not byte-mapped (a space inside): streams still equal the one-shot decode."""
+    assert (tokenizer.byte_pieces is None) == ("ByteLevel" not in tokenizer._decoder)
+    if tokenizer.byte_pieces is None:
+        return
+    hf = copy.deepcopy(tokenizer.hf)  # the fixture's tokenizer stays as it was
+    hf.add_tokens([" <tool call>", "naïve café"])
+    hf.add_special_tokens({"additional_special_tokens": ["<|sep|>"]})
+    tok = Tokenizer(hf, tokenizer.eos_token_ids)
+    assert tok.byte_pieces is not None and len(tok.byte_pieces) == len(hf)
+    rng = random.Random(3)
+    added = [len(hf) - 3, len(hf) - 2, len(hf) - 1]
+    for _ in range(20):
+        ids = [rng.choice(added) if rng.random() < 0.2 else rng.randrange(len(hf)) for _ in range(30)]
+        for skip in (True, False):
+            assert "".join(stream(tok, ids, random_chunks(rng, len(ids)), skip)) == tok.decode(ids, skip)
