@@ -210,6 +210,11 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
             await _stream(engine, _request(f"{label}-warm", p[0], 8))
             _, arr, _ = await _stream(engine, _request(f"{label}-itl", p[1], 65))
             res[f"decode_b1_itl_ms_p50_{label}"] = statistics.median([b - a for a, b in zip(arr[1:], arr[2:])]) * 1e3
+            ttfts = []
+            for i, q in enumerate(gm.random_prompts(4, s.ttft_prompt, vocab, next(seed))):
+                t, arr, _ = await _stream(engine, _request(f"{label}-ttft{i}", q, 1))
+                ttfts.append(arr[0] - t)
+            res[f"ttft_{s.ttft_prompt}_ms_p50_{label}"] = statistics.median(ttfts[1:]) * 1e3
             if throughput:
                 prompts = gm.random_prompts(s.batch, s.prompt, vocab, next(seed))
                 await asyncio.gather(*(_stream(engine, _request(f"{label}-w{i}", q, 8)) for i, q in enumerate(prompts)))

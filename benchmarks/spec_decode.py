@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ngram-min", type=int, default=1)
     p.add_argument("--ngram-max", type=int, default=4)
     p.add_argument("--max-kv-tokens", type=int, default=16384)
-    p.add_argument("--speculative-max-concurrency", type=int, default=None,
-                   help="no speculation in steps where more sequences decode (the server's option)")
+    p.add_argument("--speculative-max-concurrency", type=int, default=EngineConfig.speculative_max_concurrency,
+                   help="no speculation in steps where more sequences decode (the server's option and default)")
     p.add_argument("--repeat", type=int, default=1, help="rounds of all modes; medians are reported")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)

@@ -43,7 +43,9 @@ class EngineConfig:
     num_draft_tokens: int = 4
     ngram_min: int = 1
     ngram_max: int = 4
-    speculative_max_concurrency: int | None = None  # no speculation in steps where more sequences decode (TRT-LLM max_concurrency)
+    # no speculation in steps where more sequences decode (TRT-LLM's max_concurrency; None: always). Speculation
+    # pays at low concurrency and loses at 8 streams on the H100 (benchmarks/RESULTS.md), so it stops above 4.
+    speculative_max_concurrency: int | None = 4
     # CPU execution
     cpu_threads: int | None = None  # torch threads of the native runtime on CPU; default $OMP_NUM_THREADS, else all cores but one
     # GPU execution

@@ -394,7 +394,7 @@ class NativeEngine(Engine):
 
     def _overlappable(self, batch: ScheduledBatch) -> bool:
         """Whether the step may run before the host knows the tokens of the step in flight (async scheduling)."""
-        if not self._async_scheduling or self.speculator is not None:
+        if not self._async_scheduling or (self.speculator is not None and self.speculator.speculates(batch)):
             return False
         requests = self._requests
         return all(not e.samples or (requests[e.seq.request_id].overlappable and e.seq.num_samples == 1)

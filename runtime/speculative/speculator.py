@@ -83,7 +83,7 @@ class Speculator:
             self.proposer.release_finished()
         if self._cpu_twins:
             self._cpu_twins = {k: v for k, v in self._cpu_twins.items() if v[0] in requests}
-        if self.max_concurrency is not None and sum(not e.is_prefill for e in batch.entries) > self.max_concurrency:
+        if not self.speculates(batch):
             return
         budget = self.max_num_tokens - batch.num_tokens
         free_blocks = self.block_manager.num_free_blocks  # minus what earlier entries reserve below
@@ -110,6 +110,11 @@ class Speculator:
                 continue
             self.block_manager.append_slots(entry.seq, 1 + len(tokens))
             self._work[entry.seq.seq_id] = _Work(entry, state, target, tokens, probs)
+
+    def speculates(self, batch: ScheduledBatch) -> bool:
+        """Whether this step may speculate: not above max_concurrency decoding sequences (then the step is a
+        plain one, which the engine may also launch ahead: async scheduling)."""
+        return self.max_concurrency is None or sum(not e.is_prefill for e in batch.entries) <= self.max_concurrency
 
     def _draft_len(self, entry: ScheduledSeq, state: RequestState) -> int:
         seq = entry.seq

@@ -20,6 +20,7 @@ from runtime.request import GenerationRequest
 from runtime.speculative import DraftTokenizerMismatchError
 from tests.engine_harness import StepRecorder, collect, request, running_engine
 from tests.tiny_models import build_tiny_model
+from tests.unit.test_async_scheduling import LaunchLog
 
 
 @pytest.fixture(scope="module")
@@ -280,16 +281,19 @@ async def test_the_demo_model_pairs_with_its_own_draft_by_default() -> None:
 
 
 async def test_no_speculation_in_steps_where_more_sequences_decode_than_the_limit(pair) -> None:
-    """speculative_max_concurrency=2: steps decoding 4 sequences run plain, and speculation resumes once two
-    requests are done; output still equals plain greedy."""
+    """speculative_max_concurrency=2: steps decoding 4 sequences run plain, launched ahead (async scheduling),
+    and speculation resumes once two requests are done; output still equals plain greedy."""
     target, _ = pair
     ps = prompts(4, seed=5)
     lengths = [6, 6, 24, 24]
     want = [(await plain_greedy(target, [p], n))[0] for p, n in zip(ps, lengths)]
-    async with running_engine(target, speculative="ngram", num_draft_tokens=3, speculative_max_concurrency=2) as engine:
+    async with running_engine(target, speculative="ngram", num_draft_tokens=3, speculative_max_concurrency=2,
+                              async_scheduling=True) as engine:
         rec = StepRecorder(engine)
+        launches = LaunchLog(engine)
         outs = await run_all(engine, [request(f"m{i}", p, n) for i, (p, n) in enumerate(zip(ps, lengths))])
     assert [o.tokens[0] for o in outs] == want
+    assert launches.overlapped() > 0  # the plain steps ran one ahead
     spec_steps = 0
     crowded = 0
     for step, stats in zip(rec.steps, rec.stats):
