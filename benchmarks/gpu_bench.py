@@ -167,6 +167,10 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
             end.record()
             end.synchronize()
             res["decode_b1_graph_gpu_ms"] = start.elapsed_time(end) / 100
+            try:
+                res["decode_b1_kernels"] = _graph_kernels(g, out / "profile_b1.txt")
+            except Exception as exc:  # noqa: BLE001 - a profiler failure must not lose the phase's figures
+                res["decode_b1_kernels"] = {"error": repr(exc)}
         # TTFT of a 1024-token prompt at concurrency 1
         ttfts = []
         for p in gm.random_prompts(6, s.ttft_prompt, vocab, next(seed)):
@@ -257,6 +261,23 @@ async def _closed_loop(engine: Any, s: Sizes, vocab: int, seed: int) -> dict[str
     await lag_task
     return {f"closed_loop_{streams}_tok_s": tokens / wall,
             "event_loop_lag_ms_p50": _pct(lags, 0.5) * 1e3, "event_loop_lag_ms_p99": _pct(lags, 0.99) * 1e3}
+
+
+def _graph_kernels(graph: Any, path: Path, replays: int = 10) -> dict[str, Any]:
+    """Kernels of one graph replay (torch.profiler sees inside CUDA graphs): their count and summed GPU time
+    per replay, against which the replay's wall time shows the gaps between them; the table goes to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    path.write_text(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=40))
+    return {"kernels_per_replay": sum(e.count for e in kernels) / replays,
+            "kernel_ms_per_replay": sum(e.self_device_time_total for e in kernels) / 1e3 / replays,
+            "top": [(e.key[:60], round(e.self_device_time_total / 1e3 / replays, 4), e.count // replays)
+                    for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:12]]}
 
 
 async def _profile(engine: Any, s: Sizes, vocab: int, seed: int, out: Path) -> dict[str, Any]:
