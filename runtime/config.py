@@ -43,9 +43,9 @@ class EngineConfig:
     num_draft_tokens: int = 4
     ngram_min: int = 1
     ngram_max: int = 4
-    # no speculation in steps where more sequences decode (TRT-LLM's max_concurrency; None: always). Speculation
-    # pays at low concurrency and loses at 8 streams on the H100 (benchmarks/RESULTS.md), so it stops above 4.
-    speculative_max_concurrency: int | None = 4
+    # no speculation in steps where more sequences decode (TRT-LLM's max_concurrency; None: always). On the H100
+    # a draft model breaks even at 2 streams and loses at 4 (n-gram: 1.46x at 2, 1.02x at 4; benchmarks/RESULTS.md)
+    speculative_max_concurrency: int | None = 2
     # CPU execution
     cpu_threads: int | None = None  # torch threads of the native runtime on CPU; default $OMP_NUM_THREADS, else all cores but one
     # GPU execution

@@ -34,7 +34,7 @@ async def running_engine(checkpoint: Path, **config: Any) -> AsyncIterator[Nativ
     config.setdefault("kv_block_size", 4)
     config.setdefault("max_kv_tokens", 1024)
     config.setdefault("device", os.environ.get("ENGINE_TEST_DEVICE", "cpu"))
-    # speculation tests batch many sequences on purpose; the product stops speculating above 4 (EngineConfig)
+    # speculation tests batch many sequences on purpose; the product stops speculating above 2 (EngineConfig)
     config.setdefault("speculative_max_concurrency", None)
     engine = NativeEngine(EngineConfig(model=str(checkpoint), dtype="float32", **config))
     await engine.start()
