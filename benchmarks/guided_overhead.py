@@ -86,7 +86,7 @@ def advance(compiler: GuidedCompiler, compiled, inputs: list[StepInput], token_i
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="checkpoint folder (default: the demo model)")
+    parser.add_argument("--model", default="demo", help="checkpoint folder (default: the demo model)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--batch", type=int, default=32)

@@ -119,8 +119,9 @@ async def measure(url: str, duration: float, senders: int, only: list[str]) -> d
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    # the demo model unless --server-arg names another (a later --model wins)
     command = [sys.executable, "-m", "gateway", "serve", "--port", "{port}", "--log-level", "warning",
-               *args.server_arg]
+               "--model", "demo", *args.server_arg]
     server = Server("", command=command, ready_path="/health")
     try:
         server.wait_ready()

@@ -136,7 +136,7 @@ async def bench(args: argparse.Namespace) -> list[Row]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="target checkpoint (default: the embedded demo model)")
+    p.add_argument("--model", default="demo", help="target checkpoint (default: the embedded demo model)")
     p.add_argument("--draft-model", default=None, help="draft checkpoint (default with the demo: the demo draft)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")

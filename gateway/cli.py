@@ -49,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="{serve}")
     serve = sub.add_parser(
         "serve", help="serve a model over HTTP",
-        description="Serve a model (default: the embedded demo model). Every option can also be set "
-                    f"with an environment variable {ENV_PREFIX}<NAME>; a flag wins over its variable.",
+        description="Serve a model (default: SmolLM2-135M-Instruct; --model demo: the embedded demo model). "
+                    f"Every option can also be set with an environment variable {ENV_PREFIX}<NAME>; a flag wins over its variable.",
     )
     groups: dict[str, argparse._ArgumentGroup] = {}
     for opt in options():

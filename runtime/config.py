@@ -12,7 +12,7 @@ SchedulerPolicy = Literal["max_utilization", "guaranteed_no_evict"]
 class EngineConfig:
     """Knobs of both backends. Field names match the CLI flags (`--max-batch-size` -> max_batch_size)."""
 
-    model: str | None = None  # checkpoint folder; None: the embedded demo model
+    model: str | None = None  # checkpoint folder or .gguf file; "demo": the embedded demo model; unset: SmolLM2-135M-Instruct
     tokenizer: str | None = None  # tokenizer folder when it differs from `model`
     served_model_name: str | None = None  # default: the folder's name ("demo" for the demo model)
     backend: Literal["native", "trtllm"] = "native"

@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,6 +30,7 @@ import torch
 from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig
 from runtime.delivery import Outbox, read_batches
+from runtime.default_model import DEMO, resolve_model
 from runtime.device import cpu_thread_count, dtype_name, resolve_device, resolve_dtype
 from runtime.engine import Engine, EngineStats, ModelInfo, deltas_of
 from runtime.errors import EngineNotReadyError, InvalidRequestError, QueueFullError
@@ -52,23 +52,9 @@ from runtime.workers import WorkerPool, is_heavy
 logger = logging.getLogger(__name__)
 
 
-
-def resolve_model_path(config: EngineConfig) -> tuple[str, bool]:
-    """(checkpoint folder, is it the embedded demo model); a GGUF file is converted to a cached folder."""
-    if config.model is not None:
-        from runtime.models.gguf import resolve_gguf
-
-        return resolve_gguf(config.model, config.dtype), False
-    try:
-        from runtime.demo import demo_model_path
-    except ImportError as exc:
-        raise ValueError("no model given (--model) and the embedded demo model is not available") from exc
-    return demo_model_path(), True
-
-
 def describe_model(config: EngineConfig) -> tuple[str, ModelSpec, torch.device, torch.dtype, ModelInfo]:
     """(checkpoint folder, its spec, device, dtype, what the gateway is told) without loading weights."""
-    model_path, is_demo = resolve_model_path(config)
+    model_path, default_name = resolve_model(config.model, config.dtype)
     spec = ModelSpec.from_pretrained(model_path)
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device, spec.torch_dtype)
@@ -77,7 +63,7 @@ def describe_model(config: EngineConfig) -> tuple[str, ModelSpec, torch.device, 
         raise ValueError(
             f"max_model_len {window} exceeds the model's max_position_embeddings ({spec.max_position_embeddings})"
         )
-    name = config.served_model_name or ("demo" if is_demo else Path(model_path).name)
+    name = config.served_model_name or default_name
     info = ModelInfo(name=name, context_window=window, vocab_size=spec.vocab_size, backend="native",
                      dtype=dtype_name(dtype), device=str(device))
     return model_path, spec, device, dtype, info
@@ -128,7 +114,7 @@ class NativeEngine(Engine):
         self.lora = LoraManager(cfg, model, on_ready=self._wake)
         self.runner.lora = self.lora.batch
         window = self.model_info.context_window
-        proposer = load_proposer(cfg, serving_demo=resolve_model_path(cfg)[1], tokenizer=self.tokenizer,
+        proposer = load_proposer(cfg, serving_demo=cfg.model == DEMO, tokenizer=self.tokenizer,
                                  vocab_size=self.spec.vocab_size, dtype=self.dtype, device=self.device)
         activations = self.runner.profile_activation_bytes(cfg.max_num_tokens, cfg.max_batch_size, window)
         bytes_per_token = kv_cache_bytes_per_token(self.spec, self.dtype)

@@ -20,6 +20,7 @@ from runtime.config import EngineConfig
 from runtime.engine import Engine, EngineStats, ModelInfo
 from runtime.errors import EngineFailedError, EngineNotReadyError, InvalidRequestError, QueueFullError
 from runtime.request import GenerationRequest, OutputDelta, Usage
+from runtime.default_model import resolve_model
 from runtime.tokenizer import Tokenizer
 from runtime.trtllm.api import load_api
 from runtime.trtllm.llm_config import llm_arguments
@@ -38,19 +39,13 @@ def _draft_len(spec: Any) -> int:
     return int(getattr(spec, "max_draft_len", 0) or 0) if spec is not None else 0
 
 
-def _default_model_path() -> str:
-    from runtime import demo_model_path  # lazy: runtime/__init__ imports the backends lazily too
-
-    return demo_model_path()
-
-
 class TrtllmEngine(Engine):
     """The gateway's engine over `tensorrt_llm.LLM` (checkpoint) or `_tensorrt_engine.LLM` (engine)."""
 
     def __init__(self, config: EngineConfig) -> None:
         self._api = load_api()  # fails here, at start-up, with the install hint
         self.config = config
-        path = config.model or _default_model_path()
+        path, default_name = resolve_model(config.model, config.dtype)
         self.folder = ModelFolder.inspect(path, config.tokenizer, config.max_model_len)
         self.tokenizer = Tokenizer.from_pretrained(self.folder.tokenizer_path)
         self.adapters = TrtllmAdapters(config.lora_modules, config.max_lora_rank)
@@ -59,7 +54,7 @@ class TrtllmEngine(Engine):
         if lora_config is not None:  # LoRA on (maybe only through trtllm_extra): adapters may be added
             self.adapters.enabled = True
             self.adapters.target_modules = list(lora_config.lora_target_modules) or self.adapters.target_modules
-        name = config.served_model_name or path.rstrip("/").split("/")[-1]
+        name = config.served_model_name or default_name
         self.model_info = ModelInfo(name=name, context_window=self.folder.context_window,
                                     vocab_size=self.tokenizer.vocab_size, backend="trtllm",
                                     dtype=config.dtype if config.dtype != "auto" else self.folder.dtype,

@@ -261,12 +261,12 @@ async def test_greedy_equality_holds_when_kv_blocks_run_short_and_sequences_are_
 
 
 async def test_the_demo_model_pairs_with_its_own_draft_by_default() -> None:
-    """No --model and --speculative draft with no --draft-model: the embedded demo draft is used, and the
+    """--model demo and --speculative draft with no --draft-model: the embedded demo draft is used, and the
     greedy output equals the demo model's plain greedy output."""
     outs, stats = [], []
     for spec in ("none", "draft"):
-        engine = NativeEngine(EngineConfig(device="cpu", dtype="float32", max_kv_tokens=1024, max_model_len=256,
-                                           speculative=spec))
+        engine = NativeEngine(EngineConfig(model="demo", device="cpu", dtype="float32", max_kv_tokens=1024,
+                                           max_model_len=256, speculative=spec))
         await engine.start()
         try:
             ids = engine.tokenizer.encode("def fibonacci(n):\n    if n < 2:\n")

