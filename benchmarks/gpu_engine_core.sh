@@ -11,7 +11,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >>"$L" 2>&1
 if [[ ${TESTS:-1} == 1 ]]; then
-  ENGINE_TEST_DEVICE=cuda timeout 200 python -m pytest -q -p no:cacheprovider tests/unit/test_cuda_graphs.py \
+  ENGINE_TEST_DEVICE=cuda timeout 200 python -m pytest -q -p no:cacheprovider tests/unit/test_cuda_kernels.py tests/unit/test_cuda_graphs.py \
     tests/unit/test_async_scheduling.py tests/unit/test_llm_engine.py > $OUT/tests_cuda.txt 2>&1
   echo "rc $?" >> $OUT/tests_cuda.txt; tail -8 $OUT/tests_cuda.txt | tee -a "$L"
 fi

@@ -34,8 +34,8 @@ def test_graphed_engine_matches_eager_engine() -> None:
     from runtime.request import GenerationRequest, SamplingOptions
 
     async def run(graphs: bool) -> list[list[int]]:
-        engine = NativeEngine(EngineConfig(device="cuda", dtype="float32", max_batch_size=8, max_kv_tokens=4096,
-                                           enable_cuda_graphs=graphs))
+        engine = NativeEngine(EngineConfig(model="demo", device="cuda", dtype="float32", max_batch_size=8,
+                                           max_kv_tokens=4096, enable_cuda_graphs=graphs))
         await engine.start()
         try:
             async def one(i: int) -> list[int]:

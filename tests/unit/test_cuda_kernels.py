@@ -17,7 +17,7 @@ from runtime.models.norm import RMSNorm  # noqa: E402
 from runtime.models.rotary_embedding import RopeConfig, RotaryEmbedding  # noqa: E402
 
 if RUN_HERE:
-    from runtime.cuda.fused import rms_norm, rope, silu_and_mul
+    from runtime.cuda.fused import add_rms_norm, rms_norm, rope, silu_and_mul
     from runtime.cuda.paged_attention import prefill_tiles, triton_paged_attention
 
 
@@ -122,6 +122,10 @@ def test_fused_elementwise_kernels_match_modules(dtype: torch.dtype) -> None:
     norm.weight.data = torch.randn(96, generator=g).to(DEVICE, dtype)
     x = torch.randn(5, 96, generator=g).to(DEVICE, dtype)
     torch.testing.assert_close(rms_norm(x, norm.weight, norm.eps), norm(x), rtol=tol, atol=tol + 1e-6)
+    residual = torch.randn(5, 96, generator=g).to(DEVICE, dtype)
+    total, normed = add_rms_norm(x, residual, norm.weight, norm.eps)
+    torch.testing.assert_close(total, x + residual, rtol=tol, atol=tol + 1e-6)  # the residual stream itself
+    torch.testing.assert_close(normed, norm(x + residual), rtol=tol, atol=tol + 1e-6)
 
     rotary = RotaryEmbedding(16, 64, RopeConfig(10000.0, "default", {})).to(DEVICE)
     qkv = torch.randn(5, 3 * 16 + 2 * 16 + 2 * 16, generator=g).to(DEVICE, dtype)
