@@ -222,13 +222,28 @@ async def test_a_failing_request_never_disturbs_the_others(poisoned: RunningServ
 # ---- request timeout -------------------------------------------------------------------------------
 
 def test_request_timeout_aborts_and_frees_blocks(start_server) -> None:
+    """After a few steps the engine holds each step until the request's deadline has passed, so however
+    fast the machine, the request cannot finish its 240 tokens inside the 0.1 s timeout."""
     srv = start_server("native", gateway={"request_timeout": 0.1})
-    before = srv.engine.stats().generation_tokens_total
+    engine = srv.engine
+    before = engine.stats().generation_tokens_total
+    steps = 0
+    step = engine.step
+
+    def held_step() -> int:
+        nonlocal steps
+        steps += 1
+        deadlines = [s.request.deadline for s in engine._requests.values() if s.request.deadline is not None]
+        if steps > 4 and deadlines:
+            time.sleep(max(0.0, max(deadlines) - time.monotonic()))
+        return step()
+
+    engine.step = held_step
     r = httpx.post(srv.url + "/v1/completions", timeout=60, json={**LONG, "max_tokens": 240})
     err = assert_openai_error(r, 504, "server_error", "timeout")
     assert "request timeout of 0.1 s" in err["message"]
     wait_for(lambda: scrape(srv.url)["trtllm_gateway_kv_blocks_used"] == 0, what="KV blocks freed")
-    assert srv.engine.stats().generation_tokens_total - before < 240  # aborted, not run to the end
+    assert engine.stats().generation_tokens_total - before < 240  # aborted, not run to the end
 
 
 # ---- hostile input: invalid Unicode, huge integers, malformed tool calls ------------------------------
