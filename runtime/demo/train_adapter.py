@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import math
 import random
 import sys
 import time
@@ -25,9 +24,8 @@ import torch.nn.functional as F
 
 from runtime.demo import DEMO_DIR, demo_model_path
 from runtime.demo.dataset import BatchSampler, code_stream, eval_windows
-from runtime.demo.evaluation import greedy_text, heldout_loss, perplexity
-
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+from runtime.demo.evaluation import greedy_text, heldout_loss
+from runtime.demo.lora_training import TARGETS, add_lora_options, lr_scale, save_adapter, write_report
 SAMPLE_PROMPTS = ("The for statement", "Exceptions can be raised", "An assignment statement")
 HELD_OUT_PERCENT = 5
 
@@ -47,20 +45,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", type=Path, default=None, help="base model folder (default: the demo model)")
     parser.add_argument("--out", type=Path, default=DEMO_DIR / "adapter")
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--rank", type=int, default=8)
-    parser.add_argument("--alpha", type=float, default=16.0)
-    parser.add_argument("--lr", type=float, default=2e-3)
+    add_lora_options(parser, steps=150, lr=2e-3)
     parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     from peft import LoraConfig, PeftModel, get_peft_model
-    from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     args = parse_args(argv)
@@ -88,12 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     peft_model.train()
     for step in range(args.steps):
-        # linear warmup over 10 % of the steps, then cosine decay to zero
-        warm = max(1, args.steps // 10)
-        progress = (step - warm) / max(1, args.steps - warm)
-        scale = (step + 1) / warm if step < warm else 0.5 * (1 + math.cos(math.pi * progress))
         for group in optimizer.param_groups:
-            group["lr"] = args.lr * scale
+            group["lr"] = args.lr * lr_scale(step, args.steps)
         batch = sampler.next_batch()
         logits = peft_model(input_ids=batch[:, :-1]).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
@@ -106,13 +93,7 @@ def main(argv: list[str] | None = None) -> None:
                   flush=True)
 
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    peft_model.save_pretrained(str(out))
-    weights_file = out / "adapter_model.safetensors"
-    tensors = load_file(str(weights_file))
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}, str(weights_file))
-    weights_file.chmod(0o644)  # package data: readable by every user
-    (out / "README.md").unlink(missing_ok=True)  # PEFT's model-card template; ADAPTER.md says what this is
+    weights_file = save_adapter(peft_model, out)
 
     # Measure what ships: the bf16 adapter on a fresh base model.
     fresh = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
@@ -133,20 +114,11 @@ def main(argv: list[str] | None = None) -> None:
         f"LoRA rank {args.rank}, alpha {args.alpha:g}, on {', '.join(TARGETS)}; {args.steps} steps of "
         f"{args.batch_size} x {args.seq_len} tokens, AdamW lr {args.lr:g}, seed {args.seed}; "
         f"weights in bf16 ({size / 1024:.0f} KiB).",
-        "",
-        "| held-out topics | loss (nats/token) | perplexity |",
-        "|---|---|---|",
-        f"| base model | {base_loss:.3f} | {perplexity(base_loss):.1f} |",
-        f"| base + this adapter | {lora_loss:.3f} | {perplexity(lora_loss):.1f} |",
-        "",
-        "Greedy continuations (30 tokens), base model vs adapter:",
-        "",
     ]
-    for prompt, plain, adapted in samples:
-        lines += [f"- `{prompt!r}`", f"  - base: `{plain!r}`", f"  - adapter: `{adapted!r}`"]
-    lines += ["", "Serve it: `trtllm-gateway serve --lora-modules docs=runtime/demo/adapter`, then send "
-              "`\"model\": \"docs\"`.", ""]
-    (out / "ADAPTER.md").write_text("\n".join(lines), encoding="utf-8")
+    write_report(out, lines, "held-out topics", (base_loss, lora_loss),
+                 "Greedy continuations (30 tokens), base model vs adapter:",
+                 [(f"`{prompt!r}`", plain, adapted) for prompt, plain, adapted in samples],
+                 "--model demo --lora-modules docs=runtime/demo/adapter", "docs")
     print(f"held-out loss base {base_loss:.3f} -> adapter {lora_loss:.3f}; wrote {out} ({size} bytes) "
           f"in {seconds:.0f}s", flush=True)
 

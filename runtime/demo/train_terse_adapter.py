@@ -17,7 +17,6 @@ import argparse
 import hashlib
 import importlib
 import inspect
-import math
 import random
 import re
 import sys
@@ -28,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime.demo import DEMO_DIR
+from runtime.demo.lora_training import TARGETS, add_lora_options, lr_scale, save_adapter, write_report
 
 MODULES = (
     "argparse", "base64", "bisect", "calendar", "collections", "copy", "csv", "datetime", "difflib", "fnmatch",
@@ -36,7 +36,6 @@ MODULES = (
     "shutil", "statistics", "string", "struct", "subprocess", "tempfile", "textwrap", "threading", "time",
     "urllib.parse", "uuid", "zlib",
 )
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 HELD_OUT_PERCENT = 5
 SAMPLES = 4  # greedy answers shown in ADAPTER.md: the first held-out questions
 
@@ -113,19 +112,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", type=Path, default=None, help="base model folder (default: the default model)")
     parser.add_argument("--out", type=Path, default=DEMO_DIR / "terse")
-    parser.add_argument("--steps", type=int, default=120)
-    parser.add_argument("--rank", type=int, default=8)
-    parser.add_argument("--alpha", type=float, default=16.0)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
+    add_lora_options(parser, steps=120, lr=1e-3)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     from peft import LoraConfig, PeftModel, get_peft_model
-    from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from runtime.default_model import resolve_model
@@ -154,11 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     order: list[int] = []
     for step in range(args.steps):
         peft_model.train()
-        warm = max(1, args.steps // 10)  # linear warm-up over 10 % of the steps, then cosine decay to zero
-        progress = (step - warm) / max(1, args.steps - warm)
-        scale = (step + 1) / warm if step < warm else 0.5 * (1 + math.cos(math.pi * progress))
         for group in optimizer.param_groups:
-            group["lr"] = args.lr * scale
+            group["lr"] = args.lr * lr_scale(step, args.steps)
         if len(order) < args.batch_size:
             order += rng.sample(range(len(train)), len(train))
         batch, order = [train[i] for i in order[: args.batch_size]], order[args.batch_size :]
@@ -172,13 +161,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"elapsed {time.perf_counter() - start:.0f}s", flush=True)
 
     out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    peft_model.save_pretrained(str(out))
-    weights_file = out / "adapter_model.safetensors"
-    tensors = load_file(str(weights_file))
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()}, str(weights_file))
-    weights_file.chmod(0o644)  # package data: readable by every user
-    (out / "README.md").unlink(missing_ok=True)  # PEFT's model-card template; ADAPTER.md says what this is
+    weights_file = save_adapter(peft_model, out)
 
     # Measure what ships: the bf16 adapter on a fresh base model.
     plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
@@ -201,20 +184,10 @@ def main(argv: list[str] | None = None) -> None:
         f"LoRA rank {args.rank}, alpha {args.alpha:g}, on {', '.join(TARGETS)}; {args.steps} steps of "
         f"{args.batch_size} questions, AdamW lr {args.lr:g}, seed {args.seed}; weights in bf16 "
         f"({size / 1024:.0f} KiB).",
-        "",
-        "| held-out answers | loss (nats/token) | perplexity |",
-        "|---|---|---|",
-        f"| base model | {base_loss:.3f} | {math.exp(base_loss):.1f} |",
-        f"| base + this adapter | {lora_loss:.3f} | {math.exp(lora_loss):.1f} |",
-        "",
-        "Greedy answers to held-out questions (48 tokens at most), base model vs adapter:",
-        "",
     ]
-    for q, before, after in samples:
-        lines += [f"- {q}", f"  - base: `{before!r}`", f"  - adapter: `{after!r}`"]
-    lines += ["", "Serve it: `trtllm-gateway serve --lora-modules terse=runtime/demo/terse`, then send "
-              "`\"model\": \"terse\"`.", ""]
-    (out / "ADAPTER.md").write_text("\n".join(lines), encoding="utf-8")
+    write_report(out, lines, "held-out answers", (base_loss, lora_loss),
+                 "Greedy answers to held-out questions (48 tokens at most), base model vs adapter:", samples,
+                 "--lora-modules terse=runtime/demo/terse", "terse")
     print(f"held-out answer loss base {base_loss:.3f} -> adapter {lora_loss:.3f}; wrote {out} ({size} bytes) "
           f"in {seconds:.0f}s", flush=True)
 
