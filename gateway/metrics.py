@@ -10,10 +10,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gateway.triton_metrics import exposition
 from runtime.engine import Engine
 
 PREFIX = "trtllm_gateway_"
@@ -101,5 +102,5 @@ class GatewayMetrics:
         self.registry.register(EngineStatsCollector(engine))
 
     def exposition(self) -> bytes:
-        """The text exposition format of everything in the registry."""
-        return generate_latest(self.registry)
+        """The text exposition format of everything in the registry (Triton's counters under their names)."""
+        return exposition(self.registry)

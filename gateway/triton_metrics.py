@@ -11,7 +11,9 @@
   Triton's: compute_input = parsing and tokenising the request, queue = until the engine's first output
   (so it includes the prefill), compute_infer = first to last output, compute_output = rendering the
   response. request_success/failure and exec_count count HTTP requests; count counts prompts.
-Counters keep Triton's exact names (no `_total` suffix), so existing dashboards keep working.
+Counters keep Triton's exact names (no `_total` suffix), so existing dashboards keep working. prometheus_client
+writes a counter family's HELP and TYPE lines as NAME_total while the samples keep NAME, which Prometheus'
+parser reads as an empty counter plus an untyped series; `exposition()` writes NAME on all three, as Triton.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -206,7 +209,32 @@ def metrics_for(registry: CollectorRegistry) -> TritonMetrics | None:
     return _BY_REGISTRY.get(registry)
 
 
+def exposition(registry: CollectorRegistry) -> bytes:
+    """The text format of `registry`, with the nv_inference_* counters' HELP and TYPE lines under their
+    sample names (see the module docstring)."""
+    text = generate_latest(registry)
+    for name, _ in _COUNTERS:
+        full = b"nv_inference_" + name.encode()
+        text = text.replace(b"# HELP " + full + b"_total ", b"# HELP " + full + b" ")
+        text = text.replace(b"# TYPE " + full + b"_total counter", b"# TYPE " + full + b" counter")
+    return text
+
+
 def start_metrics_server(registry: CollectorRegistry, port: int, host: str = "0.0.0.0") -> None:
-    """Serve `registry` on its own port too (Triton's --metrics-port, 8002 by default there)."""
-    start_http_server(port, addr=host, registry=registry)
+    """Serve `registry` on its own port too (Triton's --metrics-port, 8002 by default there), in a thread."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = exposition(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:  # scrapes are not worth a log line each
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, name="metrics-port", daemon=True).start()
     log.info("metrics on http://%s:%d/metrics", host, port)

@@ -74,8 +74,8 @@ def test_metrics_carry_real_values_after_a_request(http: httpx.Client, server: R
     stats = server.engine.stats()
     key = "model=ensemble,version=1"
 
-    def delta(name: str) -> float:
-        return after[f"{name}{{{key}}}"] - before.get(f"{name}{{{key}}}", 0.0)
+    def delta(name: str) -> float:  # the parser names a counter's samples NAME_total (the wire has NAME)
+        return after[f"{name}_total{{{key}}}"] - before.get(f"{name}_total{{{key}}}", 0.0)
 
     assert (delta("nv_inference_request_success"), delta("nv_inference_request_failure")) == (1, 1)
     assert (delta("nv_inference_count"), delta("nv_inference_exec_count")) == (2, 1)  # 2 prompts, 1 execution

@@ -232,7 +232,7 @@ def test_errors(http: httpx.Client) -> None:
 def test_client_disconnect_mid_stream_aborts_the_request(server: RunningServer) -> None:
     room = server.engine.model_info.context_window - len(server.engine.tokenizer.encode(PROMPT))
     body = {"text_input": PROMPT, "max_tokens": room, "end_id": -1, "stream": True}
-    key = "nv_inference_request_failure{model=tensorrt_llm_bls,version=1}"
+    key = "nv_inference_request_failure_total{model=tensorrt_llm_bls,version=1}"  # the parser's counter name
     failures = scrape(server.url).get(key, 0.0)
     with httpx.Client(base_url=server.url, timeout=60) as client:
         with client.stream("POST", "/v2/models/tensorrt_llm_bls/generate_stream", json=body) as r:

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.triton_metrics import register, start_metrics_server
+from gateway.triton_metrics import exposition, register, start_metrics_server
 from runtime.engine import EngineStats
 
 STATS = EngineStats(
@@ -87,5 +87,27 @@ def test_metrics_port_serves_the_same_registry() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     start_metrics_server(registry, port, "127.0.0.1")
-    found = samples(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text)
-    assert value(found, "nv_trt_llm_general_metrics", general_type="iteration_counter") == 1234
+    r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    assert value(samples(r.text), "nv_trt_llm_general_metrics", general_type="iteration_counter") == 1234
+    assert "# TYPE nv_inference_count counter\n" in r.text  # Triton's counter names there too (exposition())
+
+
+def test_counters_are_written_under_tritons_names_and_parse_as_counters() -> None:
+    """`# TYPE nv_inference_count counter` above `nv_inference_count{...}` samples, as Triton writes them;
+    prometheus_client's own text format put `_total` on the HELP/TYPE lines only, which its parser read as an
+    empty counter plus an untyped series."""
+    registry = CollectorRegistry()
+    metrics = register(registry, StatsOnly())  # type: ignore[arg-type]
+    metrics.track("ensemble", "1", batch_size=2).finish(ok=True)
+    text = exposition(registry).decode()
+    assert "# TYPE nv_inference_count counter\n" in text and "# HELP nv_inference_count " in text
+    assert 'nv_inference_count{model="ensemble",version="1"} 2.0' in text and "nv_inference_count_total" not in text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("request_success", "request_failure", "count", "exec_count", "request_duration_us",
+                 "queue_duration_us", "compute_input_duration_us", "compute_infer_duration_us",
+                 "compute_output_duration_us"):
+        family = families["nv_inference_" + name]
+        assert family.type == "counter" and len(family.samples) == 1, name
+    assert all(f.type != "unknown" for f in families.values())
+    assert families["nv_inference_count"].samples[0].value == 2
