@@ -130,6 +130,23 @@ def _json(name: str) -> dict[str, Any]:
     return {"application/json": {"schema": _ref(name)}}
 
 
+_PHASE = {"type": "object", "required": ["count", "ns"],
+          "properties": {"count": {"type": "integer"}, "ns": {"type": "integer"}}}
+_STATISTICS = {"application/json": {"schema": {
+    "type": "object", "required": ["model_stats"], "properties": {"model_stats": {"type": "array", "items": {
+        "type": "object", "required": ["name", "version", "last_inference", "inference_count", "execution_count",
+                                       "inference_stats"],
+        "properties": {"name": {"type": "string"}, "version": {"type": "string"},
+                       "last_inference": {"type": "integer", "description": "ms since the epoch; 0: none yet"},
+                       "inference_count": {"type": "integer"}, "execution_count": {"type": "integer"},
+                       "inference_stats": {"type": "object", "additionalProperties": _PHASE},
+                       "batch_stats": {"type": "array"}}}}}}}}
+_REPOSITORY_INDEX = {"application/json": {"schema": {"type": "array", "items": {
+    "type": "object", "required": ["name", "version", "state"],
+    "properties": {"name": {"type": "string"}, "version": {"type": "string"},
+                   "state": {"type": "string", "enum": ["READY", "UNAVAILABLE"]}}}}}}
+
+
 def _model_param(ids: bool) -> list[dict[str, Any]]:
     if ids:
         return []
@@ -145,6 +162,12 @@ def triton_paths(errors: Any) -> dict[str, Any]:
         "/v2": {"get": {"summary": "Server metadata (KServe v2)", "responses": {
             "200": {"description": "Server metadata", "content": _json("TritonServerMetadata")},
             **errors(("401",), "TritonError")}}},
+        "/v2/repository/index": {"post": {"summary": "Every model, its version and state (Triton's repository "
+                                                    "extension; the body is ignored)", "responses": {
+            "200": {"description": "The models", "content": _REPOSITORY_INDEX}, **errors(("401",), "TritonError")}}},
+        "/v2/models/stats": {"get": {"summary": "Every model's inference statistics (Triton's statistics "
+                                                "extension)", "responses": {
+            "200": {"description": "Statistics", "content": _STATISTICS}, **errors(("401",), "TritonError")}}},
         # Public by default (--public-paths), like /health: Kubernetes probes carry no key.
         "/v2/health/live": {"get": {"summary": "Liveness: 200 while the process serves HTTP", "security": [{}],
                                     "responses": {"200": {"description": "Live (empty body)"}}}},
@@ -192,4 +215,6 @@ def _model_paths(prefix: str, params: list[dict[str, Any]], ids: bool, errors: A
             "400": {"description": "Not ready", "content": _json("TritonModelReady")}, **get_errors})},
         prefix + "/config": {"get": op("Model configuration, shaped like the backend's config.pbtxt", {
             "200": {"description": "Configuration", "content": _json("TritonModelConfig")}, **get_errors})},
+        prefix + "/stats": {"get": op("Inference statistics (Triton's statistics extension)", {
+            "200": {"description": "Statistics", "content": _STATISTICS}, **get_errors})},
     }

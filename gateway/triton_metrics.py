@@ -24,6 +24,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -59,6 +60,8 @@ class _ModelCounters:
     compute_infer_duration_us: float = 0
     compute_output_duration_us: float = 0
     pending: int = 0
+    fail_duration_us: float = 0  # of request_duration_us: the failed requests' share (statistics only)
+    last_inference_ms: float = 0  # when the last request finished, ms since the epoch (statistics only)
 
 
 class InferenceTimer:
@@ -103,6 +106,7 @@ class InferenceTimer:
             count=self.batch_size if ok else 0,
             exec_count=1 if ok else 0,
             request_duration_us=(end - self._start) * us,
+            fail_duration_us=0.0 if ok else (end - self._start) * us,
             compute_input_duration_us=(self._inputs - self._start) * us,
             queue_duration_us=max(0.0, first - self._inputs) * us,
             compute_infer_duration_us=max(0.0, last - first) * us,
@@ -129,6 +133,34 @@ class TritonMetrics:
             c.pending += pending
             for name, value in add.items():
                 setattr(c, name, getattr(c, name) + value)
+            if pending < 0:  # a request finished
+                c.last_inference_ms = time.time() * 1e3
+
+    def statistics(self, models: list[tuple[str, str]]) -> dict[str, Any]:
+        """Triton's statistics document (GET /v2/models[/{m}]/stats) for (name, version) pairs; durations in
+        ns; the phases count the successful requests, as Triton's do."""
+        snap = self.snapshot()
+        stats = []
+        for name, version in models:
+            c = snap.get((name, version), _ModelCounters())
+            ok = int(c.request_success)
+
+            def phase(count: float, us: float) -> dict[str, int]:
+                return {"count": int(count), "ns": int(us * 1e3)}
+
+            stats.append({
+                "name": name, "version": version, "last_inference": int(c.last_inference_ms),
+                "inference_count": int(c.count), "execution_count": int(c.exec_count),
+                "inference_stats": {
+                    "success": phase(ok, c.request_duration_us - c.fail_duration_us),
+                    "fail": phase(c.request_failure, c.fail_duration_us),
+                    "queue": phase(ok, c.queue_duration_us),
+                    "compute_input": phase(ok, c.compute_input_duration_us),
+                    "compute_infer": phase(ok, c.compute_infer_duration_us),
+                    "compute_output": phase(ok, c.compute_output_duration_us),
+                    "cache_hit": phase(0, 0), "cache_miss": phase(0, 0)},
+                "batch_stats": []})
+        return {"model_stats": stats}
 
     def snapshot(self) -> dict[tuple[str, str], _ModelCounters]:
         with self._lock:

@@ -28,7 +28,8 @@ from starlette.routing import BaseRoute, Route
 
 from adapters.triton import ResponseCollector, StreamRenderer, TritonGenerate, model_kind, parse_generate
 from adapters.triton.inputs import ModelKind
-from adapters.triton.metadata import model_config, model_metadata, model_ready, server_metadata
+from adapters.triton.metadata import model_config, model_metadata, model_names, model_ready, repository_index, \
+    server_metadata
 from gateway.disconnect import until_disconnected
 from gateway.errors import ClientDisconnected, ModelNotFoundError, log_error, triton_error_body, \
     triton_error_response
@@ -241,6 +242,26 @@ async def model_config_route(request: Request) -> Response:
                                      exclude_input_in_output=_exclude_input_default(request)))
 
 
+async def repository_index_route(request: Request) -> Response:
+    return JSONResponse(repository_index(_served_name(request), _is_ready(request)))
+
+
+async def statistics_route(request: Request) -> Response:
+    """Every model's statistics (GET /v2/models/stats), or one model's."""
+    if "model" in request.path_params:
+        try:
+            name, version, _ = _resolve(request)
+        except ModelNotFoundError as exc:
+            return triton_error_response(exc, request_id_of(request.scope))
+        models = [(name, version)]
+    else:
+        models = [(name, MODEL_VERSION) for name in model_names(_served_name(request))]
+    metrics = metrics_for(request.app.state.metrics.registry)
+    if metrics is None:  # no Triton metrics registered: nothing counted
+        return JSONResponse({"model_stats": []})
+    return JSONResponse(metrics.statistics(models))
+
+
 def _model_routes() -> list[BaseRoute]:
     routes: list[BaseRoute] = []
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
@@ -249,6 +270,7 @@ def _model_routes() -> list[BaseRoute]:
             Route(prefix + "/generate_stream", generate_stream, methods=["POST"]),
             Route(prefix + "/ready", model_ready_route, methods=["GET"]),
             Route(prefix + "/config", model_config_route, methods=["GET"]),
+            Route(prefix + "/stats", statistics_route, methods=["GET"]),
             Route(prefix, model_info, methods=["GET"]),
         ]
     return routes
@@ -258,6 +280,8 @@ triton_routes: list[BaseRoute] = [
     Route("/v2", server_info, methods=["GET"]),
     Route("/v2/health/live", health_live, methods=["GET"]),
     Route("/v2/health/ready", health_ready, methods=["GET"]),
+    Route("/v2/repository/index", repository_index_route, methods=["POST"]),
+    Route("/v2/models/stats", statistics_route, methods=["GET"]),  # before /v2/models/{model} takes "stats"
     *_model_routes(),
 ]
 

@@ -16,8 +16,9 @@ from adapters.triton.model_repo import PARAMETER_FIELDS
 from runtime.config import EngineConfig
 
 SERVER_NAME = "trtllm-gateway"
-# KServe extensions we implement: model configuration (GET .../config) and Triton's generate.
-EXTENSIONS = ("model_configuration", "generate")
+# KServe extensions we implement: model configuration (GET .../config), Triton's generate, the repository
+# index (POST /v2/repository/index) and statistics (GET /v2/models[/{m}]/stats).
+EXTENSIONS = ("model_configuration", "generate", "model_repository", "statistics")
 
 
 def server_version() -> str:
@@ -36,6 +37,12 @@ def model_names(served_model_name: str) -> list[str]:
     """Every model name the Triton dialect answers to (the served name first)."""
     names = [served_model_name, *TEXT_MODEL_NAMES, IDS_MODEL_NAME]
     return list(dict.fromkeys(names))
+
+
+def repository_index(served_model_name: str, ready: bool) -> list[dict[str, str]]:
+    """POST /v2/repository/index: every model, its version and state."""
+    state = "READY" if ready else "UNAVAILABLE"
+    return [{"name": name, "version": "1", "state": state} for name in model_names(served_model_name)]
 
 
 def _platform(name: str, kind: ModelKind) -> tuple[str, str]:

@@ -18,7 +18,7 @@ LABELS = "model=tensorrt_llm,version=1"
 def test_server_metadata_and_health(http: httpx.Client) -> None:
     meta = http.get("/v2").json()
     assert meta["name"] == "trtllm-gateway" and meta["version"]
-    assert set(meta["extensions"]) == {"model_configuration", "generate"}
+    assert set(meta["extensions"]) == {"model_configuration", "generate", "model_repository", "statistics"}
     assert http.get("/v2/health/live").status_code == 200
     assert http.get("/v2/health/ready").status_code == 200
 
@@ -142,3 +142,31 @@ def test_serving_from_a_triton_model_repository(tmp_path: Path, tiny_model_dir: 
         assert params["batch_scheduler_policy"] == "guaranteed_no_evict" and config["max_batch_size"] == 64
     finally:
         server.stop()
+
+
+def test_tritonclient_reads_the_repository_index_and_statistics(http: httpx.Client, server: RunningServer) -> None:
+    """tritonclient.http, as Triton users call it: the repository index lists every model READY, and the
+    statistics count this test's generate requests (one with 2 prompts, one failing) in Triton's shape."""
+    tritonclient_http = pytest.importorskip("tritonclient.http")
+    client = tritonclient_http.InferenceServerClient(server.url.removeprefix("http://"))
+    index = client.get_model_repository_index()
+    assert {m["name"] for m in index} == {MODEL_NAME, "ensemble", "tensorrt_llm_bls", "tensorrt_llm"}
+    assert all(m["version"] == "1" and m["state"] == "READY" for m in index)
+
+    before = client.get_inference_statistics("tensorrt_llm_bls")["model_stats"][0]
+    body = {**DOC_EXAMPLE, "text_input": ["What is machine learning?", "Hi"], "max_tokens": 4}
+    assert http.post("/v2/models/tensorrt_llm_bls/generate", json=body).status_code == 200
+    assert http.post("/v2/models/tensorrt_llm_bls/generate", json={"text_input": "x", "bogus": 1}).status_code == 400
+    after = client.get_inference_statistics("tensorrt_llm_bls")["model_stats"][0]
+    assert (after["name"], after["version"]) == ("tensorrt_llm_bls", "1")
+    assert after["inference_count"] - before["inference_count"] == 2  # prompts
+    assert after["execution_count"] - before["execution_count"] == 1
+    stats, earlier = after["inference_stats"], before["inference_stats"]
+    assert stats["success"]["count"] - earlier["success"]["count"] == 1
+    assert stats["fail"]["count"] - earlier["fail"]["count"] == 1
+    for phase in ("success", "queue", "compute_input", "compute_infer"):
+        assert stats[phase]["ns"] > earlier[phase]["ns"], phase
+    assert after["last_inference"] > 0 and after["last_inference"] >= before["last_inference"]
+    every = client.get_inference_statistics()["model_stats"]
+    assert {(m["name"], m["version"]) for m in every} == {(m["name"], "1") for m in index}
+    assert http.get("/v2/models/nope/stats").status_code == 404
