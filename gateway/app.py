@@ -31,7 +31,7 @@ from starlette.routing import BaseRoute
 
 from adapters.limits import RequestLimits
 from gateway.auth import ApiKeyMiddleware, AuthPolicy
-from gateway.errors import render_for_path
+from gateway.errors import MethodNotAllowedError, RouteNotFoundError, render_for_path
 from gateway.key_limits import key_limits_middleware
 from gateway.limits import BodySizeLimitMiddleware
 from gateway.lora_routes import check_adapter_names, lora_routes
@@ -64,10 +64,15 @@ def _triton_routes(metrics: GatewayMetrics, engine: Engine) -> list[BaseRoute]:
 
 
 def _http_error(request: Request, exc: Exception) -> Response:
-    """404/405 etc. from routing, in the dialect of the path."""
+    """404/405 etc. from routing, in the dialect of the path (and logged with that status)."""
     assert isinstance(exc, HTTPException)
-    detail = f"Invalid URL ({request.method} {request.url.path})" if exc.status_code == 404 else exc.detail
-    err = InvalidRequestError(detail)
+    err: InvalidRequestError
+    if exc.status_code == 404:
+        err = RouteNotFoundError(f"Invalid URL ({request.method} {request.url.path})")
+    elif exc.status_code == 405:
+        err = MethodNotAllowedError(exc.detail)
+    else:
+        err = InvalidRequestError(exc.detail)
     response = render_for_path(request.url.path, err, request_id_of(request.scope))
     response.status_code = exc.status_code
     return response

@@ -59,6 +59,14 @@ class BodyReadTimeoutError(InvalidRequestError):
         super().__init__(f"The request body did not arrive: nothing came for {timeout:g} s (--read-timeout).")
 
 
+class RouteNotFoundError(InvalidRequestError):
+    """No route at this path (OpenAI answers 404 "Invalid URL")."""
+
+
+class MethodNotAllowedError(InvalidRequestError):
+    """The route exists, but not for this HTTP method."""
+
+
 class RequestTimeoutError(EngineError):
     """The request ran past --request-timeout and was aborted."""
 
@@ -108,6 +116,8 @@ ERROR_TABLE: dict[type[BaseException], ErrorKind] = {
     BodyTooLargeError: ErrorKind(413, "invalid_request_error", "request_too_large"),
     BodyReadTimeoutError: ErrorKind(408, "invalid_request_error", "request_timeout"),
     UnsupportedOptionError: ErrorKind(400, "invalid_request_error", "unsupported_parameter"),
+    RouteNotFoundError: ErrorKind(404, "invalid_request_error", None),
+    MethodNotAllowedError: ErrorKind(405, "invalid_request_error", None),
     InvalidRequestError: ErrorKind(400, "invalid_request_error", None),
     AuthenticationError: ErrorKind(401, "invalid_request_error", "invalid_api_key"),
     PermissionDeniedError: ErrorKind(403, "invalid_request_error", "insufficient_permissions"),

@@ -343,9 +343,17 @@ def test_mid_stream_failure_is_an_error_event_then_done(client: TestClient, engi
     assert engine.closed == [engine.requests[-1].request_id]
 
 
-def test_unknown_route_is_openai_404(client: TestClient) -> None:
-    r = client.post("/v1/nope", json={})
+def test_unknown_route_is_openai_404_and_logged_as_such(client: TestClient, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("INFO", logger="gateway.errors"):
+        r = client.post("/v1/nope", json={})
+        wrong_method = client.get("/v1/chat/completions")
     assert r.status_code == 404 and r.json()["error"]["message"] == "Invalid URL (POST /v1/nope)"
+    assert r.json()["error"]["type"] == "invalid_request_error"
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["type"] == "invalid_request_error"
+    rejections = [rec.getMessage() for rec in caplog.records if "rejected with" in rec.getMessage()]
+    assert any("rejected with 404: Invalid URL (POST /v1/nope)" in m for m in rejections), rejections
+    assert any("rejected with 405" in m for m in rejections), rejections
+    assert not any("rejected with 400" in m for m in rejections), rejections
 
 
 def test_api_keys_guard_v1_but_not_health(engine: ScriptedEngine) -> None:
