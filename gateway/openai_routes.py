@@ -52,6 +52,7 @@ OWNED_BY = "trtllm-gateway"
 log = logging.getLogger("gateway.openai")
 # nginx's "client closed request": logged and counted, never seen by the (gone) client.
 CLIENT_CLOSED = 499
+IGNORED_FIELDS_HEADER = "x-ignored-fields"  # request fields we do not know, ignored (see _parse)
 
 
 class _Output(Protocol):
@@ -119,11 +120,23 @@ async def _collect(stream: GenerationStream, output: _Output) -> dict[str, Any]:
     return output.response()
 
 
-def _parse(schema: type[BaseModel], body: bytes, max_json_depth: int, limits: RequestLimits) -> Any:
-    """The body as `schema`, within the request limits (400 otherwise)."""
-    req = parse_request(schema, parse_json(body, max_json_depth))
+def _parse(schema: type[BaseModel], body: bytes, max_json_depth: int,
+           limits: RequestLimits) -> tuple[Any, list[str]]:
+    """The body as `schema`, within the request limits (400 otherwise), and the top-level fields it does not
+    know. Those are ignored, as vLLM ignores them (clients such as litellm add their own), but never
+    silently: the response names them in IGNORED_FIELDS_HEADER and the log warns."""
+    data = parse_json(body, max_json_depth)
+    req = parse_request(schema, data)
     check_limits(req, limits)
-    return req
+    unknown = sorted(k for k in data if k not in schema.model_fields) if isinstance(data, dict) else []
+    return req, unknown
+
+
+def _field_list(names: list[str], most: int = 16) -> str:
+    """Field names for a header and a log line: ASCII (JSON escapes for anything else, control characters
+    included, so no header can be split), the first `most` of them."""
+    shown = ", ".join(json.dumps(n)[1:-1] for n in names[:most])
+    return shown + (f" (and {len(names) - most} more)" if len(names) > most else "")
 
 
 async def _serve(request: Request, schema: type[BaseModel], id_prefix: str, plan: _Plan) -> Response:
@@ -134,7 +147,12 @@ async def _serve(request: Request, schema: type[BaseModel], id_prefix: str, plan
         # Large bodies are parsed and translated (chat template) in worker threads: not on the event loop.
         pool: WorkerPool = request.app.state.prepare
         heavy = len(body) > HEAVY_CHARS
-        req: Any = await pool.call(heavy, _parse, schema, body, settings.max_json_depth, request.app.state.limits)
+        req, unknown = await pool.call(heavy, _parse, schema, body, settings.max_json_depth, request.app.state.limits)
+        headers = None
+        if unknown:
+            named = _field_list(unknown)
+            headers = {IGNORED_FIELDS_HEADER: named}
+            log.warning("request %s: ignored unknown fields %s", request_id, named)
         if settings.log_prompts:
             _log_prompt(request_id, req)
         engine = ready_engine(request)
@@ -143,7 +161,7 @@ async def _serve(request: Request, schema: type[BaseModel], id_prefix: str, plan
         gen_requests, output = await pool.call(heavy, plan, req, response_id, model, adapter, engine.tokenizer)
         stream = GenerationStream(engine, gen_requests, request.app.state.metrics, timeout=settings.request_timeout)
         if not req.stream:  # one disconnect watcher for the whole request; rejections raise from it too
-            return JSONResponse(await until_disconnected(request, _collect(stream, output)))
+            return JSONResponse(await until_disconnected(request, _collect(stream, output)), headers=headers)
         # Wait for the first outputs before answering, so rejections get a real status code.
         await until_disconnected(request, stream.start())
 
@@ -152,7 +170,7 @@ async def _serve(request: Request, schema: type[BaseModel], id_prefix: str, plan
             return openai_error_body(exc, request_id)
 
         return sse_response(stream, output.chunks, render_error=render_error, finish=output.final_chunks,
-                            on_close=stream.close, done_marker="[DONE]")
+                            on_close=stream.close, done_marker="[DONE]", headers=headers)
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
     except Exception as exc:

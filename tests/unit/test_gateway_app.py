@@ -405,3 +405,28 @@ def test_lora_modules_named_like_a_model_are_a_start_up_error(engine: ScriptedEn
     settings.engine.lora_modules = {name: "/adapters/x"}
     with pytest.raises(InvalidRequestError, match=f"--lora-modules: the adapter name '{name}' is already a model"):
         create_app(settings, engine)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_unknown_fields_are_ignored_but_named(client: TestClient, caplog: pytest.LogCaptureFixture,
+                                              stream: bool) -> None:
+    """Fields we do not know are ignored, as vLLM does (clients add their own), never silently: the response
+    names them in a header and the log warns. Known ones bring no header."""
+    with caplog.at_level("WARNING", logger="gateway.openai"):
+        r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "stream": stream, "foo": 1,
+                                                 "reasoning_effort": "low"})
+    assert r.status_code == 200 and r.headers["x-ignored-fields"] == "foo, reasoning_effort"
+    assert any("ignored unknown fields foo, reasoning_effort" in rec.getMessage() for rec in caplog.records)
+    plain = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "stream": stream})
+    assert plain.status_code == 200 and "x-ignored-fields" not in plain.headers
+
+
+def test_ignored_field_names_cannot_break_the_header(client: TestClient) -> None:
+    """Names with non-Latin-1 or control characters are JSON-escaped; past 16 the rest are counted."""
+    body = {"prompt": "x", "max_tokens": 1, "caf\u00e9\U0010189a": 1, "a\r\nSet-Cookie: x=1": 2}
+    body.update({f"f{i:02d}": i for i in range(20)})
+    r = client.post("/v1/completions", json=body)
+    named = r.headers["x-ignored-fields"]
+    assert r.status_code == 200 and named.isascii() and "\r" not in named and "\n" not in named
+    assert named.startswith("a\\r\\nSet-Cookie: x=1, caf\\u00e9\\udbc6\\udc9a, f00") and named.endswith("(and 6 more)")
+    assert "set-cookie" not in r.headers
