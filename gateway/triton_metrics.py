@@ -24,8 +24,8 @@ import time
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -144,21 +144,17 @@ class TritonMetrics:
         for name, version in models:
             c = snap.get((name, version), _ModelCounters())
             ok = int(c.request_success)
-
-            def phase(count: float, us: float) -> dict[str, int]:
-                return {"count": int(count), "ns": int(us * 1e3)}
-
             stats.append({
                 "name": name, "version": version, "last_inference": int(c.last_inference_ms),
                 "inference_count": int(c.count), "execution_count": int(c.exec_count),
                 "inference_stats": {
-                    "success": phase(ok, c.request_duration_us - c.fail_duration_us),
-                    "fail": phase(c.request_failure, c.fail_duration_us),
-                    "queue": phase(ok, c.queue_duration_us),
-                    "compute_input": phase(ok, c.compute_input_duration_us),
-                    "compute_infer": phase(ok, c.compute_infer_duration_us),
-                    "compute_output": phase(ok, c.compute_output_duration_us),
-                    "cache_hit": phase(0, 0), "cache_miss": phase(0, 0)},
+                    "success": _phase(ok, c.request_duration_us - c.fail_duration_us),
+                    "fail": _phase(c.request_failure, c.fail_duration_us),
+                    "queue": _phase(ok, c.queue_duration_us),
+                    "compute_input": _phase(ok, c.compute_input_duration_us),
+                    "compute_infer": _phase(ok, c.compute_infer_duration_us),
+                    "compute_output": _phase(ok, c.compute_output_duration_us),
+                    "cache_hit": _phase(0, 0), "cache_miss": _phase(0, 0)},
                 "batch_stats": []})
         return {"model_stats": stats}
 
@@ -239,6 +235,11 @@ def register(registry: CollectorRegistry, engine: Engine, model_name: str = "ten
 def metrics_for(registry: CollectorRegistry) -> TritonMetrics | None:
     """The TritonMetrics registered on `registry`, if any."""
     return _BY_REGISTRY.get(registry)
+
+
+def _phase(count: float, us: float) -> dict[str, int]:
+    """One phase of Triton's statistics document: a count and its cumulative nanoseconds."""
+    return {"count": int(count), "ns": int(us * 1e3)}
 
 
 def exposition(registry: CollectorRegistry) -> bytes:

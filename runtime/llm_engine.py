@@ -108,6 +108,7 @@ class NativeEngine(Engine):
             torch.set_num_threads(cpu_thread_count(cfg.cpu_threads))  # process-wide: the step thread's matmuls
             logger.info("CPU: %d torch threads", torch.get_num_threads())
         self.tokenizer = Tokenizer.from_pretrained(cfg.tokenizer or self.model_path)
+        _ = self.tokenizer.byte_pieces  # the detokenizers' table, built at load time, not on the first request
         self.eos_token_ids = list(dict.fromkeys(self.tokenizer.eos_token_ids + self.spec.eos_token_ids))
         model = load_model(self.model_path, self.dtype, self.device)
         self.runner = ModelRunner(model, cfg.kv_block_size, Sampler(cfg.seed))

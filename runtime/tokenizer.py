@@ -11,6 +11,7 @@ output behaves the same way.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -101,7 +102,6 @@ class Tokenizer:
         if "ByteFallback" in self._decoder:
             vocab = hf.get_vocab()
             self.byte_fallback_ids = frozenset(i for t, i in vocab.items() if _BYTE_FALLBACK_TOKEN.match(t))
-        self.byte_pieces: dict[int, bytes] | None = self._byte_level_pieces()
 
     @classmethod
     def from_pretrained(cls, path: str) -> Tokenizer:
@@ -220,11 +220,13 @@ class Tokenizer:
             return piece.replace(_METASPACE, " ").encode("utf-8")
         return self.decode([token_id], skip_special_tokens=False).encode("utf-8")
 
-    def _byte_level_pieces(self) -> dict[int, bytes] | None:
+    @functools.cached_property
+    def byte_pieces(self) -> dict[int, bytes] | None:
         """Each token's bytes, when decoding is their concatenation read as UTF-8 (byte-level BPE: GPT-2,
         Llama 3, SmolLM2, Qwen); else None. The incremental detokenizer then streams text from this table
         instead of calling the tokenizer (one Rust decode per token was a third of a batch-256 step's host
-        time on the H100). Checked against the tokenizer's own decode of every single token."""
+        time on the H100). Checked against the tokenizer's own decode of every single token; built on first
+        use, so processes that never detokenize (the HTTP front end) never pay for it."""
         if self._decoder != {"ByteLevel"} or self._backend is None:
             return None
         pieces = {}

@@ -48,6 +48,7 @@ class TrtllmEngine(Engine):
         path, default_name = resolve_model(config.model, config.dtype)
         self.folder = ModelFolder.inspect(path, config.tokenizer, config.max_model_len)
         self.tokenizer = Tokenizer.from_pretrained(self.folder.tokenizer_path)
+        _ = self.tokenizer.byte_pieces  # the detokenizers' table, built at load time, not on the first request
         self.adapters = TrtllmAdapters(config.lora_modules, config.max_lora_rank)
         self._llm_class, self.llm_kwargs = llm_arguments(self._api, config, self.folder, self.adapters)
         lora_config = self.llm_kwargs.get("lora_config")
