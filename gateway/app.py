@@ -119,15 +119,27 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
         if await _start_engine(app):
             await watch_engine(app.state.engine, app.state.drain, lambda why: _fatal(app, why))
 
+    settings: Settings = app.state.settings
+    grpc_server = None
+    if settings.grpc_port is not None:  # before the engine starts: a taken port fails the start at once
+        from gateway.triton_grpc import start_grpc_server
+
+        try:
+            grpc_server = await start_grpc_server(app, settings.grpc_port, settings.host)
+        except OSError as exc:
+            app.state.startup_error = str(exc)
+            raise
     task = asyncio.create_task(start_then_watch())
     try:
         yield
     finally:
         app.state.drain.begin()  # the watcher must not mistake this shutdown for a death
+        if grpc_server is not None:  # in-flight calls get the drain timeout, as HTTP requests
+            await grpc_server.stop(settings.drain_timeout)
         if not task.done():
             task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        await app.state.engine.shutdown(app.state.settings.drain_timeout)
+        await app.state.engine.shutdown(settings.drain_timeout)
         app.state.prepare.shutdown()
 
 

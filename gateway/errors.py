@@ -96,6 +96,10 @@ class TokenRateLimitError(QueueFullError):
 class ServerDrainingError(EngineNotReadyError):
     """The server got SIGTERM and finishes in-flight requests only."""
 
+    def __init__(self, message: str = "The server is shutting down and takes no new requests; retry on another "
+                 "replica.") -> None:
+        super().__init__(message)
+
 
 class ClientDisconnected(Exception):
     """The client went away before the response was ready (answered 499 for the logs and metrics only)."""

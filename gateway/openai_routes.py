@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from pydantic import BaseModel
+from starlette.datastructures import State
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -68,9 +69,14 @@ _Plan = Callable[[Any, str, str, str | None, Tokenizer], tuple[list[GenerationRe
 
 def ready_engine(request: Request) -> Engine:
     """The app's engine, or EngineNotReadyError (503) while it loads or after it failed."""
-    engine: Engine = request.app.state.engine
+    return state_engine(request.app.state)
+
+
+def state_engine(state: State) -> Engine:
+    """ready_engine() for transports without a Starlette request (gRPC): from the app's state."""
+    engine: Engine = state.engine
     if not engine.ready:
-        why = request.app.state.startup_error
+        why = state.startup_error
         raise EngineNotReadyError(f"The model failed to load: {why}" if why else
                                   "The model is still loading; retry when GET /health returns 200.")
     return engine
@@ -78,8 +84,13 @@ def ready_engine(request: Request) -> Engine:
 
 def served_adapters(request: Request, engine: Engine) -> dict[str, str]:
     """LoRA adapters the engine serves now (name -> folder): run-time loads included where supported."""
+    return state_adapters(request.app.state, engine)
+
+
+def state_adapters(state: State, engine: Engine) -> dict[str, str]:
+    """served_adapters() from the app's state."""
     adapters = engine.lora_adapters()
-    return request.app.state.settings.engine.lora_modules if adapters is None else adapters
+    return state.settings.engine.lora_modules if adapters is None else adapters
 
 
 def resolve_model(request: Request, engine: Engine, name: str | None) -> tuple[str, str | None]:

@@ -64,6 +64,7 @@ class Settings:
     triton_model_repo: str | None = None  # Triton TensorRT-LLM model repository: engine settings from its config.pbtxt (flags win)
     exclude_input_in_output: bool = False  # Triton generate: answer without the prompt unless a request says otherwise
     metrics_port: int | None = None  # also serve /metrics on this port (Triton used 8002)
+    grpc_port: int | None = 8001  # KServe v2 gRPC (Triton's port 8001; tritonclient.grpc); none: no gRPC
     engine: EngineConfig = field(default_factory=EngineConfig)
 
     @classmethod

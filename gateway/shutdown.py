@@ -121,7 +121,7 @@ class DrainMiddleware:
             await self.app(scope, receive, send)
             return
         if self.drain.draining:
-            exc = ServerDrainingError("The server is shutting down and takes no new requests; retry on another replica.")
+            exc = ServerDrainingError()
             await render_for_path(scope["path"], exc, request_id_of(scope))(scope, receive, send)
             return
         with self.drain.tracking(scope):

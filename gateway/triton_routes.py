@@ -9,10 +9,13 @@
   text only); otherwise one event per prompt holding its complete answer, as the backend's
   non-streaming mode did over the same endpoint. A failure after the first event is an event
   `{"error": "..."}`; one before it is a plain JSON error with its status.
-- GET /v2, /v2/health/live, /v2/health/ready, /v2/models/{model}[/versions/{v}], .../ready, .../config.
+- POST .../infer: KServe v2 inference (JSON tensors or the binary tensor data extension), through
+  gateway.triton_infer as gRPC's ModelInfer; a batch's rows are stacked in one response.
+- GET /v2, /v2/health/live, /v2/health/ready, /v2/models/{model}[/versions/{v}], .../ready, .../config,
+  .../stats; POST /v2/repository/index.
 
-Model names: the served model name, `ensemble`, `tensorrt_llm_bls` (text in, text out) and
-`tensorrt_llm` (token ids in, token ids out); version "1" only. Errors use Triton's `{"error": "..."}`
+Model names: the served model name, `ensemble`, `tensorrt_llm_bls` (text in, text out),
+`tensorrt_llm` (token ids in, token ids out) and the served LoRA adapters (text); version "1" only. Errors use Triton's `{"error": "..."}`
 through gateway.errors; an unknown model or version is a 404.
 """
 
@@ -26,10 +29,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from adapters.triton import ResponseCollector, StreamRenderer, TritonGenerate, model_kind, parse_generate
+from adapters.triton import ResponseCollector, StreamRenderer, TritonGenerate, parse_generate
+from adapters.triton.http_infer import HEADER_LENGTH, parse_http_infer, render_http_infer, split_http_body
 from adapters.triton.inputs import ModelKind
-from adapters.triton.metadata import model_config, model_metadata, model_names, model_ready, repository_index, \
-    server_metadata
+from adapters.triton.metadata import model_config, model_metadata, model_ready, repository_index, server_metadata
 from gateway.disconnect import until_disconnected
 from gateway.errors import ClientDisconnected, ModelNotFoundError, log_error, triton_error_body, \
     triton_error_response
@@ -38,41 +41,18 @@ from gateway.middleware import request_id_of
 from gateway.limits import parse_json
 from gateway.openai_routes import read_body, ready_engine
 from gateway.streaming import sse_response
+from gateway.triton_infer import MODEL_VERSION, InferCall, infer_unary, TritonModel, apply_adapter, resolve_model, served_model_names
 from gateway.triton_metrics import InferenceTimer, metrics_for
-from runtime.engine import Engine
 from runtime.request import OutputDelta
 from runtime.tokenizer import Tokenizer
 from runtime.workers import HEAVY_CHARS, WorkerPool
 
-MODEL_VERSION = "1"
 CLIENT_CLOSED = 499  # nginx's "client closed request": counted, never seen by the gone client
 
 
-class UnknownModelError(ModelNotFoundError):
-    """A model name or version we do not serve (-> 404), worded as Triton words it."""
-
-    def __init__(self, model: str, version: str | None = None) -> None:
-        super().__init__(model)
-        which = f"'{model}'" if version is None else f"'{model}' version {version}"
-        self.message = f"Request for unknown model: {which} is not found"
-        self.args = (self.message,)
-
-
-def _served_name(request: Request) -> str:
-    engine: Engine = request.app.state.engine
-    return engine.model_info.name
-
-
-def _resolve(request: Request) -> tuple[str, str, ModelKind]:
-    """(model name, version, kind) of the path; ModelNotFoundError (404) for names and versions we do not serve."""
-    name = request.path_params["model"]
-    version = request.path_params.get("version", MODEL_VERSION)
-    kind = model_kind(name, _served_name(request))
-    if kind is None:
-        raise UnknownModelError(name)
-    if version not in ("", MODEL_VERSION):
-        raise UnknownModelError(name, version)
-    return name, MODEL_VERSION, kind
+def _resolve(request: Request) -> TritonModel:
+    """The model of the path; UnknownModelError (404) for names and versions we do not serve."""
+    return resolve_model(request.app.state, request.path_params["model"], request.path_params.get("version", ""))
 
 
 def _parse(request: Request, raw: bytes, name: str, version: str, kind: ModelKind,
@@ -137,13 +117,15 @@ async def _generate(request: Request, streaming: bool) -> Response:
     request_id = request_id_of(request.scope)
     timer: InferenceTimer | None = None
     try:
-        name, version, kind = _resolve(request)
-        timer = _timer(request, name, version)
+        model = _resolve(request)
+        timer = _timer(request, model.name, model.version)
         raw = await read_body(request)
         engine = ready_engine(request)
         # Large bodies are parsed (and their words tokenized) in worker threads: not on the event loop.
         pool: WorkerPool = request.app.state.prepare
-        gen = await pool.call(len(raw) > HEAVY_CHARS, _parse, request, raw, name, version, kind, engine.tokenizer)
+        gen = await pool.call(len(raw) > HEAVY_CHARS, _parse, request, raw, model.name, model.version, model.kind,
+                              engine.tokenizer)
+        apply_adapter(model, gen.requests)
         for req in gen.requests:  # only generate_stream with `stream: true` sends deltas as they come
             req.stream = streaming and bool(gen.stream)
         if timer is not None:
@@ -195,6 +177,29 @@ async def generate_stream(request: Request) -> Response:
     return await _generate(request, streaming=True)
 
 
+async def infer(request: Request) -> Response:
+    """POST .../infer: KServe v2 inference with JSON tensors or the binary tensor data extension."""
+    request_id = request_id_of(request.scope)
+    try:
+        raw = await read_body(request)
+        header, binary = split_http_body(raw, request.headers.get(HEADER_LENGTH))
+        settings = request.app.state.settings
+        body = parse_json(header, settings.max_json_depth,
+                          lambda exc: f"failed to parse the request JSON buffer: {exc}")
+        parsed = parse_http_infer(body, binary)
+        call = InferCall(request.path_params["model"], request.path_params.get("version", ""), parsed.id,
+                         parsed.tensors, parsed.requested)
+        answer = await until_disconnected(request, infer_unary(request.app.state, call))
+    except ClientDisconnected:
+        return Response(status_code=CLIENT_CLOSED)
+    except Exception as exc:
+        return triton_error_response(exc, request_id)
+    content, header_length = render_http_infer(parsed, answer.model, answer.version, answer.outputs)
+    if header_length is None:
+        return Response(content, media_type="application/json")
+    return Response(content, media_type="application/octet-stream", headers={HEADER_LENGTH: str(header_length)})
+
+
 # ---- KServe v2 -----------------------------------------------------------------------------------
 def _is_ready(request: Request) -> bool:
     state = request.app.state
@@ -217,45 +222,45 @@ async def health_ready(request: Request) -> Response:
 
 async def model_info(request: Request) -> Response:
     try:
-        name, version, kind = _resolve(request)
+        model = _resolve(request)
     except ModelNotFoundError as exc:
         return triton_error_response(exc, request_id_of(request.scope))
-    return JSONResponse(model_metadata(name, kind, version))
+    return JSONResponse(model_metadata(model.name, model.kind, model.version))
 
 
 async def model_ready_route(request: Request) -> Response:
     try:
-        name, _, _ = _resolve(request)
+        model = _resolve(request)
     except ModelNotFoundError as exc:
         return triton_error_response(exc, request_id_of(request.scope))
     ready = _is_ready(request)
-    return JSONResponse(model_ready(ready, name), status_code=200 if ready else 400)
+    return JSONResponse(model_ready(ready, model.name), status_code=200 if ready else 400)
 
 
 async def model_config_route(request: Request) -> Response:
     try:
-        name, _, kind = _resolve(request)
+        model = _resolve(request)
     except ModelNotFoundError as exc:
         return triton_error_response(exc, request_id_of(request.scope))
     settings = request.app.state.settings
-    return JSONResponse(model_config(name, kind, settings.engine,
+    return JSONResponse(model_config(model.name, model.kind, settings.engine,
                                      exclude_input_in_output=_exclude_input_default(request)))
 
 
 async def repository_index_route(request: Request) -> Response:
-    return JSONResponse(repository_index(_served_name(request), _is_ready(request)))
+    return JSONResponse(repository_index(served_model_names(request.app.state), _is_ready(request)))
 
 
 async def statistics_route(request: Request) -> Response:
     """Every model's statistics (GET /v2/models/stats), or one model's."""
     if "model" in request.path_params:
         try:
-            name, version, _ = _resolve(request)
+            model = _resolve(request)
         except ModelNotFoundError as exc:
             return triton_error_response(exc, request_id_of(request.scope))
-        models = [(name, version)]
+        models = [(model.name, model.version)]
     else:
-        models = [(name, MODEL_VERSION) for name in model_names(_served_name(request))]
+        models = [(name, MODEL_VERSION) for name in served_model_names(request.app.state)]
     metrics = metrics_for(request.app.state.metrics.registry)
     if metrics is None:  # no Triton metrics registered: nothing counted
         return JSONResponse({"model_stats": []})
@@ -268,6 +273,7 @@ def _model_routes() -> list[BaseRoute]:
         routes += [
             Route(prefix + "/generate", generate, methods=["POST"]),
             Route(prefix + "/generate_stream", generate_stream, methods=["POST"]),
+            Route(prefix + "/infer", infer, methods=["POST"]),
             Route(prefix + "/ready", model_ready_route, methods=["GET"]),
             Route(prefix + "/config", model_config_route, methods=["GET"]),
             Route(prefix + "/stats", statistics_route, methods=["GET"]),

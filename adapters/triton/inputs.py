@@ -311,6 +311,11 @@ def _int_list(name: str, value: Any) -> list[int]:
     raise _type_error(name, "a non-empty list of token ids", value)
 
 
+def specs_by_name(kind: ModelKind) -> Mapping[str, InputSpec]:
+    """{input name or alias: spec} of a model kind."""
+    return _INDEX[kind]
+
+
 def specs_by_field(kind: ModelKind) -> Mapping[str, InputSpec]:
     """{internal field name: spec} of a model kind (for messages naming the public input)."""
     return {s.field: s for s in input_specs(kind)}

@@ -8,6 +8,7 @@ dimension first (-1), as Triton reports them for models with max_batch_size > 0.
 from __future__ import annotations
 
 from importlib import metadata as _pkg_metadata
+from collections.abc import Iterable
 from typing import Any
 
 from adapters.triton.generate import IDS_MODEL_NAME, TEXT_MODEL_NAMES
@@ -33,16 +34,17 @@ def server_metadata() -> dict[str, Any]:
     return {"name": SERVER_NAME, "version": server_version(), "extensions": list(EXTENSIONS)}
 
 
-def model_names(served_model_name: str) -> list[str]:
-    """Every model name the Triton dialect answers to (the served name first)."""
-    names = [served_model_name, *TEXT_MODEL_NAMES, IDS_MODEL_NAME]
+def model_names(served_model_name: str, adapters: Iterable[str] = ()) -> list[str]:
+    """Every model name the Triton dialect answers to: the served name first, the backend's models, the
+    served LoRA adapters."""
+    names = [served_model_name, *TEXT_MODEL_NAMES, IDS_MODEL_NAME, *adapters]
     return list(dict.fromkeys(names))
 
 
-def repository_index(served_model_name: str, ready: bool) -> list[dict[str, str]]:
-    """POST /v2/repository/index: every model, its version and state."""
+def repository_index(names: list[str], ready: bool) -> list[dict[str, str]]:
+    """POST /v2/repository/index: every model (`names`, from model_names), its version and state."""
     state = "READY" if ready else "UNAVAILABLE"
-    return [{"name": name, "version": "1", "state": state} for name in model_names(served_model_name)]
+    return [{"name": name, "version": "1", "state": state} for name in names]
 
 
 def _platform(name: str, kind: ModelKind) -> tuple[str, str]:

@@ -87,11 +87,77 @@ def _head(gen: TritonGenerate) -> dict[str, Any]:
     return {"model_name": gen.model_name, "model_version": gen.model_version}
 
 
-def _tail(gen: TritonGenerate, body: dict[str, Any], batch_index: int, seq_index: int | None) -> dict[str, Any]:
-    if gen.batched:
-        body["batch_index"] = batch_index
+def _width(rows: list[list[Any]]) -> int:
+    return max((len(r) for r in rows), default=0)
+
+
+def _shape(value: Any) -> list[int]:
+    """The dims of a tensor or nested list (None: no elements)."""
+    if value is None:
+        return [0]
+    if hasattr(value, "shape"):
+        return list(value.shape)
+    dims: list[int] = []
+    while isinstance(value, (list, tuple)):
+        dims.append(len(value))
+        value = value[0] if value else None
+    return dims
+
+
+# One output tensor of one response: (name, KServe datatype, shape with the batch dim, flat values).
+OutputTensor = tuple[str, str, list[int], list[Any]]
+
+
+def _index_outputs(b: int, seq_index: int | None) -> list[OutputTensor]:
+    out: list[OutputTensor] = [("batch_index", "INT32", [1, 1], [b])]
     if seq_index is not None:
-        body["sequence_index"] = seq_index
+        out.append(("sequence_index", "INT32", [1, 1], [seq_index]))
+    return out
+
+
+def _logprob_outputs(gen: TritonGenerate, seqs: list[SequenceResult]) -> list[OutputTensor]:
+    if gen.return_log_probs:
+        cum = [s.cumulative_logprob if s.cumulative_logprob is not None else sum(s.logprobs) for s in seqs]
+        rows = [s.logprobs for s in seqs]
+    else:  # the backend answers zeros of the same shapes
+        cum = [0.0 for _ in seqs]
+        rows = [[0.0] * len(s.token_ids) for s in seqs]
+    return [("cum_log_probs", "FP32", [1, len(seqs)], cum),
+            ("output_log_probs", "FP32", [1, len(seqs), _width(rows)], _padded(rows, 0.0))]
+
+
+def _logits_outputs(gen: TritonGenerate, result: PromptResult, seqs: list[SequenceResult]) -> list[OutputTensor]:
+    out: list[OutputTensor] = []
+    if gen.return_context_logits:
+        values = _flatten(result.context_logits)
+        out.append(("context_logits", "FP32", [1, *_shape(result.context_logits)] if values else [1, 0], values))
+    if gen.return_generation_logits:
+        values = [v for s in seqs for v in _flatten(s.generation_logits)]
+        shapes = [_shape(s.generation_logits) for s in seqs]
+        same = all(shape == shapes[0] for shape in shapes) and values
+        out.append(("generation_logits", "FP32", [1, len(seqs), *shapes[0]] if same else [1, len(values)], values))
+    return out
+
+
+def response_outputs(gen: TritonGenerate, result: PromptResult, b: int, seq_index: int | None,
+                     seqs: list[SequenceResult]) -> list[OutputTensor]:
+    """The complete answer of prompt `b` (one response: its beams, or one sample), as output tensors."""
+    if gen.kind == "text":
+        prefix = "" if gen.exclude_input_in_output else gen.prompts[b]
+        out: list[OutputTensor] = [("text_output", "BYTES", [len(seqs)], [prefix + s.text for s in seqs])]
+    else:
+        prompt = [] if gen.exclude_input_in_output else list(gen.prompts[b])
+        rows = [prompt + s.token_ids for s in seqs]
+        out = [("output_ids", "INT32", [1, len(rows), _width(rows)], _padded(rows, gen.pad_id)),
+               ("sequence_length", "INT32", [1, len(rows)], [len(r) for r in rows])]
+    return out + _logprob_outputs(gen, seqs) + _logits_outputs(gen, result, seqs) + _index_outputs(b, seq_index)
+
+
+def _body(gen: TritonGenerate, outputs: list[OutputTensor]) -> dict[str, Any]:
+    """A generate-extension response object: each tensor flattened (batch_index only for a batch)."""
+    body = _head(gen)
+    body.update((name, tensor_json(values)) for name, _, _, values in outputs
+                if name != "batch_index" or gen.batched)
     if gen.ensemble_fields:
         body.update(sequence_end=False, sequence_id=0, sequence_start=False)
     return body
@@ -105,43 +171,15 @@ def _groups(gen: TritonGenerate, result: PromptResult) -> list[tuple[int | None,
     return [(None, ordered or [SequenceResult()])]
 
 
-def _logprob_fields(gen: TritonGenerate, seqs: list[SequenceResult]) -> dict[str, Any]:
-    if gen.return_log_probs:
-        cum = [s.cumulative_logprob if s.cumulative_logprob is not None else sum(s.logprobs) for s in seqs]
-        rows = [s.logprobs for s in seqs]
-    else:  # the backend answers zeros of the same shapes
-        cum = [0.0 for _ in seqs]
-        rows = [[0.0] * len(s.token_ids) for s in seqs]
-    return {"cum_log_probs": tensor_json(cum), "output_log_probs": tensor_json(_padded(rows, 0.0))}
-
-
-def _logits_fields(gen: TritonGenerate, result: PromptResult, seqs: list[SequenceResult]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if gen.return_context_logits:
-        out["context_logits"] = tensor_json(_flatten(result.context_logits))
-    if gen.return_generation_logits:
-        out["generation_logits"] = tensor_json([v for s in seqs for v in _flatten(s.generation_logits)])
-    return out
+def complete_outputs(gen: TritonGenerate, results: list[PromptResult]) -> list[list[OutputTensor]]:
+    """Output tensors of every response: one per prompt (and per sample when num_return_sequences > 1)."""
+    return [response_outputs(gen, result, b, seq_index, seqs)
+            for b, result in enumerate(results) for seq_index, seqs in _groups(gen, result)]
 
 
 def generate_responses(gen: TritonGenerate, results: list[PromptResult]) -> list[dict[str, Any]]:
     """One response object per prompt (and per sample when num_return_sequences > 1), in order."""
-    out: list[dict[str, Any]] = []
-    for b, result in enumerate(results):
-        for seq_index, seqs in _groups(gen, result):
-            body = _head(gen)
-            if gen.kind == "text":
-                prefix = "" if gen.exclude_input_in_output else gen.prompts[b]
-                body["text_output"] = tensor_json([prefix + s.text for s in seqs])
-            else:
-                prompt = [] if gen.exclude_input_in_output else list(gen.prompts[b])
-                rows = [prompt + s.token_ids for s in seqs]
-                body["output_ids"] = tensor_json(_padded(rows, gen.pad_id))
-                body["sequence_length"] = tensor_json([len(r) for r in rows])
-            body.update(_logprob_fields(gen, seqs))
-            body.update(_logits_fields(gen, result, seqs))
-            out.append(_tail(gen, body, b, seq_index))
-    return out
+    return [_body(gen, outputs) for outputs in complete_outputs(gen, results)]
 
 
 class StreamRenderer:
@@ -149,39 +187,40 @@ class StreamRenderer:
 
     As the backend in streaming mode, events never repeat the prompt, whatever
     exclude_input_in_output says. `cum_log_probs` is the running sum of the sequence so far.
+    `outputs()` gives a delta's output tensors (KServe streams); calling the renderer gives the
+    generate-extension event.
     """
 
     def __init__(self, gen: TritonGenerate) -> None:
         self.gen = gen
         self._results: dict[int, PromptResult] = {}
 
-    def __call__(self, item: tuple[int, OutputDelta]) -> list[dict[str, Any]]:
+    def outputs(self, item: tuple[int, OutputDelta]) -> list[OutputTensor]:
         b, delta = item
         gen = self.gen
         result = self._results.setdefault(b, PromptResult())
         result.add(delta)
         seq = result.sequences[delta.index]
-        body = _head(gen)
+        n = len(delta.token_ids)
         if gen.kind == "text":
-            body["text_output"] = delta.text
+            out: list[OutputTensor] = [("text_output", "BYTES", [1], [delta.text])]
         else:
-            body["output_ids"] = tensor_json(list(delta.token_ids))
-            body["sequence_length"] = len(delta.token_ids)
+            out = [("output_ids", "INT32", [1, 1, n], list(delta.token_ids)),
+                   ("sequence_length", "INT32", [1, 1], [n])]
         if gen.return_log_probs:
             new = [lp.logprob for lp in delta.logprobs or []]
             cum = seq.cumulative_logprob if seq.cumulative_logprob is not None else sum(seq.logprobs)
         else:
-            new = [0.0] * len(delta.token_ids)
+            new = [0.0] * n
             cum = 0.0
-        body["cum_log_probs"] = cum
-        body["output_log_probs"] = tensor_json(new)
+        out += [("cum_log_probs", "FP32", [1, 1], [cum]), ("output_log_probs", "FP32", [1, 1, len(new)], new)]
         if delta.finish_reason is not None:
-            if gen.return_context_logits:
-                body["context_logits"] = tensor_json(_flatten(result.context_logits))
-            if gen.return_generation_logits:
-                body["generation_logits"] = tensor_json(_flatten(seq.generation_logits))
+            out += _logits_outputs(gen, result, [seq])
         several = gen.num_return_sequences > 1 or gen.beam_width > 1
-        return [_tail(gen, body, b, delta.index if several else None)]
+        return out + _index_outputs(b, delta.index if several else None)
+
+    def __call__(self, item: tuple[int, OutputDelta]) -> list[dict[str, Any]]:
+        return [_body(self.gen, self.outputs(item))]
 
 
 class ResponseCollector:

@@ -44,4 +44,4 @@ def thread_server(model: Path, **engine_options: Any) -> RunningServer:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     options = {**DEFAULT_ENGINE_OPTIONS, "served_model_name": "tiny", "model": str(model), **engine_options}
-    return RunningServer(Settings(host="127.0.0.1", port=port, drain_timeout=0.0, engine=EngineConfig(**options)))
+    return RunningServer(Settings(grpc_port=None, host="127.0.0.1", port=port, drain_timeout=0.0, engine=EngineConfig(**options)))

@@ -128,8 +128,9 @@ def launch(model_dir: Path, backend: str, gateway: dict[str, Any] | None = None,
         spec.setup()
         _SET_UP.add(backend)
     options = {**DEFAULT_ENGINE_OPTIONS, "model": str(model_dir), **spec.engine_options, **engine_options}
+    gateway = {"grpc_port": None, **(gateway or {})}  # gRPC tests ask for a free port
     settings = Settings(host="127.0.0.1", port=free_port(), drain_timeout=0.0, engine=EngineConfig(**options),
-                        **(gateway or {}))
+                        **gateway)
     return RunningServer(settings).start()
 
 

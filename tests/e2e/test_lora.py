@@ -30,6 +30,7 @@ def adapters(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> 
 def start(tiny_model_dir: Path, adapters: dict[str, Path], **gateway: object) -> RunningServer:
     engine = EngineConfig(**{**DEFAULT_ENGINE_OPTIONS, "model": str(tiny_model_dir)},
                           lora_modules={"sql": str(adapters["sql"])})
+    gateway = {"grpc_port": None, **gateway}
     settings = Settings(host="127.0.0.1", port=free_port(), drain_timeout=0.0, engine=engine, **gateway)
     return RunningServer(settings).start()
 
@@ -139,6 +140,46 @@ def test_triton_lora_task_id_over_http(server, tiny_model_dir, adapters) -> None
     assert first.json()["text_output"] == later.json()["text_output"] == want
     registered = generate(lora_task_id=1).json()["text_output"]
     assert registered == tok.decode(peft_greedy(tiny_model_dir, adapters["sql"], tok.encode(prompt), 6))
+
+
+def test_triton_grpc_lora_by_task_id_and_by_adapter_name(tiny_model_dir, adapters) -> None:
+    """tritonclient.grpc as end_to_end_grpc_client.py --lora-path: lora_weights (FP16, as the backend's
+    .npy files) and lora_config with a UINT64 task id on the first request, the id alone later; a served
+    adapter's name is also a model name (text in, text out through that adapter)."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    import numpy as np
+    from tritonclient.utils import np_to_triton_dtype
+
+    srv = start(tiny_model_dir, adapters, grpc_port=free_port())
+    tok = srv.engine.tokenizer
+    prompt = "The quick brown fox"
+
+    def tensors(**arrays: np.ndarray) -> list:
+        base = {"text_input": np.array([[prompt]]).astype(object), "max_tokens": np.array([[6]], dtype=np.int32),
+                "end_id": np.array([[-1]], dtype=np.int32), "exclude_input_in_output": np.array([[True]])}
+        out = []
+        for name, array in {**base, **arrays}.items():
+            t = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+            t.set_data_from_numpy(array)
+            out.append(t)
+        return out
+
+    try:
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{srv.settings.grpc_port}") as c:
+            weights, config = trtllm_tensors(adapters["poet"], 8 / 8, {"o_proj": 4, "gate_proj": 5, "up_proj": 7})
+            task = {"lora_task_id": np.array([[88]], dtype=np.uint64)}
+            first = c.infer("ensemble", tensors(**task, lora_weights=np.array([weights], dtype=np.float16),
+                                                lora_config=np.array([config], dtype=np.int32)))
+            later = c.infer("ensemble", tensors(**task))
+            poet = tok.decode(peft_greedy(tiny_model_dir, adapters["poet"], tok.encode(prompt), 6))
+            fp16 = first.as_numpy("text_output")[0].decode()
+            assert later.as_numpy("text_output")[0].decode() == fp16
+            assert fp16 == poet
+            by_name = c.infer("sql", tensors()).as_numpy("text_output")[0].decode()
+            assert by_name == tok.decode(peft_greedy(tiny_model_dir, adapters["sql"], tok.encode(prompt), 6))
+            assert "sql" in {m.name for m in c.get_model_repository_index().models}
+    finally:
+        srv.stop()
 
 
 def test_metrics_count_adapter_requests(client, server) -> None:

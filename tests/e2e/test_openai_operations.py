@@ -17,7 +17,7 @@ from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, MODEL_NAME, RunningServer
 
 
 def test_health_is_503_while_loading_then_200(tiny_model_dir: Path) -> None:
-    settings = Settings(port=free_port(), drain_timeout=0.0,
+    settings = Settings(grpc_port=None, port=free_port(), drain_timeout=0.0,
                         engine=EngineConfig(**{**DEFAULT_ENGINE_OPTIONS, "model": str(tiny_model_dir),
                                                "engine_process": False}))  # its load() is held below
     srv = RunningServer(settings)

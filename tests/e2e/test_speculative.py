@@ -24,7 +24,7 @@ def spec_server(request: pytest.FixtureRequest, tiny_model_dir: Path) -> Iterato
     extra = {"draft_model": str(tiny_model_dir)} if request.param == "draft" else {}
     engine = EngineConfig(**{**DEFAULT_ENGINE_OPTIONS, "model": str(tiny_model_dir)}, speculative=request.param,
                           num_draft_tokens=3, **extra)
-    srv = RunningServer(Settings(host="127.0.0.1", port=free_port(), drain_timeout=0.0, engine=engine)).start()
+    srv = RunningServer(Settings(grpc_port=None, host="127.0.0.1", port=free_port(), drain_timeout=0.0, engine=engine)).start()
     yield srv
     srv.stop()
 

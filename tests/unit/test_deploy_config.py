@@ -180,7 +180,7 @@ def exported_series(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str,
     model = build_tiny_model(tmp_path_factory.mktemp("deploy"), "llama")
     engine = EngineConfig(model=str(model), device="cpu", dtype="float32", max_batch_size=2,
                           max_num_tokens=256, max_kv_tokens=1024, served_model_name="tiny")
-    with TestClient(create_app(Settings(drain_timeout=0.0, engine=engine))) as client:
+    with TestClient(create_app(Settings(grpc_port=None, drain_timeout=0.0, engine=engine))) as client:
         for _ in range(600):  # the engine loads in the background after start-up
             if client.get("/health").status_code == 200:
                 break

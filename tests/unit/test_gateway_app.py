@@ -108,7 +108,7 @@ def engine(tokenizer: Tokenizer) -> ScriptedEngine:
 
 @pytest.fixture
 def client(engine: ScriptedEngine):
-    with TestClient(create_app(Settings(), engine)) as c:
+    with TestClient(create_app(Settings(grpc_port=None), engine)) as c:
         for _ in range(100):
             if c.get("/health").status_code == 200:
                 break
@@ -123,7 +123,7 @@ def sse_data(text: str) -> list[str]:
 
 def test_health_is_503_while_loading_then_200(engine: ScriptedEngine) -> None:
     engine.start_gate.clear()
-    with TestClient(create_app(Settings(), engine)) as c:
+    with TestClient(create_app(Settings(grpc_port=None), engine)) as c:
         r = c.get("/health")
         assert (r.status_code, r.json()) == (503, {"status": "loading"})
         r = c.post("/v1/completions", json={"prompt": "hi"})
@@ -140,7 +140,7 @@ def test_on_ready_runs_once_the_engine_has_started(engine: ScriptedEngine) -> No
     """`serve` freezes the start-up objects out of the garbage collector here (gateway.cli)."""
     engine.start_gate.clear()
     calls: list[bool] = []
-    app = create_app(Settings(), engine)
+    app = create_app(Settings(grpc_port=None), engine)
     app.state.on_ready = lambda: calls.append(engine.ready)
     with TestClient(app) as c:
         assert calls == []
@@ -152,7 +152,7 @@ def test_on_ready_runs_once_the_engine_has_started(engine: ScriptedEngine) -> No
 
 
 def test_models_lists_served_model_and_lora_adapters(engine: ScriptedEngine) -> None:
-    settings = Settings()
+    settings = Settings(grpc_port=None)
     settings.engine.lora_modules = {"sql": "/adapters/sql"}
     with TestClient(create_app(settings, engine)) as c:
         body = c.get("/v1/models").json()
@@ -357,7 +357,7 @@ def test_unknown_route_is_openai_404_and_logged_as_such(client: TestClient, capl
 
 
 def test_api_keys_guard_v1_but_not_health(engine: ScriptedEngine) -> None:
-    with TestClient(create_app(Settings(api_key=["sekrit"]), engine)) as c:
+    with TestClient(create_app(Settings(grpc_port=None, api_key=["sekrit"]), engine)) as c:
         assert c.get("/health").status_code in (200, 503)
         r = c.get("/v1/models")
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
@@ -369,7 +369,7 @@ def test_api_keys_guard_v1_but_not_health(engine: ScriptedEngine) -> None:
 @pytest.mark.parametrize("stream", [False, True])
 async def test_request_is_aborted_when_client_disconnects(engine: ScriptedEngine, stream: bool) -> None:
     engine.step_delay = 0.05
-    app = create_app(Settings(), engine)
+    app = create_app(Settings(grpc_port=None), engine)
     await engine.start()
     disconnect = asyncio.Event()
     body = json.dumps({"prompt": "x", "max_tokens": 50, "stream": stream}).encode()  # 50 steps: 2.5 s
@@ -401,7 +401,7 @@ async def test_request_is_aborted_when_client_disconnects(engine: ScriptedEngine
 
 @pytest.mark.parametrize("name", ["tiny", "ensemble", "tensorrt_llm", "tensorrt_llm_bls"])
 def test_lora_modules_named_like_a_model_are_a_start_up_error(engine: ScriptedEngine, name: str) -> None:
-    settings = Settings()
+    settings = Settings(grpc_port=None)
     settings.engine.lora_modules = {name: "/adapters/x"}
     with pytest.raises(InvalidRequestError, match=f"--lora-modules: the adapter name '{name}' is already a model"):
         create_app(settings, engine)

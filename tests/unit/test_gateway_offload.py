@@ -32,7 +32,7 @@ def tokenizer(tmp_path: Path) -> Tokenizer:
 
 @pytest.fixture
 def client(tokenizer: Tokenizer):
-    with TestClient(create_app(Settings(max_bad_words=4, max_stop_strings=2, max_logit_bias=3, max_prompts=2),
+    with TestClient(create_app(Settings(grpc_port=None, max_bad_words=4, max_stop_strings=2, max_logit_bias=3, max_prompts=2),
                                ScriptedEngine(tokenizer))) as c:
         for _ in range(100):
             if c.get("/health").status_code == 200:

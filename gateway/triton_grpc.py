@@ -1,0 +1,254 @@
+"""KServe v2 gRPC, as Triton serves it on port 8001, with the service definitions tritonclient ships.
+
+    server = await start_grpc_server(app, port)      # by the app's lifespan when --grpc-port is set
+    ...
+    await server.stop(grace)
+
+Health, metadata, configuration, repository index and statistics answer what the HTTP routes answer
+(the same adapters build them). ModelInfer answers a request completely; ModelStreamInfer is
+decoupled: requests on one stream run concurrently, each answered by one response per delta (`stream`
+true) or per prompt, the last flagged with the parameter `triton_final_response`, as Triton flags it.
+A request's failure on a stream is a response carrying `error_message` (the stream stays open); a
+unary failure is a gRPC status whose message names the offending input. The API key is read from the
+`authorization` metadata (`Bearer <key>`), as HTTP reads the header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from starlette.applications import Starlette
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from adapters.triton.metadata import model_config, model_metadata, repository_index, server_metadata
+from adapters.triton.tensors import Tensor, tensor_bytes, tensor_from_json, tensor_from_raw
+from gateway.auth import AuthPolicy, bearer_token
+from gateway.errors import error_kind, error_message, log_error
+from gateway.triton_infer import InferAnswer, InferCall, infer_stream, infer_unary, resolve_model, \
+    served_model_names
+from gateway.triton_metrics import metrics_for
+from runtime.errors import InvalidRequestError
+
+log = logging.getLogger("gateway.grpc")
+
+# HTTP status of the error table -> gRPC status code.
+_STATUS: dict[int, grpc.StatusCode] = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    401: grpc.StatusCode.UNAUTHENTICATED,
+    403: grpc.StatusCode.PERMISSION_DENIED,
+    404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+# The typed field of InferTensorContents that holds each datatype (requests without raw contents).
+_CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+             "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+             "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
+             "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+# The HTTP path whose auth rule a method follows (probes stay public, as on HTTP).
+_PUBLIC_METHODS = {"ServerLive": "/v2/health/live", "ServerReady": "/v2/health/ready"}
+_SERVICE = "/inference.GRPCInferenceService/"
+
+
+def status_of(exc: BaseException) -> grpc.StatusCode:
+    return _STATUS.get(error_kind(exc).status, grpc.StatusCode.INTERNAL)
+
+
+def input_tensors(request: pb.ModelInferRequest) -> list[Tensor]:
+    """The request's inputs: from raw_input_contents (tritonclient's way) or the typed contents."""
+    raw = list(request.raw_input_contents)
+    if raw and len(raw) != len(request.inputs):
+        raise InvalidRequestError(f"the request has {len(raw)} raw_input_contents for {len(request.inputs)} inputs")
+    tensors = []
+    for i, entry in enumerate(request.inputs):
+        shape = list(entry.shape)
+        if raw:
+            tensors.append(tensor_from_raw(entry.name, entry.datatype, shape, raw[i]))
+            continue
+        field = _CONTENTS.get(entry.datatype)
+        if field is None:  # FP16 and others travel raw only; let the codec name the datatype
+            tensors.append(tensor_from_raw(entry.name, entry.datatype, shape, b""))
+            continue
+        values: list[Any] = list(getattr(entry.contents, field))
+        if entry.datatype == "BYTES":
+            values = [v.decode("utf-8", "surrogateescape") for v in values]
+        tensors.append(tensor_from_json(entry.name, entry.datatype, shape, values))
+    return tensors
+
+
+def _call(request: pb.ModelInferRequest) -> InferCall:
+    requested = [o.name for o in request.outputs] or None
+    return InferCall(request.model_name, request.model_version, request.id, input_tensors(request), requested)
+
+
+def _response(answer: InferAnswer, final: bool | None = None) -> pb.ModelInferResponse:
+    response = pb.ModelInferResponse(model_name=answer.model, model_version=answer.version, id=answer.id)
+    for tensor in answer.outputs:
+        response.outputs.add(name=tensor.name, datatype=tensor.datatype, shape=tensor.shape)
+        response.raw_output_contents.append(tensor_bytes(tensor))
+    if final is not None:
+        response.parameters["triton_final_response"].bool_param = final
+    return response
+
+
+class TritonGrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """The GRPCInferenceService over the app's engine and state."""
+
+    def __init__(self, app: Starlette) -> None:
+        self.state = app.state
+
+    def _ready(self) -> bool:
+        state = self.state
+        return bool(state.engine.ready and not state.drain.draining and not state.fatal_error)
+
+    async def _unary(self, context: grpc.aio.ServicerContext, answer: Callable[[], Awaitable[Any]]) -> Any:
+        try:
+            return await answer()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log_error(exc, None)
+            await context.abort(status_of(exc), error_message(exc))
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext) -> Any:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext) -> Any:
+        return pb.ServerReadyResponse(ready=self._ready())
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext) -> Any:
+        async def answer() -> Any:
+            resolve_model(self.state, request.name, request.version)
+            return pb.ModelReadyResponse(ready=self._ready())
+        return await self._unary(context, answer)
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext) -> Any:
+        return json_format.ParseDict(server_metadata(), pb.ServerMetadataResponse())
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext) -> Any:
+        async def answer() -> Any:
+            model = resolve_model(self.state, request.name, request.version)
+            meta = model_metadata(model.name, model.kind, model.version)
+            return json_format.ParseDict(meta, pb.ModelMetadataResponse())
+        return await self._unary(context, answer)
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext) -> Any:
+        async def answer() -> Any:
+            model = resolve_model(self.state, request.name, request.version)
+            settings = self.state.settings
+            config = model_config(model.name, model.kind, settings.engine,
+                                  exclude_input_in_output=bool(settings.exclude_input_in_output))
+            return json_format.ParseDict({"config": config}, pb.ModelConfigResponse())
+        return await self._unary(context, answer)
+
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext) -> Any:
+        index = repository_index(served_model_names(self.state), self._ready())
+        return json_format.ParseDict({"models": index}, pb.RepositoryIndexResponse())
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext) -> Any:
+        async def answer() -> Any:
+            if request.name:
+                model = resolve_model(self.state, request.name, request.version)
+                models = [(model.name, model.version)]
+            else:
+                models = [(name, "1") for name in served_model_names(self.state)]
+            metrics = metrics_for(self.state.metrics.registry)
+            stats = metrics.statistics(models) if metrics is not None else {"model_stats": []}
+            return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
+        return await self._unary(context, answer)
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> Any:
+        async def answer() -> Any:
+            return _response(await infer_unary(self.state, _call(request)))
+        return await self._unary(context, answer)
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
+                               context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Every request of the stream runs at once; responses go out as they come."""
+        queue: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def serve(request: pb.ModelInferRequest) -> None:
+            try:
+                async for answer in infer_stream(self.state, _call(request)):
+                    queue.put_nowait(pb.ModelStreamInferResponse(infer_response=_response(answer, answer.final)))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log_error(exc, request.id or None)
+                queue.put_nowait(pb.ModelStreamInferResponse(error_message=error_message(exc)))
+
+        async def read() -> None:
+            async for request in request_iterator:
+                task = asyncio.create_task(serve(request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:  # the client closed its side: finish what runs, then end the stream
+                await asyncio.gather(*tasks, return_exceptions=True)
+            queue.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (response := await queue.get()) is not None:
+                yield response
+        finally:  # the client left (or the server stops): abort what still runs
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()
+            await asyncio.gather(reader, *tasks, return_exceptions=True)
+
+
+class _Auth(grpc.aio.ServerInterceptor):
+    """The HTTP API-key policy for gRPC: the key comes from the `authorization` metadata."""
+
+    def __init__(self, policy: AuthPolicy) -> None:
+        self.policy = policy
+
+    async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
+                                details: grpc.HandlerCallDetails) -> Any:
+        method = details.method.removeprefix(_SERVICE)
+        metadata = [(k.encode(), v.encode() if isinstance(v, str) else v) for k, v in details.invocation_metadata or ()]
+        error = self.policy.check(_PUBLIC_METHODS.get(method, "/v2/grpc/" + method), bearer_token(metadata))
+        if error is None:
+            return await continuation(details)
+        code, message = status_of(error), error_message(error)
+
+        async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
+            await context.abort(code, message)
+
+        if method == "ModelStreamInfer":
+            return grpc.stream_stream_rpc_method_handler(deny)
+        return grpc.unary_unary_rpc_method_handler(deny)
+
+
+async def start_grpc_server(app: Starlette, port: int, host: str) -> grpc.aio.Server:
+    """Serve GRPCInferenceService on host:port; messages up to --max-body-bytes, as HTTP bodies."""
+    settings = app.state.settings
+    limit = settings.max_body_bytes
+    server = grpc.aio.server(interceptors=[_Auth(app.state.auth)],
+                             options=[("grpc.max_receive_message_length", limit),
+                                      ("grpc.max_send_message_length", max(limit, 64 * 1024 * 1024)),
+                                      ("grpc.so_reuseport", 0)])
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(TritonGrpcService(app), server)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError:  # newer grpcio raises where older ones returned 0
+        bound = 0
+    if bound == 0:
+        raise OSError(f"cannot listen for gRPC on {address} (--grpc-port; none turns gRPC off)")
+    await server.start()
+    log.info("KServe v2 gRPC on %s", address)
+    return server
+
+
+__all__ = ["TritonGrpcService", "start_grpc_server"]

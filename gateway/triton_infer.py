@@ -1,0 +1,274 @@
+"""KServe v2 inference over the engine, for both transports: HTTP `infer` and gRPC ModelInfer /
+ModelStreamInfer (gateway.triton_grpc).
+
+    answer = await infer_unary(app.state, call)           # one answer: a batch's rows stacked
+    async for answer in infer_stream(app.state, call):    # decoupled: one answer per delta (or per prompt)
+
+Requests take the generate path (adapters.triton.parse_generate, GenerationStream, the Triton
+metrics' timer), so batching, LoRA, speculation, guided decoding and beams behave as on /generate.
+Model names: the served name, `ensemble`, `tensorrt_llm_bls`, `tensorrt_llm`, and a served LoRA
+adapter's name (text in, text out, through that adapter).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+
+from starlette.datastructures import State
+
+from adapters.triton import model_kind
+from adapters.triton.generate import TritonGenerate
+from adapters.triton.infer import check_requested_outputs, is_stop_signal, parse_infer, select_outputs, \
+    stack_outputs
+from adapters.triton.inputs import ModelKind
+from adapters.triton.metadata import model_names
+from adapters.triton.outputs import PromptResult, StreamRenderer, complete_outputs
+from adapters.triton.tensors import Tensor
+from gateway.errors import ModelNotFoundError, ServerDrainingError
+from gateway.generation import GenerationStream
+from gateway.openai_routes import state_adapters, state_engine
+from gateway.triton_metrics import InferenceTimer, metrics_for
+from runtime.engine import Engine
+from runtime.errors import InvalidRequestError
+from runtime.request import GenerationRequest
+from runtime.workers import HEAVY_CHARS
+
+MODEL_VERSION = "1"
+
+
+class UnknownModelError(ModelNotFoundError):
+    """A model name or version we do not serve (-> 404), worded as Triton words it."""
+
+    def __init__(self, model: str, version: str | None = None) -> None:
+        super().__init__(model)
+        which = f"'{model}'" if version is None else f"'{model}' version {version}"
+        self.message = f"Request for unknown model: {which} is not found"
+        self.args = (self.message,)
+
+
+@dataclass(frozen=True)
+class TritonModel:
+    """A model name as addressed, resolved."""
+
+    name: str
+    version: str
+    kind: ModelKind
+    adapter: str | None = None  # the LoRA adapter the name selects
+
+
+def resolve_model(state: State, name: str, version: str = "") -> TritonModel:
+    """The model a Triton client addresses; UnknownModelError (404) for names and versions we do not serve."""
+    engine: Engine = state.engine
+    kind = model_kind(name, engine.model_info.name)
+    adapter = None
+    if kind is None and name in state_adapters(state, engine):
+        kind, adapter = "text", name
+    if kind is None:
+        raise UnknownModelError(name)
+    if version not in ("", MODEL_VERSION):
+        raise UnknownModelError(name, version)
+    return TritonModel(name, MODEL_VERSION, kind, adapter)
+
+
+def served_model_names(state: State) -> list[str]:
+    """Every model name Triton clients may address (repository index, statistics)."""
+    engine: Engine = state.engine
+    return model_names(engine.model_info.name, state_adapters(state, engine))
+
+
+def apply_adapter(model: TritonModel, requests: list[GenerationRequest]) -> None:
+    """Route the requests through the adapter the model name selects."""
+    if model.adapter is None:
+        return
+    for req in requests:
+        if req.lora_task is not None:
+            raise InvalidRequestError(f"model '{model.name}' is a LoRA adapter already; lora_task_id cannot be "
+                                      "combined with it", param="lora_task_id")
+        req.adapter = model.adapter
+
+
+@dataclass
+class InferCall:
+    """One infer request, transport-independent."""
+
+    model: str
+    version: str
+    id: str  # the client's request id: echoed, and what a stop signal names
+    tensors: list[Tensor]
+    requested: list[str] | None = None  # output names asked for; None: all
+
+
+@dataclass
+class InferAnswer:
+    """One response: its output tensors, and whether it is the request's last (decoupled streams)."""
+
+    model: str
+    version: str
+    id: str
+    outputs: list[Tensor] = field(default_factory=list)
+    final: bool = True
+
+
+class RunningRequests:
+    """Engine requests in flight by (model, client request id), for the backend's stop signal."""
+
+    def __init__(self) -> None:
+        self._running: dict[tuple[str, str], list[tuple[Engine, list[GenerationRequest]]]] = {}
+
+    @contextlib.contextmanager
+    def running(self, model: str, client_id: str, engine: Engine,
+                requests: list[GenerationRequest]) -> Iterator[None]:
+        entry = (engine, requests)
+        key = (model, client_id)
+        self._running.setdefault(key, []).append(entry)
+        try:
+            yield
+        finally:
+            entries = self._running[key]
+            entries.remove(entry)
+            if not entries:
+                del self._running[key]
+
+    def stop(self, model: str, client_id: str) -> int:
+        """Abort every request running under `client_id` (each ends with the tokens it has); how many."""
+        stopped = 0
+        for engine, requests in self._running.get((model, client_id), []):
+            for req in requests:
+                engine.abort(req.request_id)
+                stopped += 1
+        return stopped
+
+
+def running_requests(state: State) -> RunningRequests:
+    """The app's registry of running infer requests (made on first use)."""
+    registry = getattr(state, "triton_running", None)
+    if registry is None:
+        registry = state.triton_running = RunningRequests()
+    return registry
+
+
+@dataclass
+class _Started:
+    model: TritonModel
+    call: InferCall
+    gen: TritonGenerate
+    stream: GenerationStream
+    timer: InferenceTimer | None
+
+    def answer(self, outputs: list[Tensor], final: bool) -> InferAnswer:
+        return InferAnswer(self.model.name, self.model.version, self.call.id, outputs, final)
+
+
+async def _start(state: State, call: InferCall, model: TritonModel, timer: InferenceTimer | None) -> _Started:
+    """Parse the call, submit its requests and wait for their first outputs (rejections raise here)."""
+    if state.drain.draining:
+        raise ServerDrainingError()
+    engine = state_engine(state)
+    if call.requested is not None:
+        check_requested_outputs(call.requested, model.kind, model.name)
+    settings = state.settings
+    heavy = sum(t.array.size for t in call.tensors) > HEAVY_CHARS
+    gen = await state.prepare.call(
+        heavy, parse_infer, call.tensors, model_name=model.name, model_version=model.version, kind=model.kind,
+        tokenizer=engine.tokenizer, request_id=f"triton-{uuid.uuid4().hex}", limits=state.limits,
+        exclude_input_default=bool(settings.exclude_input_in_output))
+    apply_adapter(model, gen.requests)
+    if timer is not None:
+        timer.batch_size = len(gen.requests)
+        timer.inputs_done()
+    stream = GenerationStream(engine, gen.requests, state.metrics, timeout=settings.request_timeout)
+    await stream.start()
+    if timer is not None:
+        timer.first_output()
+    return _Started(model, call, gen, stream, timer)
+
+
+def _timer(state: State, model: TritonModel) -> InferenceTimer | None:
+    metrics = metrics_for(state.metrics.registry)
+    return metrics.track(model.name, model.version) if metrics is not None else None
+
+
+def _stop(state: State, call: InferCall, model: TritonModel) -> InferAnswer:
+    """Answer a stop signal: the named requests end early; this answer has no outputs."""
+    running_requests(state).stop(model.name, call.id)
+    return InferAnswer(model.name, model.version, call.id)
+
+
+async def infer_unary(state: State, call: InferCall) -> InferAnswer:
+    """The complete answer of an infer request (a batch: its rows stacked on the batch dimension)."""
+    model = resolve_model(state, call.model, call.version)
+    if is_stop_signal(call.tensors):
+        return _stop(state, call, model)
+    timer = _timer(state, model)
+    ok = False
+    try:
+        started = await _start(state, call, model, timer)
+        results = [PromptResult() for _ in started.gen.requests]
+        with running_requests(state).running(model.name, call.id, state.engine, started.gen.requests):
+            try:
+                async for b, delta in started.stream:
+                    results[b].add(delta)
+            finally:
+                started.stream.close()
+        if timer is not None:
+            timer.outputs_done()
+        rows = [select_outputs(started.gen, outputs, call.requested)
+                for outputs in complete_outputs(started.gen, results)]
+        ok = True
+        return started.answer(stack_outputs(rows), final=True)
+    finally:
+        if timer is not None:
+            timer.finish(ok)
+
+
+async def infer_stream(state: State, call: InferCall) -> AsyncIterator[InferAnswer]:
+    """A decoupled request's answers: one per delta with `stream` true, else one complete answer per prompt
+    (and sample), as the backend's decoupled mode. The last one is `final`."""
+    model = resolve_model(state, call.model, call.version)
+    if is_stop_signal(call.tensors):
+        yield _stop(state, call, model)
+        return
+    timer = _timer(state, model)
+    ok = False
+    try:
+        started = await _start(state, call, model, timer)
+        gen = started.gen
+        with running_requests(state).running(model.name, call.id, state.engine, gen.requests):
+            try:
+                if gen.stream:
+                    async for answer in _deltas(started):
+                        yield answer
+                else:
+                    results = [PromptResult() for _ in gen.requests]
+                    async for b, delta in started.stream:
+                        results[b].add(delta)
+                    rows = complete_outputs(gen, results)
+                    for i, outputs in enumerate(rows):
+                        yield started.answer(select_outputs(gen, outputs, call.requested), final=i == len(rows) - 1)
+            finally:
+                started.stream.close()
+        ok = True
+    finally:
+        if timer is not None:
+            timer.outputs_done()
+            timer.finish(ok)
+
+
+async def _deltas(started: _Started) -> AsyncIterator[InferAnswer]:
+    """One answer per delta; the one that finishes the last sequence is final (an empty final answer
+    closes the request if the engine ended it without such a delta)."""
+    gen = started.gen
+    renderer = StreamRenderer(gen)
+    expected = len(gen.requests) * max(gen.num_return_sequences, gen.beam_width)
+    finished: set[tuple[int, int]] = set()
+    async for b, delta in started.stream:
+        if delta.finish_reason is not None:
+            finished.add((b, delta.index))
+        final = len(finished) >= expected
+        yield started.answer(select_outputs(gen, renderer.outputs((b, delta)), started.call.requested), final)
+        if final:
+            return
+    yield started.answer([], final=True)
