@@ -21,7 +21,7 @@ except ImportError:  # pragma: no cover - optional
 
     _loads = json.loads
 
-API_KINDS = ("completions", "chat", "triton")
+API_KINDS = ("completions", "chat", "triton", "triton-grpc")
 
 
 @dataclass
@@ -58,6 +58,7 @@ class Target:
     extra_body: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)  # e.g. Authorization
     count_tokens: Callable[[str], int] | None = None  # re-tokenises text when no usage/chunks tell
+    grpc_url: str = ""  # host:port of the KServe v2 gRPC service (api "triton-grpc")
 
     @property
     def path(self) -> str:
@@ -69,7 +70,7 @@ class Target:
 
     def body(self, prompt: Prompt) -> dict[str, Any]:
         """The JSON body for `prompt` in this dialect."""
-        if self.api == "triton":
+        if self.api.startswith("triton"):
             # exclude_input_in_output: Triton's default echoes the prompt in text_output, which would
             # count as generated tokens when no usage is reported
             body: dict[str, Any] = {"text_input": prompt.text, "max_tokens": prompt.max_tokens, "stream": self.stream,
@@ -82,7 +83,7 @@ class Target:
                 body["prompt"] = prompt.text
             if self.stream:
                 body["stream_options"] = {"include_usage": True}
-        if self.ignore_eos and self.api == "triton":
+        if self.ignore_eos and self.api.startswith("triton"):
             body["min_length"] = prompt.max_tokens  # the Triton dialect has no ignore_eos; min = max pins the length
         elif self.ignore_eos:
             body["ignore_eos"] = True  # vLLM's extra field: makes output lengths exact

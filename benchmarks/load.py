@@ -15,6 +15,7 @@ import httpx
 
 from benchmarks.backends import RequestResult, Target, send
 from benchmarks.dataset import Prompt
+from benchmarks.grpc_client import GrpcPool
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,8 @@ async def run_load(
 ) -> tuple[list[RequestResult], float, float]:
     """Run the load (after any warmup); returns the results, the wall time from the first send to the
     last reply, and this process's CPU seconds over that time (the client's own cost)."""
-    pool = ClientPool(target, spec.timeout_s)  # grows to the concurrency (or to the peak in flight)
+    pool: ClientPool | GrpcPool  # grows to the concurrency (or to the peak in flight)
+    pool = GrpcPool(target, spec.timeout_s) if target.api == "triton-grpc" else ClientPool(target, spec.timeout_s)
     pool.prefill(spec.concurrency or 0)
     try:
         if spec.warmup:
@@ -114,7 +116,7 @@ async def run_load(
 
 
 async def _closed_loop(
-    pool: ClientPool,
+    pool: ClientPool | GrpcPool,
     source: Iterator[Prompt],
     concurrency: int,
     deadline: float | None,
@@ -138,7 +140,7 @@ async def _closed_loop(
 
 
 async def _poisson(
-    pool: ClientPool,
+    pool: ClientPool | GrpcPool,
     source: Iterator[Prompt],
     spec: LoadSpec,
     deadline: float | None,

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from rich.console import Console
@@ -35,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="trtllm-gateway bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("target")
     g.add_argument("--base-url", default="http://127.0.0.1:8000")
-    g.add_argument("--api", choices=API_KINDS, default="completions", help="completions, chat, or triton (/v2/models/{m}/generate[_stream])")
+    g.add_argument("--api", choices=API_KINDS, default="completions",
+                   help="completions, chat, triton (/v2/models/{m}/generate[_stream]) or triton-grpc (ModelStreamInfer)")
+    g.add_argument("--grpc-url", help="host:port of the KServe v2 gRPC service (default: the base URL's host, port 8001)")
     g.add_argument("--model", help="model name (default: the first one GET /v1/models lists)")
     g.add_argument("--api-key", help="sent as 'Authorization: Bearer ...'")
     g.add_argument("--no-stream", dest="stream", action="store_false", help="non-streamed requests (no TTFT/ITL)")
@@ -122,12 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.tokenizer_source import default_tokenizer_path
 
     tokenizer = None
-    if not args.dataset or args.api == "triton" or args.tokenizer:
+    if not args.dataset or args.api.startswith("triton") or args.tokenizer:
         tokenizer = load_tokenizer(args.tokenizer or default_tokenizer_path())
     prompts = _prompts(args, tokenizer)
     target = Target(
         base_url=args.base_url, api=args.api, model=model, stream=args.stream, ignore_eos=args.ignore_eos,
-        extra_body=args.extra_body, headers=headers,
+        extra_body=args.extra_body, headers=headers, grpc_url=args.grpc_url or f"{urlsplit(args.base_url).hostname}:8001",
         count_tokens=(lambda text: len(tokenizer.encode(text, add_special_tokens=False))) if tokenizer else None,
     )
 

@@ -53,7 +53,7 @@ def load_generator_here(monkeypatch: pytest.MonkeyPatch) -> None:
             assert code == 0, f"load generator exited {code}: {argv}"
             return json.loads(out.read_text())
 
-    for module in ("benchmarks.procs", "benchmarks.overhead", "benchmarks.peer_cpu"):
+    for module in ("benchmarks.procs", "benchmarks.overhead", "benchmarks.peer_cpu", "benchmarks.grpc_vs_http"):
         monkeypatch.setattr(f"{module}.run_load_generator", run_load_generator)
 
 

@@ -265,3 +265,16 @@ def test_api_key_is_read_from_the_authorization_metadata(tiny_model_dir: Any) ->
             assert out.as_numpy("text_output")[0].decode() == generate_text(srv, PROMPT, 2, headers=auth)
     finally:
         srv.stop()
+
+
+def test_beams_and_guided_decoding_take_the_generate_path(client: Any, grpc_server: RunningServer) -> None:
+    beams = client.infer("ensemble", text_inputs(grpcclient, [PROMPT], 4, beam_width=np.array([[2]], dtype=np.int32)))
+    texts = beams.as_numpy("text_output")
+    assert texts.shape == (2,) and beams.as_numpy("cum_log_probs").shape == (1, 2)
+    want = httpx.post(grpc_server.url + "/v2/models/ensemble/generate", timeout=60, json={
+        "text_input": PROMPT, "max_tokens": 4, "end_id": -1, "exclude_input_in_output": True, "beam_width": 2}).json()
+    assert [t.decode() for t in texts] == want["text_output"]
+    guide = {"guided_decoding_guide_type": np.array([["regex"]]).astype(object),
+             "guided_decoding_guide": np.array([["[0-9]{3}"]]).astype(object)}
+    digits = client.infer("ensemble", text_inputs(grpcclient, [PROMPT], 3, **guide)).as_numpy("text_output")[0]
+    assert len(digits) == 3 and digits.decode().isdigit()
