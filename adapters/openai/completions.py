@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from adapters.openai.choices import EndpointOutput
@@ -16,6 +17,14 @@ from adapters.openai.responses import (
 )
 from runtime.request import OutputDelta
 from runtime.tokenizer import Tokenizer
+
+
+def _prompt_only(delta: OutputDelta) -> OutputDelta:
+    """A scoring request's delta without the one token the engine generated (max_tokens 0 ends at "length")."""
+    usage = None if delta.usage is None else dataclasses.replace(delta.usage, completion_tokens=0)
+    finish = "length" if delta.finish_reason in ("length", "stop") else delta.finish_reason
+    return dataclasses.replace(delta, token_ids=[], text="", logprobs=None, finish_reason=finish,
+                               stop_reason=None, cumulative_logprob=None, usage=usage)
 
 
 class CompletionOutput(EndpointOutput):
@@ -34,6 +43,8 @@ class CompletionOutput(EndpointOutput):
 
     def _piece(self, prompt_index: int, delta: OutputDelta) -> tuple[int, str, CompletionLogprobs | None]:
         """(choice index, text, logprobs) of one delta."""
+        if self.req.scores_prompt:
+            delta = _prompt_only(delta)
         choice, first = self._tracker.see(prompt_index, delta)
         text = delta.text
         want_lp = self.req.logprobs is not None

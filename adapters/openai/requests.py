@@ -246,7 +246,15 @@ class CompletionRequest(SamplingFields):
         p = self.prompt
         if isinstance(p, list) and (not p or any(isinstance(x, list) and not x for x in p)):
             raise InvalidRequestError("prompt must not be empty", param="prompt")
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequestError("max_tokens 0 generates nothing; it is for scoring a prompt with echo: true "
+                                      "and logprobs", param="max_tokens")
         return self
+
+    @property
+    def scores_prompt(self) -> bool:
+        """echo with max_tokens 0: the prompt (and its logprobs) only, as lm-evaluation-harness scores prompts."""
+        return self.echo and self.max_tokens == 0
 
     def prompts(self) -> list[str | list[int]]:
         """Each prompt as text or token ids; each becomes one engine request."""

@@ -45,7 +45,8 @@ def completion_requests(req: CompletionRequest, response_id: str,
                         adapter: str | None = None) -> list[GenerationRequest]:
     """One GenerationRequest per prompt (choices are later indexed prompt_index * n + sample)."""
     prompts = req.prompts()
-    sampling = sampling_options(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
+    # Scoring a prompt runs one step (the engine always generates); the output drops that token.
+    sampling = sampling_options(req, max_tokens=1 if req.scores_prompt else req.max_tokens, logprobs=req.logprobs,
                                 prompt_logprobs=req.logprobs if req.echo else None)
     out = []
     for rid, prompt in zip(engine_request_ids(response_id, len(prompts)), prompts, strict=True):

@@ -87,6 +87,35 @@ def test_echo_with_logprobs_includes_the_prompt(client: openai.OpenAI, server: R
     assert all(isinstance(x, float) for x in choice.logprobs.token_logprobs[1:])
 
 
+def test_echo_with_max_tokens_0_scores_the_prompt(client: openai.OpenAI, server: RunningServer, hf_model) -> None:
+    """lm-evaluation-harness's loglikelihood request: the prompt's logprobs (the first null), nothing generated."""
+    import torch
+
+    prompt = "The quick brown fox jumps"
+    ids = encode(server, prompt)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), dim=-1)
+    want = [ref[i - 1, ids[i]].item() for i in range(1, len(ids))]
+    for stream in (False, True):
+        args = dict(model=MODEL_NAME, prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+        if stream:
+            chunks = list(client.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+            text = "".join(c.choices[0].text for c in chunks if c.choices)
+            lps = [x for c in chunks if c.choices and c.choices[0].logprobs for x in c.choices[0].logprobs.token_logprobs]
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+            usage = chunks[-1].usage
+        else:
+            out = client.completions.create(**args)
+            text, lps, finish, usage = (out.choices[0].text, out.choices[0].logprobs.token_logprobs,
+                                        out.choices[0].finish_reason, out.usage)
+        assert text == prompt and finish == "length"
+        assert lps[0] is None and lps[1:] == pytest.approx(want, abs=1e-4)
+        assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), 0)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=0)
+    assert err.value.body["param"] == "max_tokens"
+
+
 def test_stop_string_cuts_the_text(client: openai.OpenAI) -> None:
     args = dict(model=MODEL_NAME, prompt="In the beginning", max_tokens=12, temperature=0,
                 extra_body={"ignore_eos": True})
