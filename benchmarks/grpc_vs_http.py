@@ -72,7 +72,12 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.repeat):
                 order = list(TRANSPORTS.items()) if r % 2 == 0 else list(TRANSPORTS.items())[::-1]
                 for label, api in order:
+                    cpu = server.cpu_seconds()
                     s = _point(server, grpc_port, api, c, args)
+                    # the front end's CPU per output token (the engine core is another process): the transport's
+                    # own cost, apart from the load generator's, which shares the machine
+                    tokens = s["mean_output_tokens"] * (s["requests"] + min(c, 8))  # the warmup's included
+                    s["server_cpu_ms_per_token"] = (server.cpu_seconds() - cpu) * 1e3 / max(tokens, 1)
                     runs[label][c].append(s)
                     console.print(f"{label:22s} c={c:<3d} repeat {r + 1}/{args.repeat}: "
                                   f"{s['output_token_throughput']:.0f} output tok/s, {s['failed']} failed")
@@ -101,7 +106,7 @@ def _report(console: Console, runs: dict[str, dict[int, list[dict[str, Any]]]], 
     """Print the table; return the RESULTS.md section."""
     http, grpc = list(TRANSPORTS)
     cols = ["concurrency", "HTTP tok/s", "gRPC tok/s", "gRPC / HTTP", "HTTP TTFT p50 ms", "gRPC TTFT p50 ms",
-            "HTTP ITL p50 ms", "gRPC ITL p50 ms", "failed"]
+            "HTTP ITL p50 ms", "gRPC ITL p50 ms", "front-end CPU ms/token HTTP", "gRPC", "failed"]
     rows = []
     for c in args.concurrency:
         h, g = runs[http][c], runs[grpc][c]
@@ -113,7 +118,8 @@ def _report(console: Console, runs: dict[str, dict[int, list[dict[str, Any]]]], 
         rows.append([str(c), f"{_median([s['output_token_throughput'] for s in h]):.0f}",
                      f"{_median([s['output_token_throughput'] for s in g]):.0f}", f"{ratio:.2f}",
                      f"{med(h, 'ttft_ms'):.1f}", f"{med(g, 'ttft_ms'):.1f}", f"{med(h, 'itl_ms'):.1f}",
-                     f"{med(g, 'itl_ms'):.1f}", str(sum(s["failed"] for s in h + g))])
+                     f"{med(g, 'itl_ms'):.1f}", f"{_median([s['server_cpu_ms_per_token'] for s in h]):.3f}",
+                     f"{_median([s['server_cpu_ms_per_token'] for s in g]):.3f}", str(sum(s["failed"] for s in h + g))])
     table = "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
                        *("| " + " | ".join(r) + " |" for r in rows)])
     console.print(table)

@@ -63,7 +63,7 @@ class ChatOutput(EndpointOutput):
         text, calls, finish = delta.text, None, delta.finish_reason
         if self._tool_format is not None:
             stream = self._tool_streams.setdefault(choice, ToolCallStream(self._tool_format))
-            text, calls = stream.push(delta.text, final=finish is not None)
+            text, calls = stream.push_deltas(delta.text, final=finish is not None)
             finish = with_tool_calls(finish, stream.num_calls > 0)
         if text or calls or finish is not None or entries:
             logprobs = ChatChoiceLogprobs(content=entries) if entries is not None else None

@@ -116,15 +116,47 @@ def test_forced_call_streams_as_tool_call_deltas(hermes: RunningServer, choice) 
     chunks = [c for c in stream if c.choices]
     deltas = [c.choices[0].delta for c in chunks]
     assert not any(d.content for d in deltas)  # the <tool_call> text never leaks as content
-    calls = [tc for d in deltas for tc in d.tool_calls or []]
-    assert [tc.index for tc in calls] == [0]
-    check_calls(calls, {"get_weather"} if isinstance(choice, dict) else set(SCHEMAS))
+    entries = [tc for d in deltas for tc in d.tool_calls or []]
+    assert {tc.index for tc in entries} == {0}
+    first, rest = entries[0], entries[1:]
+    assert first.id and first.function.name and first.function.arguments == ""  # names the call, as OpenAI's
+    assert len(rest) > 2 and all(tc.id is None and tc.function.name is None for tc in rest)  # then fragments
+    first.function.arguments = "".join(tc.function.arguments for tc in rest)
+    check_calls([first], {"get_weather"} if isinstance(choice, dict) else set(SCHEMAS))
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     # the same greedy call, not streamed
     whole = client(hermes).chat.completions.create(model=MODEL_NAME, messages=MESSAGES, tools=TOOLS,
                                                    tool_choice=choice, temperature=0.0, max_tokens=200)
     same = whole.choices[0].message.tool_calls[0]
-    assert (same.function.name, same.function.arguments) == (calls[0].function.name, calls[0].function.arguments)
+    assert (same.function.name, same.function.arguments) == (first.function.name, first.function.arguments)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_cut_by_max_tokens_is_an_incomplete_call(hermes: RunningServer, stream: bool) -> None:
+    """Never `<tool_call>` markup in content: the call so far, finish_reason "length"."""
+    args = dict(model=MODEL_NAME, messages=MESSAGES, tools=TOOLS, temperature=0.0,
+                tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    full = client(hermes).chat.completions.create(**args, max_tokens=200)
+    full_text = full.choices[0].message.tool_calls[0].function.arguments
+    # the longest cut that ends inside the arguments (the closing brace and tag are a few tokens)
+    budget = full.usage.completion_tokens - 1
+    while (tc := client(hermes).chat.completions.create(**args, max_tokens=budget).choices[0].message.tool_calls) \
+            and tc[0].function.arguments == full_text:
+        budget -= 1
+    cut = client(hermes).chat.completions.create(**args, stream=stream, max_tokens=budget)
+    if stream:
+        chunks = [c for c in cut if c.choices]
+        content = "".join(c.choices[0].delta.content or "" for c in chunks)
+        entries = [tc for c in chunks for tc in c.choices[0].delta.tool_calls or []]
+        name, partial = entries[0].function.name, "".join(tc.function.arguments or "" for tc in entries)
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        message = cut.choices[0].message
+        content, finish = message.content, cut.choices[0].finish_reason
+        (call,) = message.tool_calls
+        name, partial = call.function.name, call.function.arguments
+    assert not content and finish == "length"
+    assert name == "get_weather" and partial and full_text.startswith(partial) and partial != full_text
 
 
 def test_sdk_parse_with_strict_pydantic_tools(hermes: RunningServer) -> None:

@@ -10,6 +10,7 @@ from adapters.openai.requests import ChatCompletionRequest
 from adapters.openai.tools import (
     HERMES,
     LLAMA3_JSON,
+    MISTRAL,
     ToolCallStream,
     chat_guided,
     tool_call_format,
@@ -90,6 +91,57 @@ def test_streaming_holds_back_only_what_may_start_a_tag() -> None:
     assert held.push(' {"name": "f",') == ("", [])
     content, calls = held.push(' "parameters": {"x": 3}}', final=True)
     assert content == "" and calls[0]["function"] == {"name": "f", "arguments": '{"x": 3}'}
+
+
+def merged(fmt, text: str, step: int) -> tuple[str, list[dict], int]:
+    """push_deltas over `text` in pieces of `step`: (content, the calls merged as an SDK merges them, deltas)."""
+    stream = ToolCallStream(fmt)
+    pieces = [stream.push_deltas(text[i:i + step]) for i in range(0, len(text), step)]
+    pieces.append(stream.push_deltas("", final=True))
+    calls: dict[int, dict] = {}
+    for entry in (e for p in pieces for e in p[1]):
+        call = calls.setdefault(entry["index"], {"id": None, "name": None, "arguments": ""})
+        if "id" in entry:
+            assert call["id"] is None and entry["function"]["arguments"] == ""  # the first entry names the call
+            call["id"], call["name"] = entry["id"], entry["function"]["name"]
+        call["arguments"] += entry["function"]["arguments"]
+    return "".join(p[0] for p in pieces), [calls[i] for i in sorted(calls)], sum(len(p[1]) for p in pieces)
+
+
+MISTRAL_TEXT = 'Checking. [TOOL_CALLS][{"name": "f", "arguments": {"x": [1, {"y": "}"}]}}, {"name": "g", "arguments": {}}]'
+LLAMA3_TEXT = '{"name": "f", "parameters": {"x": 2}}; {"name": "g", "parameters": {}}'
+
+
+@pytest.mark.parametrize("fmt,text", [(HERMES, HERMES_TEXT), (MISTRAL, MISTRAL_TEXT), (LLAMA3_JSON, LLAMA3_TEXT)])
+@pytest.mark.parametrize("step", [1, 4])
+def test_arguments_stream_as_fragments_that_add_up_to_the_whole_parse(fmt, text: str, step: int) -> None:
+    content, calls, deltas = merged(fmt, text, step)
+    whole_content, whole = fmt.parse(text)
+    assert [(c["name"], c["arguments"]) for c in calls] == [(c.name, c.arguments) for c in whole]
+    assert content.strip() == (whole_content or "")
+    assert deltas > len(calls) + 2  # the arguments came in several fragments, not one delta at the end
+    assert all(c["id"].startswith("call_") for c in calls)
+
+
+def test_mistral_format() -> None:
+    assert tool_call_format("{{ '[TOOL_CALLS]' }} <tool_call>") is MISTRAL
+    content, calls = MISTRAL.parse(MISTRAL_TEXT)
+    assert content == "Checking." and [(c.name, json.loads(c.arguments)) for c in calls] == \
+        [("f", {"x": [1, {"y": "}"}]}), ("g", {})]
+    assert MISTRAL.parse("no calls here") == ("no calls here", [])
+    fn = type("Fn", (), {"name": "f", "parameters": None})()
+    elements = MISTRAL.call_structure(fn)["elements"]
+    assert (elements[0]["value"], elements[-1]["value"]) == ("[TOOL_CALLS][", "]")
+
+
+def test_a_call_cut_off_is_an_incomplete_call_never_markup_in_content() -> None:
+    content, calls = HERMES.parse('Sure. <tool_call>\n{"name": "f", "arguments": {"x": 12')
+    assert content == "Sure." and [(c.name, c.arguments) for c in calls] == [("f", '{"x": 12')]
+    assert HERMES.parse('<tool_call>\n{"na') == ("", [])  # no name yet: dropped
+    assert MISTRAL.parse('[TOOL_CALLS][{"name": "g", "argu') == ("", [])
+    content, _, _ = merged(HERMES, 'Hi <tool_call>\n{"name"', 2)
+    assert content == "Hi "
+    assert with_tool_calls("length", True) == "length"
 
 
 def test_finish_reason() -> None:
