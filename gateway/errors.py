@@ -36,6 +36,14 @@ class ModelNotFoundError(EngineError):
         self.param = param  # "model" where the name is the subject (GET /v1/models/{model}), as OpenAI sends it
 
 
+class ResponseNotFoundError(EngineError):
+    """No stored response has this id (never stored, `store: false`, deleted, expired or dropped for room)."""
+
+    def __init__(self, response_id: str, param: str | None = None) -> None:
+        super().__init__(f"Response with id '{response_id}' not found.")
+        self.param = param  # "previous_response_id" when a new response names it
+
+
 class AuthenticationError(EngineError):
     """Missing or wrong API key."""
 
@@ -127,6 +135,7 @@ ERROR_TABLE: dict[type[BaseException], ErrorKind] = {
     PermissionDeniedError: ErrorKind(403, "invalid_request_error", "insufficient_permissions"),
     ModelNotFoundError: ErrorKind(404, "invalid_request_error", "model_not_found"),
     UnknownAdapterError: ErrorKind(404, "invalid_request_error", "model_not_found"),
+    ResponseNotFoundError: ErrorKind(404, "invalid_request_error", None),
     # OpenAI answers rate limits with type "requests" (or "tokens") and code "rate_limit_exceeded".
     TokenRateLimitError: ErrorKind(429, "tokens", "rate_limit_exceeded"),
     QueueFullError: ErrorKind(429, "requests", "rate_limit_exceeded"),

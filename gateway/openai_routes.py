@@ -1,7 +1,8 @@
 """OpenAI routes: GET /v1/models, GET /v1/models/{model}, POST /v1/completions, POST /v1/chat/completions.
 
-Both POST routes share one path (`_serve`): parse -> translate -> GenerationStream -> either the
-shared SSE writer or one JSON body. The endpoints differ only in their adapter functions.
+Both POST routes share one path (`serve_generation`, which POST /v1/responses takes too): parse -> translate
+-> GenerationStream -> either the shared SSE writer or one JSON body. The endpoints differ only in their
+adapter functions.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ async def read_json(request: Request) -> Any:
 
 def _log_prompt(request_id: str, req: Any) -> None:
     # Only with --log-prompts: prompts may hold personal or confidential data.
-    fields = req.model_dump(include={"prompt", "messages"}, exclude_none=True)
+    fields = req.model_dump(include={"prompt", "messages", "instructions", "input"}, exclude_none=True)
     log.info("request %s prompt: %s", request_id, json.dumps(fields, ensure_ascii=False))
 
 
@@ -150,7 +151,12 @@ def _field_list(names: list[str], most: int = 16) -> str:
     return shown + (f" (and {len(names) - most} more)" if len(names) > most else "")
 
 
-async def _serve(request: Request, schema: type[BaseModel], id_prefix: str, plan: _Plan) -> Response:
+async def serve_generation(request: Request, schema: type[BaseModel], id_prefix: str, plan: _Plan, *,
+                           done_marker: str | None = "[DONE]",
+                           error_events: Callable[[Any, dict[str, Any]], list[dict[str, Any]]] | None = None
+                           ) -> Response:
+    """Serve one generation request. A stream ends with `done_marker` (None: nothing); a failure after its
+    first event is OpenAI's error body, or `error_events(output, body)` where the dialect has its own."""
     request_id = request_id_of(request.scope)
     try:
         settings = request.app.state.settings
@@ -176,12 +182,13 @@ async def _serve(request: Request, schema: type[BaseModel], id_prefix: str, plan
         # Wait for the first outputs before answering, so rejections get a real status code.
         await until_disconnected(request, stream.start())
 
-        def render_error(exc: BaseException) -> dict[str, Any]:
+        def render_error(exc: BaseException) -> dict[str, Any] | list[dict[str, Any]]:
             log_error(exc, request_id)
-            return openai_error_body(exc, request_id)
+            body = openai_error_body(exc, request_id)
+            return body if error_events is None else error_events(output, body)
 
         return sse_response(stream, output.chunks, render_error=render_error, finish=output.final_chunks,
-                            on_close=stream.close, done_marker="[DONE]", headers=headers)
+                            on_close=stream.close, done_marker=done_marker, headers=headers)
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
     except Exception as exc:
@@ -201,11 +208,11 @@ def _plan_chat(req: ChatCompletionRequest, response_id: str, model: str, adapter
 
 
 async def completions(request: Request) -> Response:
-    return await _serve(request, CompletionRequest, "cmpl", _plan_completion)
+    return await serve_generation(request, CompletionRequest, "cmpl", _plan_completion)
 
 
 async def chat_completions(request: Request) -> Response:
-    return await _serve(request, ChatCompletionRequest, "chatcmpl", _plan_chat)
+    return await serve_generation(request, ChatCompletionRequest, "chatcmpl", _plan_chat)
 
 
 def _model_cards(request: Request) -> list[ModelCard]:
@@ -258,4 +265,4 @@ def openai_routes() -> list[BaseRoute]:
     ]
 
 
-__all__ = ["openai_routes", "ready_engine", "read_body", "read_json", "resolve_model"]
+__all__ = ["openai_routes", "ready_engine", "read_body", "read_json", "resolve_model", "serve_generation"]

@@ -1,7 +1,8 @@
 """GET /openapi.json: an OpenAPI 3.1 document generated from the models and tables the routes really use.
 
-OpenAI routes: request bodies are the schemas the routes validate with (adapters.openai.requests),
-responses the schemas they serialise (adapters.openai.responses), errors OpenAI's error object.
+OpenAI routes: request bodies are the schemas the routes validate with (adapters.openai.requests,
+.responses_request), responses the schemas they serialise (adapters.openai.responses, .responses_objects),
+errors OpenAI's error object.
 Triton routes (gateway.openapi_triton): bodies from the input tables the generate route parses with,
 errors Triton's `{"error": "..."}`. LoRA load/unload: vLLM's bodies, plain-text answers. Generating it
 from the code keeps the document and the code from drifting; tests/e2e/test_fuzz_openapi.py fuzzes
@@ -28,11 +29,14 @@ from adapters.openai.responses import (
     ModelCard,
     ModelList,
 )
+from adapters.openai.responses_objects import ResponseDeleted, ResponseObject, ResponseStreamEvent
+from adapters.openai.responses_request import ResponsesRequest
 from gateway.openapi_triton import sse_events, triton_paths, triton_schemas
 
 _REF = "#/components/schemas/{model}"
 _MODELS: list[type[BaseModel]] = [CompletionRequest, ChatCompletionRequest, Completion, ChatCompletion,
-                                  ChatCompletionChunk, ModelList, ModelCard, ErrorResponse]
+                                  ChatCompletionChunk, ModelList, ModelCard, ErrorResponse, ResponsesRequest,
+                                  ResponseObject, ResponseStreamEvent, ResponseDeleted]
 
 # Statuses the error table (gateway/errors.py) can produce on each kind of route.
 _ERRORS = {
@@ -40,7 +44,8 @@ _ERRORS = {
            "context window.",
     "401": "Missing or wrong API key.",
     "403": "A valid key without the rights for this route.",
-    "404": "Unknown model (or adapter), or a disabled route.",
+    "404": "Unknown model (or adapter), unknown response id (never stored, deleted or expired), or a disabled "
+           "route.",
     "413": "Request body over --max-body-bytes.",
     "429": "The request queue is full, or the API key is over its --key-max-concurrency or "
            "--key-tokens-per-minute (see Retry-After).",
@@ -96,6 +101,30 @@ def _generate(summary: str, request: type[BaseModel], response: type[BaseModel],
     }}
 
 
+def _responses() -> dict[str, Any]:
+    """POST /v1/responses, and GET/DELETE of a stored response."""
+    response = {"application/json": {"schema": _ref(ResponseObject)}}
+    stored = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    return {
+        "/v1/responses": {"post": {
+            "summary": "Response (OpenAI's Responses API)",
+            "requestBody": {"required": True, "content": {"application/json": {"schema": _ref(ResponsesRequest)}}},
+            "responses": {"200": {"description": "The response; with `stream: true`, Server-Sent Events of typed "
+                                                 "events (no end marker); a failure after the first event is an "
+                                                 "error event, then response.failed.",
+                                  "content": {**response, **sse_events(_ref(ResponseStreamEvent))}},
+                          **_errors(_POST_ERRORS)}}},
+        "/v1/responses/{response_id}": {
+            "get": {"summary": "A stored response", "parameters": stored,
+                    "responses": {"200": {"description": "The response", "content": response},
+                                  **_errors(_GET_MODEL_ERRORS)}},
+            "delete": {"summary": "Delete a stored response", "parameters": stored,
+                       "responses": {"200": {"description": "Deleted", "content": {
+                           "application/json": {"schema": _ref(ResponseDeleted)}}},
+                           **_errors(_GET_MODEL_ERRORS)}}},
+    }
+
+
 def openapi_document(title: str = "trtllm-gateway", version: str = "0.1.0") -> dict[str, Any]:
     """The OpenAPI 3.1 document of every route: OpenAI, LoRA admin, Triton and operational."""
     _, schemas = models_json_schema([(m, "validation") for m in _MODELS], ref_template=_REF)
@@ -127,6 +156,7 @@ def openapi_document(title: str = "trtllm-gateway", version: str = "0.1.0") -> d
             "/v1/completions": _generate("Text completion", CompletionRequest, Completion, Completion),
             "/v1/chat/completions": _generate("Chat completion", ChatCompletionRequest, ChatCompletion,
                                                ChatCompletionChunk),
+            **_responses(),
             "/v1/load_lora_adapter": _lora("Load a LoRA adapter", {
                 "lora_name": "The name requests use as `model`.",
                 "lora_path": "A PEFT adapter folder, inside one of --lora-root when given (relative: from there)."}),

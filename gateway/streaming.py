@@ -10,8 +10,8 @@ before it, never after. `render` turns one item into zero or more payloads (dict
 stream: we keep it for its keep-alive pings, its disconnect watcher and its shutdown handling, and
 hand it pre-encoded bytes. When the client disconnects, sse-starlette cancels the writer; our
 `finally` then calls `on_close` (which aborts the engine requests, returning their KV blocks). A
-failure mid-stream becomes one error event in the dialect's shape (`render_error`), then the stream
-ends (with `done_marker` if the dialect has one).
+failure mid-stream becomes the dialect's error event(s) (`render_error`), then the stream ends (with
+`done_marker` if the dialect has one).
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ async def _batches(items: AsyncIterable[T]) -> AsyncIterator[list[T]]:
 async def _frames(
     items: AsyncIterable[T],
     render: Callable[[T], Iterable[Payload]],
-    render_error: Callable[[BaseException], Payload],
+    render_error: Callable[[BaseException], Payload | list[Payload]],
     finish: Callable[[], Iterable[Payload]] | None,
     on_close: Callable[[], None] | None,
     done_marker: str | None,
@@ -76,7 +76,8 @@ async def _frames(
             if finish is not None:
                 tail = [encode_event(payload) for payload in finish()]
         except Exception as exc:  # the status line is gone: report in-band, then end the stream
-            tail = [encode_event(render_error(exc))]
+            errors = render_error(exc)
+            tail = [encode_event(payload) for payload in (errors if isinstance(errors, list) else [errors])]
         if done_marker is not None:
             tail.append(encode_event(done_marker))
         if tail:
@@ -92,7 +93,7 @@ def sse_response(
     items: AsyncIterable[T],
     render: Callable[[T], Iterable[Payload]],
     *,
-    render_error: Callable[[BaseException], Payload],
+    render_error: Callable[[BaseException], Payload | list[Payload]],
     finish: Callable[[], Iterable[Payload]] | None = None,
     on_close: Callable[[], None] | None = None,
     done_marker: str | None = None,
@@ -100,7 +101,7 @@ def sse_response(
 ) -> EventSourceResponse:
     """Stream `items` as SSE: `render` per item, then `finish()`, then `done_marker` (e.g. "[DONE]").
 
-    `render_error(exc)` gives the error event's payload; `on_close()` (sync) runs exactly once when
+    `render_error(exc)` gives the error event's payload (or several); `on_close()` (sync) runs exactly once when
     the stream ends for any reason, including a client disconnect.
     """
     return EventSourceResponse(

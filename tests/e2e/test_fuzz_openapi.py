@@ -92,7 +92,7 @@ def fuzz(schema: Any, server: RunningServer, method: str, path: str, mode: Gener
 
 
 MODES = [GenerationMode.POSITIVE, GenerationMode.NEGATIVE]
-POSTS = {"/v1/completions": GENERATE, "/v1/chat/completions": GENERATE,
+POSTS = {"/v1/completions": GENERATE, "/v1/chat/completions": GENERATE, "/v1/responses": GENERATE,
          "/v2/models/{model}/generate": TRITON, "/v2/models/{model}/generate_stream": TRITON,
          "/v2/models/tensorrt_llm/generate": TRITON,
          "/v2/models/tensorrt_llm/versions/{version}/generate_stream": TRITON,
@@ -113,6 +113,7 @@ STREAMS = {
     "/v1/chat/completions": {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
                              "stream": True, "logprobs": True, "top_logprobs": 2, "n": 2,
                              "stream_options": {"include_usage": True}},
+    "/v1/responses": {"model": MODEL_NAME, "input": "hi", "max_output_tokens": 3, "stream": True},
     "/v2/models/{model}/generate_stream": {"text_input": "hi", "max_tokens": 3, "stream": True,
                                            "return_log_probs": True},
     "/v2/models/tensorrt_llm/generate_stream": {"input_ids": [1, 2, 3], "input_lengths": 3,
