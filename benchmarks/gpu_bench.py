@@ -18,6 +18,7 @@ in DIR/gpu_bench.json even when a later one fails:
   http        our gateway over HTTP, 64 concurrent streams (benchmarks/serve.py), vs the engine at 64
   http_in_process  the same with --no-engine-process (the engine in the HTTP server's process)
   http_batch  our gateway over HTTP, 256 concurrent streams, vs the engine's 256-request throughput
+  http_api2, http_api4, http_batch_api2, http_batch_api4   the same with --api-servers 2 / 4 (front ends over one core)
   tserve      `transformers serve --continuous-batching` over HTTP, same load
 A phase that raises is recorded (its traceback in the JSON and on stderr), the later phases still run,
 and the run exits 1 at the end. --smoke runs every phase on a tiny model with tiny loads (SMOKE below);
@@ -358,7 +359,9 @@ def http_phase(command: list[str], label: str, folder: Path, out: Path, *, tserv
         argv = ["--base-url", server.base_url, "--api", "completions", "--tokenizer", str(folder),
                 "--concurrency", str(concurrency), "--num-prompts", str(max(s.batch, concurrency)), "--input-mean", str(s.prompt),
                 "--input-std", "0", "--output-mean", str(s.output), "--output-std", "0", "--duration", str(s.http_s),
-                "--warmup", str(concurrency)] + extra
+                "--warmup", str(concurrency),
+                # one client process saturates near 30k events/s: more for the big loads, so the server is measured
+                "--client-processes", str(min(4, max(1, concurrency // 32)))] + extra
         summary = run_load_generator(argv, timeout=300)["points"][0]["summary"]
         if not summary["completed"] or summary["failed"]:
             raise RuntimeError(f"{summary['failed']} of {summary['completed'] + summary['failed']} requests failed")
@@ -434,10 +437,14 @@ def main(argv: list[str] | None = None) -> int:
         command = [py, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--model", str(big),
                    "--device", device, "--dtype", "bfloat16", "--max-batch-size", str(streams),
                    "--max-model-len", str(s.max_model_len), "--kv-cache-fraction", "0.3",
-                   "--no-enable-prefix-caching", "--log-level", "info", *extra]
+                   "--no-enable-prefix-caching", "--log-level", "info", "--grpc-port", "none", *extra]
         return http_phase(command, label, big, out, tserve=False, ready="/health", sizes=s, streams=streams)
 
     phase("http", lambda: gateway("gateway", s.streams))  # the engine core in its own process (the default)
+    for n in (2, 4):  # several front ends over one engine core
+        phase(f"http_api{n}", lambda n=n: gateway(f"gateway-api{n}", s.streams, "--api-servers", str(n)))
+    for n in (2, 4):
+        phase(f"http_batch_api{n}", lambda n=n: gateway(f"gateway-batch-api{n}", s.batch, "--api-servers", str(n)))
     phase("http_in_process", lambda: gateway("gateway-in-process", s.streams, "--no-engine-process"))
     phase("http_batch", lambda: gateway("gateway-batch", s.batch))
     phase("tserve", lambda: http_phase(
@@ -482,6 +489,10 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
         f"http_{s.streams}_tok_s": get("http", "summary", "output_token_throughput"),
         f"http_{s.streams}_in_process_tok_s": get("http_in_process", "summary", "output_token_throughput"),
         f"http_{s.batch}_tok_s": get("http_batch", "summary", "output_token_throughput"),
+        f"http_{s.streams}_api2_tok_s": get("http_api2", "summary", "output_token_throughput"),
+        f"http_{s.streams}_api4_tok_s": get("http_api4", "summary", "output_token_throughput"),
+        f"http_{s.batch}_api2_tok_s": get("http_batch_api2", "summary", "output_token_throughput"),
+        f"http_{s.batch}_api4_tok_s": get("http_batch_api4", "summary", "output_token_throughput"),
         f"tserve_{s.streams}_tok_s": get("tserve", "summary", "output_token_throughput"),
     }
 

@@ -120,7 +120,7 @@ async def measure(url: str, duration: float, senders: int, only: list[str]) -> d
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     # the demo model unless --server-arg names another (a later --model wins)
-    command = [sys.executable, "-m", "gateway", "serve", "--port", "{port}", "--log-level", "warning",
+    command = [sys.executable, "-m", "gateway", "serve", "--port", "{port}", "--grpc-port", "none", "--log-level", "warning",
                "--model", "demo", *args.server_arg]
     server = Server("", command=command, ready_path="/health")
     try:

@@ -50,7 +50,7 @@ def gateway_app() -> Any:
     tokenizer = os.environ["BENCH_TOKENIZER"]
     engine = SyntheticEngine(tokenizer, step_delay=float(os.environ.get("BENCH_STEP_DELAY", "0")),
                              threaded=os.environ.get("BENCH_EXECUTOR", "thread") == "thread")
-    settings = Settings(log_level="warning", engine=EngineConfig(served_model_name="synthetic", tokenizer=tokenizer))
+    settings = Settings(log_level="warning", grpc_port=None, engine=EngineConfig(served_model_name="synthetic", tokenizer=tokenizer))
     return create_app(settings, engine=engine)
 
 

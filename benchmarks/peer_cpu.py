@@ -51,7 +51,7 @@ def hf_generate_tok_s(model_path: str, dtype: str, prompts: list[list[int]], out
 
 
 def _gateway(model: str, dtype: str, args: argparse.Namespace) -> Server:
-    cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--model", model,
+    cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--grpc-port", "none", "--model", model,
            "--dtype", dtype, "--log-level", "warning", "--max-batch-size", str(max(args.concurrency))]
     return Server("", command=cmd, ready_path="/health", env=_thread_env(args))
 

@@ -25,11 +25,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from benchmarks.backends import API_KINDS, RequestResult, Target
 from benchmarks.dataset import Prompt, jsonl_prompts, load_tokenizer, synthetic_prompts
-from benchmarks.load import LoadSpec, run_load
+from benchmarks.load import LoadSpec, run_load, run_load_processes
 from benchmarks.metrics import Goodput, summarize
 from benchmarks.report import plot_sweep, print_summary, print_sweep, write_json
 
 RESULTS_DIR = Path(__file__).parent / "results"
+
+
+class TokenCounter:
+    """Tokens of a text (a class, not a lambda: client processes get it pickled)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--duration", type=float, help="seconds to keep starting requests (prompts are cycled)")
     g.add_argument("--warmup", type=int, default=4, help="requests sent before measuring")
     g.add_argument("--timeout", type=float, default=600.0, help="per-request timeout, seconds")
+    g.add_argument("--client-processes", type=int, default=1,
+                   help="split the load over this many client processes (one saturates near 30k events/s)")
     g.add_argument("--sweep-concurrency", help="comma list, e.g. 1,8,32: one run each, plus a PNG plot")
     g.add_argument("--sweep-rate", help="comma list of request rates: one run each, plus a PNG plot")
     g = p.add_argument_group("output")
@@ -88,7 +100,10 @@ def _prompts(args: argparse.Namespace, tokenizer: Any) -> list[Prompt]:
     )
 
 
-def _run_point(target: Target, prompts: list[Prompt], spec: LoadSpec, console: Console, quiet: bool, label: str) -> tuple[list[RequestResult], float, float]:
+def _run_point(target: Target, prompts: list[Prompt], spec: LoadSpec, console: Console, quiet: bool, label: str,
+               processes: int = 1) -> tuple[list[RequestResult], float, float]:
+    if processes > 1:
+        return run_load_processes(target, prompts, spec, processes)
     if quiet:
         return asyncio.run(run_load(target, prompts, spec))
     total = spec.duration_s if spec.duration_s else (spec.num_requests or len(prompts))
@@ -131,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     target = Target(
         base_url=args.base_url, api=args.api, model=model, stream=args.stream, ignore_eos=args.ignore_eos,
         extra_body=args.extra_body, headers=headers, grpc_url=args.grpc_url or f"{urlsplit(args.base_url).hostname}:8001",
-        count_tokens=(lambda text: len(tokenizer.encode(text, add_special_tokens=False))) if tokenizer else None,
+        count_tokens=TokenCounter(tokenizer) if tokenizer else None,
     )
 
     sweep_key, sweep_values = None, [None]
@@ -151,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         label = f"{args.api} {'stream' if args.stream else 'no-stream'} " + (
             f"rate={rate}/s" if rate else f"concurrency={spec.concurrency}"
         )
-        results, duration, client_cpu = _run_point(target, prompts, spec, console, args.quiet, label)
+        results, duration, client_cpu = _run_point(target, prompts, spec, console, args.quiet, label,
+                                                   args.client_processes)
         summary = summarize(results, duration, goodput)
         summary["client_cpu_s"] = client_cpu
         points.append({"concurrency": spec.concurrency, "rate": rate, "summary": summary})

@@ -217,7 +217,7 @@ def wait_idle(url: str, timeout: float = 30.0) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     # the demo model unless --server-arg names another (a later --model wins)
-    command = [sys.executable, "-m", "gateway", "serve", "--port", "{port}", "--dtype", "float32",
+    command = [sys.executable, "-m", "gateway", "serve", "--port", "{port}", "--grpc-port", "none", "--dtype", "float32",
                "--log-level", "warning", "--drain-timeout", "30", "--model", "demo", *args.server_arg]
     server = Server("", command=command, ready_path="/health")
     try:

@@ -7,9 +7,11 @@ engine in the background, so the server answers at once (GET /health is 503 unti
 loaded, 200 after) and shuts it down on exit. app.state holds `engine`, `settings`, `metrics`
 (gateway.metrics.GatewayMetrics; its `.registry` is what /metrics exposes), `auth`
 (gateway.auth.AuthPolicy), `drain` (gateway.shutdown.Drain), `limits` (RequestLimits), `prepare`
-(runtime.workers.WorkerPool for large bodies), `startup_error` and `fatal_error` (the engine died while
-serving). The server may set `on_ready` (called once the engine has started) and `on_fatal` (called when
-it fails to start or dies).
+(runtime.workers.WorkerPool for large bodies), `responses` (gateway.response_store.ResponseStore: stored
+Responses API responses), `startup_error` and `fatal_error` (the engine died while serving). The server
+may set `on_ready` (called once the engine has started), `on_fatal` (called when it fails to start or
+dies), `before_engine_shutdown` (awaited before the engine shuts down) and `serve_when_ready` (start
+serving only once the engine has started).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import contextlib
 import importlib.util
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -41,6 +43,8 @@ from gateway.openai_routes import openai_routes
 from gateway.openapi import openapi_routes
 from gateway.ops_routes import ops_routes
 from gateway.read_timeout import read_timeout_middleware
+from gateway.response_store import ResponseStore
+from gateway.responses_routes import responses_routes
 from gateway.settings import Settings
 from gateway.shutdown import Drain, DrainMiddleware, watch_engine
 from runtime.engine import Engine
@@ -115,8 +119,11 @@ async def _start_engine(app: Starlette) -> bool:
 
 @contextlib.asynccontextmanager
 async def _lifespan(app: Starlette) -> AsyncIterator[None]:
-    async def start_then_watch() -> None:
-        if await _start_engine(app):
+    async def start_then_watch(started: asyncio.Future[bool] | None = None) -> None:
+        ok = await _start_engine(app)
+        if started is not None:
+            started.set_result(ok)
+        if ok:
             await watch_engine(app.state.engine, app.state.drain, lambda why: _fatal(app, why))
 
     settings: Settings = app.state.settings
@@ -129,7 +136,12 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
         except OSError as exc:
             app.state.startup_error = str(exc)
             raise
-    task = asyncio.create_task(start_then_watch())
+    # A front end beside others on one port (--api-servers) takes connections only once it serves: the first
+    # answers /health (503 while loading) for all of them.
+    started = asyncio.get_running_loop().create_future() if getattr(app.state, "serve_when_ready", False) else None
+    task = asyncio.create_task(start_then_watch(started))
+    if started is not None:
+        await started
     try:
         yield
     finally:
@@ -139,6 +151,9 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
         if not task.done():
             task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        before: Callable[[], Awaitable[None]] | None = getattr(app.state, "before_engine_shutdown", None)
+        if before is not None:  # e.g. the other front ends sharing the engine core drain first
+            await before()
         await app.state.engine.shutdown(settings.drain_timeout)
         app.state.prepare.shutdown()
 
@@ -153,7 +168,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
     metrics = GatewayMetrics()
     metrics.watch_engine(engine)
     admin = lora_routes()  # run-time LoRA loading: guarded by --admin-api-key when one is set
-    routes = [*openai_routes(), *admin, *ops_routes(), *openapi_routes(), *_triton_routes(metrics, engine)]
+    routes = [*openai_routes(), *responses_routes(), *admin, *ops_routes(), *openapi_routes(),
+              *_triton_routes(metrics, engine)]
     auth = AuthPolicy.from_settings(settings, admin_paths=[getattr(r, "path", "") for r in admin])
     drain = Drain()
     # Outermost first: ids and counting see every answer (408s included), CORS answers preflights before
@@ -186,6 +202,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
         max_logit_bias=settings.max_logit_bias,
         max_messages=settings.max_messages, max_prompts=settings.max_prompts)
     app.state.prepare = WorkerPool("parse")  # parsing and translating large bodies, off the event loop
+    app.state.responses = ResponseStore(settings.responses_store_size, settings.responses_store_ttl)
     app.state.startup_error = None
     app.state.fatal_error = None
     app.state.created = int(time.time())  # /v1/models' "created"

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import os
+import signal
+import socket
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gateway.settings import ENV_PREFIX, Option, Settings, env_values, options, settings_from
+
+if TYPE_CHECKING:
+    from gateway.api_servers import FrontEnds
+    from runtime.engine import Engine
+
+STOP_GRACE_S = 10.0  # beyond the drain timeout, how long the other front ends (--api-servers) may take to exit
 
 
 def _describe(value: Any) -> str:
@@ -81,8 +90,6 @@ def _with_triton_repo(values: dict[str, Any]) -> dict[str, Any]:
     """`values` over the settings read from --triton-model-repo (flags and env vars win over the files).
 
     Raises ValueError (adapters.triton.TritonRepoError) for unfilled required template values."""
-    import logging
-
     from adapters.triton import load_triton_repo
 
     repo = load_triton_repo(values["triton_model_repo"], cli_fields=set(values))
@@ -95,6 +102,17 @@ def _with_triton_repo(values: dict[str, Any]) -> dict[str, Any]:
 
 def serve(settings: Settings) -> int:
     """Run the server until SIGTERM/SIGINT (drained: 0); 1 if the engine failed to start or died."""
+    if settings.api_servers > 1:
+        from gateway.api_servers import serve_many
+
+        return serve_many(settings)
+    return run_server(settings)
+
+
+def run_server(settings: Settings, engine: Engine | None = None, sock: socket.socket | None = None,
+               others: FrontEnds | None = None, index: int = 0) -> int:
+    """One front end: the app over `engine` (None: built from the settings) on `sock` (None: bind host:port).
+    Front end 0 supervises `others` (--api-servers); the others (`index` > 0) leave SIGINT to it."""
     import uvicorn
 
     from gateway.app import create_app
@@ -105,7 +123,7 @@ def serve(settings: Settings) -> int:
 
     configure_logging(settings.log_level, settings.log_format)
     try:
-        app = create_app(settings)
+        app = create_app(settings, engine)
     except (EngineError, ValueError) as exc:  # e.g. trtllm without tensorrt_llm, a missing keys file: one line
         print(f"trtllm-gateway: error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 1
@@ -115,14 +133,27 @@ def serve(settings: Settings) -> int:
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                             lifespan="on", log_config=None, access_log=False, timeout_graceful_shutdown=1,
                             http=http_protocol(settings.read_timeout))
-    server = DrainingServer(config, app.state.drain, settings.drain_timeout)
-    if settings.metrics_port is not None:  # Triton's separate metrics port (8002 there)
+    server = DrainingServer(config, app.state.drain, settings.drain_timeout,
+                            on_signal=others.signal if others is not None else None,
+                            ignored=(signal.SIGINT,) if index > 0 else ())
+    if settings.metrics_port is not None and index == 0:  # Triton's separate metrics port (8002 there)
         from gateway.triton_metrics import start_metrics_server
 
         start_metrics_server(app.state.metrics.registry, settings.metrics_port, settings.host)
-    app.state.on_fatal = lambda: setattr(server, "should_exit", True)
+
+    def fatal(why: str | None = None) -> None:
+        if why is not None:
+            app.state.fatal_error = why
+            logging.getLogger("gateway").error("fatal: %s; exiting", why)
+        server.should_exit = True
+
+    app.state.on_fatal = fatal
     app.state.on_ready = freeze_startup_objects
-    server.run()
+    app.state.serve_when_ready = index > 0  # front end 0 answers /health while the model loads
+    if others is not None:  # the core outlives the other front ends: they drain first
+        others.watch(fatal)
+        app.state.before_engine_shutdown = lambda: others.wait(settings.drain_timeout + STOP_GRACE_S)
+    server.run(sockets=[sock] if sock is not None else None)
     return 1 if app.state.startup_error or app.state.fatal_error else 0
 
 

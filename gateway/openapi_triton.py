@@ -147,6 +147,36 @@ _REPOSITORY_INDEX = {"application/json": {"schema": {"type": "array", "items": {
                    "state": {"type": "string", "enum": ["READY", "UNAVAILABLE"]}}}}}}
 
 
+_DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
+              "FP64", "BYTES"]
+_TENSOR_PARAMETERS = {"type": "object", "properties": {
+    "binary_data_size": {"type": "integer", "minimum": 0,
+                         "description": "this tensor's bytes follow the JSON header (binary tensor data extension)"},
+    "binary_data": {"type": "boolean", "description": "answer this output in binary"}}}
+_INFER_REQUEST = {"required": True, "content": {"application/json": {"schema": {
+    "type": "object", "required": ["inputs"], "properties": {
+        "id": {"type": "string", "description": "echoed; a stop signal names the request to end by it"},
+        "parameters": {"type": "object", "properties": {"binary_data_output": {"type": "boolean"}}},
+        "inputs": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["name", "shape", "datatype"], "properties": {
+                "name": {"type": "string"}, "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                "datatype": {"type": "string", "enum": _DATATYPES}, "parameters": _TENSOR_PARAMETERS,
+                "data": {"type": "array", "description": "flat or nested, row-major"}}}},
+        "outputs": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
+            "name": {"type": "string"}, "parameters": _TENSOR_PARAMETERS}}}}}}},
+    "description": "JSON, or with the binary tensor data extension: a JSON header of "
+                   "Inference-Header-Content-Length bytes, then the inputs' raw data"}
+_INFER_RESPONSE = {"application/json": {"schema": {
+    "type": "object", "required": ["model_name", "model_version", "outputs"], "properties": {
+        "model_name": {"type": "string"}, "model_version": {"type": "string"}, "id": {"type": "string"},
+        "outputs": {"type": "array", "items": {"type": "object", "required": ["name", "datatype", "shape"],
+                                               "properties": {"name": {"type": "string"},
+                                                              "datatype": {"type": "string", "enum": _DATATYPES},
+                                                              "shape": {"type": "array", "items": {"type": "integer"}},
+                                                              "data": {"type": "array"},
+                                                              "parameters": _TENSOR_PARAMETERS}}}}}}}
+
+
 def _model_param(ids: bool) -> list[dict[str, Any]]:
     if ids:
         return []
@@ -208,6 +238,9 @@ def _model_paths(prefix: str, params: list[dict[str, Any]], ids: bool, errors: A
                                    "`{\"error\": \"...\"}`",
                     "content": sse_events({"anyOf": [_ref(f"Triton{kind}Response"), _ref("TritonError")]})},
             **post_errors}, post=True)},
+        prefix + "/infer": {"post": {**op(f"KServe v2 inference ({what}): typed tensors with a batch dimension", {
+            "200": {"description": "The output tensors; a batch's rows stacked (binary: JSON header, then data)",
+                    "content": _INFER_RESPONSE}, **post_errors}), "requestBody": _INFER_REQUEST}},
         prefix: {"get": op("Model metadata (KServe v2)", {
             "200": {"description": "Inputs and outputs", "content": _json("TritonModelMetadata")}, **get_errors})},
         prefix + "/ready": {"get": op("Model readiness", {

@@ -33,6 +33,7 @@ class Settings:
     # server
     host: str = "127.0.0.1"  # interface to listen on (0.0.0.0: all)
     port: int = 8000  # TCP port
+    api_servers: int = 1  # HTTP front-end processes sharing the port and one engine core (native backend)
     log_level: Literal["debug", "info", "warning", "error"] = "info"  # log verbosity
     log_format: Literal["text", "json"] = "text"  # json: one JSON object per line, with request ids
     log_prompts: bool = False  # log prompts and generated text (off: they may hold private data)
@@ -60,6 +61,9 @@ class Settings:
     # LoRA
     enable_lora_loading: bool = False  # allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter
     lora_root: list[str] = field(default_factory=list)  # folders run-time adapter paths must lie in (none: any)
+    # Responses API
+    responses_store_size: int = 1000  # most responses kept for GET /v1/responses/{id} and previous_response_id; the oldest go first (0: none)
+    responses_store_ttl: float | None = 3600.0  # seconds a stored response is kept (none: until the size limit drops it)
     # Triton
     triton_model_repo: str | None = None  # Triton TensorRT-LLM model repository: engine settings from its config.pbtxt (flags win)
     exclude_input_in_output: bool = False  # Triton generate: answer without the prompt unless a request says otherwise

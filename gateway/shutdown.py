@@ -144,10 +144,13 @@ class DrainingServer(uvicorn.Server):
     signal is not re-raised, so the process exits 0.
     """
 
-    def __init__(self, config: uvicorn.Config, drain: Drain, drain_timeout: float) -> None:
+    def __init__(self, config: uvicorn.Config, drain: Drain, drain_timeout: float,
+                 on_signal: Callable[[], None] | None = None, ignored: tuple[int, ...] = ()) -> None:
         super().__init__(config)
         self._drain = drain
         self._drain_timeout = drain_timeout
+        self._on_signal = on_signal  # e.g. forward to the other front ends (--api-servers)
+        self._ignored = ignored  # signals this process leaves to another (a front end's Ctrl-C)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._drainer: asyncio.Task[None] | None = None
 
@@ -156,6 +159,10 @@ class DrainingServer(uvicorn.Server):
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig in self._ignored:
+            return
+        if self._on_signal is not None:
+            self._on_signal()
         if self._drain.draining or self._loop is None:
             super().handle_exit(sig, frame)
             return

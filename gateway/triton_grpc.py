@@ -237,7 +237,8 @@ async def start_grpc_server(app: Starlette, port: int, host: str) -> grpc.aio.Se
     server = grpc.aio.server(interceptors=[_Auth(app.state.auth)],
                              options=[("grpc.max_receive_message_length", limit),
                                       ("grpc.max_send_message_length", max(limit, 64 * 1024 * 1024)),
-                                      ("grpc.so_reuseport", 0)])
+                                      # several front ends (--api-servers) share the port; else a taken port is an error
+                                      ("grpc.so_reuseport", int(settings.api_servers > 1))])
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(TritonGrpcService(app), server)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:

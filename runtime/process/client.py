@@ -12,6 +12,10 @@ that `generate_batches` reads, as the in-process engine does.
 Failure contract: the core's exit is seen at once (a pidfd of it is watched by the event loop). Every
 request in flight then ends with an error delta, `ready` turns False (the gateway's watcher makes /health 503
 and the server exit non-zero). `shutdown` drains in the core, then waits for it to exit, killing it if needed.
+
+Several front ends (--api-servers N, gateway/api_servers.py) share one core: front end 0 starts it with a
+socket pair for each, the others attach to theirs (`FrontEnd`), learn the core's pid from its Ready message
+and leave its shutdown to front end 0.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,18 +59,34 @@ logger = logging.getLogger(__name__)
 EXIT_GRACE = 30.0  # s the core may take to exit after draining, before it is killed
 
 
+@dataclass(frozen=True)
+class FrontEnd:
+    """This front end's place among those sharing one core: index (0 starts the core), count, and the folder
+    of their sockets."""
+
+    index: int = 0
+    count: int = 1
+    folder: str | None = None  # None (one front end): a fresh temporary folder
+
+    def addresses(self, folder: str, index: int | None = None) -> Addresses:
+        i = self.index if index is None else index
+        return Addresses(f"ipc://{folder}/to-core-{i}", f"ipc://{folder}/to-front-end-{i}")
+
+
 class EngineClient(Engine):
     """The front end's handle on the engine-core process (see the module docstring)."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, front_end: FrontEnd = FrontEnd()) -> None:
         self.config = config
+        self.front_end = front_end
         self.model_path, self.spec, _, _, self.model_info = describe_model(config)
         self._stats = EngineStats(max_batch_size=config.max_batch_size, max_num_tokens=config.max_num_tokens)
         self._adapters: dict[str, str] | None = None  # the core's, once it is ready
         self._queues: dict[str, tuple[asyncio.Queue[Any], int]] = {}  # request id -> (its deltas, samples)
         self._lora_calls: dict[int, asyncio.Future[None]] = {}
         self._call_ids = itertools.count()
-        self._process: subprocess.Popen[bytes] | None = None
+        self._process: subprocess.Popen[bytes] | None = None  # front end 0's child
+        self._started = False
         self._exit_fd: int | None = None
         self._folder: str | None = None
         self._sender: zmq.Socket | None = None
@@ -78,30 +99,26 @@ class EngineClient(Engine):
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
-        if self._process is not None:
+        if self._started:
             return
-        self._folder = tempfile.mkdtemp(prefix="trtllm-gateway-")
-        addresses = Addresses(f"ipc://{self._folder}/to-core", f"ipc://{self._folder}/to-front-end")
+        self._started = True
+        front_end = self.front_end
+        self._folder = front_end.folder or tempfile.mkdtemp(prefix="trtllm-gateway-")
+        addresses = front_end.addresses(self._folder)
         self._sender = zmq.Context.instance().socket(zmq.PUSH)
         self._sender.setsockopt(zmq.SNDHWM, 0)  # never drop or block: the core's death is watched instead
         self._sender.bind(addresses.to_core)
         self._receiver = zmq.asyncio.Context.instance().socket(zmq.PULL)
         self._receiver.setsockopt(zmq.RCVHWM, 0)
         self._receiver.bind(addresses.to_front_end)
-        # a fresh interpreter: no copy of this process's threads, sockets or CUDA state, no re-import of __main__
-        args = CoreArgs(self.config, addresses, os.getpid(), logging.getLogger().getEffectiveLevel())
-        self._process = subprocess.Popen([sys.executable, "-m", "runtime.process.core"], stdin=subprocess.PIPE,
-                                         env=_with_our_packages(os.environ))
-        assert self._process.stdin is not None
-        self._process.stdin.write(msgspec.msgpack.encode(args))
-        self._process.stdin.close()
-        atexit.register(self._kill)  # a front end that exits without shutdown() leaves no core behind
-        self._exit_fd = os.pidfd_open(self._process.pid)  # readable once the core has exited
-        asyncio.get_running_loop().add_reader(self._exit_fd, self._on_core_exit)
+        if front_end.index == 0:
+            self._spawn_core([front_end.addresses(self._folder, i) for i in range(front_end.count)])
         try:  # the tokenizer loads here while the core starts
             self.tokenizer = await asyncio.to_thread(Tokenizer.from_pretrained,
                                                      self.config.tokenizer or self.model_path)
             ready = await self._first_message()
+            if self._process is None:  # attached: watch the core that front end 0 started
+                self._watch_core(ready.pid)
         except BaseException:
             self._stopping = True
             self._kill()
@@ -110,7 +127,23 @@ class EngineClient(Engine):
         self._adapters, self._stats = ready.adapters, ready.stats
         self._receiving = asyncio.create_task(self._receive())
         self._accepting = True
-        logger.info("engine core running in process %d", self._process.pid)
+        logger.info("engine core running in process %d (front end %d of %d)", ready.pid, front_end.index + 1,
+                    front_end.count)
+
+    def _spawn_core(self, addresses: list[Addresses]) -> None:
+        # a fresh interpreter: no copy of this process's threads, sockets or CUDA state, no re-import of __main__
+        args = CoreArgs(self.config, addresses, os.getpid(), logging.getLogger().getEffectiveLevel())
+        self._process = subprocess.Popen([sys.executable, "-m", "runtime.process.core"], stdin=subprocess.PIPE,
+                                         env=_with_our_packages(os.environ))
+        assert self._process.stdin is not None
+        self._process.stdin.write(msgspec.msgpack.encode(args))
+        self._process.stdin.close()
+        atexit.register(self._kill)  # a front end that exits without shutdown() leaves no core behind
+        self._watch_core(self._process.pid)
+
+    def _watch_core(self, pid: int) -> None:
+        self._exit_fd = os.pidfd_open(pid)  # readable once the core has exited
+        asyncio.get_running_loop().add_reader(self._exit_fd, self._on_core_exit)
 
     async def _first_message(self) -> Ready:
         assert self._receiver is not None
@@ -127,9 +160,13 @@ class EngineClient(Engine):
     async def shutdown(self, drain_timeout: float = 0.0) -> None:
         self._accepting = False
         process = self._process
-        if process is None or self._stopping:
+        if not self._started or self._stopping:
             return
         self._stopping = True
+        if process is None:  # attached: front end 0 shuts the core down
+            self._fail_in_flight("EngineNotReadyError: the engine shut down")
+            self._close()
+            return
         if process.poll() is None:
             self._send(Shutdown(drain_timeout))
             try:
@@ -159,7 +196,7 @@ class EngineClient(Engine):
         for socket in (self._sender, self._receiver):
             if socket is not None:
                 socket.close(linger=0)
-        if self._folder is not None:
+        if self._folder is not None and self.front_end.index == 0:  # the others' sockets are gone by now
             shutil.rmtree(self._folder, ignore_errors=True)
         self._prepare.shutdown()
 
@@ -168,11 +205,11 @@ class EngineClient(Engine):
         return self._accepting and self._failure is None
 
     def _on_core_exit(self) -> None:
-        assert self._process is not None and self._exit_fd is not None
+        assert self._exit_fd is not None
         asyncio.get_running_loop().remove_reader(self._exit_fd)
         if self._stopping:
             return
-        code = self._process.wait()
+        code = self._process.wait() if self._process is not None else "unknown: another front end started it"
         self._failure = f"the engine-core process exited unexpectedly (exit code {code})"
         logger.error("%s; failing the requests in flight", self._failure)
         self._fail_in_flight(f"EngineFailedError: {self._failure}")
@@ -226,6 +263,8 @@ class EngineClient(Engine):
                 entry[0].put_nowait(rebuild_error(msg.error))
         elif isinstance(msg, LoraReply):
             self._adapters = msg.adapters
+            if msg.front_end != self.front_end.index:  # another front end's call: only the list changed
+                return
             future = self._lora_calls.pop(msg.call_id, None)
             if future is not None and not future.done():
                 if msg.error is None:
@@ -247,7 +286,7 @@ class EngineClient(Engine):
             raise InvalidRequestError(f"request_id {request_id!r} is already running", param="request_id")
         try:
             message = encoder.encode(AddRequest(request, prepared.prompt_token_ids, prepared.max_tokens,
-                                                prepared.bad_words_ids))
+                                                prepared.bad_words_ids, self.front_end.index))
         except OverflowError as exc:  # an option the engine ignores, holding a number past 64 bits
             raise InvalidRequestError(f"A number in the request is out of range: {exc}") from exc
         queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -273,7 +312,7 @@ class EngineClient(Engine):
                                 context_window=self.model_info.context_window, config=self.config)
 
     def abort(self, request_id: str) -> None:
-        if self._process is not None and self._failure is None and not self._stopping:
+        if self._started and self._failure is None and not self._stopping:
             self._send(Abort([request_id]))
 
     def stats(self) -> EngineStats:
@@ -294,7 +333,7 @@ class EngineClient(Engine):
         call_id = next(self._call_ids)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._lora_calls[call_id] = future
-        self._send(LoraCall(call_id, name, path))
+        self._send(LoraCall(call_id, name, path, self.front_end.index))
         await future
 
 

@@ -57,18 +57,20 @@ class CoreArgs:
     """What the front end hands the core on its stdin."""
 
     config: EngineConfig
-    addresses: Addresses
+    addresses: list[Addresses]  # one pair per front end (--api-servers)
     parent_pid: int
     log_level: int
 
 
 class SocketOutbox(Outbox):
-    """Sends each step's deltas to the front end in one message, with the engine's stats at most every
-    STATS_PERIOD s (and whenever a request ends, so the front end's view is exact when idle)."""
+    """Sends each step's deltas in one message per front end (to the one that sent each request), with the
+    engine's stats at most every STATS_PERIOD s (and whenever a request ends, so the front ends' view is exact
+    when idle)."""
 
-    def __init__(self, socket: zmq.Socket, stats: Callable[[], EngineStats]) -> None:
+    def __init__(self, sockets: list[zmq.Socket], owners: dict[str, int], stats: Callable[[], EngineStats]) -> None:
         super().__init__()
-        self._socket = socket
+        self._sockets = sockets
+        self._owners = owners  # request id -> front end; filled by the receiving loop before submit
         self._stats = stats
         self._stats_sent = 0.0
 
@@ -77,29 +79,46 @@ class SocketOutbox(Outbox):
         stats = None
         if now - self._stats_sent >= STATS_PERIOD or any(final for _, _, final in pending):
             stats, self._stats_sent = self._stats(), now
-        if pending or stats is not None:
-            deltas = [(state.request_id, ds, final) for state, ds, final in pending]
-            self._socket.send(encoder.encode(StepOutputs(deltas, stats)), copy=False)
+        by_front_end: dict[int, list[tuple[str, list, bool]]] = {}
+        for state, ds, final in pending:
+            owner = self._owners.pop(state.request_id, 0) if final else self._owners.get(state.request_id, 0)
+            by_front_end.setdefault(owner, []).append((state.request_id, ds, final))
+        for index, socket in enumerate(self._sockets):
+            deltas = by_front_end.get(index)
+            if deltas or stats is not None:
+                socket.send(encoder.encode(StepOutputs(deltas or [], stats)), copy=False)
 
 
 class CoreServer:
     """Receives the front end's messages and drives the engine; sends its control replies."""
 
-    def __init__(self, config: EngineConfig, addresses: Addresses) -> None:
+    def __init__(self, config: EngineConfig, addresses: list[Addresses]) -> None:
         self._context = zmq.asyncio.Context()
-        self._inbox = self._context.socket(zmq.PULL)
-        self._inbox.connect(addresses.to_core)
-        self._control = self._context.socket(zmq.PUSH)
-        self._control.connect(addresses.to_front_end)
-        # the step thread's own socket (a zmq socket belongs to one thread)
+        self._inbox = self._context.socket(zmq.PULL)  # fair-queued from every front end
+        for pair in addresses:
+            self._inbox.connect(pair.to_core)
+        self._controls = [self._push(self._context, pair) for pair in addresses]
+        # the step thread's own sockets (a zmq socket belongs to one thread)
         self._step_context = zmq.Context()
-        self._outputs = self._step_context.socket(zmq.PUSH)
-        self._outputs.connect(addresses.to_front_end)
-        self.engine = NativeEngine(config, outbox=SocketOutbox(self._outputs, lambda: self.engine.stats()))
+        self._outputs = [self._push(self._step_context, pair) for pair in addresses]
+        self._owners: dict[str, int] = {}
+        self.engine = NativeEngine(config, outbox=SocketOutbox(self._outputs, self._owners,
+                                                               lambda: self.engine.stats()))
         self._adding: set[str] = set()  # requests whose grammar is compiling
         self._aborted_while_adding: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
+
+    @staticmethod
+    def _push(context: zmq.Context, pair: Addresses) -> zmq.Socket:
+        socket = context.socket(zmq.PUSH)
+        socket.connect(pair.to_front_end)
+        return socket
+
+    async def _tell_all(self, msg: object) -> None:
+        data = encoder.encode(msg)
+        for control in self._controls:
+            await control.send(data)
 
     async def serve(self) -> int:
         """Start the engine, then serve until Shutdown (0) or the engine dies (1)."""
@@ -107,9 +126,9 @@ class CoreServer:
             await self.engine.start()
         except Exception as exc:  # noqa: BLE001 - the front end reports it
             logger.exception("engine failed to start")
-            await self._control.send(encoder.encode(StartFailed(f"{type(exc).__name__}: {exc}")))
+            await self._tell_all(StartFailed(f"{type(exc).__name__}: {exc}"))
             return 1
-        await self._control.send(encoder.encode(Ready(self.engine.lora_adapters() or {}, self.engine.stats())))
+        await self._tell_all(Ready(self.engine.lora_adapters() or {}, self.engine.stats(), os.getpid()))
         watcher = asyncio.create_task(self._watch_engine())
         receiver = asyncio.create_task(self._receive())
         done, _ = await asyncio.wait({watcher, receiver}, return_when=asyncio.FIRST_COMPLETED)
@@ -146,11 +165,13 @@ class CoreServer:
     async def _add(self, msg: AddRequest) -> None:
         request_id = msg.request.request_id
         self._adding.add(request_id)
+        self._owners[request_id] = msg.front_end
         try:
             prepared = PreparedRequest(msg.prompt_token_ids, msg.max_tokens, msg.bad_words_ids)
             await self.engine.submit(msg.request, prepared)
         except Exception as exc:  # noqa: BLE001 - every refusal goes back to its caller
-            await self._control.send(encoder.encode(Rejected(request_id, error_info(exc))))
+            self._owners.pop(request_id, None)
+            await self._controls[msg.front_end].send(encoder.encode(Rejected(request_id, error_info(exc))))
             return
         finally:
             self._adding.discard(request_id)
@@ -167,8 +188,7 @@ class CoreServer:
                 await self.engine.load_lora_adapter(msg.name, msg.path)
         except Exception as exc:  # noqa: BLE001
             error = error_info(exc)
-        reply = LoraReply(msg.call_id, self.engine.lora_adapters() or {}, error)
-        await self._control.send(encoder.encode(reply))
+        await self._tell_all(LoraReply(msg.call_id, self.engine.lora_adapters() or {}, error, msg.front_end))
 
     async def _watch_engine(self) -> None:
         """Return when the engine stops serving without having been told to (its step loop died)."""
@@ -177,18 +197,20 @@ class CoreServer:
         logger.error("the engine's step loop died; the engine-core process exits")
 
     def close(self) -> None:
-        self._outputs.close(linger=LINGER_MS)
-        self._control.close(linger=LINGER_MS)
+        for socket in self._outputs + self._controls:
+            socket.close(linger=LINGER_MS)
         self._inbox.close(linger=0)
         self._step_context.term()
         self._context.term()
 
 
-def _exit_when_orphaned(parent_pid: int) -> None:
+def exit_when_orphaned(parent_pid: int) -> None:
+    """Exit (1) within PARENT_POLL s of the parent process's death."""
+
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(PARENT_POLL)
-        logger.error("the front-end process is gone; the engine-core process exits")
+        logger.error("the parent process is gone; process %d exits", os.getpid())
         os._exit(1)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
@@ -201,7 +223,7 @@ def main() -> int:
     args = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=CoreArgs)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s engine-core %(name)s: %(message)s")
-    _exit_when_orphaned(args.parent_pid)
+    exit_when_orphaned(args.parent_pid)
     server = CoreServer(args.config, args.addresses)
     try:
         return asyncio.run(server.serve())

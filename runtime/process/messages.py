@@ -2,6 +2,7 @@
 
 Front end -> core: `AddRequest` (a request already tokenized and validated by the front end), `Abort`,
 `LoraCall` (load/unload an adapter), `Shutdown`.
+With --api-servers N there are N front ends; each request's outputs go back to the one that sent it.
 Core -> front end: `Ready` (or `StartFailed`) once, then `StepOutputs` (one per engine step that produced
 anything: every request's new deltas, and the engine's stats at most every STATS_PERIOD s), `Rejected` (a
 request the core refused after it was handed over: queue full, grammar, adapter), `LoraReply`.
@@ -39,6 +40,7 @@ class AddRequest(msgspec.Struct, tag="add"):
     prompt_token_ids: list[int]
     max_tokens: int
     bad_words_ids: list[list[int]]
+    front_end: int = 0  # which front end sent it: its outputs go back there
 
 
 class Abort(msgspec.Struct, tag="abort"):
@@ -49,6 +51,7 @@ class LoraCall(msgspec.Struct, tag="lora"):
     call_id: int
     name: str
     path: str | None  # None: unload
+    front_end: int = 0
 
 
 class Shutdown(msgspec.Struct, tag="shutdown"):
@@ -58,6 +61,7 @@ class Shutdown(msgspec.Struct, tag="shutdown"):
 class Ready(msgspec.Struct, tag="ready"):
     adapters: dict[str, str]
     stats: EngineStats
+    pid: int = 0  # the core's process id (front ends that did not start it watch it by this)
 
 
 class StartFailed(msgspec.Struct, tag="start_failed"):
@@ -75,9 +79,12 @@ class Rejected(msgspec.Struct, tag="rejected"):
 
 
 class LoraReply(msgspec.Struct, tag="lora_reply"):
+    """Sent to every front end (each keeps the adapter list); the caller's `front_end` completes its call."""
+
     call_id: int
     adapters: dict[str, str]
     error: ErrorInfo | None = None
+    front_end: int = 0
 
 
 ToCore = Union[AddRequest, Abort, LoraCall, Shutdown]

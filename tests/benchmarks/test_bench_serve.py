@@ -44,3 +44,14 @@ def test_sweep_writes_plot_and_json(gateway: RunningServer, tiny_model: Path, tm
     assert [p["concurrency"] for p in points] == [1, 2]
     assert all(p["summary"]["completed"] == 4 and p["summary"]["ttft_ms"] is None for p in points)  # not streamed
 
+
+
+def test_client_processes_split_the_load_and_merge_the_results(gateway: RunningServer, tiny_model: Path,
+                                                                tmp_path: Path) -> None:
+    out = tmp_path / "serve.json"
+    code = serve.main(_argv(gateway, tiny_model, "--api", "completions", "--num-requests", "7", "--concurrency", "3",
+                            "--client-processes", "2", "--quiet", "--json", str(out)))
+    assert code == 0
+    summary = json.loads(out.read_text())["points"][0]["summary"]
+    assert (summary["completed"], summary["failed"]) == (7, 0), summary["errors"]  # 4 + 3 requests
+    assert summary["mean_output_tokens"] == 4.0 and positive(summary["client_cpu_s"], summary["ttft_ms"]["p50"])

@@ -40,8 +40,9 @@ def _serve(program: list[str], log: Path, *flags: str) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with log.open("w") as out:
-        proc = subprocess.Popen([*program, "serve", "--port", str(port), *flags], cwd=ROOT, stdout=subprocess.DEVNULL,
-                                stderr=out)
+        # no gRPC: a fixed port (8001) would clash with any other server on the machine
+        proc = subprocess.Popen([*program, "serve", "--port", str(port), "--grpc-port", "none", *flags], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=out)
     try:
         wait_ready(url, proc, START_TIMEOUT_S)
         yield url

@@ -26,7 +26,7 @@ MAX_TOKENS = 200
 
 
 def serve_args(model_dir: Path, port: int) -> list[str]:
-    args = ["serve", "--model", str(model_dir), "--port", str(port)]
+    args = ["serve", "--model", str(model_dir), "--port", str(port), "--grpc-port", "none"]  # no fixed port
     for name in ("device", "dtype", "max_batch_size", "max_num_tokens", "max_kv_tokens", "served_model_name"):
         args += ["--" + name.replace("_", "-"), str(DEFAULT_ENGINE_OPTIONS[name])]
     return args

@@ -1,0 +1,77 @@
+"""--api-servers N (the real process): N front ends on one port share one engine core; SIGTERM drains them all
+and leaves no process behind; a front end that dies takes the server down (non-zero), never half of it."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import psutil
+
+from tests.e2e.conftest import MODEL_NAME, free_port
+from tests.e2e.test_shutdown import Served, start  # noqa: F401 - `start` is the fixture
+
+BODY = {"model": MODEL_NAME, "prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+
+
+def tree(served: Served) -> tuple[psutil.Process, psutil.Process]:
+    """(the other front end, the engine core) under the first front end."""
+    children = psutil.Process(served.proc.pid).children(recursive=True)
+    names = {" ".join(p.cmdline()[1:3]): p for p in children}
+    assert set(names) == {"-m gateway.api_servers", "-m runtime.process.core"}, names
+    return names["-m gateway.api_servers"], names["-m runtime.process.core"]
+
+
+def test_front_ends_share_the_port_and_the_engine_core(start: Callable[..., Served]) -> None:  # noqa: F811
+    served = start("--api-servers", "2", "--grpc-port", str(free_port()))
+    other, _ = tree(served)
+    cpu_before = sum(other.cpu_times()[:2])
+
+    def complete(_: int) -> str:
+        with httpx.Client(timeout=60) as c:  # a new connection each: the kernel picks the front end
+            r = c.post(served.url + "/v1/completions", json=BODY)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+
+    with ThreadPoolExecutor(8) as pool:
+        texts = list(pool.map(complete, range(48)))
+    assert len(set(texts)) == 1  # greedy: every front end gets the same tokens from the one core
+    assert sum(other.cpu_times()[:2]) - cpu_before > 0.05  # the second front end served some of them
+    served.proc.send_signal(signal.SIGTERM)
+    assert served.proc.wait(60) == 0
+    assert not other.is_running() or other.status() == psutil.STATUS_ZOMBIE
+
+
+def test_sigterm_drains_every_front_end_and_leaves_no_process(start: Callable[..., Served],  # noqa: F811
+                                                             tmp_path: Path) -> None:
+    served = start("--api-servers", "3", "--grpc-port", str(free_port()))
+    procs = psutil.Process(served.proc.pid).children(recursive=True)
+    assert len(procs) == 3  # two more front ends and the core
+    body = {**BODY, "max_tokens": 120, "stream": True}
+    clients = [httpx.Client(timeout=60) for _ in range(6)]
+    streams = [c.stream("POST", served.url + "/v1/completions", json=body) for c in clients]
+    responses = [s.__enter__() for s in streams]
+    lines = [r.iter_lines() for r in responses]
+    for it in lines:
+        assert next(it).startswith("data: ")
+    served.proc.send_signal(signal.SIGTERM)
+    for it in lines:  # every stream, whichever front end holds it, runs to its end
+        rest = [line for line in it if line]
+        assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in rest[-2]
+    for s in streams:
+        s.__exit__(None, None, None)
+    assert served.proc.wait(60) == 0
+    gone, alive = psutil.wait_procs(procs, timeout=10)
+    assert not alive
+
+
+def test_a_dead_front_end_stops_the_server_nonzero(start: Callable[..., Served], tmp_path: Path) -> None:  # noqa: F811
+    served = start("--api-servers", "2", "--grpc-port", str(free_port()))
+    other, core = tree(served)
+    other.kill()
+    assert served.proc.wait(60) == 1
+    assert core.wait(30) is not None or not core.is_running()
+    assert "front end 1" in (tmp_path / "server.log").read_text()
