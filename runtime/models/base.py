@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from runtime.attention_metadata import AttentionMetadata
+from runtime.models import int8
 from runtime.models.spec import ModelSpec
 
 
@@ -42,7 +43,11 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Float32 logits [N, vocab_size] for N hidden states (select the rows you sample first), written
         into `out` when given (the cast to float32 is then that copy: no extra pass)."""
-        logits = torch.nn.functional.linear(hidden, self.output_embedding())
+        head: int8.Int8Weight | None = getattr(self, "int8_head", None)  # --cpu-quantization int8
+        if head is not None and hidden.shape[0] <= int8.MAX_ROWS:
+            logits = int8.matmul(hidden, head)
+        else:
+            logits = torch.nn.functional.linear(hidden, self.output_embedding())
         return logits.float() if out is None else out.copy_(logits)
 
     def checkpoint_target(self, name: str) -> tuple[str, str | None] | None:

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.models import int8
+
 Delta = Callable[[torch.Tensor, "Linear"], torch.Tensor]
 
 
@@ -39,10 +41,14 @@ class Linear(nn.Module):
             nn.Parameter(torch.empty(self.out_features, dtype=dtype), requires_grad=False) if bias else None
         )
         self.delta: Delta | None = None
+        self.int8: int8.Int8Weight | None = None  # --cpu-quantization int8: used for batches of few rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.delta is not None:
             return self.delta(x, self)
+        if self.int8 is not None and x.shape[0] <= int8.MAX_ROWS:
+            y = int8.matmul(x, self.int8)
+            return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)
 
     def part_range(self, part: str) -> tuple[int, int]:

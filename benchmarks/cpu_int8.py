@@ -1,0 +1,143 @@
+"""--cpu-quantization int8 on the CPU: speed of the native engine with and without it, and what it costs in
+quality (perplexity on held-out text), in one run.
+
+    python -m benchmarks.cpu_int8                      # the default model (SmolLM2-135M-Instruct), bf16
+    python -m benchmarks.cpu_int8 --append-results     # also a dated section in RESULTS.md
+
+Speed: the engine in this process (no HTTP), greedy, exact lengths; inter-token gap at concurrency 1 and
+output tok/s at 16 concurrent requests, the two settings interleaved over --rounds. Quality: transformers'
+model with the checkpoint's weights, then with every projection and the output head replaced by their
+int8 round trip (what the int8 kernel multiplies by), perplexity over windows of docs/scaling.md (text the
+model never saw). The baseline of both is the same engine or model without int8, in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from benchmarks.overhead import RESULTS_MD, _commit, _machine
+from runtime.config import EngineConfig
+from runtime.llm_engine import NativeEngine
+from runtime.models.int8 import dequantize, quantize
+from runtime.request import GenerationRequest, SamplingOptions
+
+TEXT = Path(__file__).resolve().parent.parent / "docs" / "scaling.md"
+
+
+async def _speed(model: str, dtype: str, quantization: str, args: argparse.Namespace) -> dict[str, float]:
+    engine = NativeEngine(EngineConfig(model=model, device="cpu", dtype=dtype, max_batch_size=16,
+                                       max_num_tokens=2048, max_kv_tokens=max(16 * (args.prompt + args.output + 16), 8192),
+                                       cpu_quantization=quantization))
+    await engine.start()
+
+    def req(rid: str) -> GenerationRequest:
+        return GenerationRequest(rid, prompt_token_ids=[(7 * i + len(rid)) % 200 + 10 for i in range(args.prompt)],
+                                 sampling=SamplingOptions(max_tokens=args.output, ignore_eos=True, temperature=0.0))
+
+    async def one(rid: str) -> list[float]:
+        stamps = []
+        async for _ in engine.generate(req(rid)):
+            stamps.append(time.perf_counter())
+        return [b - a for a, b in zip(stamps, stamps[1:])]
+
+    try:
+        await one("warm")
+        gaps = await one("c1")
+        t = time.perf_counter()
+        await asyncio.gather(*(one(f"c16-{i}") for i in range(16)))
+        wall = time.perf_counter() - t
+    finally:
+        await engine.shutdown()
+    return {"itl_ms": statistics.median(gaps) * 1e3, "tok_s_16": 16 * args.output / wall}
+
+
+def _perplexity(model: Any, ids: list[int], window: int) -> float:
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, len(ids) - 1, window):
+            chunk = torch.tensor([ids[start:start + window + 1]])
+            if chunk.shape[1] < 2:
+                break
+            logits = model(chunk[:, :-1]).logits.float()
+            nll += torch.nn.functional.cross_entropy(logits[0], chunk[0, 1:], reduction="sum").item()
+            count += chunk.shape[1] - 1
+    return math.exp(nll / count)
+
+
+def _quality(model_path: str, dtype: torch.dtype, window: int, max_tokens: int) -> dict[str, float]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    ids = tokenizer(TEXT.read_text())["input_ids"][:max_tokens]
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
+    base = _perplexity(model, ids, window)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):  # the projections and the output head, as the engine's copies
+                module.weight = torch.nn.Parameter(dequantize(quantize(module.weight)))
+    return {"tokens": len(ids), "ppl": base, "ppl_int8": _perplexity(model, ids, window)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="checkpoint folder or GGUF (default: the default model)")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--output", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--window", type=int, default=512, help="perplexity window, tokens")
+    p.add_argument("--text-tokens", type=int, default=4096, help="most tokens of the held-out text scored")
+    p.add_argument("--note", default="")
+    p.add_argument("--append-results", action="store_true")
+    args = p.parse_args(argv)
+    console = Console()
+    from runtime.default_model import resolve_model
+
+    model = resolve_model(args.model, args.dtype)[0]
+    command = "python -m benchmarks.cpu_int8 " + shlex.join(sys.argv[1:] if argv is None else argv)
+    speed: dict[str, list[dict[str, float]]] = {"none": [], "int8": []}
+    for r in range(args.rounds):
+        for quantization in (["none", "int8"] if r % 2 == 0 else ["int8", "none"]):
+            s = asyncio.run(_speed(model, args.dtype, quantization, args))
+            speed[quantization].append(s)
+            console.print(f"round {r + 1} {quantization:4s}: ITL {s['itl_ms']:.1f} ms, {s['tok_s_16']:.0f} tok/s at 16")
+    quality = _quality(model, getattr(torch, args.dtype), args.window, args.text_tokens)
+
+    def med(q: str, key: str) -> float:
+        return statistics.median(s[key] for s in speed[q])
+
+    rows = [[q, f"{med(q, 'itl_ms'):.1f}", f"{med('none', 'itl_ms') / med(q, 'itl_ms'):.2f}x",
+             f"{med(q, 'tok_s_16'):.0f}", f"{med(q, 'tok_s_16') / med('none', 'tok_s_16'):.2f}x",
+             f"{quality['ppl_int8' if q == 'int8' else 'ppl']:.3f}"] for q in ("none", "int8")]
+    cols = ["--cpu-quantization", "ITL c=1 ms", "speed-up", "tok/s c=16", "vs none", "perplexity"]
+    table = "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
+                       *("| " + " | ".join(r) + " |" for r in rows)])
+    console.print(table)
+    md = "\n".join([
+        f"\n## {time.strftime('%Y-%m-%d %H:%M')} --cpu-quantization int8 vs bf16 on the CPU ({Path(model).name})\n",
+        f"- machine: {_machine()}" + (f"; {args.note}" if args.note else ""),
+        f"- commit: {_commit()}", f"- command: `{command}`",
+        f"- torch threads: {torch.get_num_threads()}; speed: the engine in-process, prompt {args.prompt}, "
+        f"{args.output} output tokens, medians of {args.rounds} interleaved rounds; perplexity: "
+        f"{quality['tokens']} tokens of docs/scaling.md in windows of {args.window} (transformers, {args.dtype}; "
+        "int8: every projection and the output head replaced by its int8 round trip)\n", table, ""])
+    if args.append_results:
+        with RESULTS_MD.open("a") as f:
+            f.write(md)
+        console.print(f"appended to {RESULTS_MD}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
