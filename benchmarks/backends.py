@@ -37,6 +37,15 @@ class RequestResult:
     output_tokens: int = 0  # from usage when reported, else text-carrying events (or re-tokenised text)
     events: int = 0  # SSE data events received, [DONE] excluded
     error: str = ""
+    last_text: float = 0.0  # perf_counter() of the last text-carrying event
+
+    def text_event(self, now: float) -> None:
+        """A text-carrying event arrived at `now`: the first sets TTFT, the others add an inter-token gap."""
+        if self.ttft is None:
+            self.ttft = now - self.start
+        else:
+            self.itl.append(now - self.last_text)
+        self.last_text = now
 
     @property
     def tpot(self) -> float | None:
@@ -155,7 +164,6 @@ async def _send_stream(client: httpx.AsyncClient, target: Target, prompt: Prompt
             return
         chunks = 0
         usage_seen = False
-        last = 0.0
         buf = b""
         # Our own line splitter over raw bytes: httpx's aiter_lines decodes to str first and costs
         # noticeably more per event, and the client shares the CPU with the server under test.
@@ -178,11 +186,7 @@ async def _send_stream(client: httpx.AsyncClient, target: Target, prompt: Prompt
                 usage_seen = _apply_usage(res, obj) or usage_seen
                 if _text_of(target.api, obj):
                     chunks += 1
-                    if res.ttft is None:
-                        res.ttft = now - res.start
-                    else:
-                        res.itl.append(now - last)
-                    last = now
+                    res.text_event(now)
         if not usage_seen:
             res.output_tokens = chunks
         res.ok = res.ttft is not None or res.output_tokens == 0

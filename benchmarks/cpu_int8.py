@@ -27,6 +27,7 @@ import torch
 from rich.console import Console
 
 from benchmarks.overhead import RESULTS_MD, _commit, _machine
+from benchmarks.report import append_section, markdown_table
 from runtime.config import EngineConfig
 from runtime.llm_engine import NativeEngine
 from runtime.models.int8 import dequantize, quantize
@@ -121,8 +122,7 @@ def main(argv: list[str] | None = None) -> int:
              f"{med(q, 'tok_s_16'):.0f}", f"{med(q, 'tok_s_16') / med('none', 'tok_s_16'):.2f}x",
              f"{quality['ppl_int8' if q == 'int8' else 'ppl']:.3f}"] for q in ("none", "int8")]
     cols = ["--cpu-quantization", "ITL c=1 ms", "speed-up", "tok/s c=16", "vs none", "perplexity"]
-    table = "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
-                       *("| " + " | ".join(r) + " |" for r in rows)])
+    table = markdown_table(cols, rows)
     console.print(table)
     md = "\n".join([
         f"\n## {time.strftime('%Y-%m-%d %H:%M')} --cpu-quantization int8 vs bf16 on the CPU ({Path(model).name})\n",
@@ -133,9 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{quality['tokens']} tokens of docs/scaling.md in windows of {args.window} (transformers, {args.dtype}; "
         "int8: every projection and the output head replaced by its int8 round trip)\n", table, ""])
     if args.append_results:
-        with RESULTS_MD.open("a") as f:
-            f.write(md)
-        console.print(f"appended to {RESULTS_MD}")
+        append_section(RESULTS_MD, md, console)
     return 0
 
 

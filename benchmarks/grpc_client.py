@@ -69,7 +69,7 @@ class GrpcPool:
         async def requests() -> AsyncIterator[dict[str, Any]]:
             yield {"model_name": self._target.model, "inputs": inputs}
 
-        chunks, last = 0, 0.0
+        chunks = 0
         headers = self._target.headers or None
         async for result, error in client.stream_infer(requests(), headers=headers):
             now = time.perf_counter()
@@ -80,11 +80,7 @@ class GrpcPool:
             text = result.as_numpy("text_output")
             if text is not None and text.size and text.reshape(-1)[0]:
                 chunks += 1
-                if res.ttft is None:
-                    res.ttft = now - res.start
-                else:
-                    res.itl.append(now - last)
-                last = now
+                res.text_event(now)
                 if not self._target.stream and self._target.count_tokens:
                     chunks = self._target.count_tokens(text.reshape(-1)[0].decode())
             if result.get_response().parameters["triton_final_response"].bool_param:

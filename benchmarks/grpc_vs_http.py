@@ -25,7 +25,7 @@ from rich.console import Console
 
 from benchmarks.overhead import RESULTS_MD, _commit, _machine
 from benchmarks.procs import Server, free_port, run_load_generator
-from benchmarks.report import plot_throughput_by_concurrency, write_json
+from benchmarks.report import append_section, markdown_table, plot_throughput_by_concurrency, write_json
 
 RESULTS_DIR = Path(__file__).parent / "results"
 TRANSPORTS = {"HTTP generate_stream": "triton", "gRPC ModelStreamInfer": "triton-grpc"}
@@ -94,9 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     md += f"\n![output tok/s by concurrency](results/{png.name})\n"
     console.print(f"plot: {png}")
     if args.append_results:
-        with RESULTS_MD.open("a") as f:
-            f.write(md)
-        console.print(f"appended to {RESULTS_MD}")
+        append_section(RESULTS_MD, md, console)
     failed = sum(s["failed"] for points in runs.values() for ss in points.values() for s in ss)
     return 1 if failed else 0
 
@@ -120,8 +118,7 @@ def _report(console: Console, runs: dict[str, dict[int, list[dict[str, Any]]]], 
                      f"{med(h, 'ttft_ms'):.1f}", f"{med(g, 'ttft_ms'):.1f}", f"{med(h, 'itl_ms'):.1f}",
                      f"{med(g, 'itl_ms'):.1f}", f"{_median([s['server_cpu_ms_per_token'] for s in h]):.3f}",
                      f"{_median([s['server_cpu_ms_per_token'] for s in g]):.3f}", str(sum(s["failed"] for s in h + g))])
-    table = "\n".join(["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
-                       *("| " + " | ".join(r) + " |" for r in rows)])
+    table = markdown_table(cols, rows)
     console.print(table)
     return "\n".join([
         f"\n## {time.strftime('%Y-%m-%d %H:%M')} Triton streaming transports: gRPC ModelStreamInfer vs HTTP "

@@ -30,7 +30,7 @@ from rich.table import Table
 
 from benchmarks.overhead import RESULTS_MD, _commit, _machine
 from benchmarks.procs import Server, run_load_generator
-from benchmarks.report import plot_throughput_by_concurrency, write_json
+from benchmarks.report import append_section, plot_throughput_by_concurrency, write_json
 
 RESULTS_DIR = Path(__file__).parent / "results"
 
@@ -158,9 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     md += f"\n![output tok/s by concurrency](results/{png.name})\n"
     console.print(f"plot: {png}")
     if args.append_results:
-        with RESULTS_MD.open("a") as f:
-            f.write(md)
-        console.print(f"appended to {RESULTS_MD}")
+        append_section(RESULTS_MD, md, console)
     return 0
 
 

@@ -125,3 +125,16 @@ def plot_throughput_by_concurrency(series: dict[str, dict[int, float]], baseline
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(fig, path)
+
+
+def markdown_table(columns: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table (RESULTS.md sections)."""
+    return "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+                      *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def append_section(path: Path, section: str, console: Console) -> None:
+    """Append a dated section to RESULTS.md, and say so."""
+    with path.open("a") as f:
+        f.write(section)
+    console.print(f"appended to {path}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import openai
 import pytest
@@ -21,7 +20,6 @@ from runtime.engine import Engine, EngineStats, ModelInfo
 from runtime.errors import EngineError, InvalidRequestError, PromptTooLongError
 from runtime.request import GenerationRequest, OutputDelta, TokenLogprob, Usage
 from runtime.tokenizer import Tokenizer
-from tests.tiny_models import build_tiny_tokenizer
 
 CONTEXT = 64
 
@@ -92,13 +90,6 @@ class ScriptedEngine(Engine):
                 await asyncio.sleep(self.step_delay)
         finally:
             self.closed.append(request.request_id)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    folder = tmp_path_factory.mktemp("tok")
-    build_tiny_tokenizer(Path(folder))
-    return Tokenizer.from_pretrained(str(folder))
 
 
 @pytest.fixture

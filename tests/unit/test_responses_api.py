@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai.types.responses as sdk
@@ -29,7 +28,6 @@ from runtime.demo import demo_model_path
 from runtime.errors import EngineFailedError, InvalidRequestError
 from runtime.request import OutputDelta, Usage
 from runtime.tokenizer import Tokenizer
-from tests.tiny_models import build_tiny_tokenizer
 from tests.unit.test_gateway_app import ScriptedEngine, sse_data
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of a city",
@@ -328,13 +326,6 @@ def test_store_flags() -> None:
 
 
 # ----- routes over the scripted engine -----
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    folder = tmp_path_factory.mktemp("tok")
-    build_tiny_tokenizer(Path(folder))
-    return Tokenizer.from_pretrained(str(folder))
-
 
 @pytest.fixture
 def engine(tokenizer: Tokenizer) -> ScriptedEngine:

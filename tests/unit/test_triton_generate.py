@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,16 +10,8 @@ from adapters.triton.generate import TritonGenerate, model_kind, parse_generate
 from runtime.errors import InvalidRequestError
 from runtime.request import GuidedDecoding, SamplingOptions
 from runtime.tokenizer import Tokenizer
-from tests.tiny_models import build_tiny_tokenizer
 
 DOC_EXAMPLE = {"text_input": "What is machine learning?", "max_tokens": 20, "bad_words": "", "stop_words": ""}
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    folder: Path = tmp_path_factory.mktemp("tok")
-    build_tiny_tokenizer(folder)
-    return Tokenizer.from_pretrained(str(folder))
 
 
 def parse(tokenizer: Tokenizer, body: Any, model: str = "ensemble", **kw: Any) -> TritonGenerate:

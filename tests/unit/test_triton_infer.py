@@ -4,7 +4,6 @@ signals, requested outputs, batch stacking, and HTTP bodies with JSON and binary
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import orjson
@@ -18,14 +17,6 @@ from adapters.triton.tensors import Tensor, output_tensor, tensor_bytes
 from runtime.errors import InvalidRequestError
 from runtime.request import OutputDelta
 from runtime.tokenizer import Tokenizer
-from tests.tiny_models import build_tiny_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    folder: Path = tmp_path_factory.mktemp("tok")
-    build_tiny_tokenizer(folder)
-    return Tokenizer.from_pretrained(str(folder))
 
 
 def t(name: str, array: np.ndarray, datatype: str) -> Tensor:
