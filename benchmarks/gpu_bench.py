@@ -364,7 +364,7 @@ def http_phase(command: list[str], label: str, folder: Path, out: Path, *, tserv
                 "--client-processes", str(min(4, max(1, concurrency // 32)))] + extra
         summary = run_load_generator(argv, timeout=300)["points"][0]["summary"]
         if not summary["completed"] or summary["failed"]:
-            raise RuntimeError(f"{summary['failed']} of {summary['completed'] + summary['failed']} requests failed")
+            raise RuntimeError(f"{summary['failed']} of {summary['completed'] + summary['failed']} requests failed: {summary['errors']}")
         return {"summary": summary, "log_tail": log.read_text()[-3000:]}
     except Exception as exc:  # the phase fails, with the server's log in its error
         tail = log.read_text()[-3000:] if log.exists() else ""
