@@ -57,6 +57,7 @@ from runtime.workers import WorkerPool, is_heavy
 logger = logging.getLogger(__name__)
 
 EXIT_GRACE = 30.0  # s the core may take to exit after draining, before it is killed
+DISPATCH_SLICE = 32  # requests' deltas handed out between two yields to the event loop
 
 
 @dataclass(frozen=True)
@@ -232,7 +233,15 @@ class EngineClient(Engine):
     async def _receive(self) -> None:
         assert self._receiver is not None
         while True:
-            self._dispatch(to_front_end.decode(await self._receiver.recv()))
+            msg = to_front_end.decode(await self._receiver.recv())
+            if isinstance(msg, StepOutputs) and len(msg.deltas) > DISPATCH_SLICE:
+                # a big step's hand-out in slices, yielding between them: the HTTP side's timers and reads
+                # wait for one slice at most, not for the whole batch (event-loop lag at 256 streams)
+                for start in range(0, len(msg.deltas), DISPATCH_SLICE):
+                    self._deliver(msg.deltas[start:start + DISPATCH_SLICE])
+                    await asyncio.sleep(0)
+                msg.deltas = []
+            self._dispatch(msg)
 
     async def _drain_messages(self) -> None:
         """Dispatch what the core sent before it exited (after `_receive` stopped or never ran)."""
@@ -243,18 +252,22 @@ class EngineClient(Engine):
         while await self._receiver.poll(0):
             self._dispatch(to_front_end.decode(await self._receiver.recv()))
 
+    def _deliver(self, outputs: list[tuple[str, list[OutputDelta], bool]]) -> None:
+        """Each request's new deltas into its queue (an END after its last)."""
+        for request_id, deltas, final in outputs:
+            entry = self._queues.get(request_id)
+            if entry is None:  # its caller is gone (aborted)
+                continue
+            queue = entry[0]
+            for delta in deltas:
+                queue.put_nowait(delta)
+            if final:
+                queue.put_nowait(END)
+                del self._queues[request_id]
+
     def _dispatch(self, msg: Any) -> None:
         if isinstance(msg, StepOutputs):
-            for request_id, deltas, final in msg.deltas:
-                entry = self._queues.get(request_id)
-                if entry is None:  # its caller is gone (aborted)
-                    continue
-                queue = entry[0]
-                for delta in deltas:
-                    queue.put_nowait(delta)
-                if final:
-                    queue.put_nowait(END)
-                    del self._queues[request_id]
+            self._deliver(msg.deltas)
             if msg.stats is not None:
                 self._stats = msg.stats
         elif isinstance(msg, Rejected):

@@ -36,10 +36,19 @@ def test_front_ends_share_the_port_and_the_engine_core(start: Callable[..., Serv
             assert r.status_code == 200, r.text
             return r.json()["choices"][0]["text"]
 
+    def other_served() -> bool:  # its CPU time grows only by serving (idle, it sleeps in epoll)
+        return sum(other.cpu_times()[:2]) - cpu_before > 0.05
+
+    texts: list[str] = []
     with ThreadPoolExecutor(8) as pool:
-        texts = list(pool.map(complete, range(48)))
+        # the kernel hands each connection to whichever front end accepts first: rounds until the second has
+        # served some (a bound on requests, not on time)
+        for _ in range(10):
+            texts += pool.map(complete, range(48))
+            if other_served():
+                break
     assert len(set(texts)) == 1  # greedy: every front end gets the same tokens from the one core
-    assert sum(other.cpu_times()[:2]) - cpu_before > 0.05  # the second front end served some of them
+    assert other_served()
     served.proc.send_signal(signal.SIGTERM)
     assert served.proc.wait(60) == 0
     assert not other.is_running() or other.status() == psutil.STATUS_ZOMBIE
