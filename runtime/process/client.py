@@ -57,7 +57,6 @@ from runtime.workers import WorkerPool, is_heavy
 logger = logging.getLogger(__name__)
 
 EXIT_GRACE = 30.0  # s the core may take to exit after draining, before it is killed
-DISPATCH_SLICE = 32  # requests' deltas handed out between two yields to the event loop
 
 
 @dataclass(frozen=True)
@@ -233,15 +232,10 @@ class EngineClient(Engine):
     async def _receive(self) -> None:
         assert self._receiver is not None
         while True:
-            msg = to_front_end.decode(await self._receiver.recv())
-            if isinstance(msg, StepOutputs) and len(msg.deltas) > DISPATCH_SLICE:
-                # a big step's hand-out in slices, yielding between them: the HTTP side's timers and reads
-                # wait for one slice at most, not for the whole batch (event-loop lag at 256 streams)
-                for start in range(0, len(msg.deltas), DISPATCH_SLICE):
-                    self._deliver(msg.deltas[start:start + DISPATCH_SLICE])
-                    await asyncio.sleep(0)
-                msg.deltas = []
-            self._dispatch(msg)
+            # A step's outputs are handed out in one go. Handing them out in slices of 32 with a yield between
+            # (tried 2026-11-26) cut the event-loop lag p99 from 1.3 to 1.06 ms but cost a single front end
+            # 30-40% of its throughput at 256 streams (H200; benchmarks/RESULTS.md).
+            self._dispatch(to_front_end.decode(await self._receiver.recv()))
 
     async def _drain_messages(self) -> None:
         """Dispatch what the core sent before it exited (after `_receive` stopped or never ran)."""
