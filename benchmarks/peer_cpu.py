@@ -4,6 +4,7 @@
     python -m benchmarks.peer_cpu                                   # concurrency 1,8,32; fp32 and bf16
     python -m benchmarks.peer_cpu --dtypes float32 --no-transformers-serve --duration 5
     python -m benchmarks.peer_cpu --append-results                  # also a dated section in RESULTS.md
+    python -m benchmarks.peer_cpu --model default --dtypes bfloat16 --peer llama.cpp   # SmolLM2 vs llama.cpp
 
 Baselines, each measured in this run:
 - `generate`: transformers' AutoModelForCausalLM.generate, one prompt at a time (greedy, exactly
@@ -11,6 +12,9 @@ Baselines, each measured in this run:
 - `transformers serve --continuous-batching` from its own virtual environment (--venv, created with
   --system-site-packages so it uses the same transformers and torch; `pip install
   'transformers[serving]'` adds FastAPI there), driven by the same load generator as our gateway.
+- with `--peer llama.cpp`: llama-server (benchmarks/llama_cpp.py: built from the llama-cpp-python sdist and
+  cached) on the same GGUF requantized to BF16, and on the file as shipped, each server alone, driven by the
+  same load generator (greedy, ignore_eos). Every point records the server's busy cores and the load average.
 Targets (issues #2, #5): at concurrency 32 >= 4x transformers serve; at concurrency 1 >= `generate`.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -80,10 +85,30 @@ def _ensure_venv(venv: str, console: Console) -> None:
     subprocess.run([str(py), "-m", "pip", "install", "-q", f"transformers[serving]=={transformers.__version__}"], check=True)
 
 
-def _load(server: Server, model_name: str | None, c: int, args: argparse.Namespace) -> dict[str, Any]:
+def _gguf(model: str | None) -> Path:
+    """The GGUF file llama.cpp serves: the default model's, or the one given."""
+    if model in (None, "default"):
+        from runtime.default_model import default_model_file
+
+        return default_model_file()
+    if not model.endswith(".gguf"):
+        raise SystemExit("--peer llama.cpp needs --model default or a .gguf file")
+    return Path(model)
+
+
+def _load(server: Server, label: str, model_name: str | None, c: int, args: argparse.Namespace) -> dict[str, Any]:
     """One closed-loop point. Greedy everywhere; exact output lengths via ignore_eos for our gateway and
-    via a per-request generation_config for transformers serve (it rejects unknown fields with 422)."""
-    if model_name:
+    llama-server, via a per-request generation_config for transformers serve (it rejects unknown fields with
+    422). Also the cores the server kept busy and the machine's load average, with the figure."""
+    cpu, start = server.cpu_seconds(), time.monotonic()
+    summary = _point(server, label, model_name, c, args)
+    summary["busy_cores"] = (server.cpu_seconds() - cpu) / (time.monotonic() - start)
+    summary["load_avg_1m"] = os.getloadavg()[0]
+    return summary
+
+
+def _point(server: Server, label: str, model_name: str | None, c: int, args: argparse.Namespace) -> dict[str, Any]:
+    if label.startswith("transformers"):
         n = args.output_tokens
         gen_config = {"do_sample": False, "min_new_tokens": n, "max_new_tokens": n}
         extra = ["--no-ignore-eos", "--extra-body", json.dumps({"generation_config": json.dumps(gen_config)})]
@@ -112,9 +137,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads for all (default: torch's)")
     p.add_argument("--venv", default="/tmp/tsvenv", help="virtual environment for transformers serve")
     p.add_argument("--no-transformers-serve", dest="tserve", action="store_false")
+    p.add_argument("--peer", action="append", default=[], choices=["llama.cpp"],
+                   help="also llama.cpp's llama-server on the same GGUF in BF16 and as shipped (built and cached on "
+                        "first use); needs --model default (SmolLM2) or a .gguf file")
     p.add_argument("--append-results", action="store_true")
     p.add_argument("--note", default="", help="a line added to the RESULTS.md section (e.g. 'machine shared')")
     args = p.parse_args(argv)
+    gguf = _gguf(args.model) if args.peer else None
+    if gguf is not None:  # ours and transformers on the same weights, dequantized from the file
+        from runtime.default_model import resolve_model
+
+        args.model = resolve_model(str(gguf))[0]
     args.model = args.model or demo_model_path()
     command = "python -m benchmarks.peer_cpu " + shlex.join(sys.argv[1:] if argv is None else argv)
     console = Console()
@@ -137,6 +170,16 @@ def main(argv: list[str] | None = None) -> int:
         _ensure_venv(args.venv, console)
         targets.append((f"transformers serve --cb {args.baseline_dtype}",
                         lambda: _transformers_serve(args.model, args.baseline_dtype, args), args.model))
+    if gguf is not None:
+        from benchmarks.llama_cpp import ensure_built, requantized, server_command
+
+        tools = ensure_built(console)
+        threads, slots = args.threads or 2, max(args.concurrency)
+        context = args.input_tokens + args.output_tokens + 64
+        for label, file in (("llama.cpp BF16", requantized(tools, gguf, "BF16")), (f"llama.cpp {gguf.suffixes[-2][1:]}"
+                                                                                    if len(gguf.suffixes) > 1 else "llama.cpp", gguf)):
+            targets.append((label, lambda f=file: Server("", command=server_command(tools, f, threads, slots, context),
+                                                         ready_path="/health"), file.name))
     rows: dict[str, dict[int, dict[str, Any]]] = {}
     for label, make, name in targets:
         server = make()
@@ -145,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             rows[label] = {}
             for c in args.concurrency:
                 console.print(f"[dim]{label}: concurrency {c} ({args.duration:.0f} s)[/dim]")
-                rows[label][c] = _load(server, name, c, args)
+                rows[label][c] = _load(server, label, name, c, args)
         finally:
             server.stop()
     md = _report(console, rows, gen, args, command)
@@ -154,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     png = plot_throughput_by_concurrency(
         {k: {c: s["output_token_throughput"] for c, s in v.items()} for k, v in rows.items()},
         (f"sequential generate {args.baseline_dtype}", gen), RESULTS_DIR / f"peer-cpu-{stamp}.png",
-        "demo model on CPU: output tokens/s")
+        f"{Path(args.model).name} on CPU: output tokens/s")
     md += f"\n![output tok/s by concurrency](results/{png.name})\n"
     console.print(f"plot: {png}")
     if args.append_results:
@@ -166,17 +209,24 @@ def _report(console: Console, rows: dict[str, dict[int, dict[str, Any]]], gen: f
             args: argparse.Namespace, command: str) -> str:
     """Print the table and verdicts; return the RESULTS.md section."""
     tserve = next((k for k in rows if k.startswith("transformers")), None)
-    cols = ["server", "concurrency", "output tok/s", "x generate", "x transformers serve", "TTFT p50 ms",
-            "ITL p50 ms", "E2E p50 ms", "out tok/req", "failed"]
+    llama = "llama.cpp BF16" if "llama.cpp BF16" in rows else None
+    cols = ["server", "concurrency", "output tok/s", "x generate", "x transformers serve", "x llama.cpp BF16",
+            "TTFT p50 ms", "ITL p50 ms", "E2E p50 ms", "out tok/req", "busy cores", "load avg", "failed"]
     table_rows = []
+
+    def versus(peer: str | None, c: int, tput: float) -> str:
+        base = rows[peer][c]["output_token_throughput"] if peer else 0
+        return f"{tput / base:.2f}" if base else "-"
+
     for label, points in rows.items():
         for c, s in points.items():
             tput = s["output_token_throughput"]
-            vs_ts = f"{tput / rows[tserve][c]['output_token_throughput']:.2f}" if tserve and rows[tserve][c]["output_token_throughput"] else "-"
             p50 = lambda k: f"{s[k]['p50']:.1f}" if s.get(k) else "-"  # noqa: E731
-            table_rows.append([label, str(c), f"{tput:.0f}", f"{tput / gen:.2f}", vs_ts, p50("ttft_ms"), p50("itl_ms"),
-                               p50("e2e_ms"), f"{s['mean_output_tokens']:.1f}", str(s["failed"])])
-    t = Table(title=f"demo model on CPU; sequential generate ({args.baseline_dtype}) = {gen:.0f} output tok/s", title_justify="left")
+            table_rows.append([label, str(c), f"{tput:.0f}", f"{tput / gen:.2f}", versus(tserve, c, tput),
+                               versus(llama, c, tput), p50("ttft_ms"), p50("itl_ms"), p50("e2e_ms"),
+                               f"{s['mean_output_tokens']:.1f}", f"{s.get('busy_cores', 0):.2f}",
+                               f"{s.get('load_avg_1m', 0):.2f}", str(s["failed"])])
+    t = Table(title=f"{Path(args.model).name} on CPU; sequential generate ({args.baseline_dtype}) = {gen:.0f} output tok/s", title_justify="left")
     for col in cols:
         t.add_column(col, justify="right")
     for r in table_rows:
@@ -193,7 +243,8 @@ def _report(console: Console, rows: dict[str, dict[int, dict[str, Any]]], gen: f
     for v in verdicts:
         console.print(v)
     return "\n".join([
-        f"\n## {time.strftime('%Y-%m-%d %H:%M')} demo model on CPU: ours vs generate vs transformers serve\n",
+        f"\n## {time.strftime('%Y-%m-%d %H:%M')} {Path(args.model).name} on CPU: ours vs generate vs transformers serve"
+        + (" vs llama.cpp" if llama else "") + "\n",
         f"- machine: {_machine()}" + (f"; {args.note}" if args.note else ""),
         f"- commit: {_commit()}",
         f"- command: `{command}`",

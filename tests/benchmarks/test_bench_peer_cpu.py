@@ -32,3 +32,17 @@ def test_generate_baseline_gateway_point_plot_and_section(tiny_model: Path, tmp_
     assert png.read_bytes()[:4] == b"\x89PNG"
     section = (tmp_path / "RESULTS.md").read_text()
     assert "| ours float32 | 2 |" in section and "x sequential generate" in section
+
+
+def test_llama_cpp_peer_commands_without_building(tmp_path: Path) -> None:
+    """The llama.cpp peer's parts that need no build (building takes minutes: benchmarks/llama_cpp.py)."""
+    from benchmarks.llama_cpp import LlamaCppTools, requantized, server_command
+
+    tools = LlamaCppTools(tmp_path / "llama-server", tmp_path / "llama-quantize")
+    bf16 = tmp_path / "model.BF16.gguf"
+    assert requantized(tools, bf16, "BF16") == bf16  # already that type: served as it is
+    cmd = server_command(tools, bf16, threads=2, slots=16, context=256)
+    assert cmd[:3] == [str(tools.server), "-m", str(bf16)] and "{port}" in cmd
+    assert cmd[cmd.index("-np") + 1] == "16" and cmd[cmd.index("-c") + 1] == str(16 * 256) and "-cb" in cmd
+    with pytest.raises(SystemExit, match="needs --model default or a .gguf file"):
+        peer_cpu._gguf("some/folder")
