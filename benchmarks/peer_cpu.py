@@ -57,7 +57,8 @@ def hf_generate_tok_s(model_path: str, dtype: str, prompts: list[list[int]], out
 
 def _gateway(model: str, dtype: str, args: argparse.Namespace) -> Server:
     cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--grpc-port", "none", "--model", model,
-           "--dtype", dtype, "--log-level", "warning", "--max-batch-size", str(max(args.concurrency))]
+           "--dtype", dtype, "--log-level", "warning", "--max-batch-size", str(max(args.concurrency)),
+           "--cpu-quantization", args.cpu_quantization]
     return Server("", command=cmd, ready_path="/health", env=_thread_env(args))
 
 
@@ -137,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads for all (default: torch's)")
     p.add_argument("--venv", default="/tmp/tsvenv", help="virtual environment for transformers serve")
     p.add_argument("--no-transformers-serve", dest="tserve", action="store_false")
+    p.add_argument("--cpu-quantization", default="none", choices=["none", "int8"], help="our engine's setting")
     p.add_argument("--peer", action="append", default=[], choices=["llama.cpp"],
                    help="also llama.cpp's llama-server on the same GGUF in BF16 and as shipped (built and cached on "
                         "first use); needs --model default (SmolLM2) or a .gguf file")
@@ -165,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     gen = hf_generate_tok_s(args.model, args.baseline_dtype, ids, args.output_tokens)
 
     # (server label, factory, model name as the load generator sends it)
-    targets = [(f"ours {d}", lambda d=d: _gateway(args.model, d, args), None) for d in args.dtypes.split(",") if d]
+    ours = "ours {}" + ("" if args.cpu_quantization == "none" else f" {args.cpu_quantization}")
+    targets = [(ours.format(d), lambda d=d: _gateway(args.model, d, args), None) for d in args.dtypes.split(",") if d]
     if args.tserve:
         _ensure_venv(args.venv, console)
         targets.append((f"transformers serve --cb {args.baseline_dtype}",
