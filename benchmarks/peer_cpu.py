@@ -55,10 +55,10 @@ def hf_generate_tok_s(model_path: str, dtype: str, prompts: list[list[int]], out
         return len(prompts) * output_tokens / (time.perf_counter() - t0)
 
 
-def _gateway(model: str, dtype: str, args: argparse.Namespace) -> Server:
+def _gateway(model: str, dtype: str, quantization: str, args: argparse.Namespace) -> Server:
     cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--grpc-port", "none", "--model", model,
            "--dtype", dtype, "--log-level", "warning", "--max-batch-size", str(max(args.concurrency)),
-           "--cpu-quantization", args.cpu_quantization]
+           "--cpu-quantization", quantization]
     return Server("", command=cmd, ready_path="/health", env=_thread_env(args))
 
 
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads for all (default: torch's)")
     p.add_argument("--venv", default="/tmp/tsvenv", help="virtual environment for transformers serve")
     p.add_argument("--no-transformers-serve", dest="tserve", action="store_false")
-    p.add_argument("--cpu-quantization", default="none", choices=["none", "int8"], help="our engine's setting")
+    p.add_argument("--cpu-quantization", default="none", help="our engine's settings, comma list (none, int8)")
     p.add_argument("--peer", action="append", default=[], choices=["llama.cpp"],
                    help="also llama.cpp's llama-server on the same GGUF in BF16 and as shipped (built and cached on "
                         "first use); needs --model default (SmolLM2) or a .gguf file")
@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     gen = hf_generate_tok_s(args.model, args.baseline_dtype, ids, args.output_tokens)
 
     # (server label, factory, model name as the load generator sends it)
-    ours = "ours {}" + ("" if args.cpu_quantization == "none" else f" {args.cpu_quantization}")
-    targets = [(ours.format(d), lambda d=d: _gateway(args.model, d, args), None) for d in args.dtypes.split(",") if d]
+    targets = [(f"ours {d}" + ("" if q == "none" else f" {q}"), lambda d=d, q=q: _gateway(args.model, d, q, args), None)
+               for d in args.dtypes.split(",") if d for q in args.cpu_quantization.split(",") if q]
     if args.tserve:
         _ensure_venv(args.venv, console)
         targets.append((f"transformers serve --cb {args.baseline_dtype}",
@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             targets.append((label, lambda f=file: Server("", command=server_command(tools, f, threads, slots, context),
                                                          ready_path="/health"), file.name))
     rows: dict[str, dict[int, dict[str, Any]]] = {}
+    failed: list[str] = []  # peers that did not start: named in the section, the others still measured
     for label, make, name in targets:
         server = make()
         try:
@@ -192,9 +193,15 @@ def main(argv: list[str] | None = None) -> int:
             for c in args.concurrency:
                 console.print(f"[dim]{label}: concurrency {c} ({args.duration:.0f} s)[/dim]")
                 rows[label][c] = _load(server, label, name, c, args)
+        except RuntimeError as exc:
+            if label.startswith("ours"):
+                raise
+            console.print(f"[red]{label} did not run: {exc}[/red]")
+            rows.pop(label, None)
+            failed.append(f"{label}: {exc}")
         finally:
             server.stop()
-    md = _report(console, rows, gen, args, command)
+    md = _report(console, rows, gen, args, command) + "".join(f"- not measured: {f}\n" for f in failed)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     write_json(RESULTS_DIR / f"peer-cpu-{stamp}.json", {"command": command, "generate_tok_s": gen, "points": rows})
     png = plot_throughput_by_concurrency(
