@@ -26,13 +26,12 @@ from starlette.applications import Starlette
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from adapters.triton.metadata import model_config, model_metadata, repository_index, server_metadata
+from adapters.triton.metadata import model_metadata, repository_index, server_metadata
 from adapters.triton.tensors import Tensor, tensor_bytes, tensor_from_json, tensor_from_raw
 from gateway.auth import AuthPolicy, bearer_token
 from gateway.errors import error_kind, error_message, log_error
-from gateway.triton_infer import InferAnswer, InferCall, infer_stream, infer_unary, resolve_model, \
-    served_model_names
-from gateway.triton_metrics import metrics_for
+from gateway.triton_infer import InferAnswer, InferCall, infer_stream, infer_unary, model_configuration, \
+    model_statistics, resolve_model, served_model_names, serving
 from runtime.errors import InvalidRequestError
 
 log = logging.getLogger("gateway.grpc")
@@ -106,10 +105,6 @@ class TritonGrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
     def __init__(self, app: Starlette) -> None:
         self.state = app.state
 
-    def _ready(self) -> bool:
-        state = self.state
-        return bool(state.engine.ready and not state.drain.draining and not state.fatal_error)
-
     async def _unary(self, context: grpc.aio.ServicerContext, answer: Callable[[], Awaitable[Any]]) -> Any:
         try:
             return await answer()
@@ -123,12 +118,12 @@ class TritonGrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext) -> Any:
-        return pb.ServerReadyResponse(ready=self._ready())
+        return pb.ServerReadyResponse(ready=serving(self.state))
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext) -> Any:
         async def answer() -> Any:
             resolve_model(self.state, request.name, request.version)
-            return pb.ModelReadyResponse(ready=self._ready())
+            return pb.ModelReadyResponse(ready=serving(self.state))
         return await self._unary(context, answer)
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext) -> Any:
@@ -143,26 +138,17 @@ class TritonGrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext) -> Any:
         async def answer() -> Any:
-            model = resolve_model(self.state, request.name, request.version)
-            settings = self.state.settings
-            config = model_config(model.name, model.kind, settings.engine,
-                                  exclude_input_in_output=bool(settings.exclude_input_in_output))
+            config = model_configuration(self.state, resolve_model(self.state, request.name, request.version))
             return json_format.ParseDict({"config": config}, pb.ModelConfigResponse())
         return await self._unary(context, answer)
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext) -> Any:
-        index = repository_index(served_model_names(self.state), self._ready())
+        index = repository_index(served_model_names(self.state), serving(self.state))
         return json_format.ParseDict({"models": index}, pb.RepositoryIndexResponse())
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext) -> Any:
         async def answer() -> Any:
-            if request.name:
-                model = resolve_model(self.state, request.name, request.version)
-                models = [(model.name, model.version)]
-            else:
-                models = [(name, "1") for name in served_model_names(self.state)]
-            metrics = metrics_for(self.state.metrics.registry)
-            stats = metrics.statistics(models) if metrics is not None else {"model_stats": []}
+            stats = model_statistics(self.state, request.name, request.version)
             return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
         return await self._unary(context, answer)
 

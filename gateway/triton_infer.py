@@ -16,6 +16,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from starlette.datastructures import State
 
@@ -24,7 +25,7 @@ from adapters.triton.generate import TritonGenerate
 from adapters.triton.infer import check_requested_outputs, is_stop_signal, parse_infer, select_outputs, \
     stack_outputs
 from adapters.triton.inputs import ModelKind
-from adapters.triton.metadata import model_names
+from adapters.triton.metadata import model_config, model_names
 from adapters.triton.outputs import PromptResult, StreamRenderer, complete_outputs
 from adapters.triton.tensors import Tensor
 from gateway.errors import ModelNotFoundError, ServerDrainingError
@@ -77,6 +78,31 @@ def served_model_names(state: State) -> list[str]:
     """Every model name Triton clients may address (repository index, statistics)."""
     engine: Engine = state.engine
     return model_names(engine.model_info.name, state_adapters(state, engine))
+
+
+def serving(state: State) -> bool:
+    """Readiness as Triton reports it: the engine serves, and the server is neither draining nor failed."""
+    return bool(state.engine.ready and not state.drain.draining and not state.fatal_error)
+
+
+def model_configuration(state: State, model: TritonModel) -> dict[str, Any]:
+    """The model's configuration document (HTTP .../config, gRPC ModelConfig)."""
+    settings = state.settings
+    return model_config(model.name, model.kind, settings.engine,
+                        exclude_input_in_output=bool(settings.exclude_input_in_output))
+
+
+def model_statistics(state: State, name: str = "", version: str = "") -> dict[str, Any]:
+    """Triton's statistics document for one model (UnknownModelError: 404), or every model when `name` is empty."""
+    if name:
+        model = resolve_model(state, name, version)
+        models = [(model.name, model.version)]
+    else:
+        models = [(served, MODEL_VERSION) for served in served_model_names(state)]
+    metrics = metrics_for(state.metrics.registry)
+    if metrics is None:  # no Triton metrics registered: nothing counted
+        return {"model_stats": []}
+    return metrics.statistics(models)
 
 
 def apply_adapter(model: TritonModel, requests: list[GenerationRequest]) -> None:
@@ -186,7 +212,8 @@ async def _start(state: State, call: InferCall, model: TritonModel, timer: Infer
     return _Started(model, call, gen, stream, timer)
 
 
-def _timer(state: State, model: TritonModel) -> InferenceTimer | None:
+def inference_timer(state: State, model: TritonModel) -> InferenceTimer | None:
+    """The nv_inference_* timer of one request (None when no Triton metrics are registered)."""
     metrics = metrics_for(state.metrics.registry)
     return metrics.track(model.name, model.version) if metrics is not None else None
 
@@ -202,7 +229,7 @@ async def infer_unary(state: State, call: InferCall) -> InferAnswer:
     model = resolve_model(state, call.model, call.version)
     if is_stop_signal(call.tensors):
         return _stop(state, call, model)
-    timer = _timer(state, model)
+    timer = inference_timer(state, model)
     ok = False
     try:
         started = await _start(state, call, model, timer)
@@ -231,7 +258,7 @@ async def infer_stream(state: State, call: InferCall) -> AsyncIterator[InferAnsw
     if is_stop_signal(call.tensors):
         yield _stop(state, call, model)
         return
-    timer = _timer(state, model)
+    timer = inference_timer(state, model)
     ok = False
     try:
         started = await _start(state, call, model, timer)

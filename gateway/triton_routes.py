@@ -15,8 +15,8 @@
   .../stats; POST /v2/repository/index.
 
 Model names: the served model name, `ensemble`, `tensorrt_llm_bls` (text in, text out),
-`tensorrt_llm` (token ids in, token ids out) and the served LoRA adapters (text); version "1" only. Errors use Triton's `{"error": "..."}`
-through gateway.errors; an unknown model or version is a 404.
+`tensorrt_llm` (token ids in, token ids out) and the served LoRA adapters (text); version "1" only.
+Errors use Triton's `{"error": "..."}` through gateway.errors; an unknown model or version is a 404.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from starlette.routing import BaseRoute, Route
 from adapters.triton import ResponseCollector, StreamRenderer, TritonGenerate, parse_generate
 from adapters.triton.http_infer import HEADER_LENGTH, parse_http_infer, render_http_infer, split_http_body
 from adapters.triton.inputs import ModelKind
-from adapters.triton.metadata import model_config, model_metadata, model_ready, repository_index, server_metadata
+from adapters.triton.metadata import model_metadata, model_ready, repository_index, server_metadata
 from gateway.disconnect import until_disconnected
 from gateway.errors import ClientDisconnected, ModelNotFoundError, log_error, triton_error_body, \
     triton_error_response
@@ -41,8 +41,9 @@ from gateway.middleware import request_id_of
 from gateway.limits import parse_json
 from gateway.openai_routes import read_body, ready_engine
 from gateway.streaming import sse_response
-from gateway.triton_infer import MODEL_VERSION, InferCall, infer_unary, TritonModel, apply_adapter, resolve_model, served_model_names
-from gateway.triton_metrics import InferenceTimer, metrics_for
+from gateway.triton_infer import InferCall, TritonModel, apply_adapter, inference_timer, infer_unary, \
+    model_configuration, model_statistics, resolve_model, served_model_names, serving
+from gateway.triton_metrics import InferenceTimer
 from runtime.request import OutputDelta
 from runtime.tokenizer import Tokenizer
 from runtime.workers import HEAVY_CHARS, WorkerPool
@@ -64,16 +65,6 @@ def _parse(request: Request, raw: bytes, name: str, version: str, kind: ModelKin
     return parse_generate(body, model_name=name, model_version=version, kind=kind, tokenizer=tokenizer,
                           request_id=f"triton-{uuid.uuid4().hex}", limits=request.app.state.limits,
                           exclude_input_default=bool(settings.exclude_input_in_output))
-
-
-def _exclude_input_default(request: Request) -> bool:
-    """The serving default of exclude_input_in_output (from a Triton model repository, else false)."""
-    return bool(request.app.state.settings.exclude_input_in_output)
-
-
-def _timer(request: Request, model: str, version: str) -> InferenceTimer | None:
-    metrics = metrics_for(request.app.state.metrics.registry)
-    return metrics.track(model, version) if metrics is not None else None
 
 
 class _Timed:
@@ -118,7 +109,7 @@ async def _generate(request: Request, streaming: bool) -> Response:
     timer: InferenceTimer | None = None
     try:
         model = _resolve(request)
-        timer = _timer(request, model.name, model.version)
+        timer = inference_timer(request.app.state, model)
         raw = await read_body(request)
         engine = ready_engine(request)
         # Large bodies are parsed (and their words tokenized) in worker threads: not on the event loop.
@@ -201,11 +192,6 @@ async def infer(request: Request) -> Response:
 
 
 # ---- KServe v2 -----------------------------------------------------------------------------------
-def _is_ready(request: Request) -> bool:
-    state = request.app.state
-    return bool(state.engine.ready and not state.drain.draining and not state.fatal_error)
-
-
 async def server_info(request: Request) -> Response:
     return JSONResponse(server_metadata())
 
@@ -217,7 +203,7 @@ async def health_live(request: Request) -> Response:
 
 async def health_ready(request: Request) -> Response:
     """200 once the engine serves; 400 otherwise, as Triton answers its readiness probe."""
-    return Response(status_code=200 if _is_ready(request) else 400)
+    return Response(status_code=200 if serving(request.app.state) else 400)
 
 
 async def model_info(request: Request) -> Response:
@@ -233,7 +219,7 @@ async def model_ready_route(request: Request) -> Response:
         model = _resolve(request)
     except ModelNotFoundError as exc:
         return triton_error_response(exc, request_id_of(request.scope))
-    ready = _is_ready(request)
+    ready = serving(request.app.state)
     return JSONResponse(model_ready(ready, model.name), status_code=200 if ready else 400)
 
 
@@ -242,29 +228,21 @@ async def model_config_route(request: Request) -> Response:
         model = _resolve(request)
     except ModelNotFoundError as exc:
         return triton_error_response(exc, request_id_of(request.scope))
-    settings = request.app.state.settings
-    return JSONResponse(model_config(model.name, model.kind, settings.engine,
-                                     exclude_input_in_output=_exclude_input_default(request)))
+    return JSONResponse(model_configuration(request.app.state, model))
 
 
 async def repository_index_route(request: Request) -> Response:
-    return JSONResponse(repository_index(served_model_names(request.app.state), _is_ready(request)))
+    return JSONResponse(repository_index(served_model_names(request.app.state), serving(request.app.state)))
 
 
 async def statistics_route(request: Request) -> Response:
     """Every model's statistics (GET /v2/models/stats), or one model's."""
-    if "model" in request.path_params:
-        try:
-            model = _resolve(request)
-        except ModelNotFoundError as exc:
-            return triton_error_response(exc, request_id_of(request.scope))
-        models = [(model.name, model.version)]
-    else:
-        models = [(name, MODEL_VERSION) for name in served_model_names(request.app.state)]
-    metrics = metrics_for(request.app.state.metrics.registry)
-    if metrics is None:  # no Triton metrics registered: nothing counted
-        return JSONResponse({"model_stats": []})
-    return JSONResponse(metrics.statistics(models))
+    try:
+        stats = model_statistics(request.app.state, request.path_params.get("model", ""),
+                                 request.path_params.get("version", ""))
+    except ModelNotFoundError as exc:
+        return triton_error_response(exc, request_id_of(request.scope))
+    return JSONResponse(stats)
 
 
 def _model_routes() -> list[BaseRoute]:
