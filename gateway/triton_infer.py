@@ -233,17 +233,13 @@ async def infer_unary(state: State, call: InferCall) -> InferAnswer:
     ok = False
     try:
         started = await _start(state, call, model, timer)
-        results = [PromptResult() for _ in started.gen.requests]
         with running_requests(state).running(model.name, call.id, state.engine, started.gen.requests):
             try:
-                async for b, delta in started.stream:
-                    results[b].add(delta)
+                rows = await _complete(started)
             finally:
                 started.stream.close()
         if timer is not None:
             timer.outputs_done()
-        rows = [select_outputs(started.gen, outputs, call.requested)
-                for outputs in complete_outputs(started.gen, results)]
         ok = True
         return started.answer(stack_outputs(rows), final=True)
     finally:
@@ -269,12 +265,9 @@ async def infer_stream(state: State, call: InferCall) -> AsyncIterator[InferAnsw
                     async for answer in _deltas(started):
                         yield answer
                 else:
-                    results = [PromptResult() for _ in gen.requests]
-                    async for b, delta in started.stream:
-                        results[b].add(delta)
-                    rows = complete_outputs(gen, results)
+                    rows = await _complete(started)
                     for i, outputs in enumerate(rows):
-                        yield started.answer(select_outputs(gen, outputs, call.requested), final=i == len(rows) - 1)
+                        yield started.answer(outputs, final=i == len(rows) - 1)
             finally:
                 started.stream.close()
         ok = True
@@ -282,6 +275,15 @@ async def infer_stream(state: State, call: InferCall) -> AsyncIterator[InferAnsw
         if timer is not None:
             timer.outputs_done()
             timer.finish(ok)
+
+
+async def _complete(started: _Started) -> list[list[Tensor]]:
+    """Every prompt's (and sample's) complete answer, as its selected output tensors."""
+    gen = started.gen
+    results = [PromptResult() for _ in gen.requests]
+    async for b, delta in started.stream:
+        results[b].add(delta)
+    return [select_outputs(gen, outputs, started.call.requested) for outputs in complete_outputs(gen, results)]
 
 
 async def _deltas(started: _Started) -> AsyncIterator[InferAnswer]:
