@@ -152,6 +152,10 @@ class EngineClient(Engine):
                 msg = to_front_end.decode(await self._receiver.recv())
                 if isinstance(msg, StartFailed):
                     raise EngineFailedError(f"the engine core failed to start: {msg.error}")
+                if isinstance(msg, StepOutputs):
+                    # Ready and step outputs leave the core on different sockets: a front end that starts
+                    # while others already serve may see their steps' stats first (none of its own requests)
+                    continue
                 assert isinstance(msg, Ready), msg
                 return msg
             if self._failure is not None:
