@@ -108,13 +108,17 @@ class FrontEnds:
                 proc.kill()
                 proc.wait()
 
-    def exit_codes(self) -> list[int]:
-        return [proc.wait() for proc in self._procs]
+    def stop(self, timeout: float) -> bool:
+        """Signal, wait (killing past `timeout`: one still starting would wait for a core that never comes);
+        whether any ended badly."""
+        self.signal()
+        self._wait_all(timeout)
+        return any(proc.returncode for proc in self._procs)
 
 
 def serve_many(settings: Settings) -> int:
     """Run front end 0 here and the others in their own processes (see the module docstring)."""
-    from gateway.cli import run_server
+    from gateway.cli import STOP_GRACE_S, run_server
 
     engine = settings.engine
     if engine.backend != "native" or not engine.engine_process:
@@ -125,8 +129,7 @@ def serve_many(settings: Settings) -> int:
     folder = tempfile.mkdtemp(prefix="trtllm-gateway-")
     others = FrontEnds(settings, folder, sock)
     code = run_server(settings, EngineClient(engine, FrontEnd(0, others.count, folder)), sock, others)
-    others.signal()
-    return code or int(any(others.exit_codes()))
+    return code or int(others.stop(STOP_GRACE_S))
 
 
 def main() -> int:
