@@ -55,10 +55,10 @@ def hf_generate_tok_s(model_path: str, dtype: str, prompts: list[list[int]], out
         return len(prompts) * output_tokens / (time.perf_counter() - t0)
 
 
-def _gateway(model: str, dtype: str, quantization: str, args: argparse.Namespace) -> Server:
+def _gateway(model: str, dtype: str, quantization: str, threads: int | None, args: argparse.Namespace) -> Server:
     cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--grpc-port", "none", "--model", model,
            "--dtype", dtype, "--log-level", "warning", "--max-batch-size", str(max(args.concurrency)),
-           "--cpu-quantization", quantization]
+           "--cpu-quantization", quantization] + ([] if threads is None else ["--cpu-threads", str(threads)])
     return Server("", command=cmd, ready_path="/health", env=_thread_env(args))
 
 
@@ -138,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads for all (default: torch's)")
     p.add_argument("--venv", default="/tmp/tsvenv", help="virtual environment for transformers serve")
     p.add_argument("--no-transformers-serve", dest="tserve", action="store_false")
-    p.add_argument("--cpu-quantization", default="none", help="our engine's settings, comma list (none, int8)")
+    p.add_argument("--cpu-quantization", default="none", help="our engine's settings, comma list (none, int8, int4)")
+    p.add_argument("--our-threads", default="default",
+                   help="our engine's --cpu-threads, comma list (default: its own default, all cores but one)")
     p.add_argument("--peer", action="append", default=[], choices=["llama.cpp"],
                    help="also llama.cpp's llama-server on the same GGUF in BF16 and as shipped (built and cached on "
                         "first use); needs --model default (SmolLM2) or a .gguf file")
@@ -167,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     gen = hf_generate_tok_s(args.model, args.baseline_dtype, ids, args.output_tokens)
 
     # (server label, factory, model name as the load generator sends it)
-    targets = [(f"ours {d}" + ("" if q == "none" else f" {q}"), lambda d=d, q=q: _gateway(args.model, d, q, args), None)
-               for d in args.dtypes.split(",") if d for q in args.cpu_quantization.split(",") if q]
+    our_threads = [int(t) if t != "default" else None for t in args.our_threads.split(",")]
+    targets = [(f"ours {d}" + ("" if q == "none" else f" {q}") + ("" if t is None else f" {t} threads"),
+                lambda d=d, q=q, t=t: _gateway(args.model, d, q, t, args), None)
+               for d in args.dtypes.split(",") if d for q in args.cpu_quantization.split(",") if q for t in our_threads]
     if args.tserve:
         _ensure_venv(args.venv, console)
         targets.append((f"transformers serve --cb {args.baseline_dtype}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -48,9 +49,13 @@ class EngineConfig:
     speculative_max_concurrency: int | None = 2
     # CPU execution
     cpu_threads: int | None = None  # torch threads of the native runtime on CPU; default $OMP_NUM_THREADS, else all cores but one
-    cpu_quantization: Literal["none", "int8"] = "none"  # int8: int8 weight-only copies for decode steps of up to 4 rows (faster at low concurrency; bf16 kept for bigger batches)
+    cpu_quantization: Literal["none", "int8", "int4"] = "none"  # weight-only int8/int4 copies of the projections for decode steps of few rows (runtime/models/cpu_weights.py); prepacked bf16 serves bigger batches
     # GPU execution
     enable_cuda_graphs: bool = True
+    # CPU: compile single-stream decode steps at start-up (runtime/cpu/compiled_decode.py); the default follows
+    # $TRTLLM_GATEWAY_CPU_COMPILE here too, so a test suite can turn it off for every engine it builds
+    cpu_compile: bool = field(default_factory=lambda: os.environ.get("TRTLLM_GATEWAY_CPU_COMPILE", "true").lower()
+                              not in ("0", "false", "no", "off"))
     async_scheduling: bool | None = None  # prepare step N+1 while the device runs step N; default: on for CUDA
     # TensorRT-LLM only
     tensor_parallel_size: int = 1

@@ -39,7 +39,7 @@ from runtime.kv_cache import num_kv_blocks
 from runtime.lora import LoraManager
 from runtime.model_runner import ModelRunner, PendingStep, StepInput, StepResult
 from runtime.models import ModelSpec, kv_cache_bytes_per_token, load_model
-from runtime.models.int8 import quantize_model
+from runtime.models.cpu_weights import prepare_cpu_weights
 from runtime.request import GenerationRequest, OutputDelta
 from runtime.request_state import RequestState
 from runtime.sampler import Sampler
@@ -112,9 +112,11 @@ class NativeEngine(Engine):
         _ = self.tokenizer.byte_pieces  # the detokenizers' table, built at load time, not on the first request
         self.eos_token_ids = list(dict.fromkeys(self.tokenizer.eos_token_ids + self.spec.eos_token_ids))
         model = load_model(self.model_path, self.dtype, self.device)
-        if cfg.cpu_quantization == "int8" and self.device.type == "cpu":
-            added = quantize_model(model)
-            logger.info("CPU: int8 weight-only copies for small batches (%.0f MB more)", added / 2**20)
+        if self.device.type == "cpu":
+            added = prepare_cpu_weights(model, cfg.cpu_quantization)
+            if added:
+                logger.info("CPU: prepacked%s weights (%.0f MB more)", "" if cfg.cpu_quantization == "none" else
+                            f" and {cfg.cpu_quantization} weight-only", added / 2**20)
         self.runner = ModelRunner(model, cfg.kv_block_size, Sampler(cfg.seed))
         self.lora = LoraManager(cfg, model, on_ready=self._wake)
         self.runner.lora = self.lora.batch
@@ -126,11 +128,13 @@ class NativeEngine(Engine):
         bytes_per_token += getattr(proposer, "kv_bytes_per_token", 0)  # a draft model's cache gets as many blocks
         blocks = num_kv_blocks(cfg, bytes_per_token, window, self.device, activations)
         self.runner.allocate_kv_cache(blocks)
+        # a speculative step brings 1 + num_draft_tokens rows per sequence
+        decode_rows = cfg.max_batch_size * (1 + (cfg.num_draft_tokens if proposer is not None else 0))
+        max_blocks = -(-window // cfg.kv_block_size)
         if cfg.enable_cuda_graphs and self.device.type == "cuda":
-            # a speculative step brings 1 + num_draft_tokens rows per sequence
-            rows = cfg.max_batch_size * (1 + (cfg.num_draft_tokens if proposer is not None else 0))
-            self.runner.capture_decode_graphs(rows, -(-window // cfg.kv_block_size),
-                                              lora_version=lambda: self.lora.slots.version)
+            self.runner.capture_decode_graphs(decode_rows, max_blocks, lora_version=lambda: self.lora.slots.version)
+        if cfg.cpu_compile and self.device.type == "cpu":
+            self.runner.compile_decode(max_blocks)
         self.block_manager = BlockManager(blocks, cfg.kv_block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,

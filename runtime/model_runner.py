@@ -29,6 +29,7 @@ from runtime.models import CausalLM, allocate_kv_cache
 from runtime.sampler import Sampler, SamplingRow
 
 if TYPE_CHECKING:
+    from runtime.cpu.compiled_decode import CompiledDecode
     from runtime.cuda.graphs import DecodeGraphs
 
 
@@ -102,7 +103,8 @@ class ModelRunner:
         self.device, self.dtype = param.device, param.dtype
         self.kv_caches: list[torch.Tensor] = []
         self.lora: LoraBatch | None = None  # set by the engine when LoRA is available
-        self.graphs: DecodeGraphs | None = None  # CUDA graphs of decode steps (capture_decode_graphs)
+        # decode steps captured as CUDA graphs (capture_decode_graphs) or compiled on CPU (compile_decode)
+        self.graphs: DecodeGraphs | CompiledDecode | None = None
         self.last_sampled: torch.Tensor | None = None  # the last launch's sampled ids, on the device
         if self.device.type == "cuda":
             from runtime.cuda import enable_cuda_kernels
@@ -123,6 +125,14 @@ class ModelRunner:
 
         self.graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, max_rows, max_blocks_per_seq,
                                    self.lora, lora_version)
+
+    def compile_decode(self, max_blocks_per_seq: int) -> None:
+        """Compile single-stream decode steps on CPU (after allocate_kv_cache; slow: about a minute, less once
+        inductor has it cached on disk)."""
+        from runtime.cpu.compiled_decode import CompiledDecode
+
+        self.graphs = CompiledDecode(self.model, self.kv_caches, self.block_size, max_blocks_per_seq, self.lora)
+        self.graphs.warm_up()
 
     @property
     def kv_cache_bytes(self) -> int:

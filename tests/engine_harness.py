@@ -28,15 +28,16 @@ from runtime.request import GenerationRequest, OutputDelta, SamplingOptions, Usa
 
 @asynccontextmanager
 async def running_engine(checkpoint: Path, **config: Any) -> AsyncIterator[NativeEngine]:
-    """A started float32 NativeEngine over `checkpoint` (EngineConfig fields as keywords), on the CPU, or on
-    the device ENGINE_TEST_DEVICE names (the GPU check runs the engine tests with ENGINE_TEST_DEVICE=cuda:
+    """A started NativeEngine over `checkpoint` (EngineConfig fields as keywords; float32 unless `dtype` is
+    given), on the CPU, or on the device ENGINE_TEST_DEVICE names (the GPU check runs the engine tests with ENGINE_TEST_DEVICE=cuda:
     CUDA graphs, Triton kernels, against the same CPU references)."""
     config.setdefault("kv_block_size", 4)
     config.setdefault("max_kv_tokens", 1024)
     config.setdefault("device", os.environ.get("ENGINE_TEST_DEVICE", "cpu"))
     # speculation tests batch many sequences on purpose; the product stops speculating above 2 (EngineConfig)
     config.setdefault("speculative_max_concurrency", None)
-    engine = NativeEngine(EngineConfig(model=str(checkpoint), dtype="float32", **config))
+    config.setdefault("dtype", "float32")
+    engine = NativeEngine(EngineConfig(model=str(checkpoint), **config))
     await engine.start()
     try:
         yield engine

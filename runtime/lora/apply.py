@@ -121,10 +121,10 @@ class LoraDelta:
 
     def __call__(self, x: torch.Tensor, linear: Linear) -> torch.Tensor:
         if not self.batch.active:
-            return F.linear(x, linear.weight, linear.bias)
+            return linear.base(x)
         if self.expand is not None:
             return self._folded(x)
-        return self._add_updates(x, F.linear(x, linear.weight, linear.bias))
+        return self._add_updates(x, linear.base(x))
 
     def _folded(self, x: torch.Tensor) -> torch.Tensor:
         """CUDA: one matmul over [W; A_all] gives y and h_all; then the gathered expand kernel (decode

@@ -41,7 +41,15 @@ def register_attention_backend(device_type: str, backend: AttentionBackend) -> N
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store each new token's K/V at its slot (block_id * block_size + offset)."""
-    _, _, _, kv_heads, head_dim = kv_cache.shape
+    _, _, block_size, kv_heads, head_dim = kv_cache.shape
+    if torch.compiler.is_compiling():
+        # one index_put_ into the cache tensor itself: inductor keeps it in place, where a write through a view
+        # of the cache (below) becomes a copy of the whole cache (runtime/cpu/compiled_decode.py)
+        tokens = k.shape[0]
+        which = torch.arange(2, device=k.device).repeat_interleave(tokens)
+        blocks, offsets = (slot_mapping // block_size).repeat(2), (slot_mapping % block_size).repeat(2)
+        kv_cache.index_put_((which, blocks, offsets), torch.cat((k, v)).to(kv_cache.dtype))
+        return
     kv_cache[0].view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
     kv_cache[1].view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
 
@@ -69,12 +77,12 @@ def torch_paged_attention(
 
 
 def _decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    batch = meta.num_seqs
+    batch = q.shape[0]  # one token per sequence (not meta.num_seqs: a compiled step must not guard on a list)
     _, cache_blocks, _, kv_heads, head_dim = kv_cache.shape
     blocks, bias = _decode_inputs(meta, q.dtype, q.device)
     # K and V of every sequence's blocks in one index_select of whole blocks (row copies; advanced
     # indexing `cache[tables]` copies element by element and cost as much as the layer's matmuls)
-    kv = kv_cache.view(2, cache_blocks, -1).index_select(1, blocks).view(2, batch, -1, kv_heads, head_dim)
+    kv = kv_cache.view(2, cache_blocks, -1).index_select(1, blocks.view(-1)).view(2, batch, -1, kv_heads, head_dim)
     kv = kv.to(q.dtype).transpose(2, 3)  # [2, B, Hkv, L, D]
     # grouped-query attention without repeating K/V: a group's query heads become the query length
     out = F.scaled_dot_product_attention(
@@ -87,22 +95,29 @@ def _decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMe
     return out.view(q.shape)
 
 
+def decode_inputs(block_tables: torch.Tensor, seq_lens: torch.Tensor, num_blocks: int, block_size: int,
+                  dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first `num_blocks` blocks of each row's table to gather (contiguous [B, num_blocks]) and the additive
+    mask [B, 1, 1, num_blocks * block_size]: -inf past the row's seq_len. A float mask, because SDPA converts
+    a boolean one on every call."""
+    length = num_blocks * block_size
+    # a fresh tensor: `.contiguous()` keeps the table's row stride for a single row, which a compiled step guards on
+    blocks = torch.empty((len(block_tables), num_blocks), dtype=block_tables.dtype, device=device)
+    blocks.copy_(block_tables[:, :num_blocks])
+    pad = torch.arange(length, device=device)[None, :] >= seq_lens.to(device)[:, None]
+    bias = torch.zeros(len(seq_lens), 1, 1, length, dtype=dtype, device=device)
+    return blocks, bias.masked_fill_(pad[:, None, None, :], float("-inf"))
+
+
 def _decode_inputs(
     meta: AttentionMetadata, dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The blocks to gather (flat [B * blocks]) and the additive mask [B, 1, 1, L]: -inf past seq_len.
-
-    Made once per step and reused by every layer. A float mask, because SDPA converts a boolean one
-    on every call.
-    """
+    """`decode_inputs` of the step, made once and reused by every layer (a compiled decode step finds them made
+    already: runtime/cpu/compiled_decode.py)."""
     key = ("cpu_decode", dtype, device)
     if key not in meta.derived:
         num_blocks = -(-meta.max_seq_len // meta.block_size)
-        length = num_blocks * meta.block_size
-        blocks = meta.block_tables[:, :num_blocks].reshape(-1).to(device)
-        pad = torch.arange(length, device=device)[None, :] >= meta.seq_lens.to(device)[:, None]
-        bias = torch.zeros(meta.num_seqs, 1, 1, length, dtype=dtype, device=device)
-        meta.derived[key] = blocks, bias.masked_fill_(pad[:, None, None, :], float("-inf"))
+        meta.derived[key] = decode_inputs(meta.block_tables, meta.seq_lens, num_blocks, meta.block_size, dtype, device)
     return meta.derived[key]
 
 

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from runtime.attention_metadata import AttentionMetadata
-from runtime.models import int8
+from runtime.models.cpu_weights import CpuWeight
 from runtime.models.spec import ModelSpec
 
 
@@ -43,9 +43,9 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Float32 logits [N, vocab_size] for N hidden states (select the rows you sample first), written
         into `out` when given (the cast to float32 is then that copy: no extra pass)."""
-        head: int8.Int8Weight | None = getattr(self, "int8_head", None)  # --cpu-quantization int8
-        if head is not None and hidden.shape[0] <= int8.MAX_ROWS:
-            logits = int8.matmul(hidden, head)
+        head: CpuWeight | None = getattr(self, "cpu_head", None)  # prepare_cpu_weights
+        if head is not None:
+            logits = head.linear(hidden, self.output_embedding(), None)
         else:
             logits = torch.nn.functional.linear(hidden, self.output_embedding())
         return logits.float() if out is None else out.copy_(logits)

@@ -2,8 +2,9 @@
 
 Each fused part keeps its checkpoint name and width (`parts`), so the loader can fill it and a LoRA
 delta can be applied per part. `delta` is the seam for per-token low-rank updates: when set, the
-layer's output is `delta(x, linear)`, which computes the projection itself (so it may fold more rows
-into the same matmul, as the CUDA LoRA path does) and adds the updates.
+layer's output is `delta(x, linear)`, which computes the projection itself (with `base`, or folding
+more rows into the same matmul, as the CUDA LoRA path does) and adds the updates. On CPU, `cpu` holds
+faster forms of the weight (runtime/models/cpu_weights.py) that `base` picks from.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.models import int8
+from runtime.models.cpu_weights import CpuWeight
 
 Delta = Callable[[torch.Tensor, "Linear"], torch.Tensor]
 
@@ -41,14 +42,17 @@ class Linear(nn.Module):
             nn.Parameter(torch.empty(self.out_features, dtype=dtype), requires_grad=False) if bias else None
         )
         self.delta: Delta | None = None
-        self.int8: int8.Int8Weight | None = None  # --cpu-quantization int8: used for batches of few rows
+        self.cpu: CpuWeight | None = None  # prepacked and quantized forms on CPU (prepare_cpu_weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.delta is not None:
             return self.delta(x, self)
-        if self.int8 is not None and x.shape[0] <= int8.MAX_ROWS:
-            y = int8.matmul(x, self.int8)
-            return y if self.bias is None else y + self.bias
+        return self.base(x)
+
+    def base(self, x: torch.Tensor) -> torch.Tensor:
+        """The projection without adapters."""
+        if self.cpu is not None:
+            return self.cpu.linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def part_range(self, part: str) -> tuple[int, int]:

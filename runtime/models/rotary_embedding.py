@@ -77,14 +77,14 @@ class RotaryEmbedding(nn.Module):
         """[T, 1, D] factors (cos, cos) and (-sin, sin) of the positions. On the CPU they are made once
         per step, since every layer passes the same `positions` tensor (one module serves all layers);
         not on CUDA, where a graph capture must record its own."""
-        cached = self._last
+        cached = None if torch.compiler.is_compiling() else self._last
         if cached is not None and cached[0] is positions and cached[1] == dtype:
             return cached[2], cached[3]
         cos = self.cos_cache[positions].to(dtype)  # [T, D/2]
         sin = self.sin_cache[positions].to(dtype)
         cos2 = torch.cat((cos, cos), dim=-1).unsqueeze(1)
         sin2 = torch.cat((-sin, sin), dim=-1).unsqueeze(1)
-        if positions.device.type == "cpu":
+        if positions.device.type == "cpu" and not torch.compiler.is_compiling():  # a compiled step has no Python
             self._last = (positions, dtype, cos2, sin2)
         return cos2, sin2
 

@@ -1,14 +1,15 @@
-"""--cpu-quantization int8 on the CPU: speed of the native engine with and without it, and what it costs in
+"""--cpu-quantization on the CPU: speed of the native engine with each setting, and what each costs in
 quality (perplexity on held-out text), in one run.
 
-    python -m benchmarks.cpu_int8                      # the default model (SmolLM2-135M-Instruct), bf16
-    python -m benchmarks.cpu_int8 --append-results     # also a dated section in RESULTS.md
+    python -m benchmarks.cpu_quantization                   # the default model (SmolLM2-135M-Instruct), bf16
+    python -m benchmarks.cpu_quantization --append-results  # also a dated section in RESULTS.md
 
 Speed: the engine in this process (no HTTP), greedy, exact lengths; inter-token gap at concurrency 1 and
-output tok/s at 16 concurrent requests, the two settings interleaved over --rounds. Quality: transformers'
+output tok/s at 16 concurrent requests, the settings interleaved over --rounds. Quality: transformers'
 model with the checkpoint's weights, then with every projection and the output head replaced by their
-int8 round trip (what the int8 kernel multiplies by), perplexity over windows of docs/scaling.md (text the
-model never saw). The baseline of both is the same engine or model without int8, in the same run.
+round trip through each setting's format (what its kernel multiplies by), perplexity over windows of
+docs/scaling.md (text the model never saw). The baseline of both is the same engine or model without
+quantization ("none"), in the same run.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from benchmarks.overhead import RESULTS_MD, _commit, _machine
 from benchmarks.report import append_section, markdown_table
 from runtime.config import EngineConfig
 from runtime.llm_engine import NativeEngine
-from runtime.models.int8 import dequantize, quantize
+from runtime.models import cpu_weights
+from runtime.models.cpu_weights import Quantization, quantize_int4, quantize_int8
 from runtime.request import GenerationRequest, SamplingOptions
 
 TEXT = Path(__file__).resolve().parent.parent / "docs" / "scaling.md"
@@ -76,24 +78,32 @@ def _perplexity(model: Any, ids: list[int], window: int) -> float:
     return math.exp(nll / count)
 
 
-def _quality(model_path: str, dtype: torch.dtype, window: int, max_tokens: int) -> dict[str, float]:
+def _quality(model_path: str, dtype: torch.dtype, window: int, max_tokens: int,
+             quantizations: list[Quantization]) -> tuple[int, dict[str, float]]:
+    """(tokens scored, perplexity per setting)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     ids = tokenizer(TEXT.read_text())["input_ids"][:max_tokens]
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
-    base = _perplexity(model, ids, window)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Linear):  # the projections and the output head, as the engine's copies
-                module.weight = torch.nn.Parameter(dequantize(quantize(module.weight)))
-    return {"tokens": len(ids), "ppl": base, "ppl_int8": _perplexity(model, ids, window)}
+    perplexity = {}
+    for quantization in quantizations:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
+        with torch.no_grad():
+            for name, module in model.named_modules():
+                # the projections and the output head, as the engine's copies (an int4 model's head is int8)
+                if isinstance(module, torch.nn.Linear) and quantization != "none":
+                    int4 = quantization == "int4" and name != "lm_head" and cpu_weights.int4_fits(module.weight)
+                    quantized = (quantize_int4 if int4 else quantize_int8)(module.weight)
+                    module.weight = torch.nn.Parameter(quantized.dequantize())
+        perplexity[quantization] = _perplexity(model, ids, window)
+    return len(ids), perplexity
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="checkpoint folder or GGUF (default: the default model)")
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--quantizations", default="none,int8,int4", help="settings to compare; the first is the baseline")
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--output", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2)
@@ -106,32 +116,34 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.default_model import resolve_model
 
     model = resolve_model(args.model, args.dtype)[0]
-    command = "python -m benchmarks.cpu_int8 " + shlex.join(sys.argv[1:] if argv is None else argv)
-    speed: dict[str, list[dict[str, float]]] = {"none": [], "int8": []}
+    command = "python -m benchmarks.cpu_quantization " + shlex.join(sys.argv[1:] if argv is None else argv)
+    settings: list[Quantization] = args.quantizations.split(",")  # type: ignore[assignment]
+    speed: dict[str, list[dict[str, float]]] = {q: [] for q in settings}
     for r in range(args.rounds):
-        for quantization in (["none", "int8"] if r % 2 == 0 else ["int8", "none"]):
+        for quantization in (settings if r % 2 == 0 else settings[::-1]):
             s = asyncio.run(_speed(model, args.dtype, quantization, args))
             speed[quantization].append(s)
             console.print(f"round {r + 1} {quantization:4s}: ITL {s['itl_ms']:.1f} ms, {s['tok_s_16']:.0f} tok/s at 16")
-    quality = _quality(model, getattr(torch, args.dtype), args.window, args.text_tokens)
+    tokens, perplexity = _quality(model, getattr(torch, args.dtype), args.window, args.text_tokens, settings)
 
     def med(q: str, key: str) -> float:
         return statistics.median(s[key] for s in speed[q])
 
-    rows = [[q, f"{med(q, 'itl_ms'):.1f}", f"{med('none', 'itl_ms') / med(q, 'itl_ms'):.2f}x",
-             f"{med(q, 'tok_s_16'):.0f}", f"{med(q, 'tok_s_16') / med('none', 'tok_s_16'):.2f}x",
-             f"{quality['ppl_int8' if q == 'int8' else 'ppl']:.3f}"] for q in ("none", "int8")]
-    cols = ["--cpu-quantization", "ITL c=1 ms", "speed-up", "tok/s c=16", "vs none", "perplexity"]
+    base = settings[0]
+    rows = [[q, f"{med(q, 'itl_ms'):.1f}", f"{med(base, 'itl_ms') / med(q, 'itl_ms'):.2f}x",
+             f"{med(q, 'tok_s_16'):.0f}", f"{med(q, 'tok_s_16') / med(base, 'tok_s_16'):.2f}x",
+             f"{perplexity[q]:.3f}"] for q in settings]
+    cols = ["--cpu-quantization", "ITL c=1 ms", "speed-up", "tok/s c=16", f"vs {base}", "perplexity"]
     table = markdown_table(cols, rows)
     console.print(table)
     md = "\n".join([
-        f"\n## {time.strftime('%Y-%m-%d %H:%M')} --cpu-quantization int8 vs bf16 on the CPU ({Path(model).name})\n",
+        f"\n## {time.strftime('%Y-%m-%d %H:%M')} --cpu-quantization {', '.join(settings)} on the CPU ({Path(model).name})\n",
         f"- machine: {_machine()}" + (f"; {args.note}" if args.note else ""),
         f"- commit: {_commit()}", f"- command: `{command}`",
         f"- torch threads: {torch.get_num_threads()}; speed: the engine in-process, prompt {args.prompt}, "
         f"{args.output} output tokens, medians of {args.rounds} interleaved rounds; perplexity: "
-        f"{quality['tokens']} tokens of docs/scaling.md in windows of {args.window} (transformers, {args.dtype}; "
-        "int8: every projection and the output head replaced by its int8 round trip)\n", table, ""])
+        f"{tokens} tokens of docs/scaling.md in windows of {args.window} (transformers, {args.dtype}; every "
+        "projection and the output head replaced by its round trip through the setting's format)\n", table, ""])
     if args.append_results:
         append_section(RESULTS_MD, md, console)
     return 0

@@ -1,0 +1,1 @@
+"""CPU execution of the native runtime beyond eager PyTorch: compiled decode steps."""
