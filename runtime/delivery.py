@@ -5,11 +5,13 @@ Each step the engine queues its deltas in an Outbox; `flush` then hands the step
   per-request asyncio queues read by `read_batches`;
 - `runtime.process.core.SocketOutbox`: one message to the front-end process.
 Deltas of non-streamed requests are held until the request ends: one hand-off in all instead of one per step.
+`Mailbox` is a cheaper single-reader stand-in for the asyncio.Queue that `read_batches` reads.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -65,12 +67,43 @@ class Outbox:
                 pass
 
 
+class Mailbox:
+    """An unbounded queue with one reader: the part of asyncio.Queue that `read_batches` uses, without its
+    getter list and task counting. A front end puts one item per request per step (per-token work on the
+    event loop; benchmarks/RESULTS.md, 2026-11-26 12:00-12:20)."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Any] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put_nowait(self, item: Any) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():  # the reader may have been cancelled
+                waiter.set_result(None)
+
+    async def get(self) -> Any:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        return self._items.popleft()
+
+    def get_nowait(self) -> Any:
+        return self._items.popleft()
+
+    def empty(self) -> bool:
+        return not self._items
+
+
 def _deliver(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
     for queue, item in items:
         queue.put_nowait(item)
 
 
-async def read_batches(queue: asyncio.Queue[Any], on_early_exit: Callable[[], None]) -> AsyncIterator[list[OutputDelta]]:
+async def read_batches(queue: asyncio.Queue[Any] | Mailbox,
+                       on_early_exit: Callable[[], None]) -> AsyncIterator[list[OutputDelta]]:
     """Every delta already queued, one list per wake-up, until END. An exception queued first is raised (a
     request the engine refused after it was handed over). `on_early_exit()` runs when the reader leaves before
     END or the refusal is raised (the caller aborts the request there): close this generator to run it at once."""

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import msgspec
+
 FinishReason = Literal["stop", "length", "abort", "error", "tool_calls"]
 
 
@@ -110,18 +112,21 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
 
-@dataclass
-class OutputDelta:
+class OutputDelta(msgspec.Struct, array_like=True):
     """What one sequence of a request produced since the last delta.
 
     A request with n > 1 (or beam_width > 1) yields deltas for each `index`. Every sequence's last
     delta carries `finish_reason`; the request's very last delta also carries `usage` (summed over
     all its sequences).
+
+    A msgspec Struct encoded as an array, without field names: a step message of 256 deltas is 28 KB
+    instead of 71 KB as a dataclass (a map of 15 named fields), and is built and encoded 4x and decoded
+    3x faster (benchmarks/RESULTS.md, 2026-11-26 12:00-12:20).
     """
 
     request_id: str
     index: int = 0
-    token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = msgspec.field(default_factory=list)
     text: str = ""
     logprobs: list[TokenLogprob] | None = None
     finish_reason: FinishReason | None = None

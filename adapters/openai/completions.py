@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import msgspec
+
 from adapters.openai.choices import EndpointOutput
 from adapters.openai.logprobs import CompletionLogprobsBuilder, merge_completion_logprobs
 from adapters.openai.requests import CompletionRequest
@@ -23,8 +25,8 @@ def _prompt_only(delta: OutputDelta) -> OutputDelta:
     """A scoring request's delta without the one token the engine generated (max_tokens 0 ends at "length")."""
     usage = None if delta.usage is None else dataclasses.replace(delta.usage, completion_tokens=0)
     finish = "length" if delta.finish_reason in ("length", "stop") else delta.finish_reason
-    return dataclasses.replace(delta, token_ids=[], text="", logprobs=None, finish_reason=finish,
-                               stop_reason=None, cumulative_logprob=None, usage=usage)
+    return msgspec.structs.replace(delta, token_ids=[], text="", logprobs=None, finish_reason=finish,
+                                    stop_reason=None, cumulative_logprob=None, usage=usage)
 
 
 class CompletionOutput(EndpointOutput):

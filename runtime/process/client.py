@@ -40,7 +40,7 @@ import zmq
 import zmq.asyncio
 
 from runtime.config import EngineConfig
-from runtime.delivery import END, read_batches
+from runtime.delivery import END, Mailbox, read_batches
 from runtime.engine import Engine, EngineStats, deltas_of
 from runtime.errors import EngineFailedError, EngineNotReadyError, InvalidRequestError
 from runtime.llm_engine import describe_model
@@ -82,7 +82,7 @@ class EngineClient(Engine):
         self.model_path, self.spec, _, _, self.model_info = describe_model(config)
         self._stats = EngineStats(max_batch_size=config.max_batch_size, max_num_tokens=config.max_num_tokens)
         self._adapters: dict[str, str] | None = None  # the core's, once it is ready
-        self._queues: dict[str, tuple[asyncio.Queue[Any], int]] = {}  # request id -> (its deltas, samples)
+        self._queues: dict[str, tuple[Mailbox, int]] = {}  # request id -> (its deltas, samples)
         self._lora_calls: dict[int, asyncio.Future[None]] = {}
         self._call_ids = itertools.count()
         self._process: subprocess.Popen[bytes] | None = None  # front end 0's child
@@ -300,7 +300,7 @@ class EngineClient(Engine):
                                                 prepared.bad_words_ids, self.front_end.index))
         except OverflowError as exc:  # an option the engine ignores, holding a number past 64 bits
             raise InvalidRequestError(f"A number in the request is out of range: {exc}") from exc
-        queue: asyncio.Queue[Any] = asyncio.Queue()
+        queue = Mailbox()
         self._queues[request_id] = (queue, request.sampling.n)
         self._send(message)
         # the consumer leaving early (client gone) aborts the request in the core

@@ -1,0 +1,66 @@
+"""runtime/delivery.py: Mailbox and read_batches, and the compact wire form of the deltas they carry."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+import pytest
+import torch
+
+from runtime.delivery import END, Mailbox, read_batches
+from runtime.errors import QueueFullError
+from runtime.process.messages import StepOutputs, encoder, to_front_end
+from runtime.request import OutputDelta, TokenLogprob, Usage
+
+
+async def test_read_batches_hands_out_what_is_queued_per_wake_up_until_end() -> None:
+    box = Mailbox()
+    exits: list[str] = []
+    batches = read_batches(box, lambda: exits.append("early"))
+    first = asyncio.ensure_future(batches.__anext__())
+    await asyncio.sleep(0)
+    assert not first.done()  # waits for the first item
+    box.put_nowait(OutputDelta("r", token_ids=[1]))
+    box.put_nowait(OutputDelta("r", token_ids=[2]))
+    assert [d.token_ids for d in await first] == [[1], [2]]
+    box.put_nowait(OutputDelta("r", token_ids=[3]))
+    box.put_nowait(END)
+    assert [[d.token_ids for d in b] async for b in batches] == [[[3]]]
+    assert exits == []
+
+
+async def test_a_refusal_is_raised_and_leaving_early_calls_back() -> None:
+    box = Mailbox()
+    exits: list[str] = []
+    box.put_nowait(QueueFullError("full"))
+    with pytest.raises(QueueFullError):
+        await read_batches(box, lambda: exits.append("early")).__anext__()
+    assert exits == ["early"]
+    box = Mailbox()
+    box.put_nowait(OutputDelta("r"))
+    batches = read_batches(box, lambda: exits.append("closed"))
+    await batches.__anext__()
+    await batches.aclose()
+    assert exits == ["early", "closed"]
+
+
+async def test_a_cancelled_reader_leaves_the_mailbox_usable() -> None:
+    box = Mailbox()
+    waiting = asyncio.ensure_future(box.get())
+    await asyncio.sleep(0)
+    waiting.cancel()
+    box.put_nowait(1)  # the cancelled waiter is skipped, the item stays
+    assert await box.get() == 1 and box.empty()
+
+
+def test_a_delta_crosses_as_an_array_and_every_field_round_trips() -> None:
+    plain = OutputDelta("r", 0, [7], "a", time=1.5)
+    assert msgspec.msgpack.decode(encoder.encode(plain)) == ["r", 0, [7], "a", *[None] * 10, 1.5]
+    full = OutputDelta("r", 1, [7, 8], "ab", time=2.0, logprobs=[TokenLogprob(7, -0.5, [(7, -0.5)])],
+                       finish_reason="stop", stop_reason="x", cumulative_logprob=-1.0, prompt_token_ids=[1, 2],
+                       prompt_logprobs=[None, TokenLogprob(2, -0.1)], context_logits=torch.ones(2, 3),
+                       usage=Usage(2, 2), error=None)
+    back = to_front_end.decode(encoder.encode(StepOutputs([("r", [full], True)], None))).deltas[0][1][0]
+    assert torch.equal(back.context_logits, full.context_logits)
+    assert msgspec.structs.replace(back, context_logits=None) == msgspec.structs.replace(full, context_logits=None)
