@@ -10,14 +10,16 @@ in DIR/gpu_bench.json even when a later one fails:
   correctness logits vs transformers (bf16), greedy ids vs transformers for 32 steps (fp32, small model)
   hf          transformers generate: ms per step at batch 1, output tok/s at batch 64
   engine      our NativeEngine in-process: decode ITL at batch 1 (128-token context), GPU time of one
-              graphed decode step, TTFT of a 1024-token prompt, 256 x 128/128 throughput, 64 closed-loop
+              graphed decode step, TTFT of a 1024-token prompt (and of one more under torch.profiler: its
+              steps' wall time vs their kernel time, profile_ttft.txt), 256 x 128/128 throughput, 64 closed-loop
               streams (with event-loop lag), and a torch.profiler summary of a batch-256 window; then
               the same engine core in its own process behind EngineClient (the server's default: batch-1
-              ITL, 256-request throughput, 64 closed-loop streams with this process's event-loop lag),
+              ITL, 256-request throughput, 64 closed-loop streams with this process's event-loop lag, and
+              256 closed-loop streams from 4 processes, the HTTP load's shape: benchmarks/core_consumers.py),
               batch-1 ITL and 256-request throughput with async scheduling off, and batch-1 without graphs
   http        our gateway over HTTP, 64 concurrent streams (benchmarks/serve.py), vs the engine at 64
   http_in_process  the same with --no-engine-process (the engine in the HTTP server's process)
-  http_batch  our gateway over HTTP, 256 concurrent streams, vs the engine's 256-request throughput
+  http_batch  our gateway over HTTP, 256 concurrent streams, vs the engine core's 256 closed-loop streams
   http_api2, http_api4, http_batch_api2, http_batch_api4   the same with --api-servers 2 / 4 (front ends over one core)
   tserve      `transformers serve --continuous-batching` over HTTP, same load
 A phase that raises is recorded (its traceback in the JSON and on stderr), the later phases still run,
@@ -68,12 +70,13 @@ class Sizes:
     hf_batch1_tokens: int = 32
     copy_gib: float = 1.0
     max_model_len: int = 4096
+    consumer_processes: int = 4  # processes consuming the engine core's closed loop of `batch` streams
 
 
 FULL = Sizes()
 SMOKE = Sizes(big=gm.TINY, small=gm.TINY, prompt=16, output=8, batch=8, streams=4, closed_loop_s=1.0, http_s=1.0,
               ttft_prompt=64, logits_prompt=40, greedy_steps=8, hf_batch1_tokens=4, copy_gib=1 / 64,
-              max_model_len=256)
+              max_model_len=256, consumer_processes=2)
 
 
 def bandwidth_tb_s(gib: float = 1.0, device: str = "cuda") -> float:
@@ -154,8 +157,9 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
         gaps = [b - a for a, b in zip(arr[1:], arr[2:])]
         res["decode_b1_itl_ms_p50"] = statistics.median(gaps) * 1e3
         res["decode_b1_itl_ms_mean"] = statistics.mean(gaps) * 1e3
-        graphs = engine.runner.graphs
-        if graphs is not None:  # GPU time of the batch-1 graph alone (nothing stored: slot -1); CUDA only
+        graphs = engine.runner.graphs  # on the CPU: compiled decode steps, not graphs
+        if graphs is not None and torch.device(device).type == "cuda":  # GPU time of the batch-1 graph alone
+            # (nothing stored: slot -1)
             graphs.packed[SLOTS, :1] = -1
             graphs.packed[LENGTHS, :1] = s.prompt
             g = graphs.base[1]
@@ -179,6 +183,8 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
             ttfts.append(arr[0] - t)
         res[f"ttft_{s.ttft_prompt}_ms_p50"] = statistics.median(ttfts[1:]) * 1e3
         res[f"ttft_{s.ttft_prompt}_ms_all"] = [x * 1e3 for x in ttfts]
+        res["ttft_steps"] = await _ttft_steps(engine, gm.random_prompts(1, s.ttft_prompt, vocab, next(seed))[0],
+                                              out / "profile_ttft.txt")
         # throughput: 256 requests of 128 in / 128 out, all submitted at once
         prompts = gm.random_prompts(s.batch, s.prompt, vocab, next(seed))
         it0 = engine.stats().iterations
@@ -235,10 +241,16 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+    # the engine core under the shape of the HTTP load at 256 streams (closed loop, several client processes)
+    from benchmarks.core_consumers import closed_loop_processes
+
+    res.update(await closed_loop_processes(cfg, s, vocab, next(seed), s.consumer_processes))
     return res
 
 
-async def _closed_loop(engine: Any, s: Sizes, vocab: int, seed: int) -> dict[str, Any]:
+async def _closed_loop(engine: Any, s: Sizes, vocab: int, seed: int, label: str = "") -> dict[str, Any]:
+    """`s.streams` closed-loop streams for `s.closed_loop_s` (request ids start with `label`), with this event
+    loop's lag measured alongside."""
     streams = s.streams
     prompts = gm.random_prompts(4 * streams, s.prompt, vocab, seed)
     stop_at = time.perf_counter() + s.closed_loop_s
@@ -250,7 +262,7 @@ async def _closed_loop(engine: Any, s: Sizes, vocab: int, seed: int) -> dict[str
         nonlocal tokens
         i = w
         while time.perf_counter() < stop_at:
-            _, _, n = await _stream(engine, _request(f"cl{w}-{i}", prompts[i % len(prompts)], s.output))
+            _, _, n = await _stream(engine, _request(f"{label}cl{w}-{i}", prompts[i % len(prompts)], s.output))
             tokens += n
             i += streams
 
@@ -262,6 +274,54 @@ async def _closed_loop(engine: Any, s: Sizes, vocab: int, seed: int) -> dict[str
     await lag_task
     return {f"closed_loop_{streams}_tok_s": tokens / wall,
             "event_loop_lag_ms_p50": _pct(lags, 0.5) * 1e3, "event_loop_lag_ms_p99": _pct(lags, 0.99) * 1e3}
+
+
+async def _ttft_steps(engine: Any, prompt: list[int], path: Path) -> dict[str, Any]:
+    """Where one prompt's TTFT goes: each engine step's wall time, and the kernel time summed over them
+    (torch.profiler's CUDA activity covers every thread): GPU-bound when close to the steps' wall time,
+    host-bound when far under it; the kernel table goes to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    steps: list[float] = []
+    busy = False
+    original = engine.step
+    py_prof = cProfile.Profile()  # the host side by Python function (blocking calls included)
+
+    def timed_step() -> int:
+        nonlocal busy
+        busy = True
+        t = time.perf_counter()
+        py_prof.enable()  # in the engine thread: cProfile sees the thread that enables it
+        n = original()
+        py_prof.disable()
+        steps.append(time.perf_counter() - t)
+        busy = False
+        return n
+
+    activities = [ProfilerActivity.CUDA] if torch.cuda.is_available() else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        engine.step = timed_step
+        try:
+            t, arr, _ = await _stream(engine, _request("ttft-profiled", prompt, 1))
+            while busy:  # the step that delivered the token is still returning
+                await asyncio.sleep(0.001)
+        finally:
+            del engine.step
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.self_device_time_total > 0]
+    text = io.StringIO()
+    stats = pstats.Stats(py_prof, stream=text)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(40)
+    path.write_text(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=30) + "\n\n" + text.getvalue())
+    entries = stats.stats.items()  # type: ignore[attr-defined]
+    return {"ttft_ms": (arr[0] - t) * 1e3, "step_ms": [round(x * 1e3, 3) for x in steps],
+            "kernel_ms": sum(e.self_device_time_total for e in kernels) / 1e3, "kernels": sum(e.count for e in kernels),
+            "top_kernels": [(e.key[:60], round(e.self_device_time_total / 1e3, 3), e.count)
+                            for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:10]],
+            "top_host_ms": [(f"{Path(k[0]).name}:{k[1]}:{k[2]}", round(v[2] * 1e3, 3), v[1])
+                            for k, v in sorted(entries, key=lambda kv: -kv[1][2])[:12]]}
 
 
 def _graph_kernels(graph: Any, path: Path, replays: int = 10) -> dict[str, Any]:
@@ -484,6 +544,7 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
         "loop_lag_p99_ms": get("engine", "event_loop_lag_ms_p99"),
         f"engine_client_{s.batch}_tok_s": get("engine", f"throughput_{s.batch}_tok_s_client"),
         f"engine_client_{s.streams}_tok_s": get("engine", f"closed_loop_{s.streams}_tok_s_client"),
+        f"engine_client_{s.batch}_closed_loop_tok_s": get("engine", f"closed_loop_{s.batch}_tok_s_client_procs"),
         "decode_b1_itl_client_ms": get("engine", "decode_b1_itl_ms_p50_client"),
         "loop_lag_p99_client_ms": get("engine", "event_loop_lag_ms_p99_client"),
         f"http_{s.streams}_tok_s": get("http", "summary", "output_token_throughput"),

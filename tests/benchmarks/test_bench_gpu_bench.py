@@ -36,6 +36,7 @@ def test_every_phase_on_the_cpu(tmp_path: Path, load_generator_here: None) -> No
                     engine["throughput_8_tok_s"], engine["closed_loop_4_tok_s"], engine["event_loop_lag_ms_p99"],
                     engine["profile"]["decode8_step_ms_p50"], engine["throughput_8_tok_s_client"],
                     engine["closed_loop_4_tok_s_client"], engine["event_loop_lag_ms_p99_client"],
+                    engine["closed_loop_8_tok_s_client_procs"], *engine["client_procs_tok_s"],
                     engine["throughput_8_tok_s_sync"])
     assert "decode_b1_graph_gpu_ms" not in engine  # CUDA graphs: CUDA only
     assert (out / "profile.txt").stat().st_size > 0
