@@ -2,12 +2,14 @@
 
     python -m benchmarks.spec_decode                      # the embedded demo pair on CPU
     python -m benchmarks.spec_decode --model DIR --draft-model DIR --device cuda --max-tokens 256
+    python -m benchmarks.spec_decode --model default --draft-layers 4 --dtype bfloat16 --modes none draft
 
 For each concurrency (default 1 and 8) runs the same greedy requests (ignore_eos, fixed length) with
 --speculative none, draft and ngram; reports completion tokens/s, the speedup over `none` measured in
 the same run, the acceptance rate and mean accepted drafts per step, and whether every output equals
 the non-speculative one (greedy speculation must be exact). `--json FILE` writes the table.
-`--repeat R` runs R rounds of all modes and reports medians, each round's ratio being paired with that
+`--draft-layers N` drafts with the target's own first N layers, final norm and head (an early-exit draft,
+no training: the cheapest draft any Llama-family checkpoint gives). `--repeat R` runs R rounds of all modes and reports medians, each round's ratio being paired with that
 round's baseline; the `cpu` column is the same ratio in tokens per CPU-second of this process, the
 steadier figure on a machine shared with other work. Greedy outputs are bit-exact in float32; in bf16
 the K+1-token verify forward rounds differently from one-token decode steps, so near-tied logits may
@@ -22,6 +24,7 @@ import json
 import platform
 import statistics
 import subprocess
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,6 +44,33 @@ PROMPTS = [
     "import re\n\n_pattern = re.compile(",
     "class Error(Exception):\n    \"\"\"Base class for exceptions in this module.\"\"\"\n",
 ]
+
+
+def early_exit_draft(model_dir: str, layers: int, out: Path) -> str:
+    """A checkpoint folder holding the first `layers` decoder layers of `model_dir` with its embedding, final norm,
+    head and tokenizer files: a draft that shares the target's weights and tokenizer."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from runtime.models.loader import checkpoint_files
+
+    src = Path(model_dir)
+    tensors = {}
+    for file in checkpoint_files(src):
+        for name, tensor in load_file(file).items():
+            parts = name.split(".")
+            if "layers" in parts and int(parts[parts.index("layers") + 1]) >= layers:
+                continue
+            tensors[name] = tensor
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, out / "model.safetensors")
+    config = json.loads((src / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
+    for extra in src.iterdir():
+        if extra.suffix != ".safetensors" and extra.name not in ("config.json", "model.safetensors.index.json"):
+            shutil.copy(extra, out / extra.name)
+    return str(out)
 
 
 @dataclass
@@ -136,8 +166,9 @@ async def bench(args: argparse.Namespace) -> list[Row]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="demo", help="target checkpoint (default: the embedded demo model)")
+    p.add_argument("--model", default="demo", help="target checkpoint (default: the embedded demo model; `default`: the server's default model)")
     p.add_argument("--draft-model", default=None, help="draft checkpoint (default with the demo: the demo draft)")
+    p.add_argument("--draft-layers", type=int, default=None, help="draft with the target's first N layers (no training)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--modes", nargs="+", default=["none", "draft", "ngram"], choices=["none", "draft", "ngram"])
@@ -155,7 +186,15 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.modes[0] != "none":
         args.modes = ["none"] + [m for m in args.modes if m != "none"]  # the baseline runs first
-    rows = asyncio.run(bench(args))
+    from runtime.default_model import resolve_model
+
+    folder = resolve_model(None if args.model == "default" else args.model, args.dtype)[0]
+    if args.model == "default":
+        args.model = folder
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.draft_layers is not None:
+            args.draft_model = early_exit_draft(folder, args.draft_layers, Path(tmp) / "draft")
+        rows = asyncio.run(bench(args))
     print(f"\n{'mode':6} {'conc':>4} {'tok/s':>8} {'speedup':>7} {'cpu':>6} {'accept':>6} {'acc/step':>8} {'exact':>5}")
     for r in rows:
         acc = "-" if r.acceptance_rate is None else f"{r.acceptance_rate:.2f}"

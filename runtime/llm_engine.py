@@ -133,7 +133,10 @@ class NativeEngine(Engine):
         max_blocks = -(-window // cfg.kv_block_size)
         if cfg.enable_cuda_graphs and self.device.type == "cuda":
             self.runner.capture_decode_graphs(decode_rows, max_blocks, lora_version=lambda: self.lora.slots.version)
-        if cfg.cpu_compile and self.device.type == "cpu":
+        # a compiled step cannot call the prepacked bf16 products (inductor takes only its own), which lost more than
+        # compiling gained for bf16 without quantization (45 vs 52 ms a SmolLM2 step on the 2-core box, RESULTS.md)
+        if cfg.cpu_compile and self.device.type == "cpu" and (cfg.cpu_quantization != "none" or
+                                                              self.dtype != torch.bfloat16):
             self.runner.compile_decode(max_blocks)
         self.block_manager = BlockManager(blocks, cfg.kv_block_size, cfg.enable_prefix_caching)
         self.scheduler = Scheduler(

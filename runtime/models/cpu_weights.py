@@ -121,7 +121,7 @@ class CpuWeight:
             y = self.quantized.matmul(x)
             return y if bias is None else y + bias
         if self.packed is not None and not torch.compiler.is_compiling():
-            # (a compiled step packs its own: inductor's freezing pass, runtime/cpu/compiled_decode.py)
+            # (not in a compiled step: inductor's lowering of this op takes only weights it packed itself)
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [None], "")
         return F.linear(x, weight, bias)
 
@@ -153,7 +153,7 @@ def prepare_cpu_weights(model: nn.Module, quantization: Quantization,
     added = 0
     for done, linear in enumerate(linears):
         form = cpu_weight(linear.weight, quantization)
-        linear.cpu = form if _bytes(form) else None  # nothing faster than F.linear (float32, no quantization)
+        linear.cpu_weight = form if _bytes(form) else None  # nothing faster than F.linear (float32, no quantization)
         added += _bytes(form)
         progress(done + 1, len(linears))
     if isinstance(model, CausalLM):

@@ -3,8 +3,8 @@
 Each fused part keeps its checkpoint name and width (`parts`), so the loader can fill it and a LoRA
 delta can be applied per part. `delta` is the seam for per-token low-rank updates: when set, the
 layer's output is `delta(x, linear)`, which computes the projection itself (with `base`, or folding
-more rows into the same matmul, as the CUDA LoRA path does) and adds the updates. On CPU, `cpu` holds
-faster forms of the weight (runtime/models/cpu_weights.py) that `base` picks from.
+more rows into the same matmul, as the CUDA LoRA path does) and adds the updates. On CPU, `cpu_weight`
+holds faster forms of the weight (runtime/models/cpu_weights.py) that `base` picks from.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Linear(nn.Module):
             nn.Parameter(torch.empty(self.out_features, dtype=dtype), requires_grad=False) if bias else None
         )
         self.delta: Delta | None = None
-        self.cpu: CpuWeight | None = None  # prepacked and quantized forms on CPU (prepare_cpu_weights)
+        self.cpu_weight: CpuWeight | None = None  # prepacked and quantized forms on CPU (prepare_cpu_weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.delta is not None:
@@ -51,8 +51,8 @@ class Linear(nn.Module):
 
     def base(self, x: torch.Tensor) -> torch.Tensor:
         """The projection without adapters."""
-        if self.cpu is not None:
-            return self.cpu.linear(x, self.weight, self.bias)
+        if self.cpu_weight is not None:
+            return self.cpu_weight.linear(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def part_range(self, part: str) -> tuple[int, int]:

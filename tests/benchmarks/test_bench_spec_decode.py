@@ -45,3 +45,13 @@ def test_plot_spec_sweep(spec_json: Path, tmp_path: Path) -> None:
     assert out.read_bytes()[:4] == b"\x89PNG"
     series = plot_spec_sweep.load([spec_json, k2])
     assert sorted(series) == ["draft", "ngram"] and [k for k, *_ in series["draft"]] == [2, 4]
+
+
+def test_early_exit_draft_speculates_exactly(tmp_path: Path) -> None:
+    """--draft-layers 1: the demo model's first layer drafts for it; greedy outputs stay those of plain decoding."""
+    out = tmp_path / "early-exit.json"
+    spec_decode.main(["--dtype", "float32", "--concurrency", "1", "--requests-per-slot", "1", "--max-tokens", "8",
+                      "--modes", "none", "draft", "--draft-layers", "1", "--json", str(out)])
+    rows = {row["mode"]: row for row in json.loads(out.read_text())["rows"]}
+    assert rows["draft"]["outputs_equal_baseline"] is True
+    assert 0 <= rows["draft"]["acceptance_rate"] <= 1
