@@ -148,7 +148,7 @@ class NativeEngine(Engine):
         )
         if proposer is not None:
             self.speculator = build_speculator(proposer, cfg, self.block_manager, window,
-                                               cuda_graphs=self.runner.graphs is not None)
+                                               cuda_graphs=self.device.type == "cuda" and self.runner.graphs is not None)
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         weights += getattr(proposer, "weight_bytes", 0) + getattr(getattr(proposer, "runner", None), "kv_cache_bytes", 0)
         self._memory = {"gpu" if self.device.type == "cuda" else "cpu": weights + self.runner.kv_cache_bytes}

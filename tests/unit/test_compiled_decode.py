@@ -42,3 +42,13 @@ async def test_compiled_float32_steps_match_transformers(checkpoint: Path) -> No
     assert used
     assert tokens[0] == hf_greedy(load_hf(checkpoint), [5, 9, 17], 14)
 
+
+
+async def test_a_draft_model_speculates_beside_compiled_steps() -> None:
+    """The draft's own runner stays eager on CPU (it once tried to capture CUDA graphs whenever the target had
+    compiled steps), and speculation stays exact."""
+    outputs = {}
+    for mode in ("none", "draft"):
+        async with running_engine(Path("demo"), cpu_compile=True, speculative=mode, max_kv_tokens=4096) as engine:
+            outputs[mode] = (await collect(engine, request(mode, [5, 9, 17], max_tokens=16))).tokens[0]
+    assert outputs["draft"] == outputs["none"]
