@@ -112,6 +112,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", type=Path, default=None, help="base model folder (default: the default model)")
     parser.add_argument("--out", type=Path, default=DEMO_DIR / "terse")
+    parser.add_argument("--samples", type=int, default=SAMPLES, help="greedy answers shown in ADAPTER.md")
     add_lora_options(parser, steps=120, lr=1e-3)
     return parser.parse_args(argv)
 
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     shipped = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
                                         str(out)).eval()
     lora_loss = answer_loss(shipped, held, pad_id)
-    samples = [(q, answer(plain, tokenizer, q), answer(shipped, tokenizer, q)) for q, _ in held_pairs[:SAMPLES]]
+    samples = [(q, answer(plain, tokenizer, q), answer(shipped, tokenizer, q)) for q, _ in held_pairs[:args.samples]]
     seconds = time.perf_counter() - start
     size = weights_file.stat().st_size
     command = "python -m runtime.demo.train_terse_adapter" + (
