@@ -44,8 +44,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 MIN_BLOCKS = 2
 # Row counts compiled: one stream's decode step, where per-operator overhead is most of the step. With more
-# rows it is shared by them, and inductor's graphs with a dynamic row count ran 2-3x slower than eager here
-# (bf16 matrix products no longer prepacked, generated loops slower than ATen's kernels; RESULTS.md).
+# rows it is shared by them, and compiling lost here (SmolLM2 int4, 1 thread, RESULTS.md): a static 16-row
+# graph took 92 ms a step against 78 ms eager; graphs with a dynamic row count 2-3x eager's time.
 ROW_COUNTS = (1,)
 
 
@@ -115,7 +115,7 @@ class CompiledDecode:
             return self._forward(packed, blocks, bias)
 
     @torch.inference_mode()
-    def warm_up(self, progress: Callable[[str], None] = logger.info) -> None:
+    def warm_up(self) -> None:
         """Compile the graph of every row count served. Call it before serving: the warm-up rows store their K/V
         in slot 0, which no request has written yet."""
         started = time.perf_counter()
@@ -125,6 +125,6 @@ class CompiledDecode:
             packed[LENGTHS] = 1
             tables = torch.zeros((rows, MIN_BLOCKS), dtype=torch.int32)
             self._step(packed, tables, compile_allowed=True)
-            progress(f"CPU compiled decode: {rows} row{'s' if rows > 1 else ''} in {time.perf_counter() - t:.1f} s")
+            logger.info("CPU compiled decode: %d row%s in %.1f s", rows, "s" if rows > 1 else "", time.perf_counter() - t)
         logger.info("CPU compiled decode: %d graphs (rows %s) in %.1f s", len(self.row_counts),
                     ",".join(map(str, self.row_counts)), time.perf_counter() - started)

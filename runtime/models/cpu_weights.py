@@ -25,7 +25,6 @@ DRAM as in a real step, RESULTS.md 2026-11-26), milliseconds of matrix products 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -143,19 +142,16 @@ def cpu_weight(weight: torch.Tensor, quantization: Quantization, head: bool = Fa
     return form
 
 
-def prepare_cpu_weights(model: nn.Module, quantization: Quantization,
-                        progress: Callable[[int, int], None] = lambda done, total: None) -> int:
+def prepare_cpu_weights(model: nn.Module, quantization: Quantization) -> int:
     """Give every Linear of `model`, and its output head, their CPU forms; the bytes those take."""
     from runtime.models.base import CausalLM
     from runtime.models.linear import Linear
 
-    linears = [m for m in model.modules() if isinstance(m, Linear)]
     added = 0
-    for done, linear in enumerate(linears):
+    for linear in [m for m in model.modules() if isinstance(m, Linear)]:
         form = cpu_weight(linear.weight, quantization)
         linear.cpu_weight = form if _bytes(form) else None  # nothing faster than F.linear (float32, no quantization)
         added += _bytes(form)
-        progress(done + 1, len(linears))
     if isinstance(model, CausalLM):
         form = cpu_weight(model.output_embedding(), quantization, head=True)
         model.cpu_head = form if _bytes(form) else None
