@@ -52,9 +52,9 @@ class EngineConfig:
     cpu_quantization: Literal["none", "int8", "int4"] = "none"  # weight-only int8/int4 copies of the projections for decode steps of few rows (runtime/models/cpu_weights.py); prepacked bf16 serves bigger batches
     # GPU execution
     enable_cuda_graphs: bool = True
-    # CPU: compile single-stream decode steps at start-up (runtime/cpu/compiled_decode.py) where it pays (with
-    # --cpu-quantization, or float32); the default follows
-    # $TRTLLM_GATEWAY_CPU_COMPILE here too, so a test suite can turn it off for every engine it builds
+    # CPU: compile code at start-up: the paged decode-attention kernel (runtime/cpu/paged_attention.py) and, where
+    # it pays (with --cpu-quantization, or float32), single-stream decode steps (runtime/cpu/compiled_decode.py);
+    # the default follows $TRTLLM_GATEWAY_CPU_COMPILE here too, so a test suite can turn it off for every engine it builds
     cpu_compile: bool = field(default_factory=lambda: os.environ.get("TRTLLM_GATEWAY_CPU_COMPILE", "true").lower()
                               not in ("0", "false", "no", "off"))
     async_scheduling: bool | None = None  # prepare step N+1 while the device runs step N; default: on for CUDA

@@ -29,6 +29,7 @@ import torch
 
 from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig
+from runtime.cpu.paged_attention import use_cpu_kernels
 from runtime.delivery import Outbox, read_batches
 from runtime.default_model import DEMO, resolve_model
 from runtime.device import cpu_thread_count, dtype_name, resolve_device, resolve_dtype
@@ -113,6 +114,7 @@ class NativeEngine(Engine):
         self.eos_token_ids = list(dict.fromkeys(self.tokenizer.eos_token_ids + self.spec.eos_token_ids))
         model = load_model(self.model_path, self.dtype, self.device)
         if self.device.type == "cpu":
+            use_cpu_kernels(cfg.cpu_compile)
             added = prepare_cpu_weights(model, cfg.cpu_quantization)
             if added:
                 logger.info("CPU: prepacked%s weights (%.0f MB more)", "" if cfg.cpu_quantization == "none" else

@@ -1,1 +1,1 @@
-"""CPU execution of the native runtime beyond eager PyTorch: compiled decode steps."""
+"""CPU execution of the native runtime beyond eager PyTorch: a paged decode-attention kernel, compiled decode steps."""

@@ -1,8 +1,8 @@
 """Paged attention: write new K/V into the block cache, then attend causally over each sequence's cache.
 
 `Attention` is the layer the model files use; the work is done by a backend chosen by device type.
-`torch_paged_attention` is the reference backend (any device, used on CPU). A faster kernel (e.g.
-Triton on CUDA) plugs in with `register_attention_backend("cuda", fn)` without touching model files.
+`torch_paged_attention` is the reference backend (any device). A faster kernel (Triton on CUDA, C++ for CPU
+decode steps: runtime/cpu/paged_attention.py) plugs in with `register_attention_backend("cuda", fn)` without touching model files.
 Cache layout per layer: [2, num_blocks, block_size, num_kv_heads, head_dim] (kv_cache.py).
 """
 

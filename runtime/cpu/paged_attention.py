@@ -1,0 +1,75 @@
+"""Decode attention on CPU through our C++ kernel (paged_decode_attention.cpp): it reads each sequence's K/V
+where the paged cache holds them.
+
+Why: the reference backend (runtime/models/attention.py) gathers every row's blocks into a padded copy, then
+runs SDPA over it with a mask. At 16 streams of SmolLM2 that copy and the padded SDPA were 22 of a 69 ms step
+(benchmarks/RESULTS.md). The kernel is built once by torch's C++ extension loader at start-up (a C++ compiler
+is needed; about 20 s the first time, then loaded from torch's extension cache). Without a compiler the
+reference backend serves, with a warning. Prefill, chunked prefill and speculative scoring steps, and compiled
+one-row steps (runtime/cpu/compiled_decode.py), keep the reference backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from runtime.attention_metadata import AttentionMetadata
+from runtime.models.attention import register_attention_backend, torch_paged_attention, write_kv
+
+logger = logging.getLogger(__name__)
+_SOURCE = Path(__file__).with_name("paged_decode_attention.cpp")
+
+
+@functools.cache
+def build_kernel() -> bool:
+    """Build the kernel, or load it from torch's extension cache; False, with a warning, where that fails."""
+    from torch.utils import cpp_extension
+
+    started = time.perf_counter()
+    logger.info("CPU: building the paged decode-attention kernel (cached after the first start)")
+    try:
+        cpp_extension.load(name="trtllm_gateway_cpu", sources=[str(_SOURCE)], is_python_module=False,
+                           extra_cflags=["-O3", "-march=native"])
+    except Exception as exc:  # noqa: BLE001 - any failure to build leaves the reference backend serving
+        logger.warning("CPU: no paged decode-attention kernel (%s: %s); decode attention gathers the cache instead",
+                       type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        return False
+    logger.info("CPU: paged decode-attention kernel ready in %.1f s", time.perf_counter() - started)
+    return True
+
+
+def cpu_paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor | None,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """The kernel for decode-only steps run eagerly; the reference backend for everything else."""
+    if kv_cache is None or not meta.is_decode_only or torch.compiler.is_compiling() or not kernel_fits(q, k):
+        return torch_paged_attention(q, k, v, kv_cache, meta, scale)
+    write_kv(k, v, kv_cache, meta.slot_mapping)
+    out = torch.ops.trtllm_gateway_cpu.paged_decode_attention(
+        (q.float() * scale).contiguous(), kv_cache, meta.block_tables.contiguous(), meta.seq_lens.contiguous()
+    )
+    return out.to(q.dtype)
+
+
+def kernel_fits(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """The kernel's shapes: a head size that is a multiple of 16 up to 256, up to 16 query heads per KV head."""
+    head_dim = q.shape[-1]
+    return head_dim % 16 == 0 and head_dim <= 256 and q.shape[1] // k.shape[1] <= 16
+
+
+def use_cpu_kernels(enabled: bool) -> bool:
+    """Route CPU decode attention through the kernel (built first), or back to the reference backend; whether
+    the kernel serves. The choice is process-wide, as the attention backends are."""
+    enabled = enabled and build_kernel()
+    register_attention_backend("cpu", cpu_paged_attention if enabled else torch_paged_attention)
+    return enabled

@@ -1,0 +1,124 @@
+"""runtime/cpu/paged_attention.py: the C++ decode-attention kernel reads the paged cache where it lies and gives
+exact attention; an engine serving with it decodes transformers' greedy tokens; without a compiler the reference
+backend serves."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from runtime.attention_metadata import AttentionMetadata, pad_block_tables
+from runtime.cpu import paged_attention
+from runtime.cpu.paged_attention import build_kernel, cpu_paged_attention, use_cpu_kernels
+from runtime.models import attention
+from runtime.models.attention import torch_paged_attention
+from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
+from tests.tiny_models import build_tiny_model
+
+BLOCK = 16
+LENGTHS = [1, 15, 16, 17, 100, 33]  # within, at and across block boundaries
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernel() -> None:
+    assert build_kernel(), "the C++ kernel did not build"
+    yield
+    use_cpu_kernels(False)  # later tests in this process get the reference backend, as the suite configures
+
+
+def decode_step(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int = 0):
+    """A decode step over LENGTHS: q/k/v of the new tokens, a cache whose blocks are shuffled, the metadata."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks = sum(-(-n // BLOCK) for n in LENGTHS) + 8
+    cache = torch.randn(2, blocks, BLOCK, kv_heads, head_dim, generator=gen).to(dtype)
+    free = torch.randperm(blocks, generator=gen).tolist()
+    tables = [[free.pop() for _ in range(-(-n // BLOCK))] for n in LENGTHS]
+    seq_lens = torch.tensor(LENGTHS, dtype=torch.int32)
+    meta = AttentionMetadata(
+        query_start_loc=torch.arange(len(LENGTHS) + 1, dtype=torch.int32), context_lens=seq_lens - 1,
+        seq_lens=seq_lens, block_tables=pad_block_tables(tables),
+        slot_mapping=torch.tensor([t[(n - 1) // BLOCK] * BLOCK + (n - 1) % BLOCK for t, n in zip(tables, LENGTHS)]),
+        block_size=BLOCK, max_query_len=1, max_seq_len=max(LENGTHS), query_lens_host=[1] * len(LENGTHS),
+        seq_lens_host=LENGTHS,
+    )
+    q = torch.randn(len(LENGTHS), heads, head_dim, generator=gen).to(dtype)
+    k, v = (torch.randn(len(LENGTHS), kv_heads, head_dim, generator=gen).to(dtype) for _ in range(2))
+    return q, k, v, cache, meta
+
+
+def exact_attention(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Float64 attention of each row over its first seq_len cached tokens."""
+    out = []
+    for b, n in enumerate(meta.seq_lens_host):
+        slots = [int(meta.block_tables[b, t // BLOCK]) * BLOCK + t % BLOCK for t in range(n)]
+        keys, values = (cache[i].flatten(0, 1)[slots].double() for i in (0, 1))  # [n, Hkv, D]
+        group = q.shape[1] // keys.shape[1]
+        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
+        weights = torch.softmax(torch.einsum("hd,thd->ht", q[b].double() * scale, keys), dim=-1)
+        out.append(torch.einsum("ht,thd->hd", weights, values))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 2, 32), (8, 2, 128), (6, 2, 48), (4, 4, 16)])
+def test_kernel_gives_exact_attention_and_writes_the_cache(heads: int, kv_heads: int, head_dim: int,
+                                                           dtype: torch.dtype) -> None:
+    """Every compiled shape (SmolLM2 64/3, the demo 32/4, 128/4) and the generic path; the new K/V land in the
+    same slots as the reference backend's."""
+    q, k, v, cache, meta = decode_step(heads, kv_heads, head_dim, dtype)
+    reference_cache = cache.clone()
+    scale = head_dim**-0.5
+    reference = torch_paged_attention(q, k, v, reference_cache, meta, scale)
+    out = cpu_paged_attention(q, k, v, cache, meta, scale)
+    assert torch.equal(cache, reference_cache)
+    exact = exact_attention(q, cache, meta, scale)
+    # float32 throughout, so within float32 rounding; the low-precision outputs are one rounding of the float32 result
+    tolerance = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
+    assert out.dtype == dtype and torch.allclose(out.double(), exact, atol=tolerance, rtol=0)
+    assert (out.double() - exact).abs().max() <= (reference.double() - exact).abs().max() + tolerance / 8
+
+
+def test_shapes_the_kernel_does_not_take_use_the_reference() -> None:
+    q, k, v, cache, meta = decode_step(4, 2, 20, torch.float32)  # a head size that is not a multiple of 16
+    expected = torch_paged_attention(q, k, v, cache.clone(), meta, 0.2)
+    assert torch.equal(cpu_paged_attention(q, k, v, cache, meta, 0.2), expected)
+
+
+def test_without_a_compiler_the_reference_serves_with_a_warning(monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    from torch.utils import cpp_extension
+
+    def no_compiler(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("Error building extension 'trtllm_gateway_cpu': c++: not found")
+
+    monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    build_kernel.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert use_cpu_kernels(True) is False
+        assert attention._BACKENDS["cpu"] is torch_paged_attention
+        assert "no paged decode-attention kernel (RuntimeError: Error building extension" in caplog.text
+    finally:
+        monkeypatch.undo()
+        build_kernel.cache_clear()
+        assert build_kernel()  # loads the library built before
+
+
+async def test_an_engine_with_the_kernel_decodes_transformers_tokens(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three streams at once (decode steps of three rows) across block boundaries, float32, greedy."""
+    checkpoint = build_tiny_model(tmp_path, "llama")  # head size 16, two query heads per KV head: the generic path
+    served = []
+    fits = paged_attention.kernel_fits
+    monkeypatch.setattr(paged_attention, "kernel_fits", lambda q, k: served.append(q.shape[0]) or fits(q, k))
+    prompts = [[5, 9, 17], list(range(3, 9)), list(range(3, 14))]
+    async with running_engine(checkpoint, kv_block_size=4, cpu_compile=True) as engine:
+        outputs = await asyncio.gather(*(collect(engine, request(f"r{i}", p, max_tokens=12))
+                                         for i, p in enumerate(prompts)))
+    assert 3 in served, "no three-row decode step went through the kernel"
+    hf = load_hf(checkpoint)
+    assert [out.tokens[0] for out in outputs] == [hf_greedy(hf, p, 12) for p in prompts]
