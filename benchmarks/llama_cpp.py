@@ -67,6 +67,11 @@ def requantized(tools: LlamaCppTools, gguf: Path, qtype: str) -> Path:
 
 
 def server_command(tools: LlamaCppTools, gguf: Path, threads: int, slots: int, context: int = 512) -> list[str]:
-    """llama-server with continuous batching over `slots` parallel sequences of `context` tokens each."""
-    return [str(tools.server), "-m", str(gguf), "--host", "127.0.0.1", "--port", "{port}", "-t", str(threads),
-            "-np", str(slots), "-cb", "-c", str(context * slots), "--log-disable"]
+    """llama-server with continuous batching over `slots` parallel sequences of `context` tokens each.
+
+    A quantized file is served without weight repacking: repacked for AMX (a native build on a CPU with AMX-INT8),
+    its first product faults in `ldtilecfg` on the dev box (SIGSEGV or SIGILL, 2026-11-26), where BF16 files,
+    which ggml does not repack for AMX, run."""
+    command = [str(tools.server), "-m", str(gguf), "--host", "127.0.0.1", "--port", "{port}", "-t", str(threads),
+               "-np", str(slots), "-cb", "-c", str(context * slots), "--log-disable"]
+    return command if any(t in gguf.name.upper() for t in ("BF16", "F16", "F32")) else command + ["--no-repack"]

@@ -44,5 +44,8 @@ def test_llama_cpp_peer_commands_without_building(tmp_path: Path) -> None:
     cmd = server_command(tools, bf16, threads=2, slots=16, context=256)
     assert cmd[:3] == [str(tools.server), "-m", str(bf16)] and "{port}" in cmd
     assert cmd[cmd.index("-np") + 1] == "16" and cmd[cmd.index("-c") + 1] == str(16 * 256) and "-cb" in cmd
+    # a quantized file is served unrepacked (its AMX repacking faults on the dev box); BF16 keeps ggml's default
+    assert "--no-repack" not in cmd
+    assert server_command(tools, tmp_path / "model.Q4_1.gguf", threads=2, slots=16)[-1] == "--no-repack"
     with pytest.raises(SystemExit, match="needs --model default or a .gguf file"):
         peer_cpu._gguf("some/folder")
