@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.attention_metadata import AttentionMetadata, pad_block_tables
+from benchmarks.cpu_attention import decode_step
+from runtime.attention_metadata import AttentionMetadata
 from runtime.cpu import paged_attention
 from runtime.cpu.paged_attention import build_kernel, cpu_paged_attention, use_cpu_kernels
 from runtime.models import attention
@@ -19,7 +20,6 @@ from runtime.models.attention import torch_paged_attention
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
 from tests.tiny_models import build_tiny_model
 
-BLOCK = 16
 LENGTHS = [1, 15, 16, 17, 100, 33]  # within, at and across block boundaries
 
 
@@ -30,31 +30,12 @@ def kernel() -> None:
     use_cpu_kernels(False)  # later tests in this process get the reference backend, as the suite configures
 
 
-def decode_step(heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int = 0):
-    """A decode step over LENGTHS: q/k/v of the new tokens, a cache whose blocks are shuffled, the metadata."""
-    gen = torch.Generator().manual_seed(seed)
-    blocks = sum(-(-n // BLOCK) for n in LENGTHS) + 8
-    cache = torch.randn(2, blocks, BLOCK, kv_heads, head_dim, generator=gen).to(dtype)
-    free = torch.randperm(blocks, generator=gen).tolist()
-    tables = [[free.pop() for _ in range(-(-n // BLOCK))] for n in LENGTHS]
-    seq_lens = torch.tensor(LENGTHS, dtype=torch.int32)
-    meta = AttentionMetadata(
-        query_start_loc=torch.arange(len(LENGTHS) + 1, dtype=torch.int32), context_lens=seq_lens - 1,
-        seq_lens=seq_lens, block_tables=pad_block_tables(tables),
-        slot_mapping=torch.tensor([t[(n - 1) // BLOCK] * BLOCK + (n - 1) % BLOCK for t, n in zip(tables, LENGTHS)]),
-        block_size=BLOCK, max_query_len=1, max_seq_len=max(LENGTHS), query_lens_host=[1] * len(LENGTHS),
-        seq_lens_host=LENGTHS,
-    )
-    q = torch.randn(len(LENGTHS), heads, head_dim, generator=gen).to(dtype)
-    k, v = (torch.randn(len(LENGTHS), kv_heads, head_dim, generator=gen).to(dtype) for _ in range(2))
-    return q, k, v, cache, meta
-
-
 def exact_attention(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """Float64 attention of each row over its first seq_len cached tokens."""
     out = []
     for b, n in enumerate(meta.seq_lens_host):
-        slots = [int(meta.block_tables[b, t // BLOCK]) * BLOCK + t % BLOCK for t in range(n)]
+        block = meta.block_size
+        slots = [int(meta.block_tables[b, t // block]) * block + t % block for t in range(n)]
         keys, values = (cache[i].flatten(0, 1)[slots].double() for i in (0, 1))  # [n, Hkv, D]
         group = q.shape[1] // keys.shape[1]
         keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
@@ -69,7 +50,7 @@ def test_kernel_gives_exact_attention_and_writes_the_cache(heads: int, kv_heads:
                                                            dtype: torch.dtype) -> None:
     """Every compiled shape (SmolLM2 64/3, the demo 32/4, 128/4) and the generic path; the new K/V land in the
     same slots as the reference backend's."""
-    q, k, v, cache, meta = decode_step(heads, kv_heads, head_dim, dtype)
+    q, k, v, cache, meta = decode_step(LENGTHS, heads, kv_heads, head_dim, dtype)
     reference_cache = cache.clone()
     scale = head_dim**-0.5
     reference = torch_paged_attention(q, k, v, reference_cache, meta, scale)
@@ -83,7 +64,7 @@ def test_kernel_gives_exact_attention_and_writes_the_cache(heads: int, kv_heads:
 
 
 def test_shapes_the_kernel_does_not_take_use_the_reference() -> None:
-    q, k, v, cache, meta = decode_step(4, 2, 20, torch.float32)  # a head size that is not a multiple of 16
+    q, k, v, cache, meta = decode_step(LENGTHS, 4, 2, 20, torch.float32)  # a head size that is not a multiple of 16
     expected = torch_paged_attention(q, k, v, cache.clone(), meta, 0.2)
     assert torch.equal(cpu_paged_attention(q, k, v, cache, meta, 0.2), expected)
 
