@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.peer_cpu", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="checkpoint folder (default: the embedded demo model)")
+    p.add_argument("--model", default=None, help="checkpoint folder, a .gguf file, or `default` (SmolLM2-135M-Instruct); "
+                                                "default: the embedded demo model")
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
     p.add_argument("--dtypes", default="float32,bfloat16", help="our engine's dtypes, comma list")
     p.add_argument("--baseline-dtype", default="float32", help="dtype of generate and transformers serve")
@@ -147,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--append-results", action="store_true")
     p.add_argument("--note", default="", help="a line added to the RESULTS.md section (e.g. 'machine shared')")
     args = p.parse_args(argv)
-    gguf = _gguf(args.model) if args.peer else None
+    from_gguf = args.peer or args.model == "default" or str(args.model).endswith(".gguf")
+    gguf = _gguf(args.model) if from_gguf else None
     if gguf is not None:  # ours and transformers on the same weights, dequantized from the file
         from runtime.default_model import resolve_model
 
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         _ensure_venv(args.venv, console)
         targets.append((f"transformers serve --cb {args.baseline_dtype}",
                         lambda: _transformers_serve(args.model, args.baseline_dtype, args), args.model))
-    if gguf is not None:
+    if gguf is not None and args.peer:
         from benchmarks.llama_cpp import ensure_built, requantized, server_command
 
         tools = ensure_built(console)
