@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peer", action="append", default=[], choices=["llama.cpp"],
                    help="also llama.cpp's llama-server on the same GGUF in BF16 and as shipped (built and cached on "
                         "first use); needs --model default (SmolLM2) or a .gguf file")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="rounds over all servers; each point reports its median round, and every round's tok/s")
     p.add_argument("--append-results", action="store_true")
     p.add_argument("--note", default="", help="a line added to the RESULTS.md section (e.g. 'machine shared')")
     args = p.parse_args(argv)
@@ -189,25 +191,28 @@ def main(argv: list[str] | None = None) -> int:
                                                                                     if len(gguf.suffixes) > 1 else "llama.cpp", gguf)):
             targets.append((label, lambda f=file: Server("", command=server_command(tools, f, threads, slots, context),
                                                          ready_path="/health"), file.name))
-    rows: dict[str, dict[int, dict[str, Any]]] = {}
-    failed: list[str] = []  # peers that did not start: named in the section, the others still measured
-    for label, make, name in targets:
-        server = make()
-        try:
-            server.wait_ready(timeout=300)
-            rows[label] = {}
-            for c in args.concurrency:
-                console.print(f"[dim]{label}: concurrency {c} ({args.duration:.0f} s)[/dim]")
-                rows[label][c] = _load(server, label, name, c, args)
-        except RuntimeError as exc:
-            if label.startswith("ours"):
-                raise
-            console.print(f"[red]{label} did not run: {exc}[/red]")
-            rows.pop(label, None)
-            failed.append(f"{label}: {exc}")
-        finally:
-            server.stop()
-    md = _report(console, rows, gen, args, command) + "".join(f"- not measured: {f}\n" for f in failed)
+    runs: dict[str, dict[int, list[dict[str, Any]]]] = {}
+    failed: dict[str, str] = {}  # peers that did not start: named in the section, the others still measured
+    for r in range(args.rounds):  # each server alone, in turn, every round: a drift of the box hits all of them
+        for label, make, name in targets:
+            if label in failed:
+                continue
+            server = make()
+            try:
+                server.wait_ready(timeout=300)
+                for c in args.concurrency:
+                    console.print(f"[dim]round {r + 1}/{args.rounds}, {label}: concurrency {c} ({args.duration:.0f} s)[/dim]")
+                    runs.setdefault(label, {}).setdefault(c, []).append(_load(server, label, name, c, args))
+            except RuntimeError as exc:
+                if label.startswith("ours"):
+                    raise
+                console.print(f"[red]{label} did not run: {exc}[/red]")
+                runs.pop(label, None)
+                failed[label] = str(exc)
+            finally:
+                server.stop()
+    rows = {label: {c: _median_round(points) for c, points in by_c.items()} for label, by_c in runs.items()}
+    md = _report(console, rows, gen, args, command) + "".join(f"- not measured: {k}: {v}\n" for k, v in failed.items())
     stamp = time.strftime("%Y%m%d-%H%M%S")
     write_json(RESULTS_DIR / f"peer-cpu-{stamp}.json", {"command": command, "generate_tok_s": gen, "points": rows})
     png = plot_throughput_by_concurrency(
@@ -221,12 +226,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _median_round(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round with the median output throughput (the lower middle one of an even count), and every round's."""
+    ordered = sorted(points, key=lambda s: s["output_token_throughput"])
+    return {**ordered[(len(ordered) - 1) // 2], "rounds_tok_s": [s["output_token_throughput"] for s in points]}
+
+
 def _report(console: Console, rows: dict[str, dict[int, dict[str, Any]]], gen: float,
             args: argparse.Namespace, command: str) -> str:
     """Print the table and verdicts; return the RESULTS.md section."""
     tserve = next((k for k in rows if k.startswith("transformers")), None)
     llama = "llama.cpp BF16" if "llama.cpp BF16" in rows else None
-    cols = ["server", "concurrency", "output tok/s", "x generate", "x transformers serve", "x llama.cpp BF16",
+    cols = ["server", "concurrency", "output tok/s", "tok/s by round", "x generate", "x transformers serve", "x llama.cpp BF16",
             "TTFT p50 ms", "ITL p50 ms", "E2E p50 ms", "out tok/req", "busy cores", "load avg", "failed"]
     table_rows = []
 
@@ -238,7 +249,8 @@ def _report(console: Console, rows: dict[str, dict[int, dict[str, Any]]], gen: f
         for c, s in points.items():
             tput = s["output_token_throughput"]
             p50 = lambda k: f"{s[k]['p50']:.1f}" if s.get(k) else "-"  # noqa: E731
-            table_rows.append([label, str(c), f"{tput:.0f}", f"{tput / gen:.2f}", versus(tserve, c, tput),
+            table_rows.append([label, str(c), f"{tput:.0f}", " / ".join(f"{x:.0f}" for x in s["rounds_tok_s"]),
+                               f"{tput / gen:.2f}", versus(tserve, c, tput),
                                versus(llama, c, tput), p50("ttft_ms"), p50("itl_ms"), p50("e2e_ms"),
                                f"{s['mean_output_tokens']:.1f}", f"{s.get('busy_cores', 0):.2f}",
                                f"{s.get('load_avg_1m', 0):.2f}", str(s["failed"])])
@@ -265,7 +277,7 @@ def _report(console: Console, rows: dict[str, dict[int, dict[str, Any]]], gen: f
         f"- commit: {_commit()}",
         f"- command: `{command}`",
         f"- torch threads per process: {args.threads or 'default'}\n"
-        f"- load: closed loop, {args.duration:.0f} s per point, /v1/completions streamed, prompts {args.input_tokens} tokens, "
+        f"- load: closed loop, {args.duration:.0f} s per point, {args.rounds} round(s) (each point: its median round), /v1/completions streamed, prompts {args.input_tokens} tokens, "
         f"{args.output_tokens} output tokens (ignore_eos); sequential generate ({args.baseline_dtype}): "
         f"{gen:.0f} output tok/s over {args.generate_prompts} prompts\n",
         "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),

@@ -28,10 +28,17 @@ def test_generate_baseline_gateway_point_plot_and_section(tiny_model: Path, tmp_
     result = json.loads(js.read_text())
     point = result["points"]["ours float32"]["2"]
     assert (point["failed"], point["mean_output_tokens"]) == (0, 4.0)
+    assert point["rounds_tok_s"] == [point["output_token_throughput"]]  # --rounds 1
     assert positive(result["generate_tok_s"], point["output_token_throughput"], point["ttft_ms"]["p50"])
     assert png.read_bytes()[:4] == b"\x89PNG"
     section = (tmp_path / "RESULTS.md").read_text()
     assert "| ours float32 | 2 |" in section and "x sequential generate" in section
+
+
+def test_each_point_reports_its_median_round_and_every_round() -> None:
+    rounds = [{"output_token_throughput": t, "round": i} for i, t in enumerate([120.0, 100.0, 110.0, 130.0])]
+    assert peer_cpu._median_round(rounds) == {"output_token_throughput": 110.0, "round": 2,
+                                              "rounds_tok_s": [120.0, 100.0, 110.0, 130.0]}
 
 
 def test_llama_cpp_peer_commands_without_building(tmp_path: Path) -> None:
