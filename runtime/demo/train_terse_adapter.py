@@ -113,6 +113,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--base", type=Path, default=None, help="base model folder (default: the default model)")
     parser.add_argument("--out", type=Path, default=DEMO_DIR / "terse")
     parser.add_argument("--samples", type=int, default=SAMPLES, help="greedy answers shown in ADAPTER.md")
+    parser.add_argument("--held-out", type=int, default=None, help="held-out questions measured (default: all)")
     add_lora_options(parser, steps=120, lr=1e-3)
     return parser.parse_args(argv)
 
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = AutoTokenizer.from_pretrained(base)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     train_pairs, held_pairs = qa_pairs()
+    held_pairs = held_pairs[: args.held_out]
     train = [encode(tokenizer, p) for p in train_pairs]
     held = [encode(tokenizer, p) for p in held_pairs]
     print(f"pairs: {len(train)} train, {len(held)} held out", flush=True)
