@@ -3,6 +3,7 @@
     python -m benchmarks.spec_decode                      # the embedded demo pair on CPU
     python -m benchmarks.spec_decode --model DIR --draft-model DIR --device cuda --max-tokens 256
     python -m benchmarks.spec_decode --model default --draft-layers 4 --dtype bfloat16 --modes none draft
+    python -m benchmarks.spec_decode --model default --prompts chat --dtype float32   # the shipped distilled draft
 
 For each concurrency (default 1 and 8) runs the same greedy requests (ignore_eos, fixed length) with
 --speculative none, draft and ngram; reports completion tokens/s, the speedup over `none` measured in
@@ -14,6 +15,8 @@ round's baseline; the `cpu` column is the same ratio in tokens per CPU-second of
 steadier figure on a machine shared with other work. Greedy outputs are bit-exact in float32; in bf16
 the K+1-token verify forward rounds differently from one-token decode steps, so near-tied logits may
 pick the other token (the demo's shipped dtype is bf16: pass --dtype float32 for the exactness check).
+`--prompts chat`: held-out chat prompts of runtime/demo/train_default_draft.py through the target's chat
+template, each answer ending at its end of turn (code prompts: fixed length, ignore_eos).
 """
 
 from __future__ import annotations
@@ -99,13 +102,25 @@ class Run:
     spec: tuple[int, int, int]  # drafts proposed, accepted, sequence-steps
 
 
-async def run_mode(config: EngineConfig, concurrency: int, num_requests: int, max_tokens: int) -> Run:
+def chat_prompts(model_dir: str, count: int = 16) -> list[str]:
+    """The first `count` held-out prompts of the default draft's training script, rendered by the chat template."""
+    from runtime.demo.train_default_draft import prompt_pool
+    from runtime.tokenizer import Tokenizer
+
+    hf = Tokenizer.from_pretrained(model_dir).hf
+    return [hf.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+            for p in prompt_pool()[1][:count]]
+
+
+async def run_mode(config: EngineConfig, concurrency: int, num_requests: int, max_tokens: int,
+                   prompts: list[str], ignore_eos: bool) -> Run:
     engine = NativeEngine(config)
     await engine.start()
     try:
         async def one(i: int) -> list[int]:
-            req = GenerationRequest(f"r{i}", prompt=PROMPTS[i % len(PROMPTS)],
-                                    sampling=SamplingOptions(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
+            req = GenerationRequest(f"r{i}", prompt=prompts[i % len(prompts)], add_special_tokens=ignore_eos,
+                                    sampling=SamplingOptions(max_tokens=max_tokens, temperature=0.0,
+                                                             ignore_eos=ignore_eos))
             tokens: list[int] = []
             async for d in engine.generate(req):
                 tokens.extend(d.token_ids)
@@ -145,11 +160,12 @@ async def bench(args: argparse.Namespace) -> list[Row]:
                                       num_draft_tokens=args.num_draft_tokens, ngram_min=args.ngram_min,
                                       ngram_max=args.ngram_max, max_kv_tokens=args.max_kv_tokens,
                                       speculative_max_concurrency=args.speculative_max_concurrency)
-                runs.setdefault(mode, []).append(await run_mode(config, concurrency, num_requests, args.max_tokens))
+                runs.setdefault(mode, []).append(await run_mode(config, concurrency, num_requests, args.max_tokens,
+                                                                args.prompt_texts, args.prompts == "code"))
         base = runs["none"]
         for mode, mode_runs in runs.items():
             proposed, accepted, steps = (sum(r.spec[i] for r in mode_runs) for i in range(3))
-            tokens = mode_runs[0].tokens
+            tokens = mode_runs[0].tokens  # chat answers end at their end of turn: the same count only where exact
             rows.append(Row(
                 mode=mode, concurrency=concurrency, requests=num_requests, completion_tokens=tokens,
                 seconds=round(statistics.median(r.seconds for r in mode_runs), 3),
@@ -167,7 +183,10 @@ async def bench(args: argparse.Namespace) -> list[Row]:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="demo", help="target checkpoint (default: the embedded demo model; `default`: the server's default model)")
-    p.add_argument("--draft-model", default=None, help="draft checkpoint (default with the demo: the demo draft)")
+    p.add_argument("--draft-model", default=None,
+                   help="draft checkpoint (default: the demo's draft, or the default model's distilled one)")
+    p.add_argument("--prompts", default="code", choices=["code", "chat"],
+                   help="code: fixed-length code completions; chat: held-out chat prompts, answers end at end of turn")
     p.add_argument("--draft-layers", type=int, default=None, help="draft with the target's first N layers (no training)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")
@@ -189,11 +208,16 @@ def main(argv: list[str] | None = None) -> None:
     from runtime.default_model import resolve_model
 
     folder = resolve_model(None if args.model == "default" else args.model, args.dtype)[0]
-    if args.model == "default":
-        args.model = folder
+    args.prompt_texts = PROMPTS if args.prompts == "code" else chat_prompts(folder)
     with tempfile.TemporaryDirectory() as tmp:
         if args.draft_layers is not None:
             args.draft_model = early_exit_draft(folder, args.draft_layers, Path(tmp) / "draft")
+        elif args.model == "default" and args.draft_model is None:
+            from runtime.demo import default_draft_path
+
+            args.draft_model = default_draft_path(folder)
+        if args.model == "default":
+            args.model = folder
         rows = asyncio.run(bench(args))
     print(f"\n{'mode':6} {'conc':>4} {'tok/s':>8} {'speedup':>7} {'cpu':>6} {'accept':>6} {'acc/step':>8} {'exact':>5}")
     for r in rows:
@@ -205,7 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": platform.platform(),
-                "processor": platform.processor(), "commit": commit, "args": {k: str(v) for k, v in vars(args).items()}}
+                "processor": platform.processor(), "commit": commit,
+                "args": {k: str(v) for k, v in vars(args).items() if k != "prompt_texts"}}
         args.json.write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=2))
 
 

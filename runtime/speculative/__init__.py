@@ -29,13 +29,19 @@ __all__ = [
 
 
 def resolve_draft_path(config: EngineConfig, serving_demo: bool) -> str:
-    """--draft-model, or the demo model's own draft when serving the embedded demo model."""
+    """--draft-model, or the shipped draft of the model served: the demo model's, or the default model's
+    distilled one (no --model; runtime/demo/train_default_draft.py)."""
     if config.draft_model is not None:
         return config.draft_model
     if serving_demo:
         from runtime.demo import demo_draft_path
 
         return demo_draft_path()
+    if config.model is None:
+        from runtime.default_model import resolve_model
+        from runtime.demo import default_draft_path
+
+        return default_draft_path(resolve_model(None, config.dtype)[0])  # the engine's own folder, cached
     raise ValueError("--speculative draft needs --draft-model DIR (a small model with the target's tokenizer)")
 
 
