@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
     p.add_argument("--requests-per-slot", type=int, default=2, help="requests = this x concurrency")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--num-draft-tokens", type=int, default=4)
+    p.add_argument("--num-draft-tokens", type=int, default=EngineConfig.num_draft_tokens)
     p.add_argument("--ngram-min", type=int, default=1)
     p.add_argument("--ngram-max", type=int, default=4)
     p.add_argument("--max-kv-tokens", type=int, default=16384)
