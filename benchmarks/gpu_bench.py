@@ -22,6 +22,8 @@ in DIR/gpu_bench.json even when a later one fails:
   http_batch  our gateway over HTTP, 256 concurrent streams, vs the engine core's 256 closed-loop streams
   http_api2, http_api4, http_batch_api2, http_batch_api4   the same with --api-servers 2 / 4 (front ends over one core)
   tserve      `transformers serve --continuous-batching` over HTTP, same load
+`--skip profile` leaves out the engine phase's torch.profiler window; `--skip engine_load` ends the engine phase
+after its latency figures (in-process batch-1 ITL and TTFT), for quick per-process comparisons.
 A phase that raises is recorded (its traceback in the JSON and on stderr), the later phases still run,
 and the run exits 1 at the end. --smoke runs every phase on a tiny model with tiny loads (SMOKE below);
 its figures mean nothing, it only proves the code runs (tests/benchmarks runs it on the CPU, where the
@@ -131,7 +133,7 @@ def _pct(values: list[float], q: float) -> float:
 
 
 async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cuda",
-                       sizes: Sizes = FULL) -> dict[str, Any]:
+                       sizes: Sizes = FULL, load: bool = True) -> dict[str, Any]:
     from runtime.config import EngineConfig
     from runtime.cuda.graphs import LENGTHS, SLOTS
     from runtime.llm_engine import NativeEngine
@@ -185,6 +187,8 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
         res[f"ttft_{s.ttft_prompt}_ms_all"] = [x * 1e3 for x in ttfts]
         res["ttft_steps"] = await _ttft_steps(engine, gm.random_prompts(1, s.ttft_prompt, vocab, next(seed))[0],
                                               out / "profile_ttft.txt")
+        if not load:  # --skip engine_load: the latency figures alone (decode batch 1, TTFT), in seconds
+            return res
         # throughput: 256 requests of 128 in / 128 out, all submitted at once
         prompts = gm.random_prompts(s.batch, s.prompt, vocab, next(seed))
         it0 = engine.stats().iterations
@@ -490,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     phase("greedy_fp32", lambda: gm.check_greedy_fp32(small, steps=s.greedy_steps, device=device),
           ok=lambda r: r["equal"])
     phase("hf", lambda: gm.hf_generate(big, torch.bfloat16, s.hf_batch1_tokens, s.streams, s.prompt, s.output, device))
-    phase("engine", lambda: asyncio.run(engine_phase(big, out, "profile" not in skip, device, s)))
+    phase("engine", lambda: asyncio.run(engine_phase(big, out, "profile" not in skip, device, s,
+                                                     load="engine_load" not in skip)))
     py = sys.executable
 
     def gateway(label: str, streams: int, *extra: str) -> dict[str, Any]:
