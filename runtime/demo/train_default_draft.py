@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
-import importlib
 import inspect
 import json
 import random
@@ -40,7 +39,7 @@ import torch.nn.functional as F
 
 from runtime.demo import DEFAULT_DRAFT_DIR, pack_draft, unpack_draft
 from runtime.demo.lora_training import lr_scale
-from runtime.demo.train_terse_adapter import MODULES
+from runtime.demo.train_terse_adapter import public_objects
 
 TOPIC_TEMPLATES = ("What is {}?", "Explain {} in simple terms.", "Write a short poem about {}.",
                    "Give me three facts about {}.", "Write a short story about {}.", "Why does {} matter?",
@@ -67,14 +66,9 @@ K_RANGE = range(1, 7)
 def prompt_pool(seed: int = 0) -> tuple[list[str], list[str]]:
     """(training prompts, held-out prompts), each shuffled by `seed`; a subject is in one set only."""
     names, words = [], set()
-    for module_name in MODULES:
-        module = importlib.import_module(module_name)
-        for attr in sorted(dir(module)):
-            obj = getattr(module, attr)
-            if attr.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj)):
-                continue
-            names.append(f"{module_name}.{attr}")
-            words.update(re.findall(r"\b[a-z]{5,12}\b", inspect.getdoc(obj) or ""))
+    for module_name, attr, obj in public_objects():
+        names.append(f"{module_name}.{attr}")
+        words.update(re.findall(r"\b[a-z]{5,12}\b", inspect.getdoc(obj) or ""))
     rng = random.Random(seed)
     subjects: list[tuple[str, str]] = []  # (subject, prompt)
     for word in sorted(words):

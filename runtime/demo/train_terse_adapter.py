@@ -21,6 +21,7 @@ import random
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -44,23 +45,28 @@ def question(name: str) -> str:
     return f"What does {name} do?"
 
 
-def qa_pairs() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(training pairs, held-out pairs) of (question, one-line answer), in a fixed order."""
-    train, held = [], []
+def public_objects() -> Iterator[tuple[str, str, object]]:
+    """(module name, attribute, object) of every public function and class of MODULES, in a fixed order."""
     for module_name in MODULES:
         module = importlib.import_module(module_name)
         for attr in sorted(dir(module)):
             obj = getattr(module, attr)
-            if attr.startswith("_") or not (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj)):
-                continue
-            doc = inspect.getdoc(obj) or ""
-            first = re.split(r"(?<=\.)\s|\n\n", " ".join(doc.split("\n\n")[0].split()), maxsplit=1)[0]
-            if not 12 <= len(first) <= 200 or first.startswith(attr + "("):
-                continue
-            name = f"{module_name}.{attr}"
-            pair = (question(name), f"`{name}`: {first}")
-            digest = hashlib.sha256(name.encode("utf-8")).digest()
-            (held if int.from_bytes(digest[:4], "big") % 100 < HELD_OUT_PERCENT else train).append(pair)
+            if not attr.startswith("_") and (inspect.isfunction(obj) or inspect.isclass(obj) or inspect.isbuiltin(obj)):
+                yield module_name, attr, obj
+
+
+def qa_pairs() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(training pairs, held-out pairs) of (question, one-line answer), in a fixed order."""
+    train, held = [], []
+    for module_name, attr, obj in public_objects():
+        doc = inspect.getdoc(obj) or ""
+        first = re.split(r"(?<=\.)\s|\n\n", " ".join(doc.split("\n\n")[0].split()), maxsplit=1)[0]
+        if not 12 <= len(first) <= 200 or first.startswith(attr + "("):
+            continue
+        name = f"{module_name}.{attr}"
+        pair = (question(name), f"`{name}`: {first}")
+        digest = hashlib.sha256(name.encode("utf-8")).digest()
+        (held if int.from_bytes(digest[:4], "big") % 100 < HELD_OUT_PERCENT else train).append(pair)
     return train, held
 
 
