@@ -41,8 +41,8 @@ class EngineConfig:
     # speculative decoding
     speculative: Literal["none", "draft", "ngram"] = "none"
     draft_model: str | None = None
-    # drafts per step: 2 measured best wherever we compared (the default model's draft on CPU 1.16x at 2 vs 0.85x at
-    # 4, acceptance 0.53 vs 0.38; n-gram on the H100 2.27x vs 2.14x; benchmarks/RESULTS.md)
+    # drafts per step: the default model's draft on CPU 1.16x at 2 vs 0.85x at 4 (acceptance 0.53 vs 0.38), n-gram on
+    # the H100 2.27x vs 2.14x; only the demo pair's n-gram on CPU did better at 4 (1.70x vs 1.63x; benchmarks/RESULTS.md)
     num_draft_tokens: int = 2
     ngram_min: int = 1
     ngram_max: int = 4
