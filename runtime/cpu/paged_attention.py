@@ -5,8 +5,8 @@ Why: the reference backend (runtime/models/attention.py) gathers every row's blo
 runs SDPA over it with a mask. At 16 streams of SmolLM2 that copy and the padded SDPA were 22 of a 69 ms step
 (benchmarks/RESULTS.md). The kernel is built once by torch's C++ extension loader at start-up (a C++ compiler
 is needed; about 20 s the first time, then loaded from torch's extension cache). Without a compiler the
-reference backend serves, with a warning. Prefill, chunked prefill and speculative scoring steps, and compiled
-one-row steps (runtime/cpu/compiled_decode.py), keep the reference backend.
+reference backend serves, with a warning. Decode steps use it, eager or compiled (runtime/cpu/compiled_decode.py);
+prefill, chunked prefill and speculative scoring steps keep the reference backend.
 """
 
 from __future__ import annotations
@@ -39,6 +39,9 @@ def build_kernel() -> bool:
         logger.warning("CPU: no paged decode-attention kernel (%s: %s); decode attention gathers the cache instead",
                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         return False
+    # its output's shape for torch.compile, which calls it from a compiled one-row step (runtime/cpu/compiled_decode.py)
+    torch.library.register_fake("trtllm_gateway_cpu::paged_decode_attention")(
+        lambda q, kv_cache, block_tables, seq_lens: torch.empty_like(q))
     logger.info("CPU: paged decode-attention kernel ready in %.1f s", time.perf_counter() - started)
     return True
 
@@ -51,13 +54,13 @@ def cpu_paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:
-    """The kernel for decode-only steps run eagerly; the reference backend for everything else."""
-    if kv_cache is None or not meta.is_decode_only or torch.compiler.is_compiling() or not kernel_fits(q, k):
+    """The kernel for decode-only steps; the reference backend for everything else."""
+    if kv_cache is None or not meta.is_decode_only or not kernel_fits(q, k):
         return torch_paged_attention(q, k, v, kv_cache, meta, scale)
     write_kv(k, v, kv_cache, meta.slot_mapping)
-    out = torch.ops.trtllm_gateway_cpu.paged_decode_attention(
-        (q.float() * scale).contiguous(), kv_cache, meta.block_tables.contiguous(), meta.seq_lens.contiguous()
-    )
+    out = torch.ops.trtllm_gateway_cpu.paged_decode_attention(  # (a compiled step's lengths are int64)
+        (q.float() * scale).contiguous(), kv_cache, meta.block_tables.contiguous(),
+        meta.seq_lens.to(torch.int32).contiguous())
     return out.to(q.dtype)
 
 
