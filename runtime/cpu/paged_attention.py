@@ -4,7 +4,7 @@ where the paged cache holds them.
 Why: the reference backend (runtime/models/attention.py) gathers every row's blocks into a padded copy, then
 runs SDPA over it with a mask. At 16 streams of SmolLM2 that copy and the padded SDPA were 22 of a 69 ms step
 (benchmarks/RESULTS.md). The kernel is built once by torch's C++ extension loader at start-up (a C++ compiler
-is needed; about 20 s the first time, then loaded from torch's extension cache). Without a compiler the
+is needed; about 10 s the first time, then loaded from torch's extension cache). Without a compiler the
 reference backend serves, with a warning. Decode steps use it, eager or compiled (runtime/cpu/compiled_decode.py);
 prefill, chunked prefill and speculative scoring steps keep the reference backend.
 """
