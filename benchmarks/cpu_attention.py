@@ -83,14 +83,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--append-results", action="store_true")
     args = p.parse_args(argv)
     console = Console(stderr=True)
-    torch.set_num_threads(1)
     if not build_kernel():
         console.print("[red]the kernel did not build (see the warning above)[/red]")
         return 1
     results = []
-    for rows in map(int, args.rows.split(",")):
-        console.print(f"[dim]{rows} rows x {args.context} tokens, {args.calls} calls per backend[/dim]")
-        results.append(measure(rows, args))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for rows in map(int, args.rows.split(",")):
+            console.print(f"[dim]{rows} rows x {args.context} tokens, {args.calls} calls per backend[/dim]")
+            results.append(measure(rows, args))
+    finally:
+        torch.set_num_threads(threads)  # process-wide: a caller in the same process (the smoke test) keeps its own
     table = markdown_table(
         ["rows", "gather + SDPA us/layer", "kernel us/layer", "speed-up", f"ms saved per {args.layers}-layer step"],
         [[str(r["rows"]), f"{r['reference_us']:.0f}", f"{r['kernel_us']:.0f}", f"{r['speedup']:.2f}x",
