@@ -135,6 +135,8 @@ class NativeEngine(Engine):
         max_blocks = -(-window // cfg.kv_block_size)
         if cfg.enable_cuda_graphs and self.device.type == "cuda":
             self.runner.capture_decode_graphs(decode_rows, max_blocks, lora_version=lambda: self.lora.slots.version)
+            self.runner.capture_prefill_graphs(cfg.max_num_tokens, max_blocks,
+                                               lora_version=lambda: self.lora.slots.version)
         # a compiled step cannot call the prepacked bf16 products (inductor takes only its own), which lost more than
         # compiling gained for bf16 without quantization (45 vs 52 ms a SmolLM2 step on the 2-core box, RESULTS.md)
         if cfg.cpu_compile and self.device.type == "cpu" and (cfg.cpu_quantization != "none" or

@@ -31,6 +31,7 @@ from runtime.sampler import Sampler, SamplingRow
 if TYPE_CHECKING:
     from runtime.cpu.compiled_decode import CompiledDecode
     from runtime.cuda.graphs import DecodeGraphs
+    from runtime.cuda.prefill_graphs import PrefillGraphs
 
 
 @dataclass(slots=True)
@@ -105,6 +106,7 @@ class ModelRunner:
         self.lora: LoraBatch | None = None  # set by the engine when LoRA is available
         # decode steps captured as CUDA graphs (capture_decode_graphs) or compiled on CPU (compile_decode)
         self.graphs: DecodeGraphs | CompiledDecode | None = None
+        self.prefill_graphs: PrefillGraphs | None = None  # single-sequence prefill steps (capture_prefill_graphs)
         self.last_sampled: torch.Tensor | None = None  # the last launch's sampled ids, on the device
         if self.device.type == "cuda":
             from runtime.cuda import enable_cuda_kernels
@@ -125,6 +127,15 @@ class ModelRunner:
 
         self.graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, max_rows, max_blocks_per_seq,
                                    self.lora, lora_version)
+
+    def capture_prefill_graphs(self, max_tokens: int, max_blocks_per_seq: int,
+                               lora_version: Callable[[], int] = lambda: 0) -> None:
+        """Capture steps that prefill one sequence with up to `max_tokens` tokens (CUDA only; after
+        allocate_kv_cache; `lora_version` as for capture_decode_graphs)."""
+        from runtime.cuda.prefill_graphs import PrefillGraphs
+
+        self.prefill_graphs = PrefillGraphs(self.model, self.kv_caches, self.block_size, max_tokens,
+                                            max_blocks_per_seq, self.lora, lora_version)
 
     def compile_decode(self, max_blocks_per_seq: int) -> None:
         """Compile single-stream decode steps on CPU (after allocate_kv_cache; slow: about a minute, less once
@@ -149,6 +160,8 @@ class ModelRunner:
         hidden = graph_logits = None
         if self.graphs is not None and self.graphs.accepts(inputs):
             graph_logits = self.graphs.run(inputs, self._pending_tokens)  # one row per new token, in order
+        elif self.prefill_graphs is not None and self.prefill_graphs.accepts(inputs):
+            graph_logits = self.prefill_graphs.run(inputs)  # the last token's row: the only one a prefill samples
         else:
             if self.lora is not None:  # per-token adapter slots for the hooked Linears (runtime/lora/apply.py)
                 self.lora.set([len(inp.token_ids) for inp in inputs], [inp.adapter_slot for inp in inputs])

@@ -3,9 +3,11 @@
 Why: at decode batch sizes a layer's matmuls take microseconds, and eager RMSNorm (8 kernels),
 RoPE (18) and SwiGLU (2) launches cost as much again, even inside a CUDA graph. Each becomes one
 kernel here, and each residual add joins the RMSNorm after it (Llama models run `_llama_forward`: two
-kernels fewer per layer, 32 of a batch-1 step's 213 on the 1B shape, 1.2 us each on an H100). They round intermediates to the activation dtype where the eager code does, so
-results match the eager modules (runtime/models/norm.py, rotary_embedding.py, llama.py) up to the
-last bit of the transcendental functions.
+kernels fewer per layer, 32 of a batch-1 step's 213 on the 1B shape, 1.2 us each on an H100), and RoPE
+writes the rotated K and the V of each new token straight into its KV cache slot (one kernel fewer per
+layer). They round intermediates to the activation dtype where the eager code does, so results match
+the eager modules (runtime/models/norm.py, rotary_embedding.py, llama.py) up to the last bit of the
+transcendental functions.
 
 `use_fused_kernels(model)` swaps the `forward` of the matching module instances; model files stay
 device-agnostic and the CPU path is untouched.
@@ -20,6 +22,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from torch import nn
+
+from runtime.attention_metadata import AttentionMetadata
+from runtime.cuda.paged_attention import attend_over_cache
 
 
 @triton.jit
@@ -54,18 +59,27 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, stride_x, stride
 
 
 @triton.jit
-def _rope_rows(src, dst, t, stride, cos, sin, heads, offs_h, offs_d, d_mask, HALF: tl.constexpr):
-    dtype = dst.dtype.element_ty
+def _rope_rows(src_row, dst_row, cos, sin, heads, offs_h, offs_d, d_mask, HALF: tl.constexpr):
+    """Rotate-half RoPE of one token's `heads` heads from src_row to dst_row (each head 2*HALF wide)."""
+    dtype = dst_row.dtype.element_ty
     mask = (offs_h < heads)[:, None] & d_mask[None, :]
     base = offs_h[:, None] * (2 * HALF) + offs_d[None, :]
-    x1 = tl.load(src + t * stride + base, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(src + t * stride + base + HALF, mask=mask, other=0.0).to(tl.float32)
+    x1 = tl.load(src_row + base, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src_row + base + HALF, mask=mask, other=0.0).to(tl.float32)
     # eager order of roundings: each product, then the sum, in the activation dtype
     o1 = (x1 * cos[None, :]).to(dtype).to(tl.float32) - (x2 * sin[None, :]).to(dtype).to(tl.float32)
     o2 = (x2 * cos[None, :]).to(dtype).to(tl.float32) + (x1 * sin[None, :]).to(dtype).to(tl.float32)
-    out_row = dst + t * heads * 2 * HALF
-    tl.store(out_row + base, o1.to(dtype), mask=mask)
-    tl.store(out_row + base + HALF, o2.to(dtype), mask=mask)
+    tl.store(dst_row + base, o1.to(dtype), mask=mask)
+    tl.store(dst_row + base + HALF, o2.to(dtype), mask=mask)
+
+
+@triton.jit
+def _cos_sin(pos_ptr, cos_ptr, sin_ptr, t, stride_cache, offs_d, d_mask, dtype):
+    """The token's cos/sin rows, rounded to the activation dtype as the eager cache lookup is."""
+    pos = tl.load(pos_ptr + t).to(tl.int64)
+    cos = tl.load(cos_ptr + pos * stride_cache + offs_d, mask=d_mask, other=0.0).to(dtype).to(tl.float32)
+    sin = tl.load(sin_ptr + pos * stride_cache + offs_d, mask=d_mask, other=0.0).to(dtype).to(tl.float32)
+    return cos, sin
 
 
 @triton.jit
@@ -74,15 +88,34 @@ def _rope_kernel(
     HQ: tl.constexpr, HK: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + t).to(tl.int64)
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_HALF)
     d_mask = offs_d < HALF
-    dtype = qo_ptr.dtype.element_ty
-    cos = tl.load(cos_ptr + pos * stride_cache + offs_d, mask=d_mask, other=0.0).to(dtype).to(tl.float32)
-    sin = tl.load(sin_ptr + pos * stride_cache + offs_d, mask=d_mask, other=0.0).to(dtype).to(tl.float32)
-    _rope_rows(q_ptr, qo_ptr, t, stride_q, cos, sin, HQ, offs_h, offs_d, d_mask, HALF)
-    _rope_rows(k_ptr, ko_ptr, t, stride_k, cos, sin, HK, offs_h, offs_d, d_mask, HALF)
+    cos, sin = _cos_sin(pos_ptr, cos_ptr, sin_ptr, t, stride_cache, offs_d, d_mask, qo_ptr.dtype.element_ty)
+    _rope_rows(q_ptr + t * stride_q, qo_ptr + t * HQ * 2 * HALF, cos, sin, HQ, offs_h, offs_d, d_mask, HALF)
+    _rope_rows(k_ptr + t * stride_k, ko_ptr + t * HK * 2 * HALF, cos, sin, HK, offs_h, offs_d, d_mask, HALF)
+
+
+@triton.jit
+def _rope_store_kv_kernel(
+    pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, qo_ptr, cache_ptr, slot_ptr, v_offset,
+    stride_q, stride_k, stride_v, stride_cache,
+    HQ: tl.constexpr, HK: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_ROW: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    d_mask = offs_d < HALF
+    cos, sin = _cos_sin(pos_ptr, cos_ptr, sin_ptr, t, stride_cache, offs_d, d_mask, qo_ptr.dtype.element_ty)
+    _rope_rows(q_ptr + t * stride_q, qo_ptr + t * HQ * 2 * HALF, cos, sin, HQ, offs_h, offs_d, d_mask, HALF)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    if slot >= 0:  # slot < 0: a padded row of a replayed graph, which stores nothing
+        row = HK * 2 * HALF
+        _rope_rows(k_ptr + t * stride_k, cache_ptr + slot * row, cos, sin, HK, offs_h, offs_d, d_mask, HALF)
+        offs = tl.arange(0, BLOCK_ROW)
+        v = tl.load(v_ptr + t * stride_v + offs, mask=offs < row)
+        tl.store(cache_ptr + v_offset + slot * row + offs, v.to(cache_ptr.dtype.element_ty), mask=offs < row)
 
 
 @triton.jit
@@ -141,6 +174,26 @@ def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: t
     return q_out, k_out
 
 
+def rope_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  cos_cache: torch.Tensor, sin_cache: torch.Tensor, head_dim: int, kv_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor) -> torch.Tensor:
+    """`rope` and then store_kv (runtime/cuda/paged_attention.py) in one kernel: each token's rotated K and its V
+    go straight to its cache slot (none for slot < 0); returns the rotated q [T, Hq*D]."""
+    tokens = q.shape[0]
+    hq, hk = q.shape[1] // head_dim, k.shape[1] // head_dim
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if tokens:
+        _, num_blocks, block_size, _, _ = kv_cache.shape
+        half = head_dim // 2
+        _rope_store_kv_kernel[(tokens,)](
+            positions, cos_cache, sin_cache, q, k, v, q_out, kv_cache, slot_mapping,
+            num_blocks * block_size * hk * head_dim, q.stride(0), k.stride(0), v.stride(0), cos_cache.stride(0),
+            HQ=hq, HK=hk, BLOCK_H=triton.next_power_of_2(max(hq, hk)), HALF=half,
+            BLOCK_HALF=triton.next_power_of_2(half), BLOCK_ROW=triton.next_power_of_2(hk * head_dim),
+        )
+    return q_out
+
+
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """silu(x[:, :I]) * x[:, I:] for x [T, 2I]."""
     tokens, width = x.shape
@@ -159,6 +212,19 @@ def _rms_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _rope_forward(self: nn.Module, positions: torch.Tensor, q: torch.Tensor,
                   k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return rope(positions, q, k, self.cos_cache, self.sin_cache, self.head_dim)
+
+
+def _llama_attention_forward(self: nn.Module, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor | None,
+                             meta: AttentionMetadata) -> torch.Tensor:
+    """LlamaAttention.forward with RoPE and the KV store in one kernel (the attention backend then only attends)."""
+    if kv_cache is None:  # the cache-less profiling pass
+        return type(self).forward(self, positions, x, kv_cache, meta)
+    q, k, v = self.qkv_proj.split(self.qkv_proj(x))
+    rotary, attn = self.rotary, self.attn
+    q = rope_store_kv(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, rotary.head_dim, kv_cache,
+                      meta.slot_mapping)
+    out = attend_over_cache(q.view(q.shape[0], attn.num_heads, attn.head_dim), kv_cache, meta, attn.scale)
+    return self.o_proj(out.view(q.shape))
 
 
 def _swiglu_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -185,7 +251,7 @@ def _llama_forward(self: nn.Module, input_ids: torch.Tensor, positions: torch.Te
 def use_fused_kernels(model: nn.Module) -> int:
     """Route RMSNorm, RoPE and SwiGLU MLP modules of `model` through the kernels above, and Llama models'
     residual adds into their RMSNorms; returns the count of modules changed."""
-    from runtime.models.llama import LlamaMLP, LlamaModel
+    from runtime.models.llama import LlamaAttention, LlamaMLP, LlamaModel
     from runtime.models.norm import RMSNorm
     from runtime.models.rotary_embedding import RotaryEmbedding
 
@@ -195,6 +261,8 @@ def use_fused_kernels(model: nn.Module) -> int:
             module.forward = types.MethodType(_llama_forward, module)
         elif isinstance(module, RMSNorm):
             module.forward = types.MethodType(_rms_norm_forward, module)
+        elif isinstance(module, LlamaAttention):
+            module.forward = types.MethodType(_llama_attention_forward, module)
         elif isinstance(module, RotaryEmbedding):
             module.forward = types.MethodType(_rope_forward, module)
         elif isinstance(module, LlamaMLP) and module.act is F.silu:

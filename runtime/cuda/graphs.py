@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -109,6 +109,28 @@ def row_metadata(packed: torch.Tensor, tables: torch.Tensor, query_start: torch.
     )
 
 
+@torch.inference_mode()
+def capture_buckets(sizes: Sequence[int], forward: Callable[[int], object],
+                    pool: Any = None) -> tuple[dict[int, torch.cuda.CUDAGraph], Any]:
+    """One graph of `forward(bucket)` per bucket, largest first, all in one memory pool (`pool`, or a new
+    one), so that together they cost about one graph's activations; returns them and the pool. Each bucket
+    runs once before its capture (kernel compilation and library handles happen outside the graph)."""
+    graphs = {}
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for bucket in sorted(sizes, reverse=True):
+            forward(bucket)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                forward(bucket)
+            pool = graph.pool()
+            graphs[bucket] = graph
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    return graphs, pool
+
+
 class DecodeGraphs:
     """Captured decode-shaped steps of `model` over `kv_caches` (see the module docstring)."""
 
@@ -138,7 +160,6 @@ class DecodeGraphs:
         hidden = self.model(self.packed[IDS, :bucket], self.packed[POSITIONS, :bucket], self.kv_caches, meta)
         return self.model.compute_logits(hidden, out=self.logits[:bucket])
 
-    @torch.inference_mode()
     def _capture_all(self, with_lora: bool) -> dict[int, torch.cuda.CUDAGraph]:
         started = time.perf_counter()
         self.packed.zero_()  # every row padding while capturing: the warm-up forwards store nothing
@@ -146,24 +167,15 @@ class DecodeGraphs:
         self.packed[ADAPTERS].fill_(-1)
         if self.lora is not None:
             self.lora.clear()  # a base capture must not record the hooks of the last eager adapter step
-        graphs = {}
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for bucket in reversed(self.sizes):
-                if with_lora:
-                    self.lora.bind(self.packed[ADAPTERS, :bucket])  # type: ignore[union-attr]
-                meta = self._meta(bucket)
-                self._forward(bucket, meta)  # warm-up: kernel compilation and library handles outside the graph
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                    self._forward(bucket, meta)
-                self.pool = graph.pool()
-                graphs[bucket] = graph
+
+        def forward(bucket: int) -> None:
+            if with_lora:
+                self.lora.bind(self.packed[ADAPTERS, :bucket])  # type: ignore[union-attr]
+            self._forward(bucket, self._meta(bucket))
+
+        graphs, self.pool = capture_buckets(self.sizes, forward, self.pool)
         if self.lora is not None:
             self.lora.clear()
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
         logger.info("CUDA graphs: captured %d decode row counts (%s)%s in %.1f s", len(self.sizes),
                     ",".join(map(str, self.sizes)), " with LoRA" if with_lora else "", time.perf_counter() - started)
         return graphs

@@ -11,7 +11,8 @@ so a token's K (or V) for all KV heads is one contiguous row at `slot = block_id
   step's contents and the kernel can be captured in a CUDA graph. A sequence of length 0 (padding)
   yields zeros.
 - prefill: one program per (query tile of one sequence, head); it reads every key, cached context
-  and the new tokens alike, from the paged cache (the new ones were stored first), causally.
+  and the new tokens alike, from the paged cache (the new ones were stored first), causally. A tile
+  past the sequence's new tokens (a prefill graph's padding, runtime/cuda/prefill_graphs.py) does nothing.
 Both kernels accumulate in float32; float32 models use IEEE (not TF32) dot products so greedy decoding
 matches an fp32 reference.
 """
@@ -128,6 +129,7 @@ def _prefill_kernel(
     q = (q.to(tl.float32) * scale).to(cache_ptr.dtype.element_ty)
     q_pos = context + offs_m  # absolute positions: query i sees keys 0 .. q_pos[i]
     end = tl.minimum(seq_len, context + q_offset + BLOCK_M)
+    end = tl.where(q_offset < seq_len - context, end, 0)  # a tile past the new tokens (graph padding) reads nothing
     out = _attend_over_cache(q, q_pos, cache_ptr, tables_ptr + b * stride_tb, h // GROUP, v_offset, end,
                              BLOCK_M, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, CAUSAL=True)
     tl.store(out_ptr + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
@@ -217,6 +219,11 @@ def triton_paged_attention(
 
         return torch_paged_attention(q, k, v, kv_cache, meta, scale)
     store_kv(k, v, kv_cache, meta.slot_mapping)
+    return attend_over_cache(q, kv_cache, meta, scale)
+
+
+def attend_over_cache(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Attention of q [T, H, D] over the cache, once the step's new K/V are stored there."""
     if meta.is_decode_only:
         return decode_attention(q, kv_cache, meta, scale)
     return prefill_attention(q, kv_cache, meta, scale)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from runtime.cuda.graphs import graph_batch_sizes, pick_bucket
+from runtime.cuda.prefill_graphs import prefill_bucket_sizes
 
 
 def test_batch_sizes_cover_every_batch_with_bounded_padding() -> None:
@@ -27,22 +28,40 @@ def test_batch_sizes_end_at_the_max_batch_size() -> None:
     assert graph_batch_sizes(100)[-3:] == [80, 96, 100]
 
 
+def test_prefill_buckets_cover_every_length_with_at_most_half_padding() -> None:
+    sizes = prefill_bucket_sizes(4096)
+    assert sizes == [32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096]
+    for n in range(18, 4097):  # fewer tokens go to the decode graphs
+        bucket = pick_bucket(sizes, n)
+        assert bucket is not None and n <= bucket <= max(32, 1.5 * n)
+    assert prefill_bucket_sizes(2000)[-2:] == [1536, 2000] and prefill_bucket_sizes(64) == [32, 48, 64]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_graphed_engine_matches_eager_engine() -> None:
+@pytest.mark.parametrize("max_num_tokens", [2048, 64], ids=["whole-prompts", "chunked"])
+def test_graphed_engine_matches_eager_engine(max_num_tokens: int) -> None:
+    """Decode and prefill graphs against eager steps: concurrent requests, then prompts of many lengths one at a
+    time (each prefill a graph's, or with 64 tokens a step chunks of up to 64 over the cache), some continuing a
+    cached prefix."""
     from runtime.config import EngineConfig
     from runtime.llm_engine import NativeEngine
     from runtime.request import GenerationRequest, SamplingOptions
 
+    prompts = ["Once upon a time" + " there" * i for i in range(5)]
+    lone = ["Once upon a time" + " the little cat sat" * i for i in (5, 9, 30, 9)]  # the last: a prefix cache hit
+
     async def run(graphs: bool) -> list[list[int]]:
         engine = NativeEngine(EngineConfig(model="demo", device="cuda", dtype="float32", max_batch_size=8,
-                                           max_kv_tokens=4096, enable_cuda_graphs=graphs))
+                                           max_kv_tokens=4096, max_num_tokens=max_num_tokens,
+                                           enable_cuda_graphs=graphs))
         await engine.start()
         try:
-            async def one(i: int) -> list[int]:
-                req = GenerationRequest(f"r{i}", prompt="Once upon a time" + " there" * i,
+            async def one(i: int, prompt: str) -> list[int]:
+                req = GenerationRequest(f"r{i}", prompt=prompt,
                                         sampling=SamplingOptions(max_tokens=24, temperature=0.0, ignore_eos=True))
                 return [t for d in [d async for d in engine.generate(req)] for t in d.token_ids]
-            return list(await asyncio.gather(*(one(i) for i in range(5))))
+            together = list(await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts))))
+            return together + [await one(100 + i, p) for i, p in enumerate(lone)]
         finally:
             await engine.shutdown()
 

@@ -17,12 +17,12 @@ from runtime.models.norm import RMSNorm  # noqa: E402
 from runtime.models.rotary_embedding import RopeConfig, RotaryEmbedding  # noqa: E402
 
 if RUN_HERE:
-    from runtime.cuda.fused import add_rms_norm, rms_norm, rope, silu_and_mul
-    from runtime.cuda.paged_attention import prefill_tiles, triton_paged_attention
+    from runtime.cuda.fused import add_rms_norm, rms_norm, rope, rope_store_kv, silu_and_mul
+    from runtime.cuda.paged_attention import prefill_tiles, store_kv, triton_paged_attention
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=7)
+    run_in_interpreter(__file__, passed=9)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -109,6 +109,24 @@ def test_padded_decode_rows_store_nothing_and_return_zeros() -> None:
 
 
 @kernels
+def test_prefill_padded_to_a_graph_bucket_equals_the_unpadded_step() -> None:
+    """A prefill graph's step (runtime/cuda/prefill_graphs.py): 70 new tokens over 9 cached, padded to 192
+    rows with KV slot -1 and a tile for every 64 rows; the real rows get the unpadded result, padding stores
+    nothing."""
+    q, k, v, cache, meta = _case([70], [9], seed=3)
+    ref, ref_cache = _reference(q, k, v, cache, meta)
+    pad = 192 - 70
+    padded = [torch.cat((t, torch.randn(pad, *t.shape[1:], device=DEVICE))) for t in (q, k, v)]
+    meta.slot_mapping = torch.cat((meta.slot_mapping, torch.full((pad,), -1, device=DEVICE)))
+    meta.query_lens_host, meta.max_query_len = [192], 192
+    meta.derived["triton_prefill_tiles"] = torch.tensor([[0, 0, 0], [0, 64, 128]], dtype=torch.int32, device=DEVICE)
+    ours = cache.clone()
+    out = triton_paged_attention(*padded, ours, meta, D**-0.5)
+    assert torch.equal(ours, ref_cache)
+    assert ((out[:70] - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@kernels
 def test_prefill_tiles() -> None:
     assert prefill_tiles([5, 130, 64], 64) == ([0, 1, 1, 1, 2], [0, 0, 64, 128, 0])
 
@@ -137,3 +155,22 @@ def test_fused_elementwise_kernels_match_modules(dtype: torch.dtype) -> None:
     gate_up = torch.randn(5, 80, generator=g).to(DEVICE, dtype)
     want = torch.nn.functional.silu(gate_up[:, :40]) * gate_up[:, 40:]
     torch.testing.assert_close(silu_and_mul(gate_up), want, rtol=tol, atol=tol + 1e-6)
+
+
+@kernels
+def test_rope_and_kv_store_in_one_kernel_equal_rope_then_store() -> None:
+    """rope_store_kv: the same rotated q, and the same bits in the cache as rope followed by store_kv; a slot of -1
+    stores nothing."""
+    g = torch.Generator().manual_seed(1)
+    rotary = RotaryEmbedding(D, 128, RopeConfig(10000.0, "default", {})).to(DEVICE)
+    qkv = torch.randn(4, (H + 2 * HKV) * D, generator=g).to(DEVICE)
+    q, k, v = qkv.split([H * D, HKV * D, HKV * D], dim=-1)
+    positions = torch.tensor([0, 5, 17, 100], device=DEVICE)
+    slots = torch.tensor([3, 40, -1, 77], device=DEVICE)
+    cache = torch.randn(2, NUM_BLOCKS, BS, HKV, D, generator=g).to(DEVICE)
+    want_q, want_k = rope(positions, q, k, rotary.cos_cache, rotary.sin_cache, D)
+    want_cache = cache.clone()
+    store_kv(want_k.view(4, HKV, D), v.view(4, HKV, D), want_cache, slots)
+    got_cache = cache.clone()
+    got_q = rope_store_kv(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, D, got_cache, slots)
+    assert torch.equal(got_q, want_q) and torch.equal(got_cache, want_cache)
