@@ -76,7 +76,8 @@ async def closed_loop_processes(config: EngineConfig, sizes: Sizes, vocab: int, 
     key = f"closed_loop_{share.streams}_tok_s"
     return {f"closed_loop_{sizes.batch}_tok_s_client_procs": sum(r[key] for r in results),
             "client_procs": processes, "client_procs_tok_s": [r[key] for r in results],
-            "client_procs_lag_ms_p99": [r["event_loop_lag_ms_p99"] for r in results]}
+            "client_procs_lag_ms_p99": [r["event_loop_lag_ms_p99"] for r in results],
+            "client_procs_delay_ms_p99": [r["event_loop_delay_ms_p99"] for r in results]}
 
 
 async def _consume(args: ConsumerArgs) -> dict[str, Any]:

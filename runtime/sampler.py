@@ -127,6 +127,25 @@ def compute_logprobs(
     return chosen, ids, values - lse[:, None]
 
 
+def row_argmax(x: torch.Tensor) -> torch.Tensor:
+    """x.argmax(dim=-1) of [N, V] float logits (the first index of each row's maximum). A few rows on CUDA are
+    reduced in two passes: torch's one-pass reduction gives each row to one thread block, which took 27 us
+    for a row of 128,256 logits on an H200, 2.5% of a batch-1 decode step."""
+    if x.is_cuda and x.shape[0] <= 8 and x.shape[1] % 64 == 0:
+        return two_pass_argmax(x, 64)
+    return x.argmax(dim=-1)
+
+
+def two_pass_argmax(x: torch.Tensor, chunks: int) -> torch.Tensor:
+    """argmax over the last dim of [N, V] (V a multiple of `chunks`): each chunk's maximum, then the first chunk
+    holding the row's; ties go to the lowest index in both passes, as in argmax."""
+    rows, vocab = x.shape
+    width = vocab // chunks
+    best, where = x.view(rows, chunks, width).max(dim=-1)
+    chunk = best.argmax(dim=-1, keepdim=True)
+    return (chunk * width + where.gather(1, chunk)).squeeze(1)
+
+
 class Sampler:
     """Chooses the next token of every row in a batch (see the module docstring)."""
 
@@ -142,7 +161,7 @@ class Sampler:
             # temperature and truncation never move a greedy row's argmax: without processors or a
             # grammar, take it from the raw logits (no float32 copy, no per-option passes)
             edited = any(edits_logits(r) for r in rows)
-            token_ids = (processed_logits(logits, rows) if edited else logits).argmax(dim=-1)
+            token_ids = row_argmax(processed_logits(logits, rows) if edited else logits)
         else:
             probs = _probs(processed_logits(logits, rows), greedy)
             noise = self._noise(probs, rows)

@@ -278,3 +278,15 @@ def test_shared_generator_is_reproducible_from_the_sampler_seed() -> None:
 def test_mismatched_row_count_is_an_error() -> None:
     with pytest.raises(ValueError):
         Sampler()(random_logits(2), [row()])
+
+
+def test_two_pass_argmax_is_argmax_ties_included() -> None:
+    from runtime.sampler import two_pass_argmax
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 640, generator=g)
+    x[1, 70] = x[1, 600] = 9.0  # a tie across chunks: the lower index wins
+    x[2, 130] = x[2, 131] = 9.0  # a tie inside one chunk
+    x[3] = 1.0  # all equal: index 0
+    x[4, 639] = 9.0  # the last one
+    assert two_pass_argmax(x, 64).tolist() == x.argmax(dim=-1).tolist() == [x[0].argmax().item(), 70, 130, 0, 639]
