@@ -28,6 +28,7 @@ from runtime.attention_metadata import AttentionMetadata
 PREFILL_BLOCK_M = 64
 PREFILL_BLOCK_N = 64
 DECODE_BLOCK_N = 64
+DECODE_NUM_WARPS = 4
 
 
 @triton.jit
@@ -165,7 +166,7 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0),
         BLOCK_SIZE=block_size, HKV=kv_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=DECODE_BLOCK_N,
-        PRECISION=_precision(kv_cache.dtype), num_warps=4,
+        PRECISION=_precision(kv_cache.dtype), num_warps=DECODE_NUM_WARPS,
     )
     return out
 

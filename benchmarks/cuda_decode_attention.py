@@ -1,0 +1,80 @@
+"""The Triton decode-attention kernel (runtime/cuda/paged_attention.py) at decode batch sizes, over its tile
+settings, for Llama-3.2-1B's attention shape (32 query heads, 8 KV heads, head size 64, 16-token blocks).
+
+    python -m benchmarks.cuda_decode_attention            # on a GPU: one JSON line per (rows, context, setting)
+    python -m benchmarks.cuda_decode_attention --smoke    # tiny, in Triton's interpreter without CUDA
+
+Each figure is microseconds per call from a CUDA graph of `--calls` back-to-back calls, the way a decode graph
+runs the kernel once per layer; a batch-1 step of the 1B model calls it 16 times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+
+import torch
+
+from benchmarks.cpu_attention import decode_step
+
+
+def per_call_us(fn, calls: int) -> float:
+    """Microseconds per call of `fn`, replayed from a CUDA graph of `calls` calls (median of 5 replays); NaN
+    without CUDA (one plain call)."""
+    if not torch.cuda.is_available():
+        fn()
+        return float("nan")
+    fn()  # compile outside the graph
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        for _ in range(calls):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / calls)
+    return sorted(times)[2]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default="1,8,64")
+    parser.add_argument("--contexts", default="129,256,1024")
+    parser.add_argument("--block-n", default="32,64,128")
+    parser.add_argument("--num-warps", default="2,4")
+    parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    if args.smoke and not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
+    from runtime.cuda import paged_attention
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32  # the interpreter's bf16 dot products are wrong
+    heads, kv_heads, head_dim = (32, 8, 64) if not args.smoke else (4, 2, 16)
+    for rows, context in itertools.product(map(int, args.rows.split(",")), map(int, args.contexts.split(","))):
+        q, _, _, cache, meta = decode_step([context] * rows, heads, kv_heads, head_dim, dtype)
+        q, cache = q.to(device), cache.to(device)
+        for name in ("seq_lens", "block_tables"):
+            setattr(meta, name, getattr(meta, name).to(device))
+        ref = paged_attention.decode_attention(q, cache, meta, head_dim**-0.5)
+        for block_n, warps in itertools.product(map(int, args.block_n.split(",")), map(int, args.num_warps.split(","))):
+            paged_attention.DECODE_BLOCK_N, paged_attention.DECODE_NUM_WARPS = block_n, warps
+            out = paged_attention.decode_attention(q, cache, meta, head_dim**-0.5)
+            us = per_call_us(lambda: paged_attention.decode_attention(q, cache, meta, head_dim**-0.5), args.calls)
+            print(json.dumps({"rows": rows, "context": context, "block_n": block_n, "num_warps": warps,
+                              "us": round(us, 2), "max_diff": float((out.float() - ref.float()).abs().max())}),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
