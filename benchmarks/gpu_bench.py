@@ -200,6 +200,9 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
             res["decode_b1_graph_gpu_ms"] = start.elapsed_time(end) / 100
             try:
                 res["decode_b1_kernels"] = _graph_kernels(g, out / "profile_b1.txt")
+                prompt = gm.random_prompts(1, s.prompt, vocab, next(seed))[0]
+                res["decode_b1_timeline"] = await _device_timeline(engine, prompt, 33, out / "timeline_b1.txt")
+                res["decode_b1_steps"] = await _ttft_steps(engine, prompt, out / "profile_b1_steps.txt", tokens=33)
             except Exception as exc:  # noqa: BLE001 - a profiler failure must not lose the phase's figures
                 res["decode_b1_kernels"] = {"error": repr(exc)}
         # TTFT of a 1024-token prompt at concurrency 1
@@ -306,10 +309,10 @@ async def _closed_loop(engine: Any, s: Sizes, vocab: int, seed: int, label: str 
             "event_loop_delay_ms_p50": _pct(delays, 0.5) * 1e3, "event_loop_delay_ms_p99": _pct(delays, 0.99) * 1e3}
 
 
-async def _ttft_steps(engine: Any, prompt: list[int], path: Path) -> dict[str, Any]:
-    """Where one prompt's TTFT goes: each engine step's wall time, and the kernel time summed over them
-    (torch.profiler's CUDA activity covers every thread): GPU-bound when close to the steps' wall time,
-    host-bound when far under it; the kernel table goes to `path`."""
+async def _ttft_steps(engine: Any, prompt: list[int], path: Path, tokens: int = 1) -> dict[str, Any]:
+    """Where one request's time goes (by default one prompt's TTFT): each engine step's wall time, and the kernel
+    time summed over them (torch.profiler's CUDA activity covers every thread): GPU-bound when close to the
+    steps' wall time, host-bound when far under it; the kernel table and the host's profile go to `path`."""
     from torch.profiler import ProfilerActivity, profile
 
     steps: list[float] = []
@@ -332,7 +335,7 @@ async def _ttft_steps(engine: Any, prompt: list[int], path: Path) -> dict[str, A
     with profile(activities=activities) as prof:
         engine.step = timed_step
         try:
-            t, arr, _ = await _stream(engine, _request("ttft-profiled", prompt, 1))
+            t, arr, _ = await _stream(engine, _request("ttft-profiled", prompt, tokens))
             while busy:  # the step that delivered the token is still returning
                 await asyncio.sleep(0.001)
         finally:
@@ -352,6 +355,32 @@ async def _ttft_steps(engine: Any, prompt: list[int], path: Path) -> dict[str, A
                             for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:10]],
             "top_host_ms": [(f"{Path(k[0]).name}:{k[1]}:{k[2]}", round(v[2] * 1e3, 3), v[1])
                             for k, v in sorted(entries, key=lambda kv: -kv[1][2])[:12]]}
+
+
+async def _device_timeline(engine: Any, prompt: list[int], tokens: int, path: Path) -> dict[str, Any]:
+    """Is a request's decode bound by the GPU or by the host? Every device operation while it runs (torch.profiler,
+    CUDA activity only: no host tracing to slow the host down): the fraction of the time the device is busy,
+    its busy time per token, and the longest idle gaps with the operations on either side (to `path`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        _, arr, _ = await _stream(engine, _request("timeline", prompt, tokens))
+        torch.cuda.synchronize()
+    ops = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                 if e.device_type == torch.autograd.DeviceType.CUDA)
+    busy, end, gaps = 0.0, ops[0][0], []
+    for i, (start, stop, _) in enumerate(ops):
+        if start > end:
+            gaps.append((start - end, ops[i - 1][2][:50], ops[i][2][:50]))
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    span = end - ops[0][0]
+    gaps.sort(reverse=True)
+    path.write_text("\n".join(f"{gap:9.1f} us idle after {a!r} before {b!r}" for gap, a, b in gaps[:60]))
+    decode = [b - a for a, b in zip(arr[1:], arr[2:])]
+    return {"itl_ms_p50": statistics.median(decode) * 1e3, "device_busy_fraction": busy / span,
+            "device_busy_ms_per_token": busy / 1e3 / len(arr), "idle_gaps_us_top5": [round(g[0], 1) for g in gaps[:5]],
+            "idle_us_total": round(span - busy, 1), "ops": len(ops)}
 
 
 def _graph_kernels(graph: Any, path: Path, replays: int = 10) -> dict[str, Any]:

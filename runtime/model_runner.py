@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from runtime.attention_metadata import AttentionMetadata, pad_block_tables
-from runtime.device import host_tensor
+from runtime.device import host_tensor, to_device
 from runtime.lora.apply import LoraBatch
 from runtime.models import CausalLM, allocate_kv_cache
 from runtime.sampler import Sampler, SamplingRow
@@ -264,7 +264,7 @@ class ModelRunner:
             query_start_loc=tensor(query_start, torch.int32),
             context_lens=tensor(context_lens, torch.int32),
             seq_lens=tensor(seq_lens, torch.int32),
-            block_tables=pad_block_tables([inp.block_table for inp in inputs]).to(self.device, non_blocking=True),
+            block_tables=to_device(pad_block_tables([inp.block_table for inp in inputs]), self.device),
             slot_mapping=tensor(slots, torch.int64),
             block_size=bs,
             max_query_len=max(query_lens),

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from runtime.attention_metadata import AttentionMetadata, pad_block_tables
+from runtime.device import copy_to_device
 
 if TYPE_CHECKING:
     from runtime.lora.apply import LoraBatch
@@ -203,8 +204,8 @@ class DecodeGraphs:
         pad = bucket - n
         padding = (0, 0, -1, 0, -1)  # per packed row: what a padded graph row holds
         host = torch.tensor([col + [fill] * pad for col, fill in zip(columns, padding)], dtype=torch.long)
-        self.packed[:, :bucket].copy_(host, non_blocking=True)
-        self.tables[:n, : tables.shape[1]].copy_(tables, non_blocking=True)
+        copy_to_device(self.packed[:, :bucket], host)
+        copy_to_device(self.tables[:n, : tables.shape[1]], tables)
         fill_pending(inputs, self.packed[IDS, :n])
         graph.replay()
         return self.logits[:n]

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from runtime.attention_metadata import AttentionMetadata
+from runtime.device import copy_to_device
 from runtime.cuda.graphs import MAX_ROWS_PER_SEQ, capture_buckets, pick_bucket
 from runtime.cuda.paged_attention import PREFILL_BLOCK_M
 
@@ -139,6 +140,6 @@ class PrefillGraphs:
         host[2 * rows: 2 * rows + n] = table[positions // bs] * bs + positions % bs
         host[3 * rows: 3 * rows + 3] = (start, start + n, n - 1)
         host[3 * rows + 4:] = table
-        self.buffer[: host.size].copy_(torch.from_numpy(host), non_blocking=True)
+        copy_to_device(self.buffer[: host.size], torch.from_numpy(host))
         self.graphs[bucket].replay()
         return self.logits

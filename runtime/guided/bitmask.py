@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 import xgrammar as xgr
 
+from runtime.device import to_device
 from runtime.guided.guide import GuideState
 
 
@@ -34,5 +35,5 @@ def _batch_matcher() -> xgr.BatchGrammarMatcher:
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices: list[int]) -> None:
     """Set disallowed tokens of rows `indices` to -inf, in place (float logits [N, V], any device)."""
-    mask = bitmask.to(logits.device, non_blocking=True)
+    mask = to_device(bitmask, logits.device)
     xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=logits.shape[-1], indices=indices)

@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+
+from runtime.device import host_tensor
 import torch.nn.functional as F
 
 from runtime.lora.slots import LinearSlots
@@ -61,7 +63,7 @@ class LoraBatch:
             return
         per_token = [s for n, s in zip(token_counts, slots) for _ in range(n)]
         # non_blocking: no stream sync on CUDA (the pageable source is staged before the call returns)
-        self.token_slots = torch.tensor(per_token, dtype=torch.long).to(self.device, non_blocking=True)
+        self.token_slots = host_tensor(per_token, torch.long, self.device)
         self._slot_mask = None
         if self.cuda:  # the CUDA path reads nothing else
             return
