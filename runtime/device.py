@@ -81,6 +81,28 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     return host.pin_memory().to(device, non_blocking=True)
 
 
-def copy_to_device(dst: torch.Tensor, host: torch.Tensor) -> None:
-    """`dst.copy_(host)` for a device tensor `dst`, without the host waiting (to_device)."""
-    dst.copy_(host.pin_memory() if dst.is_cuda else host, non_blocking=True)
+class PinnedStaging:
+    """Pinned host buffers of one shape for a device buffer's per-step inputs, used in turn: the host fills one
+    while the copy from the other may still be queued (the engine launches step N+1 before step N has run).
+    Cheaper than to_device's pinned copy of a fresh tensor (an allocation per copy: 20-70 us a step)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, count: int = 2) -> None:
+        self._buffers = [torch.zeros(shape, dtype=dtype, pin_memory=True) for _ in range(count)]
+        self._copied: list[torch.cuda.Event | None] = [None] * count  # after each buffer's last copy
+        self._turn = 0
+
+    def take(self) -> torch.Tensor:
+        """The next buffer to fill, once the last copy from it has run (it holds what was written then)."""
+        done = self._copied[self._turn]
+        if done is not None:
+            done.synchronize()
+        return self._buffers[self._turn]
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Queue dst.copy_(src) for `src`, a contiguous part of the buffer `take` returned (as `dst` is of its
+        device buffer: a strided copy would go through pageable memory); the next `take` gives the other buffer."""
+        dst.copy_(src, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self._copied[self._turn] = done
+        self._turn = (self._turn + 1) % len(self._buffers)

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from runtime.attention_metadata import AttentionMetadata, pad_block_tables
-from runtime.device import copy_to_device
+from runtime.device import PinnedStaging
 
 if TYPE_CHECKING:
     from runtime.lora.apply import LoraBatch
@@ -144,6 +144,8 @@ class DecodeGraphs:
         self.sizes = graph_batch_sizes(max_rows)
         self.packed = torch.zeros((5, max_rows), dtype=torch.long, device=device)
         self.tables = torch.zeros((max_rows, max_blocks_per_seq), dtype=torch.int32, device=device)
+        self.packed_staging = PinnedStaging(tuple(self.packed.shape), self.packed.dtype)
+        self.tables_staging = PinnedStaging(tuple(self.tables.shape), self.tables.dtype)
         self.query_start = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
         # one output buffer for every graph: [max_rows, vocab] float32 once, not once per bucket and set
         self.logits = torch.empty((max_rows, model.output_embedding().shape[0]), dtype=torch.float32, device=device)
@@ -201,11 +203,15 @@ class DecodeGraphs:
         bucket = pick_bucket(self.sizes, n)
         assert bucket is not None
         graph = self._graphs(max(columns[ADAPTERS]) >= 0)[bucket]  # may capture: before the inputs are written
-        pad = bucket - n
-        padding = (0, 0, -1, 0, -1)  # per packed row: what a padded graph row holds
-        host = torch.tensor([col + [fill] * pad for col, fill in zip(columns, padding)], dtype=torch.long)
-        copy_to_device(self.packed[:, :bucket], host)
-        copy_to_device(self.tables[:n, : tables.shape[1]], tables)
+        packed = self.packed_staging.take()
+        rows = packed.numpy()
+        for i, (column, fill) in enumerate(zip(columns, (0, 0, -1, 0, -1))):  # fill: what a padded graph row holds
+            rows[i, :n] = column
+            rows[i, n:bucket] = fill
+        self.packed_staging.copy(self.packed, packed)  # every column: a copy of a part would be strided
+        host_tables = self.tables_staging.take()
+        host_tables.numpy()[:n, : tables.shape[1]] = tables.numpy()  # later columns: never read (past the lengths)
+        self.tables_staging.copy(self.tables[:n], host_tables[:n])
         fill_pending(inputs, self.packed[IDS, :n])
         graph.replay()
         return self.logits[:n]

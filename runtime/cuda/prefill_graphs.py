@@ -30,9 +30,9 @@ import numpy as np
 import torch
 
 from runtime.attention_metadata import AttentionMetadata
-from runtime.device import copy_to_device
 from runtime.cuda.graphs import MAX_ROWS_PER_SEQ, capture_buckets, pick_bucket
 from runtime.cuda.paged_attention import PREFILL_BLOCK_M
+from runtime.device import PinnedStaging
 
 if TYPE_CHECKING:
     from runtime.lora.apply import LoraBatch
@@ -68,6 +68,7 @@ class PrefillGraphs:
         self.sizes = prefill_bucket_sizes(min(max_tokens, MAX_PREFILL_GRAPH_TOKENS))
         self.rows = self.sizes[-1]  # ids at [0, rows), positions at [rows, 2 rows), slots at [2 rows, 3 rows), ...
         self.buffer = torch.zeros(3 * self.rows + 4 + max_blocks_per_seq, dtype=torch.long, device=device)
+        self.staging = PinnedStaging(tuple(self.buffer.shape), self.buffer.dtype)
         # every query tile of the bucket: fixed per graph, the kernel skips those past the real tokens
         self.tiles = {}
         for bucket in self.sizes:
@@ -133,13 +134,16 @@ class PrefillGraphs:
         rows = self.rows
         table = np.asarray(inp.block_table, dtype=np.int64)
         positions = np.arange(start, start + n, dtype=np.int64)
-        host = np.zeros(3 * rows + 4 + len(table), dtype=np.int64)  # 49 kB at 2,048 rows: a few microseconds
+        staged = self.staging.take()
+        host = staged.numpy()[: 3 * rows + 4 + len(table)]  # 49 kB at 2,048 rows: a few microseconds to copy
         host[:n] = inp.token_ids
+        host[n:rows] = 0
         host[rows: rows + n] = positions
+        host[rows + n: 2 * rows] = 0
         host[2 * rows: 3 * rows] = -1
         host[2 * rows: 2 * rows + n] = table[positions // bs] * bs + positions % bs
-        host[3 * rows: 3 * rows + 3] = (start, start + n, n - 1)
+        host[3 * rows: 3 * rows + 4] = (start, start + n, n - 1, 0)
         host[3 * rows + 4:] = table
-        copy_to_device(self.buffer[: host.size], torch.from_numpy(host))
+        self.staging.copy(self.buffer[: host.size], staged[: host.size])
         self.graphs[bucket].replay()
         return self.logits
