@@ -88,21 +88,17 @@ class PinnedStaging:
 
     def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, count: int = 2) -> None:
         self._buffers = [torch.zeros(shape, dtype=dtype, pin_memory=True) for _ in range(count)]
-        self._copied: list[torch.cuda.Event | None] = [None] * count  # after each buffer's last copy
+        self._copied = [torch.cuda.Event() for _ in range(count)]  # recorded after each buffer's last copy
         self._turn = 0
 
     def take(self) -> torch.Tensor:
         """The next buffer to fill, once the last copy from it has run (it holds what was written then)."""
-        done = self._copied[self._turn]
-        if done is not None:
-            done.synchronize()
+        self._copied[self._turn].synchronize()  # at once when never recorded
         return self._buffers[self._turn]
 
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Queue dst.copy_(src) for `src`, a contiguous part of the buffer `take` returned (as `dst` is of its
         device buffer: a strided copy would go through pageable memory); the next `take` gives the other buffer."""
         dst.copy_(src, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        self._copied[self._turn] = done
+        self._copied[self._turn].record()
         self._turn = (self._turn + 1) % len(self._buffers)
