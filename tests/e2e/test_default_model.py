@@ -61,7 +61,11 @@ def default_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     assert script.value == "gateway.cli:main"
     exe = shutil.which("trtllm-gateway")
     assert exe, "the trtllm-gateway console script is not on PATH: install the package (make install)"
-    yield from _serve([exe], tmp_path_factory.mktemp("default") / "server.log", "--lora-modules", f"terse={TERSE}")
+    # The default KV budget (0.9 of a quarter of the host's available memory, capped at 64 full contexts: 4.8 GB
+    # on the 2-core box) took 9 s of zeroing at every start; a tenth of it takes the same CPU sizing path and
+    # still holds more than a full context (one is the floor), far more than these sequential requests use.
+    yield from _serve([exe], tmp_path_factory.mktemp("default") / "server.log", "--lora-modules", f"terse={TERSE}",
+                      "--kv-cache-fraction", "0.1")
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +148,10 @@ def test_terse_adapter_answers_in_one_line_as_peft_does(client: openai.OpenAI) -
 
 def test_model_demo_serves_the_embedded_demo_model(tmp_path: Path) -> None:
     messages = [{"role": "user", "content": "def add(a, b):"}]
-    for url in _serve([sys.executable, "-m", "gateway"], tmp_path / "server.log", "--model", "demo"):
+    # the engine in the server's process: `--model demo` resolves the same way, without a second torch process to
+    # start (the default model's server above runs the engine-core process)
+    for url in _serve([sys.executable, "-m", "gateway"], tmp_path / "server.log", "--model", "demo",
+                      "--no-engine-process"):
         assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["demo"]
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
         out = client.chat.completions.create(model="demo", messages=messages, max_tokens=8, temperature=0)
