@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,16 +40,26 @@ def answer(sock: socket.socket) -> tuple[str, dict[str, str], bytes]:
 
 
 @pytest.fixture(scope="module")
-def port(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen]:
+    """One server for the module (a start costs seconds here); the SIGTERM test, last, ends it. Its drain timeout is
+    far longer than any wait here, so an exit within WAIT_S shows that nothing waited for it."""
     port = free_port()
-    proc = spawn(["-m", "gateway", *serve_args(tiny_model_dir, port), "--read-timeout", str(READ_TIMEOUT_S)],
-                 tmp_path_factory.mktemp("read-timeout") / "server.log")
+    proc = spawn(["-m", "gateway", *serve_args(tiny_model_dir, port), "--read-timeout", str(READ_TIMEOUT_S),
+                  "--drain-timeout", "600"], tmp_path_factory.mktemp("read-timeout") / "server.log")
+    proc.port = port  # type: ignore[attr-defined]
     try:
         wait_ready(f"http://127.0.0.1:{port}", proc)
-        yield port
+        yield proc
     finally:
-        proc.kill()
-        proc.wait(10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture
+def port(served: subprocess.Popen) -> int:
+    assert served.poll() is None, "the module's server has exited (the SIGTERM test ends it: it runs last)"
+    return served.port  # type: ignore[attr-defined]
 
 
 def test_a_stalled_body_is_408_in_openai_shape_and_the_connection_closed(port: int) -> None:
@@ -75,20 +86,11 @@ def test_stalled_headers_and_silent_connections_are_closed(port: int) -> None:
                       json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2}).status_code == 200
 
 
-def test_a_stalled_body_does_not_hold_sigterm_for_the_drain_timeout(tiny_model_dir: Path, tmp_path: Path) -> None:
-    port = free_port()
+def test_a_stalled_body_does_not_hold_sigterm_for_the_drain_timeout(served: subprocess.Popen, port: int) -> None:
     url = f"http://127.0.0.1:{port}"
-    proc = spawn(["-m", "gateway", *serve_args(tiny_model_dir, port), "--read-timeout", "2",
-                  "--drain-timeout", "600"], tmp_path / "server.log")
-    try:
-        wait_ready(url, proc)
-        sock = stalled_body(port, "/v1/completions")
-        assert httpx.get(url + "/health").status_code == 200  # the stalled request is in flight by now
-        proc.send_signal(signal.SIGTERM)
-        status, _, _ = answer(sock)
-        assert status.startswith("HTTP/1.1 408 ")
-        assert proc.wait(WAIT_S) == 0  # far less than the 600 s drain timeout
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+    sock = stalled_body(port, "/v1/completions")
+    assert httpx.get(url + "/health").status_code == 200  # the stalled request is in flight by now
+    served.send_signal(signal.SIGTERM)
+    status, _, _ = answer(sock)
+    assert status.startswith("HTTP/1.1 408 ")
+    assert served.wait(WAIT_S) == 0  # far less than the 600 s drain timeout
