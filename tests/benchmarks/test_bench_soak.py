@@ -1,5 +1,5 @@
-"""benchmarks/soak.py for 4 s at concurrency 2 (its own gateway process on the demo model). Only the requests are
-checked, not the exit code: its resident-memory verdict means nothing over 4 s."""
+"""benchmarks/soak.py for 2 s (1 of them warm-up) at concurrency 2 (its own gateway process on the demo model). Only the requests are
+checked, not the exit code: its resident-memory verdict means nothing over 2 s."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.benchmark_smoke
 
 def test_mixed_load(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
-    proc = run_module("soak", "--duration", "4", "--warmup", "1", "--concurrency", "2", "--json", str(out))
+    proc = run_module("soak", "--duration", "2", "--warmup", "1", "--concurrency", "2", "--json", str(out))
     assert out.exists(), output_of(proc)
     result = json.loads(out.read_text())
     assert result["errors"] == {} and result["server_5xx"] == 0, result
