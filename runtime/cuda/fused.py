@@ -83,20 +83,6 @@ def _cos_sin(pos_ptr, cos_ptr, sin_ptr, t, stride_cache, offs_d, d_mask, dtype):
 
 
 @triton.jit
-def _rope_kernel(
-    pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, qo_ptr, ko_ptr, stride_q, stride_k, stride_cache,
-    HQ: tl.constexpr, HK: tl.constexpr, BLOCK_H: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
-):
-    t = tl.program_id(0).to(tl.int64)
-    offs_h = tl.arange(0, BLOCK_H)
-    offs_d = tl.arange(0, BLOCK_HALF)
-    d_mask = offs_d < HALF
-    cos, sin = _cos_sin(pos_ptr, cos_ptr, sin_ptr, t, stride_cache, offs_d, d_mask, qo_ptr.dtype.element_ty)
-    _rope_rows(q_ptr + t * stride_q, qo_ptr + t * HQ * 2 * HALF, cos, sin, HQ, offs_h, offs_d, d_mask, HALF)
-    _rope_rows(k_ptr + t * stride_k, ko_ptr + t * HK * 2 * HALF, cos, sin, HK, offs_h, offs_d, d_mask, HALF)
-
-
-@triton.jit
 def _rope_store_kv_kernel(
     pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, qo_ptr, cache_ptr, slot_ptr, v_offset,
     stride_q, stride_k, stride_v, stride_cache,
@@ -157,28 +143,12 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     return total, out
 
 
-def rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
-         sin_cache: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rotate-half RoPE of packed q [T, Hq*D] and k [T, Hk*D] (rows may be strided views)."""
-    tokens = q.shape[0]
-    hq, hk = q.shape[1] // head_dim, k.shape[1] // head_dim
-    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    if tokens:
-        half = head_dim // 2
-        _rope_kernel[(tokens,)](
-            positions, cos_cache, sin_cache, q, k, q_out, k_out, q.stride(0), k.stride(0), cos_cache.stride(0),
-            HQ=hq, HK=hk, BLOCK_H=triton.next_power_of_2(max(hq, hk)), HALF=half,
-            BLOCK_HALF=triton.next_power_of_2(half),
-        )
-    return q_out, k_out
-
-
 def rope_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   cos_cache: torch.Tensor, sin_cache: torch.Tensor, head_dim: int, kv_cache: torch.Tensor,
                   slot_mapping: torch.Tensor) -> torch.Tensor:
-    """`rope` and then store_kv (runtime/cuda/paged_attention.py) in one kernel: each token's rotated K and its V
-    go straight to its cache slot (none for slot < 0); returns the rotated q [T, Hq*D]."""
+    """Rotate-half RoPE of packed q [T, Hq*D] and k [T, Hk*D] (rows may be strided views), then store_kv
+    (runtime/cuda/paged_attention.py) in the same kernel: each token's rotated K and its V go straight to its
+    cache slot (none for slot < 0); returns the rotated q [T, Hq*D]."""
     tokens = q.shape[0]
     hq, hk = q.shape[1] // head_dim, k.shape[1] // head_dim
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -209,15 +179,10 @@ def _rms_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return rms_norm(x, self.weight, self.eps)
 
 
-def _rope_forward(self: nn.Module, positions: torch.Tensor, q: torch.Tensor,
-                  k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return rope(positions, q, k, self.cos_cache, self.sin_cache, self.head_dim)
-
-
 def _llama_attention_forward(self: nn.Module, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor | None,
                              meta: AttentionMetadata) -> torch.Tensor:
     """LlamaAttention.forward with RoPE and the KV store in one kernel (the attention backend then only attends)."""
-    if kv_cache is None:  # the cache-less profiling pass
+    if kv_cache is None:  # the cache-less profiling pass: the eager modules
         return type(self).forward(self, positions, x, kv_cache, meta)
     q, k, v = self.qkv_proj.split(self.qkv_proj(x))
     rotary, attn = self.rotary, self.attn
@@ -249,11 +214,10 @@ def _llama_forward(self: nn.Module, input_ids: torch.Tensor, positions: torch.Te
 
 
 def use_fused_kernels(model: nn.Module) -> int:
-    """Route RMSNorm, RoPE and SwiGLU MLP modules of `model` through the kernels above, and Llama models'
-    residual adds into their RMSNorms; returns the count of modules changed."""
+    """Route RMSNorm, Llama attention's RoPE and KV store, and SwiGLU MLP modules of `model` through the kernels
+    above, and Llama models' residual adds into their RMSNorms; returns the count of modules changed."""
     from runtime.models.llama import LlamaAttention, LlamaMLP, LlamaModel
     from runtime.models.norm import RMSNorm
-    from runtime.models.rotary_embedding import RotaryEmbedding
 
     count = 0
     for module in model.modules():
@@ -263,8 +227,6 @@ def use_fused_kernels(model: nn.Module) -> int:
             module.forward = types.MethodType(_rms_norm_forward, module)
         elif isinstance(module, LlamaAttention):
             module.forward = types.MethodType(_llama_attention_forward, module)
-        elif isinstance(module, RotaryEmbedding):
-            module.forward = types.MethodType(_rope_forward, module)
         elif isinstance(module, LlamaMLP) and module.act is F.silu:
             module.forward = types.MethodType(_swiglu_forward, module)
         else:
