@@ -86,10 +86,13 @@ def summary(out: Collected) -> tuple[Any, ...]:
 
 
 async def test_outputs_equal_in_process_and_split_and_refusals_come_back(checkpoint: Path, tmp_path: Path) -> None:
-    """One core process (each costs seconds to start here): the mixed batch, then refused requests and calls."""
+    """One core process (each costs seconds to start here): the mixed batch, then refused requests and calls, then a
+    shutdown that drains a request in flight and the core's exit 0."""
     async with started(checkpoint, engine_process=False) as local:
         want = await run_mixed(local)
-    async with started(checkpoint, engine_process=True) as split:
+    split = build_engine(EngineConfig(model=str(checkpoint), engine_process=True, **ENGINE))
+    await split.start()
+    try:
         got = await run_mixed(split)
         await wait_for(lambda: split.stats().kv_blocks_used == 0 and split.stats().running == 0)
         assert {k: summary(v) for k, v in got.items()} == {k: summary(v) for k, v in want.items()}
@@ -110,6 +113,16 @@ async def test_outputs_equal_in_process_and_split_and_refusals_come_back(checkpo
         assert split.lora_adapters() == {}
         assert (await collect(split, request("after", [1, 2], 3))).finish == {0: "length"}
 
+        # shutdown drains, then the core exits
+        running = asyncio.create_task(collect(split, request("draining", [1, 2], 20)))
+        await asyncio.sleep(0)  # handed over before the shutdown begins
+        await split.shutdown(drain_timeout=60)
+        assert (await running).finish == {0: "length"}
+        assert isinstance(split, EngineClient) and split._process is not None
+        assert split._process.returncode == 0
+    finally:
+        await split.shutdown()
+
 
 async def test_a_killed_core_fails_requests_in_flight_and_turns_not_ready(checkpoint: Path) -> None:
     async with started(checkpoint, engine_process=True) as engine:
@@ -123,17 +136,6 @@ async def test_a_killed_core_fails_requests_in_flight_and_turns_not_ready(checkp
         assert not engine.ready
         with pytest.raises(EngineNotReadyError):
             await collect(engine, request("next", [1], 2))
-
-
-async def test_shutdown_drains_then_the_core_exits(checkpoint: Path) -> None:
-    engine = build_engine(EngineConfig(model=str(checkpoint), **ENGINE))
-    await engine.start()
-    running = asyncio.create_task(collect(engine, request("draining", [1, 2], 20)))
-    await asyncio.sleep(0)  # handed over before the shutdown begins
-    await engine.shutdown(drain_timeout=60)
-    assert (await running).finish == {0: "length"}
-    assert isinstance(engine, EngineClient) and engine._process is not None
-    assert engine._process.returncode == 0
 
 
 FRONT_END = """
