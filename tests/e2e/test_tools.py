@@ -131,19 +131,30 @@ def test_forced_call_streams_as_tool_call_deltas(hermes: RunningServer, choice) 
     assert (same.function.name, same.function.arguments) == (first.function.name, first.function.arguments)
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_forced_call_cut_by_max_tokens_is_an_incomplete_call(hermes: RunningServer, stream: bool) -> None:
-    """Never `<tool_call>` markup in content: the call so far, finish_reason "length"."""
-    args = dict(model=MODEL_NAME, messages=MESSAGES, tools=TOOLS, temperature=0.0,
+CUT_ARGS = dict(model=MODEL_NAME, messages=MESSAGES, tools=TOOLS, temperature=0.0,
                 tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    full = client(hermes).chat.completions.create(**args, max_tokens=200)
+
+
+@pytest.fixture(scope="module")
+def cut_budget(hermes: RunningServer) -> tuple[str, int]:
+    """(the greedy forced call's full arguments, the longest max_tokens whose cut ends inside them): searched once
+    for both the streamed and the non-streamed test (greedy: the same for both)."""
+    full = client(hermes).chat.completions.create(**CUT_ARGS, max_tokens=200)
     full_text = full.choices[0].message.tool_calls[0].function.arguments
     # the longest cut that ends inside the arguments (the closing brace and tag are a few tokens)
     budget = full.usage.completion_tokens - 1
-    while (tc := client(hermes).chat.completions.create(**args, max_tokens=budget).choices[0].message.tool_calls) \
+    while (tc := client(hermes).chat.completions.create(**CUT_ARGS, max_tokens=budget).choices[0].message.tool_calls) \
             and tc[0].function.arguments == full_text:
         budget -= 1
-    cut = client(hermes).chat.completions.create(**args, stream=stream, max_tokens=budget)
+    return full_text, budget
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_cut_by_max_tokens_is_an_incomplete_call(hermes: RunningServer, cut_budget: tuple[str, int],
+                                                               stream: bool) -> None:
+    """Never `<tool_call>` markup in content: the call so far, finish_reason "length"."""
+    full_text, budget = cut_budget
+    cut = client(hermes).chat.completions.create(**CUT_ARGS, stream=stream, max_tokens=budget)
     if stream:
         chunks = [c for c in cut if c.choices]
         content = "".join(c.choices[0].delta.content or "" for c in chunks)
