@@ -14,10 +14,13 @@ from tests.benchmarks.smoke import positive
 pytestmark = pytest.mark.benchmark_smoke
 
 
+# the gateway it starts runs the engine in the gateway's process (TRTLLM_GATEWAY_ENGINE_PROCESS=false): the script runs
+# the same, without a second torch process to start (3-4 s here); the engine-core process is served in tests/e2e
 def test_both_transports_table_plot_and_section(tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                 load_generator_here: None) -> None:
     monkeypatch.setattr(grpc_vs_http, "RESULTS_DIR", tmp_path)
     monkeypatch.setattr(grpc_vs_http, "RESULTS_MD", tmp_path / "RESULTS.md")
+    monkeypatch.setenv("TRTLLM_GATEWAY_ENGINE_PROCESS", "false")
     code = grpc_vs_http.main(["--model", str(tiny_model), "--tokenizer", str(tiny_model), "--concurrency", "2",
                               "--repeat", "1", "--duration", "0.5", "--input-tokens", "8", "--output-tokens", "4",
                               "--append-results"])

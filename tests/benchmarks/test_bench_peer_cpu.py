@@ -15,11 +15,14 @@ from tests.benchmarks.smoke import positive
 pytestmark = pytest.mark.benchmark_smoke
 
 
+# the gateway it starts runs the engine in the gateway's process (TRTLLM_GATEWAY_ENGINE_PROCESS=false): the script runs
+# the same, without a second torch process to start (3-4 s here); the engine-core process is served in tests/e2e
 def test_generate_baseline_gateway_point_plot_and_section(tiny_model: Path, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch,
                                                           load_generator_here: None) -> None:
     monkeypatch.setattr(peer_cpu, "RESULTS_DIR", tmp_path)
     monkeypatch.setattr(peer_cpu, "RESULTS_MD", tmp_path / "RESULTS.md")
+    monkeypatch.setenv("TRTLLM_GATEWAY_ENGINE_PROCESS", "false")
     code = peer_cpu.main(["--model", str(tiny_model), "--concurrency", "2", "--dtypes", "float32",
                           "--no-transformers-serve", "--duration", "0.5", "--generate-prompts", "1",
                           "--input-tokens", "8", "--output-tokens", "4", "--append-results"])

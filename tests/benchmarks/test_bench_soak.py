@@ -13,9 +13,12 @@ from tests.benchmarks.smoke import output_of, positive, run_module
 pytestmark = pytest.mark.benchmark_smoke
 
 
+# the gateway it starts runs the engine in the gateway's process (TRTLLM_GATEWAY_ENGINE_PROCESS=false): the script runs
+# the same, without a second torch process to start (3-4 s here); the engine-core process is served in tests/e2e
 def test_mixed_load(tmp_path: Path) -> None:
     out = tmp_path / "soak.json"
-    proc = run_module("soak", "--duration", "2", "--warmup", "1", "--concurrency", "2", "--json", str(out))
+    proc = run_module("soak", "--duration", "2", "--warmup", "1", "--concurrency", "2", "--json", str(out),
+                      env={"TRTLLM_GATEWAY_ENGINE_PROCESS": "false"})
     assert out.exists(), output_of(proc)
     result = json.loads(out.read_text())
     assert result["errors"] == {} and result["server_5xx"] == 0, result
