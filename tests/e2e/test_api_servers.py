@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from tests.e2e.conftest import MODEL_NAME, free_port
-from tests.e2e.test_shutdown import Served, serve_args, spawn, start, wait_ready  # noqa: F401 - `start`: a fixture
+from tests.e2e.test_shutdown import Served, start_together, stop_all
 
 BODY = {"model": MODEL_NAME, "prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0, "ignore_eos": True}
 
@@ -26,32 +26,40 @@ def tree(served: Served) -> tuple[psutil.Process, psutil.Process]:
     return names["-m gateway.api_servers"], names["-m runtime.process.core"]
 
 
+# test -> how many front ends its server has. The sharing test and the dead-front-end test use one server (the
+# second ends it); the drain test its own.
+FRONT_ENDS = {"test_front_ends_share_the_port_and_the_engine_core": 2,
+              "test_sigterm_drains_every_front_end_and_leaves_no_process": 3,
+              "test_a_dead_front_end_stops_the_server_nonzero": 2}
+
+
 @pytest.fixture(scope="module")
-def two_front_ends(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[], Served]]:
-    """The `--api-servers 2` server that the sharing test serves from and the dead-front-end test then ends (one
-    start of three processes instead of two): two_front_ends() -> that server, started again if it has exited."""
-    log = tmp_path_factory.mktemp("api-servers") / "server.log"
-    started: list[Served] = []
+def servers(request: pytest.FixtureRequest, tiny_model_dir: Path,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int], Served]]:
+    """servers(n) -> the `--api-servers n` server, started again if it has exited. Those the session's tests of
+    this module use are started together first (tests/e2e/test_shutdown.py: start_together)."""
+    folder = tmp_path_factory.mktemp("api-servers")
 
-    def get() -> Served:
-        if not started or started[-1].proc.poll() is not None:
-            port = free_port()
-            started.append(Served(spawn(["-m", "gateway", *serve_args(tiny_model_dir, port), "--api-servers", "2",
-                                         "--grpc-port", str(free_port())], log), port))
-            wait_ready(started[-1].url, started[-1].proc)
-        return started[-1]
+    def spec(n: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        return ("-m", "gateway"), ("--api-servers", str(n), "--grpc-port", str(free_port()))
 
-    get.log = log  # type: ignore[attr-defined]
+    wanted = sorted({FRONT_ENDS[item.originalname] for item in request.session.items
+                     if item.module is request.module and item.originalname in FRONT_ENDS})
+    started = {n: served for n, served in zip(wanted, start_together(
+        tiny_model_dir, folder, {f"api-servers-{n}": spec(n) for n in wanted}).values())}
+
+    def get(n: int) -> Served:
+        if n not in started or started[n].proc.poll() is not None:
+            (started[n],) = start_together(tiny_model_dir, folder, {f"api-servers-{n}": spec(n)}).values()
+        return started[n]
+
     yield get
-    for served in started:
-        if served.proc.poll() is None:
-            served.proc.kill()
-            served.proc.wait(10)
+    stop_all(started.values())
 
 
-def test_front_ends_share_the_port_and_the_engine_core(two_front_ends: Callable[[], Served]) -> None:
+def test_front_ends_share_the_port_and_the_engine_core(servers: Callable[[int], Served]) -> None:
     """(SIGTERM with several front ends: test_sigterm_drains_every_front_end_and_leaves_no_process)"""
-    served = two_front_ends()
+    served = servers(2)
     other, _ = tree(served)
     cpu_before = sum(other.cpu_times()[:2])
 
@@ -76,9 +84,8 @@ def test_front_ends_share_the_port_and_the_engine_core(two_front_ends: Callable[
     assert other_served()
 
 
-def test_sigterm_drains_every_front_end_and_leaves_no_process(start: Callable[..., Served],  # noqa: F811
-                                                             tmp_path: Path) -> None:
-    served = start("--api-servers", "3", "--grpc-port", str(free_port()))
+def test_sigterm_drains_every_front_end_and_leaves_no_process(servers: Callable[[int], Served]) -> None:
+    served = servers(3)
     procs = psutil.Process(served.proc.pid).children(recursive=True)
     assert len(procs) == 3  # two more front ends and the core
     body = {**BODY, "max_tokens": 120, "stream": True}
@@ -99,11 +106,11 @@ def test_sigterm_drains_every_front_end_and_leaves_no_process(start: Callable[..
     assert not alive
 
 
-def test_a_dead_front_end_stops_the_server_nonzero(two_front_ends: Callable[[], Served]) -> None:
-    served = two_front_ends()  # the server the sharing test used, if that ran: this test ends it
+def test_a_dead_front_end_stops_the_server_nonzero(servers: Callable[[int], Served]) -> None:
+    served = servers(2)  # the server the sharing test used, if that ran: this test ends it
     other, core = tree(served)
     other.kill()
     assert served.proc.wait(60) == 1
     assert core.wait(30) is not None or not core.is_running()
     # (the start-up line "... (front end 1 of 2)" alone met the check as it was: "front end 1" in the log)
-    assert f"front end 1 (process {other.pid}) exited unexpectedly" in two_front_ends.log.read_text()  # type: ignore[attr-defined]
+    assert f"front end 1 (process {other.pid}) exited unexpectedly" in served.log.read_text()

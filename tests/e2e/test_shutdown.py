@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,35 +52,90 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
 class Served:
     proc: subprocess.Popen
     port: int
+    log: Path | None = None  # its stderr
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
 
-@pytest.fixture
-def start(tiny_model_dir: Path, tmp_path: Path) -> Iterator[Callable[..., Served]]:
-    """start(*serve flags, program=["-m", "gateway"]): the server on the tiny model, ready, logging to
-    tmp_path/server.log; killed after the test if still running."""
-    started: list[Served] = []
+# Runs the real CLI in a process whose native engine loop dies on the first request whose prompt is "die".
+DYING_SERVER = """
+import sys
+from runtime.llm_engine import NativeEngine
+from gateway.cli import main
 
-    def _start(*flags: str, program: Sequence[str] = ("-m", "gateway")) -> Served:
-        port = free_port()
-        served = Served(spawn([*program, *serve_args(tiny_model_dir, port), *flags], tmp_path / "server.log"), port)
-        started.append(served)
-        wait_ready(served.url, served.proc)
-        return served
+original = NativeEngine._expire_deadlines
+def dying(self):
+    if any(s.request.prompt == "die" for s in self._requests.values()):
+        raise SystemError("injected: the engine loop dies")
+    return original(self)
+NativeEngine._expire_deadlines = dying
+sys.exit(main(sys.argv[1:]))
+"""
 
-    yield _start
-    for served in started:
+
+# test of this module -> (program, serve flags) of the server it starts and ends
+SERVERS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "test_sigterm_drains_streams_in_flight_then_exits_0": (("-m", "gateway"),
+                                                           ("--drain-timeout", "60", "--log-format", "json")),
+    "test_engine_death_turns_readiness_false_and_exits_nonzero": (("-c", DYING_SERVER), ("--no-engine-process",)),
+    "test_a_killed_engine_core_ends_streams_with_an_error_and_the_server_exits_nonzero": (("-m", "gateway"), ()),
+    "test_drain_timeout_ends_streams_with_an_error_event_and_the_end_marker": (
+        ("-m", "gateway"), ("--drain-timeout", "0", "--log-format", "json")),
+}
+
+
+def start_together(model_dir: Path, folder: Path,
+                   specs: dict[str, tuple[Sequence[str], Sequence[str]]]) -> dict[str, Served]:
+    """{name: server} for {name: (program, serve flags)}: all spawned at once (on the tiny model, logging to
+    folder/NAME.log), then each waited for. A start is ~8 s of mostly one-threaded imports on the 2-core box: four
+    at once take ~19 s there, against ~32 s one after another. Those started are killed if one fails to start."""
+    out: dict[str, Served] = {}
+    try:
+        for name, (program, flags) in specs.items():
+            port = free_port()
+            while port in {s.port for s in out.values()}:  # each port is free until its server binds it
+                port = free_port()
+            log = folder / f"{name}.log"
+            out[name] = Served(spawn([*program, *serve_args(model_dir, port), *flags], log), port, log)
+        for served in out.values():
+            wait_ready(served.url, served.proc)
+    except BaseException:
+        stop_all(out.values())
+        raise
+    return out
+
+
+def stop_all(servers: Iterable[Served]) -> None:
+    """Kill those still running."""
+    for served in servers:
         if served.proc.poll() is None:
             served.proc.kill()
             served.proc.wait(10)
 
 
-def test_sigterm_drains_streams_in_flight_then_exits_0(start: Callable[..., Served], tmp_path: Path) -> None:
-    served = start("--drain-timeout", "60", "--log-format", "json")
-    proc, url, log_path = served.proc, served.url, tmp_path / "server.log"
+@pytest.fixture(scope="module")
+def servers(request: pytest.FixtureRequest, tiny_model_dir: Path,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]]:
+    """{test name: its server, ready}, for the tests of SERVERS this session runs, started together before the
+    first of them (start_together). Each test ends its own; any still running at the end is killed."""
+    wanted = [item.originalname for item in request.session.items
+              if item.module is request.module and item.originalname in SERVERS]
+    started = start_together(tiny_model_dir, tmp_path_factory.mktemp("shutdown"),
+                             {name: SERVERS[name] for name in wanted})
+    yield started
+    stop_all(started.values())
+
+
+@pytest.fixture
+def served(request: pytest.FixtureRequest, servers: dict[str, Served]) -> Served:
+    """This test's server (SERVERS)."""
+    return servers[request.node.originalname]
+
+
+def test_sigterm_drains_streams_in_flight_then_exits_0(served: Served) -> None:
+    proc, url, log_path = served.proc, served.url, served.log
     (core,) = psutil.Process(proc.pid).children(recursive=True)  # the engine-core process
 
     results: list[dict] = []
@@ -131,25 +186,8 @@ def test_sigterm_drains_streams_in_flight_then_exits_0(start: Callable[..., Serv
     assert not any("stream 0" in line for line in log_path.read_text().splitlines())  # no prompts logged
 
 
-# Runs the real CLI in a process whose native engine loop dies on the first request whose prompt is "die".
-DYING_SERVER = """
-import sys
-from runtime.llm_engine import NativeEngine
-from gateway.cli import main
-
-original = NativeEngine._expire_deadlines
-def dying(self):
-    if any(s.request.prompt == "die" for s in self._requests.values()):
-        raise SystemError("injected: the engine loop dies")
-    return original(self)
-NativeEngine._expire_deadlines = dying
-sys.exit(main(sys.argv[1:]))
-"""
-
-
-def test_engine_death_turns_readiness_false_and_exits_nonzero(start: Callable[..., Served], tmp_path: Path) -> None:
+def test_engine_death_turns_readiness_false_and_exits_nonzero(served: Served) -> None:
     """The in-process engine (--no-engine-process): its step loop dies."""
-    served = start("--no-engine-process", program=["-c", DYING_SERVER])
     proc, url = served.proc, served.url
     ok = httpx.post(url + "/v1/completions", json={"model": MODEL_NAME, "prompt": "fine", "max_tokens": 2})
     assert ok.status_code == 200
@@ -157,13 +195,11 @@ def test_engine_death_turns_readiness_false_and_exits_nonzero(start: Callable[..
                    headers={"x-request-id": "req-death"})
     assert r.status_code == 500 and "(request id: req-death)" in r.json()["error"]["message"]
     assert proc.wait(30) == 1
-    log = (tmp_path / "server.log").read_text()
+    log = served.log.read_text()
     assert "engine loop died" in log and "fatal: the engine stopped serving" in log
 
 
-def test_a_killed_engine_core_ends_streams_with_an_error_and_the_server_exits_nonzero(
-        start: Callable[..., Served], tmp_path: Path) -> None:
-    served = start()
+def test_a_killed_engine_core_ends_streams_with_an_error_and_the_server_exits_nonzero(served: Served) -> None:
     proc, url = served.proc, served.url
     (core,) = psutil.Process(proc.pid).children(recursive=True)
     body = {"model": MODEL_NAME, "prompt": "long", "max_tokens": 240, "ignore_eos": True, "stream": True}
@@ -176,16 +212,14 @@ def test_a_killed_engine_core_ends_streams_with_an_error_and_the_server_exits_no
     error = json.loads(rest[-2][6:])["error"]
     assert "engine-core process exited unexpectedly" in error["message"]
     assert proc.wait(30) == 1
-    assert "fatal: the engine stopped serving" in (tmp_path / "server.log").read_text()
+    assert "fatal: the engine stopped serving" in served.log.read_text()
 
 
-def test_drain_timeout_ends_streams_with_an_error_event_and_the_end_marker(start: Callable[..., Served],
-                                                                           tmp_path: Path) -> None:
+def test_drain_timeout_ends_streams_with_an_error_event_and_the_end_marker(served: Served) -> None:
     """Streams still running when --drain-timeout passes used to be cut mid chunked body (no finish reason,
     no error, no [DONE]) while the logs said 200: now each gets its dialect's error event and end marker,
     and is logged and counted as a 503. A request stalled in its body is answered 503 too."""
-    served = start("--drain-timeout", "0", "--log-format", "json")
-    proc, url, port, log_path = served.proc, served.url, served.port, tmp_path / "server.log"
+    proc, url, port, log_path = served.proc, served.url, served.port, served.log
 
     stalled = socket.create_connection(("127.0.0.1", port), timeout=60)
     stalled.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
