@@ -22,8 +22,9 @@ pytestmark = pytest.mark.benchmark_smoke
 def test_every_phase_on_the_cpu(tmp_path: Path, load_generator_here: None) -> None:
     out = tmp_path / "out"
     # the --api-servers phases and `http_in_process` run the same phase code as `http` with one more flag
-    # (tests/e2e/test_api_servers.py covers --api-servers, tests/e2e/test_shutdown.py and test_default_model.py serve
-    # with --no-engine-process), and `http_batch` runs it with more streams; left out here (each starts a server: 6-13 s)
+    # (tests/e2e/test_api_servers.py covers --api-servers, tests/e2e/test_shutdown.py and test_default_model.py
+    # serve with --no-engine-process), and `http_batch` runs it with more streams; left out here (each starts a
+    # server: 6-13 s)
     code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "tserve,http_api2,http_api4,http_batch,http_batch_api2,http_batch_api4,http_in_process", "--out", str(out),
                            "--work", str(tmp_path / "work")])
     assert code == 0

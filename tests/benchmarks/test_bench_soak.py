@@ -1,5 +1,5 @@
-"""benchmarks/soak.py for 2 s (1 of them warm-up) at concurrency 2 (its own gateway process on the demo model). Only the requests are
-checked, not the exit code: its resident-memory verdict means nothing over 2 s."""
+"""benchmarks/soak.py for 2 s (1 of them warm-up) at concurrency 2 (its own gateway process on the demo model). Only
+the requests are checked, not the exit code: its resident-memory verdict means nothing over 2 s."""
 
 from __future__ import annotations
 

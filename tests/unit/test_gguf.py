@@ -22,6 +22,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 from safetensors.torch import load_file
 
+import runtime.models.gguf as gguf_module
 from runtime.models import ModelSpec, load_model
 from runtime.models.gguf import SUPPORTED_TYPES, resolve_gguf
 from runtime.tokenizer import Tokenizer
@@ -290,7 +291,7 @@ def _smollm2_file() -> Path:
     return Path(dist.locate_file(next(f for f in dist.files or [] if f.name.endswith(".gguf"))))
 
 
-async def test_smollm2_q4_1_greedy_equals_transformers() -> None:
+async def test_smollm2_q4_1_greedy_equals_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The real SmolLM2-135M-Instruct Q4_1 file: its chat template renders, the conversion holds every tensor of
     the file as the `gguf` package dequantizes it (Q/K rows in the HF order, llama.cpp's permutation undone) and
     the file's hyperparameters, and 16 greedy tokens of a chat prompt through our engine (float32) equal
@@ -300,7 +301,15 @@ async def test_smollm2_q4_1_greedy_equals_transformers() -> None:
     this test, mostly re-parsing the file's metadata); test_engine_matches_transformers_gguf_load compares the
     engine with that load itself, for every supported type, on tiny files."""
     path = _smollm2_file()
-    folder = resolve_gguf(str(path), "float32")
+    readers: list[GGUFReader] = []
+
+    def reading(*args: object, **kwargs: object) -> GGUFReader:  # parsing the file's metadata again takes ~3 s
+        readers.append(GGUFReader(*args, **kwargs))
+        return readers[-1]
+
+    with monkeypatch.context() as patch:
+        patch.setattr(gguf_module, "GGUFReader", reading)
+        folder = resolve_gguf(str(path), "float32")
     tokenizer = Tokenizer.from_pretrained(folder)
     chat = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = tokenizer.hf.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
@@ -309,7 +318,7 @@ async def test_smollm2_q4_1_greedy_equals_transformers() -> None:
                       "<|im_start|>assistant\n")
     ids = tokenizer.encode(prompt)
 
-    reader = GGUFReader(path)
+    reader = readers[0] if readers else GGUFReader(path)  # the file as the conversion read it (mapped read-only)
     field = {name: f.contents() for name, f in reader.fields.items() if name.startswith("llama.")}
     config = json.loads((Path(folder) / "config.json").read_text())
     assert (config["architectures"], config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"],
@@ -330,6 +339,7 @@ async def test_smollm2_q4_1_greedy_equals_transformers() -> None:
             ours = _permute(ours, config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"])
         source = in_file[_gguf_name(name)]
         assert np.array_equal(ours, dequantize(source.data, source.tensor_type)), name
+    readers.clear()
     del reader, in_file, converted
 
     hf = load_hf(Path(folder))
