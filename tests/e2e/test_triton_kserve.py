@@ -123,9 +123,12 @@ def test_prefix_reuse_shows_in_usage_and_metrics(http: httpx.Client, server: Run
 def test_serving_from_a_triton_model_repository(tmp_path: Path, tiny_model_dir: Path) -> None:
     """`serve --triton-model-repo`: the filled template's parameters drive the engine and the dialect."""
     repo = make_repo(tmp_path, {**QUICKSTART, "engine_dir": str(tiny_model_dir)})
+    # the engine in this process (--no-engine-process): the repository's parameters reach it through the same
+    # settings; an engine-core process would cost seconds to start here (the shared `server` runs one)
     settings = parse_serve_args(["--triton-model-repo", str(repo), "--device", "cpu", "--dtype", "float32",
                                  "--served-model-name", MODEL_NAME, "--host", "127.0.0.1",
-                                 "--port", str(free_port()), "--max-num-tokens", "256"], environ={})
+                                 "--port", str(free_port()), "--max-num-tokens", "256", "--no-engine-process"],
+                                environ={})
     server = RunningServer(settings).start()
     try:
         stats = server.engine.stats()
