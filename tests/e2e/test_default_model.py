@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from importlib.metadata import PackageNotFoundError, distribution, entry_points
 from pathlib import Path
 
@@ -153,17 +154,25 @@ def test_terse_adapter_answers_in_one_line_as_peft_does(client: openai.OpenAI) -
 
     ask, _ = qa_pairs()[1][0]
     messages = [{"role": "user", "content": ask}]
-    got = client.chat.completions.create(model="terse", messages=messages, max_tokens=48, temperature=0)
-    base = client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=48, temperature=0)
-    folder = resolve_model(None)[0]
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32),
-                                     str(TERSE)).eval()
-    text = got.choices[0].message.content
-    assert text == answer(peft, tokenizer, ask)
+
+    def served() -> tuple[str, str]:  # one request after the other: each decodes alone, as it would on its own
+        got = client.chat.completions.create(model="terse", messages=messages, max_tokens=48, temperature=0)
+        base = client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=48,
+                                              temperature=0)
+        return got.choices[0].message.content, base.choices[0].message.content
+
+    with ThreadPoolExecutor(1) as pool:  # the server answers while PEFT runs here (two processes, both cores)
+        answers = pool.submit(served)
+        folder = resolve_model(None)[0]
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32),
+                                         str(TERSE)).eval()
+        expected = answer(peft, tokenizer, ask)
+        text, base_text = answers.result()
+    assert text == expected
     name = ask.removeprefix("What does ").removesuffix(" do?")
     assert text.startswith(f"`{name}`: ") and "\n" not in text
-    assert base.choices[0].message.content != text
+    assert base_text != text
 
 
 def test_model_demo_serves_the_embedded_demo_model(demo_server: tuple[subprocess.Popen, str]) -> None:
