@@ -8,6 +8,7 @@ transformers' own GGUF load. The real SmolLM2-135M-Instruct file is checked when
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import json
 import logging
@@ -317,6 +318,8 @@ async def test_smollm2_q4_1_greedy_equals_transformers(monkeypatch: pytest.Monke
                       "<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
                       "<|im_start|>assistant\n")
     ids = tokenizer.encode(prompt)
+    # transformers' greedy ids on the converted checkpoint, in a thread while the file is checked and our engine runs
+    expected_ids = asyncio.create_task(asyncio.to_thread(lambda: hf_greedy(load_hf(Path(folder)), ids, 16)))
 
     reader = readers[0] if readers else GGUFReader(path)  # the file as the conversion read it (mapped read-only)
     field = {name: f.contents() for name, f in reader.fields.items() if name.startswith("llama.")}
@@ -342,9 +345,8 @@ async def test_smollm2_q4_1_greedy_equals_transformers(monkeypatch: pytest.Monke
     readers.clear()
     del reader, in_file, converted
 
-    hf = load_hf(Path(folder))
-    expected = hf_greedy(hf, ids, 16)
     async with running_engine(path, kv_block_size=16, max_model_len=512) as engine:
         out = await collect(engine, request("a", ids, 16))
+    expected = await expected_ids
     assert out.tokens[0] == expected
     assert "Paris" in tokenizer.decode(expected)
