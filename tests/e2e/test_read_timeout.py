@@ -42,10 +42,12 @@ def answer(sock: socket.socket) -> tuple[str, dict[str, str], bytes]:
 @pytest.fixture(scope="module")
 def served(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen]:
     """One server for the module (a start costs seconds here); the SIGTERM test, last, ends it. Its drain timeout is
-    far longer than any wait here, so an exit within WAIT_S shows that nothing waited for it."""
+    far longer than any wait here, so an exit within WAIT_S shows that nothing waited for it. The engine runs in the
+    server's process: read timeouts are the HTTP server's (tests/e2e/test_shutdown.py drains with the engine core)."""
     port = free_port()
     proc = spawn(["-m", "gateway", *serve_args(tiny_model_dir, port), "--read-timeout", str(READ_TIMEOUT_S),
-                  "--drain-timeout", "600"], tmp_path_factory.mktemp("read-timeout") / "server.log")
+                  "--drain-timeout", "600", "--no-engine-process"],
+                 tmp_path_factory.mktemp("read-timeout") / "server.log")
     proc.port = port  # type: ignore[attr-defined]
     try:
         wait_ready(f"http://127.0.0.1:{port}", proc)
