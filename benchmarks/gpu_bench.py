@@ -125,7 +125,7 @@ async def _loop_lag(stop: asyncio.Event, lags: list[float], delays: list[float])
     - `lags`: how late a 1 ms sleep wakes up. This also counts asyncio's timer resolution: the loop waits in
       epoll for whole milliseconds, rounded up, so a sleep whose remaining time is a few microseconds when some
       other event wakes the loop may wait up to 1 ms more. With a no-op event every 2.3 ms and no other work the
-      p99 reads 1.26 ms on the dev box (benchmarks/RESULTS.md, 2026-11-26 17:40).
+      p99 reads 1.26 ms on the dev box (benchmarks/RESULTS.md, 2026-11-26 16:58-17:52).
     - `delays`: how long an event waits for the loop: a thread posts a callback every millisecond (as a socket
       becoming readable wakes the loop at once) and the time from posting to running is recorded. This is what
       an arriving HTTP request or engine message waits for."""

@@ -15,8 +15,8 @@ real token's hidden state is selected on the device, so every graph writes one r
 Inputs come from one static int64 buffer, written by one host-to-device copy per step: token ids,
 positions and KV slots (the largest bucket's rows each; a graph reads its bucket's first rows), then the
 context length, the sequence length, the last real row, a 0 (where the sequence's queries start) and the
-block table. Graphs are captured again when `lora_version` changes (a Linear's
-weight moved into a new buffer with adapter stacks); steps with an adapter run eagerly.
+block table. Graphs are captured again when `lora_version` changes (a Linear's weight moved into a new
+buffer with adapter stacks); steps with an adapter run eagerly.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class PrefillGraphs:
         if len(inputs) != 1:
             return False
         inp = inputs[0]
-        return (MAX_ROWS_PER_SEQ < len(inp.token_ids) <= self.sizes[-1] and inp.adapter_slot < 0
+        return (MAX_ROWS_PER_SEQ < len(inp.token_ids) <= self.rows and inp.adapter_slot < 0
                 and not inp.return_all_logits and inp.prev_sample < 0 and len(inp.block_table) <= self.max_blocks)
 
     def run(self, inputs: Sequence[StepInput]) -> torch.Tensor:
