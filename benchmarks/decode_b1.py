@@ -1,11 +1,16 @@
-"""One stream decoding for a while through the engine core (the server's default), to profile its host side:
+"""One stream decoding for a while, to see where a batch-1 step's host time goes:
 
-    python -m benchmarks.decode_b1 --seconds 10                   # Llama-3.2-1B shape, random weights, CUDA
+    python -m benchmarks.decode_b1 --seconds 10                   # through the engine core (Llama-3.2-1B shape, CUDA)
     py-spy record --subprocesses -o b1.txt -f raw -- python -m benchmarks.decode_b1 --seconds 10
-    python -m benchmarks.decode_b1 --smoke                        # a tiny model on the CPU, for the test suite
+    python -m benchmarks.decode_b1 --timers --seconds 5           # in-process, with host timers around the step's parts
+    python -m benchmarks.decode_b1 --smoke [--timers]             # a tiny model on the CPU, for the test suite
 
 Requests of `--tokens` tokens (128-token prompts) run one after another until `--seconds` have passed; prints the
-median inter-token gap as the caller sees it, as JSON.
+median inter-token gap as the caller sees it, as JSON. `--timers` runs the engine in this process and wraps the
+step's parts (scheduling, launch, graph replay, sampler, the wait for the device, output handling) in
+perf_counter timers: each part's mean host microseconds per step, without a profiler's distortion (a timer costs
+well under a microsecond). On CUDA it then times `CUDAGraph.replay()` on the host, back to back on a busy
+device: the same batch-1 graph each time, two graphs in turn, and one at a time on an idle device.
 """
 
 from __future__ import annotations
@@ -16,40 +21,153 @@ import json
 import statistics
 import tempfile
 import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from benchmarks import gpu_models as gm
 from benchmarks.gpu_bench import _request, _stream
 from runtime.config import EngineConfig
+from runtime.device import PinnedStaging
+from runtime.llm_engine import NativeEngine
+from runtime.model_runner import PendingStep
 from runtime.process.client import EngineClient
+from runtime.sampler import Sampler
+
+# the engine's own steps, patched on the instance (the loop calls them through self)
+ENGINE_PARTS = ("step", "_take_inbox", "_run_batch", "_step_input", "_collect_inflight", "_process", "_hold_places",
+                "_publish_stats")
+# library calls inside them, patched on their classes
+CLASS_PARTS: tuple[tuple[Any, str], ...] = (
+    (torch.cuda.CUDAGraph, "replay"), (torch.cuda.Event, "synchronize"), (torch.cuda.Event, "record"),
+    (PendingStep, "collect"), (Sampler, "__call__"), (PinnedStaging, "take"), (PinnedStaging, "copy"))
 
 
-async def run(args: argparse.Namespace, folder: Path) -> dict[str, float]:
+class HostTimers:
+    """Summed perf_counter seconds and calls per wrapped function."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        seconds, calls, clock = self.seconds, self.calls, time.perf_counter
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t = clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                seconds[name] += clock() - t
+                calls[name] += 1
+
+        return timed
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+
+    def per_step_us(self, steps: int) -> dict[str, dict[str, float]]:
+        return {name: {"us_per_step": round(s / steps * 1e6, 1), "calls_per_step": round(self.calls[name] / steps, 2)}
+                for name, s in sorted(self.seconds.items(), key=lambda kv: -kv[1])}
+
+
+@contextmanager
+def timed_engine(engine: NativeEngine, timers: HostTimers) -> Iterator[None]:
+    """Wrap the engine's step parts (instance attributes) and CLASS_PARTS (class attributes) in `timers`."""
+    for name in ENGINE_PARTS:
+        setattr(engine, name, timers.wrap(name, getattr(engine, name)))
+    for obj, name in ((engine.scheduler, "schedule"), (engine.scheduler, "advance"), (engine.runner, "launch"),
+                      (engine.outbox, "flush"), (engine.outbox, "emit")):
+        setattr(obj, name, timers.wrap(f"{type(obj).__name__}.{name}", getattr(obj, name)))
+    if engine.runner.graphs is not None:
+        graphs = engine.runner.graphs
+        graphs.run = timers.wrap(f"{type(graphs).__name__}.run", graphs.run)
+    originals = [(cls, name, getattr(cls, name)) for cls, name in CLASS_PARTS]
+    for cls, name, fn in originals:
+        setattr(cls, name, timers.wrap(f"{cls.__name__}.{name}", fn))
+    try:
+        yield
+    finally:
+        for cls, name, fn in originals:
+            setattr(cls, name, fn)
+
+
+def replay_host_us(engine: NativeEngine, replays: int = 60) -> dict[str, float]:
+    """Host microseconds per CUDAGraph.replay() of the batch-1 decode graph (median after 5), on a device kept
+    busy by the replays before it: the same graph each time, the batch-1 and batch-2 graphs in turn, and on an
+    idle device (synchronized before each). Padded rows only: nothing is stored."""
+    from runtime.decode_rows import LENGTHS, SLOTS
+
+    graphs = engine.runner.graphs
+    graphs.packed[SLOTS].fill_(-1)
+    graphs.packed[LENGTHS, :2] = 128
+    one, two = graphs.base[1], graphs.base[2]
+
+    def timed(order: list[Any], idle: bool) -> float:
+        torch.cuda.synchronize()
+        times = []
+        for g in order:
+            if idle:
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            g.replay()
+            times.append(time.perf_counter() - t)
+        torch.cuda.synchronize()
+        return round(statistics.median(times[5:]) * 1e6, 1)
+
+    return {"same_graph": timed([one] * replays, False), "two_graphs_in_turn": timed([one, two] * (replays // 2), False),
+            "idle_device": timed([one] * replays, True)}
+
+
+async def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    engine = EngineClient(EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=8,
-                                       max_kv_tokens=8 * 4096, max_model_len=4096, enable_prefix_caching=False))
+    config = EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=8,
+                          max_kv_tokens=8 * 4096, max_model_len=4096, enable_prefix_caching=False)
+    engine: NativeEngine | EngineClient = NativeEngine(config) if args.timers else EngineClient(config)
     await engine.start()
+    timers = HostTimers()
     gaps: list[float] = []
+    result: dict[str, Any] = {}
     try:
-        stop_at = time.perf_counter() + args.seconds
-        i = 0
-        while time.perf_counter() < stop_at or not gaps:
-            prompt = gm.random_prompts(1, 128, vocab, seed=i)[0]
-            _, arrivals, _ = await _stream(engine, _request(f"b1-{i}", prompt, args.tokens))
-            gaps.extend(b - a for a, b in zip(arrivals[1:], arrivals[2:]))
-            i += 1
+        with timed_engine(engine, timers) if isinstance(engine, NativeEngine) else _nothing():
+            await _stream(engine, _request("b1-warm", gm.random_prompts(1, 128, vocab, seed=-1)[0], 8))
+            timers.reset()
+            steps0 = engine.stats().iterations if isinstance(engine, NativeEngine) else 0
+            stop_at = time.perf_counter() + args.seconds
+            i = 0
+            while time.perf_counter() < stop_at or not gaps:
+                prompt = gm.random_prompts(1, 128, vocab, seed=i)[0]
+                _, arrivals, _ = await _stream(engine, _request(f"b1-{i}", prompt, args.tokens))
+                gaps.extend(b - a for a, b in zip(arrivals[1:], arrivals[2:]))
+                i += 1
+            result.update(itl_ms_p50=statistics.median(gaps) * 1e3, tokens=len(gaps) + i)
+            if isinstance(engine, NativeEngine):
+                steps = engine.stats().iterations - steps0
+                result["steps"] = steps
+                result["host_us_per_step"] = timers.per_step_us(steps)
+        if isinstance(engine, NativeEngine) and engine.runner.graphs is not None and device == "cuda":
+            result["replay_host_us"] = replay_host_us(engine)
     finally:
         await engine.shutdown()
-    return {"itl_ms_p50": statistics.median(gaps) * 1e3, "tokens": len(gaps) + i}
+    return result
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--tokens", type=int, default=1024, help="tokens per request")
+    parser.add_argument("--timers", action="store_true", help="in-process engine, host timers around its parts")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     shape = gm.TINY if args.smoke else gm.LLAMA_1B

@@ -46,6 +46,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,19 +158,25 @@ def _pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
+def engine_config(folder: Path, device: str, s: Sizes) -> Any:
+    """The engine phase's EngineConfig: up to `s.batch` sequences, KV room for twice that many requests."""
+    from runtime.config import EngineConfig
+
+    return EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=s.batch,
+                        max_num_tokens=4096, max_kv_tokens=s.batch * (s.prompt + s.output) * 2,
+                        max_model_len=s.max_model_len, enable_prefix_caching=False)
+
+
 async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cuda",
                        sizes: Sizes = FULL, load: bool = True) -> dict[str, Any]:
-    from runtime.config import EngineConfig
-    from runtime.cuda.graphs import LENGTHS, SLOTS
+    from runtime.decode_rows import LENGTHS, SLOTS
     from runtime.llm_engine import NativeEngine
     from runtime.process.client import EngineClient
 
     res: dict[str, Any] = {}
     s = sizes
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
-    cfg = EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=s.batch, max_num_tokens=4096,
-                       max_kv_tokens=s.batch * (s.prompt + s.output) * 2, max_model_len=s.max_model_len,
-                       enable_prefix_caching=False)
+    cfg = engine_config(folder, device, s)
     t0 = time.perf_counter()
     engine = NativeEngine(cfg)
     await engine.start()
@@ -456,40 +464,62 @@ _HOST_FUNCTIONS = {"step", "schedule", "_run_batch", "_step_input", "sampling_ro
                    "advance", "synchronize"}
 
 
+def gateway_command(folder: Path, device: str, s: Sizes, streams: int, *extra: str) -> list[str]:
+    """`gateway serve` of `folder` for `streams` concurrent streams ("{port}": procs.Server fills it in)."""
+    return [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--model", str(folder),
+            "--device", device, "--dtype", "bfloat16", "--max-batch-size", str(streams),
+            "--max-model-len", str(s.max_model_len), "--kv-cache-fraction", "0.3",
+            "--no-enable-prefix-caching", "--log-level", "info", "--grpc-port", "none", *extra]
+
+
 def http_phase(command: list[str], label: str, folder: Path, out: Path, *, tserve: bool, ready: str,
                sizes: Sizes = FULL, streams: int | None = None) -> dict[str, Any]:
     """`streams` (default sizes.streams) concurrent streams of 128 in / 128 out through an HTTP server started
     with `command`; raises (with the server's log tail) when the server or the load fails."""
-    from benchmarks.procs import Server, run_load_generator
+    with http_server(command, label, out, ready) as server:
+        return {"summary": http_load(server, folder, sizes, streams or sizes.streams, tserve=tserve),
+                "log_tail": (out / f"{label}.log").read_text()[-3000:]}
+
+
+@contextmanager
+def http_server(command: list[str], label: str, out: Path, ready: str) -> Iterator[Any]:
+    """The server started with `command` (its output in OUT/label.log), ready; stopped on exit. An exception
+    inside gets the log's tail added."""
+    from benchmarks.procs import Server
 
     log = out / f"{label}.log"
-    shell = " ".join(command) + f" > {log} 2>&1"
-    server = Server("", command=["sh", "-c", "exec " + shell], ready_path=ready)
+    server = Server("", command=["sh", "-c", "exec " + " ".join(command) + f" > {log} 2>&1"], ready_path=ready)
     try:
         server.wait_ready(timeout=240)
-        s = sizes
-        concurrency = streams or s.streams
-        if tserve:  # exact lengths through a per-request generation_config (it rejects unknown fields)
-            gen = {"do_sample": False, "min_new_tokens": s.output, "max_new_tokens": s.output}
-            extra = ["--no-ignore-eos", "--model", str(folder), "--extra-body",
-                     json.dumps({"generation_config": json.dumps(gen)})]
-        else:
-            extra = ["--extra-body", json.dumps({"temperature": 0})]
-        argv = ["--base-url", server.base_url, "--api", "completions", "--tokenizer", str(folder),
-                "--concurrency", str(concurrency), "--num-prompts", str(max(s.batch, concurrency)), "--input-mean", str(s.prompt),
-                "--input-std", "0", "--output-mean", str(s.output), "--output-std", "0", "--duration", str(s.http_s),
-                "--warmup", str(concurrency),
-                # one client process saturates near 30k events/s: more for the big loads, so the server is measured
-                "--client-processes", str(min(4, max(1, concurrency // 32)))] + extra
-        summary = run_load_generator(argv, timeout=300)["points"][0]["summary"]
-        if not summary["completed"] or summary["failed"]:
-            raise RuntimeError(f"{summary['failed']} of {summary['completed'] + summary['failed']} requests failed: {summary['errors']}")
-        return {"summary": summary, "log_tail": log.read_text()[-3000:]}
+        yield server
     except Exception as exc:  # the phase fails, with the server's log in its error
         tail = log.read_text()[-3000:] if log.exists() else ""
         raise RuntimeError(f"{label} over HTTP failed: {exc!r}; server log tail:\n{tail}") from exc
     finally:
         server.stop()
+
+
+def http_load(server: Any, folder: Path, s: Sizes, concurrency: int, *, tserve: bool = False) -> dict[str, Any]:
+    """`concurrency` closed-loop streams for `s.http_s` from the load generator; its summary. Raises when a
+    request failed."""
+    from benchmarks.procs import run_load_generator
+
+    if tserve:  # exact lengths through a per-request generation_config (it rejects unknown fields)
+        gen = {"do_sample": False, "min_new_tokens": s.output, "max_new_tokens": s.output}
+        extra = ["--no-ignore-eos", "--model", str(folder), "--extra-body",
+                 json.dumps({"generation_config": json.dumps(gen)})]
+    else:
+        extra = ["--extra-body", json.dumps({"temperature": 0})]
+    argv = ["--base-url", server.base_url, "--api", "completions", "--tokenizer", str(folder),
+            "--concurrency", str(concurrency), "--num-prompts", str(max(s.batch, concurrency)), "--input-mean", str(s.prompt),
+            "--input-std", "0", "--output-mean", str(s.output), "--output-std", "0", "--duration", str(s.http_s),
+            "--warmup", str(concurrency),
+            # one client process saturates near 30k events/s: more for the big loads, so the server is measured
+            "--client-processes", str(min(4, max(1, concurrency // 32)))] + extra
+    summary = run_load_generator(argv, timeout=300)["points"][0]["summary"]
+    if not summary["completed"] or summary["failed"]:
+        raise RuntimeError(f"{summary['failed']} of {summary['completed'] + summary['failed']} requests failed: {summary['errors']}")
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -551,14 +581,10 @@ def main(argv: list[str] | None = None) -> int:
     phase("hf", lambda: gm.hf_generate(big, torch.bfloat16, s.hf_batch1_tokens, s.streams, s.prompt, s.output, device))
     phase("engine", lambda: asyncio.run(engine_phase(big, out, "profile" not in skip, device, s,
                                                      load="engine_load" not in skip)))
-    py = sys.executable
 
     def gateway(label: str, streams: int, *extra: str) -> dict[str, Any]:
-        command = [py, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--model", str(big),
-                   "--device", device, "--dtype", "bfloat16", "--max-batch-size", str(streams),
-                   "--max-model-len", str(s.max_model_len), "--kv-cache-fraction", "0.3",
-                   "--no-enable-prefix-caching", "--log-level", "info", "--grpc-port", "none", *extra]
-        return http_phase(command, label, big, out, tserve=False, ready="/health", sizes=s, streams=streams)
+        return http_phase(gateway_command(big, device, s, streams, *extra), label, big, out, tserve=False,
+                          ready="/health", sizes=s, streams=streams)
 
     phase("http", lambda: gateway("gateway", s.streams))  # the engine core in its own process (the default)
     for n in (2, 4):  # several front ends over one engine core

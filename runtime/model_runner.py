@@ -23,10 +23,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from runtime.attention_metadata import AttentionMetadata, pad_block_tables
+from runtime.decode_rows import fill_pending
 from runtime.device import host_tensor, to_device
 from runtime.lora.apply import LoraBatch
 from runtime.models import CausalLM, allocate_kv_cache
-from runtime.sampler import Sampler, SamplingRow
+from runtime.sampler import Sampler, SamplerOutput, SamplingRow, plain_greedy
 
 if TYPE_CHECKING:
     from runtime.cpu.compiled_decode import CompiledDecode
@@ -157,16 +158,17 @@ class ModelRunner:
     def launch(self, inputs: Sequence[StepInput], copies: Sequence[tuple[int, int]] = ()) -> PendingStep:
         """`execute` without waiting: the step is queued on the device (see the module docstring)."""
         self.copy_blocks(copies)
-        hidden = graph_logits = None
+        hidden = graph_logits = graph_argmax = None
         if self.graphs is not None and self.graphs.accepts(inputs):
-            graph_logits = self.graphs.run(inputs, self._pending_tokens)  # one row per new token, in order
+            # one row per new token, in order; on CUDA also each row's greedy id
+            graph_logits, graph_argmax = self.graphs.run(inputs, self.last_sampled)
         elif self.prefill_graphs is not None and self.prefill_graphs.accepts(inputs):
             graph_logits = self.prefill_graphs.run(inputs)  # the last token's row: the only one a prefill samples
         else:
             if self.lora is not None:  # per-token adapter slots for the hooked Linears (runtime/lora/apply.py)
                 self.lora.set([len(inp.token_ids) for inp in inputs], [inp.adapter_slot for inp in inputs])
             input_ids, positions, meta = self.prepare(inputs)
-            self._pending_tokens(inputs, input_ids)
+            fill_pending(inputs, input_ids, self.last_sampled)
             hidden = self.model(input_ids, positions, self.kv_caches, meta)
 
         # Rows needing logits: every new token of inputs that return all logits, else the last one.
@@ -208,7 +210,11 @@ class ModelRunner:
         # usually one sampled row per input, in order: then skip the gather (a copy of [rows, vocab] floats)
         identity = sample_idx == list(range(logits.shape[0]))
         picked = logits if identity else logits[host_tensor(sample_idx, torch.long, self.device)]
-        out = self.sampler(picked, sample_rows)
+        if (graph_argmax is not None and identity and len(rows) == graph_argmax.shape[0]
+                and plain_greedy(sample_rows)):  # the graph took the argmax: nothing left to launch
+            out = SamplerOutput(token_ids=graph_argmax, logprobs=None, top_ids=None, top_logprobs=None)
+        else:
+            out = self.sampler(picked, sample_rows)
         self.last_sampled = out.token_ids
         # one wait, in collect(), for all device-to-host copies instead of one synchronising .tolist() each
         fetched = [t.to("cpu", non_blocking=True) if t is not None else None
@@ -218,25 +224,6 @@ class ModelRunner:
             done = torch.cuda.Event()
             done.record()
         return PendingStep(inputs, results, fetched, done)
-
-    def _pending_tokens(self, inputs: Sequence[StepInput], input_ids: torch.Tensor) -> None:
-        """Fill the rows of `input_ids` whose token the previous launch sampled, on the device."""
-        dst: list[int] = []
-        src: list[int] = []
-        row = 0
-        for inp in inputs:
-            if inp.prev_sample >= 0:
-                dst.append(row)
-                src.append(inp.prev_sample)
-            row += len(inp.token_ids)
-        if not dst:
-            return
-        assert self.last_sampled is not None, "a step named pending tokens but the previous one sampled none"
-        if dst == src == list(range(len(dst))):  # the same rows in the same order: one copy, no index uploads
-            input_ids[: len(dst)].copy_(self.last_sampled[: len(dst)])
-            return
-        input_ids.index_copy_(0, host_tensor(dst, torch.long, self.device),
-                              self.last_sampled[host_tensor(src, torch.long, self.device)])
 
     def prepare(self, inputs: Sequence[StepInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flat input ids and positions of all new tokens, and their AttentionMetadata."""

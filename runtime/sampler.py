@@ -246,3 +246,9 @@ def _top_k_top_p_sorted(x: torch.Tensor, k: torch.Tensor, p: torch.Tensor) -> to
     drop[:, 0] = False
     sorted_x.masked_fill_(drop, float("-inf"))
     return torch.empty_like(x).scatter_(1, order, sorted_x)
+
+
+def plain_greedy(rows: Sequence[SamplingRow]) -> bool:
+    """Whether every row's token is the argmax of its raw logits, with no logprobs asked: a decode graph's own
+    argmax (runtime/cuda/graphs.py) is then the step's sample."""
+    return all(r.options.greedy and r.options.logprobs is None and not edits_logits(r) for r in rows)

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from runtime.attention_metadata import AttentionMetadata
-from runtime.cuda.graphs import IDS, LENGTHS, MAX_ROWS_PER_SEQ, POSITIONS, SLOTS, pack_rows
+from runtime.decode_rows import IDS, LENGTHS, MAX_ROWS_PER_SEQ, PACKED_ROWS, POSITIONS, SLOTS, fill_pending, pack_rows
 from runtime.models.attention import decode_inputs
 
 if TYPE_CHECKING:
@@ -83,13 +83,13 @@ class CompiledDecode:
         return rows in self.row_counts
 
     @torch.inference_mode()
-    def run(self, inputs: Sequence[StepInput],
-            fill_pending: Callable[[Sequence[StepInput], torch.Tensor], None]) -> torch.Tensor:
-        """Float32 logits [new tokens, vocab]. `fill_pending` writes ids the previous step sampled (ModelRunner)."""
+    def run(self, inputs: Sequence[StepInput], last_sampled: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+        """Float32 logits [new tokens, vocab] (and no greedy ids: the sampler takes them). `last_sampled`: the
+        previous launch's sampled ids (ModelRunner)."""
         columns, tables = pack_rows(inputs, self.block_size)
         packed = torch.tensor(columns, dtype=torch.long)
-        fill_pending(inputs, packed[IDS])
-        return self._step(packed, tables, compile_allowed=False)
+        fill_pending(inputs, packed[IDS], last_sampled)
+        return self._step(packed, tables, compile_allowed=False), None
 
     def _step(self, packed: torch.Tensor, tables: torch.Tensor, compile_allowed: bool) -> torch.Tensor:
         if self.lora is not None:
@@ -121,7 +121,7 @@ class CompiledDecode:
         started = time.perf_counter()
         for rows in self.row_counts:
             t = time.perf_counter()
-            packed = torch.zeros((5, rows), dtype=torch.long)
+            packed = torch.zeros((PACKED_ROWS, rows), dtype=torch.long)
             packed[LENGTHS] = 1
             tables = torch.zeros((rows, MIN_BLOCKS), dtype=torch.int32)
             self._step(packed, tables, compile_allowed=True)

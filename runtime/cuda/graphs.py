@@ -9,11 +9,20 @@ several tokens (speculative verification of K drafts plus one, a draft model cat
 per token, each attending over the cache up to its own position: every row's K/V is stored before
 attention runs, so the decode kernel sees the step's earlier tokens, causally, with no extra kernel.
 
-Each graph reads its inputs from static buffers: ids, positions, slots, lengths and LoRA adapter
-slots packed in one int64 [5, max_rows] tensor (one host-to-device copy per step), and the rows' block
-tables in an int32 [max_rows, max_blocks] tensor (a second copy of only the columns in use). Padded
-rows get KV slot -1 (their K/V is not stored), length 0 (attention returns zeros) and adapter -1, so
-they touch nothing. Every graph writes float32 logits, one per row, into the same [max_rows, vocab] buffer.
+Each graph reads its inputs from one static int32 buffer, written by one host-to-device copy per step:
+ids, positions, slots, lengths, LoRA adapter slots and "previous sample" rows packed as int64
+[6, max_rows], then the rows' block tables, int32 [max_rows, max_blocks] (the copy stops after the
+step's rows). Padded rows get KV slot -1 (their K/V is not stored), length 0 (attention returns zeros)
+and adapter -1, so they touch nothing. Every graph writes float32 logits, one per row, into the same
+[max_rows, vocab] buffer.
+
+The greedy token of every row is taken inside the graph too (argmax, into `sampled`), and a row whose
+token the previous step sampled on the device (the engine's async scheduling) names that token's row
+of `sampled`, read inside the next graph. A plain greedy decode step is then three operations on the
+device, the input copy, the graph and the copy of its tokens to the host: each operation launched on
+its own cost a few microseconds of idle device and 15-30 us of host (the sampler's five kernels and the
+pending-token copy took 180 us of host per batch-1 step on the H200). Steps that sample otherwise run
+the sampler on the graph's logits; their ids are copied into `sampled` before the next graph reads them.
 
 Steps where a sequence uses a LoRA adapter replay a second set of graphs with the adapter work in
 them (runtime/lora/apply.py reads the per-row adapter slots from the static buffer); base-model steps
@@ -34,8 +43,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from runtime.attention_metadata import AttentionMetadata, pad_block_tables
+import numpy as np
+
+from runtime.attention_metadata import AttentionMetadata
+from runtime.decode_rows import ADAPTERS, IDS, LENGTHS, MAX_ROWS_PER_SEQ, PACKED_ROWS, PADDING, POSITIONS, PREV, SLOTS, pack_rows
 from runtime.device import PinnedStaging
+from runtime.sampler import row_argmax
 
 if TYPE_CHECKING:
     from runtime.lora.apply import LoraBatch
@@ -66,29 +79,6 @@ def pick_bucket(sizes: Sequence[int], batch: int) -> int | None:
         if size >= batch:
             return size
     return None
-
-
-MAX_ROWS_PER_SEQ = 17  # new tokens a sequence may bring to a graphed step (1 + the most draft tokens)
-IDS, POSITIONS, SLOTS, LENGTHS, ADAPTERS = range(5)  # rows of the packed input buffer
-
-
-def pack_rows(inputs: Sequence[StepInput], block_size: int) -> tuple[list[list[int]], torch.Tensor]:
-    """One graph row per new token: the packed buffer's five columns-lists (ids, positions, KV slots,
-    lengths, adapter slots) and the rows' block tables, int32 padded to the step's widest."""
-    columns: list[list[int]] = [[], [], [], [], []]
-    ids, positions, slots, lengths, adapters = columns
-    tables: list[list[int]] = []
-    for inp in inputs:
-        table = inp.block_table
-        for j, token in enumerate(inp.token_ids):
-            p = inp.start_pos + j
-            ids.append(token)
-            positions.append(p)
-            slots.append(table[p // block_size] * block_size + p % block_size)
-            lengths.append(p + 1)  # the row attends over its sequence up to and including itself
-            adapters.append(inp.adapter_slot)
-            tables.append(table)
-    return columns, pad_block_tables(tables)
 
 
 def row_metadata(packed: torch.Tensor, tables: torch.Tensor, query_start: torch.Tensor, block_size: int,
@@ -142,10 +132,14 @@ class DecodeGraphs:
         self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
         self.max_blocks = max_blocks_per_seq
         self.sizes = graph_batch_sizes(max_rows)
-        self.packed = torch.zeros((5, max_rows), dtype=torch.long, device=device)
-        self.tables = torch.zeros((max_rows, max_blocks_per_seq), dtype=torch.int32, device=device)
-        self.packed_staging = PinnedStaging(tuple(self.packed.shape), self.packed.dtype)
-        self.tables_staging = PinnedStaging(tuple(self.tables.shape), self.tables.dtype)
+        self.max_rows = max_rows
+        # the packed rows (int64, as pairs of int32) then the block tables, in one buffer: one copy per step
+        self.width = 2 * PACKED_ROWS * max_rows
+        self.inputs = torch.zeros(self.width + max_rows * max_blocks_per_seq, dtype=torch.int32, device=device)
+        self.packed = self.inputs[: self.width].view(torch.int64).view(PACKED_ROWS, max_rows)
+        self.tables = self.inputs[self.width :].view(max_rows, max_blocks_per_seq)
+        self.staging = PinnedStaging(tuple(self.inputs.shape), self.inputs.dtype)
+        self.sampled = torch.zeros(max_rows, dtype=torch.long, device=device)  # the last graph's greedy ids
         self.query_start = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
         # one output buffer for every graph: [max_rows, vocab] float32 once, not once per bucket and set
         self.logits = torch.empty((max_rows, model.output_embedding().shape[0]), dtype=torch.float32, device=device)
@@ -159,15 +153,18 @@ class DecodeGraphs:
         return row_metadata(self.packed[:, :bucket], self.tables[:bucket], self.query_start[: bucket + 1],
                             self.block_size, self.max_blocks * self.block_size)
 
-    def _forward(self, bucket: int, meta: AttentionMetadata) -> torch.Tensor:
-        hidden = self.model(self.packed[IDS, :bucket], self.packed[POSITIONS, :bucket], self.kv_caches, meta)
-        return self.model.compute_logits(hidden, out=self.logits[:bucket])
+    def _forward(self, bucket: int, meta: AttentionMetadata) -> None:
+        prev = self.packed[PREV, :bucket]
+        ids = torch.where(prev >= 0, self.sampled[prev.clamp(min=0)], self.packed[IDS, :bucket])
+        hidden = self.model(ids, self.packed[POSITIONS, :bucket], self.kv_caches, meta)
+        logits = self.model.compute_logits(hidden, out=self.logits[:bucket])
+        self.sampled[:bucket].copy_(row_argmax(logits))
 
     def _capture_all(self, with_lora: bool) -> dict[int, torch.cuda.CUDAGraph]:
         started = time.perf_counter()
         self.packed.zero_()  # every row padding while capturing: the warm-up forwards store nothing
-        self.packed[SLOTS].fill_(-1)
-        self.packed[ADAPTERS].fill_(-1)
+        for row, fill in enumerate(PADDING):
+            self.packed[row].fill_(fill)
         if self.lora is not None:
             self.lora.clear()  # a base capture must not record the hooks of the last eager adapter step
 
@@ -195,26 +192,29 @@ class DecodeGraphs:
         return rows <= self.sizes[-1]
 
     def run(self, inputs: Sequence[StepInput],
-            fill_pending: Callable[[Sequence[StepInput], torch.Tensor], None]) -> torch.Tensor:
-        """Replay the bucket's graph; float32 logits [new tokens, vocab] (valid until the next run).
-        `fill_pending` writes the ids that the previous step sampled on the device (ModelRunner)."""
+            last_sampled: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay the bucket's graph: float32 logits [new tokens, vocab] and each row's greedy id (both valid
+        until the next run). `last_sampled`: the previous launch's sampled ids, on the device (ModelRunner)."""
         columns, tables = pack_rows(inputs, self.block_size)
         n = tables.shape[0]
         bucket = pick_bucket(self.sizes, n)
         assert bucket is not None
         graph = self._graphs(max(columns[ADAPTERS]) >= 0)[bucket]  # may capture: before the inputs are written
-        packed = self.packed_staging.take()
-        rows = packed.numpy()
-        for i, (column, fill) in enumerate(zip(columns, (0, 0, -1, 0, -1))):  # fill: what a padded graph row holds
-            rows[i, :n] = column
-            rows[i, n:bucket] = fill
-        self.packed_staging.copy(self.packed, packed)  # every column: a copy of a part would be strided
-        host_tables = self.tables_staging.take()
-        host_tables.numpy()[:n, : tables.shape[1]] = tables.numpy()  # later columns: never read (past the lengths)
-        self.tables_staging.copy(self.tables[:n], host_tables[:n])
-        fill_pending(inputs, self.packed[IDS, :n])
+        if (last_sampled is not None and last_sampled.data_ptr() != self.sampled.data_ptr()
+                and max(columns[PREV]) >= 0):  # the sampler chose them, not a graph's argmax
+            self.sampled[: last_sampled.shape[0]].copy_(last_sampled)
+        staged = self.staging.take()
+        host = staged.numpy()
+        packed = host[: self.width].view(np.int64).reshape(PACKED_ROWS, self.max_rows)
+        for i, (column, fill) in enumerate(zip(columns, PADDING)):
+            packed[i, :n] = column
+            packed[i, n:bucket] = fill
+        # block tables: the step's rows; later columns are never read (past the lengths)
+        host[self.width :].reshape(self.max_rows, self.max_blocks)[:n, : tables.shape[1]] = tables.numpy()
+        end = self.width + n * self.max_blocks
+        self.staging.copy(self.inputs[:end], staged[:end])
         graph.replay()
-        return self.logits[:n]
+        return self.logits[:n], self.sampled[:n]
 
     def _graphs(self, with_lora: bool) -> dict[int, torch.cuda.CUDAGraph]:
         version = self.lora_version()

@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from runtime.attention_metadata import AttentionMetadata
-from runtime.cuda.graphs import MAX_ROWS_PER_SEQ, capture_buckets, pick_bucket
+from runtime.cuda.graphs import capture_buckets, pick_bucket
+from runtime.decode_rows import MAX_ROWS_PER_SEQ
 from runtime.cuda.paged_attention import PREFILL_BLOCK_M
 from runtime.device import PinnedStaging
 

@@ -1,4 +1,5 @@
-"""benchmarks/decode_b1.py in seconds: one stream through the engine core on a tiny random model (CPU)."""
+"""benchmarks/decode_b1.py in seconds: one stream on a tiny random model (CPU), through the engine core and
+in-process with host timers."""
 
 from __future__ import annotations
 
@@ -16,3 +17,13 @@ def test_one_stream_reports_its_gap() -> None:
     assert proc.returncode == 0, output_of(proc)
     result = json.loads(proc.stdout.splitlines()[-1])
     assert positive(result["itl_ms_p50"]) and result["tokens"] >= 16
+
+
+def test_timers_cover_every_step() -> None:
+    proc = run_module("decode_b1", "--smoke", "--timers", timeout=240)
+    assert proc.returncode == 0, output_of(proc)
+    result = json.loads(proc.stdout.splitlines()[-1])
+    parts = result["host_us_per_step"]
+    assert result["steps"] >= 16
+    for name in ("step", "Scheduler.schedule", "ModelRunner.launch", "Sampler.__call__", "Outbox.flush"):
+        assert parts[name]["calls_per_step"] >= 1.0 and positive(parts[name]["us_per_step"]), name

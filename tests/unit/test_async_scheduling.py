@@ -72,7 +72,9 @@ class LaunchLog:
 
 async def _workload(path: Path, async_scheduling: bool, ref_stop: int) -> tuple[dict[str, Collected], int]:
     """Greedy requests joining at different steps (prefix-sharing ones among them), a stop token, a seeded
-    sampled one, n = 2 and a penalty (both run synchronously), one aborted mid-stream."""
+    sampled one, n = 2 and a penalty (both run synchronously), a greedy one asking for logprobs, one aborted
+    mid-stream. On CUDA the decode graphs' own argmax serves the steps where every row is plain greedy, and
+    the sampler the others."""
     ps = _prompts([5, 23, 9, 14, 3, 30], seed=4)
     shared = ps[1][:16]
     async with running_engine(path, async_scheduling=async_scheduling, max_num_tokens=16) as engine:
@@ -87,6 +89,7 @@ async def _workload(path: Path, async_scheduling: bool, ref_stop: int) -> tuple[
             "seeded": request("seeded", ps[4], 15, temperature=0.8, seed=7),
             "n2": request("n2", ps[2], 6, n=2),
             "penalty": request("penalty", ps[5], 9, repetition_penalty=1.3),
+            "logprobs": request("logprobs", ps[0], 12, logprobs=2),  # greedy, but the sampler reports logprobs
         }
         started = asyncio.Event()
         tasks = {rid: asyncio.create_task(collect(engine, r, started=started if rid == "a" else None,
@@ -129,7 +132,7 @@ async def test_outputs_are_the_same_with_and_without_async_scheduling(model) -> 
             assert n >= 3 and a.tokens[0][:n] == b.tokens[0][:n]
             continue
         assert (a.tokens, a.text, a.finish, a.stop_reason) == (b.tokens, b.text, b.finish, b.stop_reason), rid
-        assert a.usage == b.usage, rid
+        assert a.usage == b.usage and a.cumulative_logprob == pytest.approx(b.cumulative_logprob, rel=1e-4), rid
     assert overlapped["stop"].tokens[0] == ref[: k + 1] and overlapped["stop"].finish == {0: "stop"}
     assert overlapped["a"].tokens[0] == hf_greedy(hf, _prompts([5], seed=4)[0], 24)
 

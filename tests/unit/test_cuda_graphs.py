@@ -71,7 +71,8 @@ def test_graphed_engine_matches_eager_engine(max_num_tokens: int) -> None:
 def test_one_row_per_token_gives_the_packed_step_logits(tmp_path) -> None:
     """What a graphed verify step computes (every new token a one-token row over the cache, with its
     own length) equals the eager multi-token step, for two sequences continuing their caches."""
-    from runtime.cuda.graphs import pack_rows, row_metadata
+    from runtime.cuda.graphs import row_metadata
+    from runtime.decode_rows import pack_rows
     from runtime.model_runner import ModelRunner, StepInput
     from runtime.models import load_model
     from runtime.sampler import Sampler
@@ -89,6 +90,7 @@ def test_one_row_per_token_gives_the_packed_step_logits(tmp_path) -> None:
     columns, tables = pack_rows(step, bs)
     assert columns[1] == [6, 7, 8, 9, 10, 3, 4] and columns[3] == [7, 8, 9, 10, 11, 4, 5]
     assert columns[2] == [6, 7, 12, 13, 14, 11, 16] and tables[-1].tolist() == [2, 4, 0]
+    assert columns[5] == [-1] * 7  # no token pending from a previous step
     packed = torch.tensor(columns)
     meta = row_metadata(packed, tables, torch.arange(8, dtype=torch.int32), bs,
                         3 * bs)

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One device call for issue 15's remaining figures: where a batch-1 step's host time goes, and HTTP against the
+# engine core in interleaved rounds.
+#   run tool: command "JOBS='timers 64:1:1 256:4:4' bash benchmarks/gpu_http_vs_core.sh", carry [".whl"].
+# JOBS: "timers" = python -m benchmarks.decode_b1 --timers; "S:A:C" = python -m benchmarks.http_vs_core with S
+# streams, A front ends (--api-servers) and C consumer processes. ROUNDS and SECONDS set http_vs_core's rounds.
+# Lands in $OUT: log.txt, decode_b1.json, http-vs-core-*.json, the servers' logs.
+set -u
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+L=$OUT/log.txt
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >>"$L" 2>&1
+export PYTHONPATH=/tmp/site:$PWD
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >>"$L" 2>&1
+git rev-parse --short HEAD >>"$L" 2>&1
+for job in ${JOBS:-timers 64:1:1 256:4:4}; do
+  echo "== $job $(date +%T)" | tee -a "$L"
+  if [[ $job == timers ]]; then
+    python -m benchmarks.decode_b1 --timers --seconds "${TIMER_S:-6}" 2>>"$L" | tail -1 | tee "$OUT/decode_b1.json"
+  else
+    IFS=: read -r streams api consumers <<<"$job"
+    python -m benchmarks.http_vs_core --streams "$streams" --api-servers "$api" --consumers "$consumers" \
+      --rounds "${ROUNDS:-4}" --seconds "${SECONDS_PER_ROUND:-10}" --out "$OUT" 2>>"$L" | tail -1
+  fi
+done

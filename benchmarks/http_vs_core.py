@@ -1,0 +1,96 @@
+"""HTTP against the engine core in interleaved rounds, on one machine at one time (issue 15's ratios):
+
+    python -m benchmarks.http_vs_core --streams 64 --rounds 4                       # CUDA, Llama-3.2-1B shape
+    python -m benchmarks.http_vs_core --streams 256 --api-servers 4 --consumers 4
+    python -m benchmarks.http_vs_core --smoke                                       # tiny model on the CPU
+
+Both sides stay up for the whole run: the gateway (`gateway serve`, its engine core in its own process, with
+`--api-servers` front ends) and a second engine core of the same configuration driven through EngineClient from
+`--consumers` processes (benchmarks/core_consumers.py: the load's shape without HTTP). Rounds of `--seconds`
+alternate core, HTTP, HTTP, core, core, HTTP, ... (each pair in turn starts with the other side, so a drift of
+the machine weighs on both), while the other side idles. Each pair gives a ratio, HTTP tok/s over core tok/s;
+prints every round and the median ratio as JSON (and writes it to --out).
+
+Why: as separate phases of one gpu_bench call the two figures moved 10-20 points between calls of the same
+code (the engine core's own figure 35-55k tok/s), more than the goals' margins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks import gpu_models as gm
+from benchmarks.core_consumers import CoreConsumers
+from benchmarks.gpu_bench import FULL, SMOKE, engine_config, gateway_command, http_load, http_server
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    base = SMOKE if args.smoke else FULL
+    s = dataclasses.replace(base, batch=args.streams, streams=args.streams, closed_loop_s=args.seconds,
+                            http_s=args.seconds)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    folder = gm.make_checkpoint(Path(args.work) / ("smoke-llama1b" if args.smoke else "llama1b"), s.big,
+                                torch.bfloat16)
+    vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
+    extra = ["--api-servers", str(args.api_servers)] if args.api_servers > 1 else []
+    label = f"http-vs-core-{args.streams}-api{args.api_servers}"
+    rounds: list[dict[str, Any]] = []
+    with http_server(gateway_command(folder, args.device, s, args.streams, *extra), label, out, "/health") as server:
+        async with CoreConsumers(engine_config(folder, args.device, s), s, vocab, seed=7, processes=args.consumers) as core:
+            await asyncio.to_thread(http_load, server, folder, dataclasses.replace(s, http_s=min(3.0, s.http_s)),
+                                    args.streams)  # warm-up
+            for i in range(args.rounds):
+                pair: dict[str, Any] = {}
+                for side in ("core", "http") if i % 2 == 0 else ("http", "core"):
+                    t = time.perf_counter()
+                    if side == "core":
+                        pair["core_tok_s"] = (await core.round())[f"closed_loop_{s.batch}_tok_s_client_procs"]
+                    else:
+                        summary = await asyncio.to_thread(http_load, server, folder, s, args.streams)
+                        pair["http_tok_s"] = summary["output_token_throughput"]
+                        pair["http_events_s"] = summary["events_per_s"]
+                        pair["http_ttft_ms_p50"] = summary["ttft_ms"].get("p50")
+                    print(f"[round {i} {side}] {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
+                pair["ratio"] = pair["http_tok_s"] / pair["core_tok_s"]
+                rounds.append(pair)
+    result = {"streams": args.streams, "api_servers": args.api_servers, "consumers": args.consumers,
+              "seconds": args.seconds, "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
+              "rounds": rounds, "ratio_median": statistics.median(r["ratio"] for r in rounds),
+              "ratio_of_sums": sum(r["http_tok_s"] for r in rounds) / sum(r["core_tok_s"] for r in rounds)}
+    (out / f"{label}.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.http_vs_core", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", type=int, default=64)
+    parser.add_argument("--api-servers", type=int, default=1, help="the gateway's front-end processes")
+    parser.add_argument("--consumers", type=int, default=1, help="processes driving the engine core directly")
+    parser.add_argument("--rounds", type=int, default=4, help="pairs of one core and one HTTP round")
+    parser.add_argument("--seconds", type=float, default=10.0, help="each round's length")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--out", default="/tmp/http_vs_core")
+    parser.add_argument("--work", default="/tmp/gpu_bench_models", help="folder for the random checkpoint")
+    parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU, 1 s rounds: proves the code runs")
+    args = parser.parse_args()
+    if args.smoke:
+        args.device, args.seconds, args.streams = "cpu", min(args.seconds, 1.0), min(args.streams, 8)
+        args.rounds, args.consumers, args.api_servers = min(args.rounds, 2), min(args.consumers, 2), min(args.api_servers, 2)
+    print(json.dumps(asyncio.run(run(args))), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""benchmarks/http_vs_core.py in seconds: the gateway (two front ends) against an engine core driven from two
+consumer processes, in interleaved rounds, on a tiny random model (CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.benchmarks.smoke import output_of, positive, run_module
+
+pytestmark = pytest.mark.benchmark_smoke
+
+
+def test_rounds_alternate_and_give_ratios(tmp_path) -> None:
+    proc = run_module("http_vs_core", "--smoke", "--api-servers", "2", "--consumers", "2", "--out", str(tmp_path),
+                      timeout=400)
+    assert proc.returncode == 0, output_of(proc)
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert len(result["rounds"]) == 2
+    assert list(result["rounds"][0])[:2] == ["core_tok_s", "http_tok_s"]  # ABBA: core first, then HTTP first
+    assert list(result["rounds"][1])[:2] == ["http_tok_s", "http_events_s"]
+    for r in result["rounds"]:
+        assert positive(r["core_tok_s"], r["http_tok_s"]) and r["ratio"] == r["http_tok_s"] / r["core_tok_s"]
+    assert (tmp_path / "http-vs-core-8-api2.json").exists()
