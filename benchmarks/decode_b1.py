@@ -32,7 +32,6 @@ import torch
 from benchmarks import gpu_models as gm
 from benchmarks.gpu_bench import _request, _stream
 from runtime.config import EngineConfig
-from runtime.device import PinnedStaging
 from runtime.llm_engine import NativeEngine
 from runtime.model_runner import PendingStep
 from runtime.process.client import EngineClient
@@ -44,7 +43,7 @@ ENGINE_PARTS = ("step", "_take_inbox", "_run_batch", "_step_input", "_collect_in
 # library calls inside them, patched on their classes
 CLASS_PARTS: tuple[tuple[Any, str], ...] = (
     (torch.cuda.CUDAGraph, "replay"), (torch.cuda.Event, "synchronize"), (torch.cuda.Event, "record"),
-    (PendingStep, "collect"), (Sampler, "__call__"), (PinnedStaging, "take"), (PinnedStaging, "copy"))
+    (PendingStep, "collect"), (Sampler, "__call__"))
 
 
 class HostTimers:
@@ -99,14 +98,15 @@ def timed_engine(engine: NativeEngine, timers: HostTimers) -> Iterator[None]:
 
 def replay_host_us(engine: NativeEngine, replays: int = 60) -> dict[str, float]:
     """Host microseconds per CUDAGraph.replay() of the batch-1 decode graph (median after 5), on a device kept
-    busy by the replays before it: the same graph each time, the batch-1 and batch-2 graphs in turn, and on an
-    idle device (synchronized before each). Padded rows only: nothing is stored."""
-    from runtime.decode_rows import LENGTHS, SLOTS
+    busy by the replays before it: the same graph each time, the two graph sets' in turn, and on an idle device
+    (synchronized before each). Nothing is stored (KV slot -1)."""
+    from runtime.decode_rows import IDS, LENGTHS, PREV, SLOTS
 
     graphs = engine.runner.graphs
-    graphs.packed[SLOTS].fill_(-1)
-    graphs.packed[LENGTHS, :2] = 128
-    one, two = graphs.base[1], graphs.base[2]
+    for turn in (0, 1):  # what each graph set copies in
+        packed, _ = graphs.host_views(turn)
+        packed[IDS, :1], packed[SLOTS, :1], packed[LENGTHS, :1], packed[PREV, :1] = 0, -1, 128, -1
+    one, two = graphs.base[0][1], graphs.base[1][1]
 
     def timed(order: list[Any], idle: bool) -> float:
         torch.cuda.synchronize()

@@ -169,7 +169,7 @@ def engine_config(folder: Path, device: str, s: Sizes) -> Any:
 
 async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cuda",
                        sizes: Sizes = FULL, load: bool = True) -> dict[str, Any]:
-    from runtime.decode_rows import LENGTHS, SLOTS
+    from runtime.decode_rows import IDS, LENGTHS, PREV, SLOTS
     from runtime.llm_engine import NativeEngine
     from runtime.process.client import EngineClient
 
@@ -194,9 +194,9 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
         graphs = engine.runner.graphs  # on the CPU: compiled decode steps, not graphs
         if graphs is not None and torch.device(device).type == "cuda":  # GPU time of the batch-1 graph alone
             # (nothing stored: slot -1)
-            graphs.packed[SLOTS, :1] = -1
-            graphs.packed[LENGTHS, :1] = s.prompt
-            g = graphs.base[1]
+            packed, _ = graphs.host_views(0)  # what the graph copies in (set 0)
+            packed[IDS, :1], packed[SLOTS, :1], packed[LENGTHS, :1], packed[PREV, :1] = 0, -1, s.prompt, -1
+            g = graphs.base[0][1]
             for _ in range(5):
                 g.replay()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -9,7 +9,7 @@ engine's async scheduling), that token's row in the previous step's samples.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -24,6 +24,15 @@ MAX_ROWS_PER_SEQ = 17  # new tokens a sequence may bring to a graphed step (1 + 
 IDS, POSITIONS, SLOTS, LENGTHS, ADAPTERS, PREV = range(6)
 PACKED_ROWS = 6
 PADDING = (0, 0, -1, 0, -1, -1)  # what a padded graph row holds in each packed row
+
+
+class DecodeOutput(NamedTuple):
+    """A decode-shaped step's float32 logits, one row per new token; from a CUDA graph also each row's greedy id,
+    on the device and in pinned host memory (runtime/cuda/graphs.py)."""
+
+    logits: torch.Tensor
+    greedy: torch.Tensor | None = None
+    greedy_host: torch.Tensor | None = None
 
 
 def pack_rows(inputs: Sequence[StepInput], block_size: int) -> tuple[list[list[int]], torch.Tensor]:

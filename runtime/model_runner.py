@@ -27,7 +27,7 @@ from runtime.decode_rows import fill_pending
 from runtime.device import host_tensor, to_device
 from runtime.lora.apply import LoraBatch
 from runtime.models import CausalLM, allocate_kv_cache
-from runtime.sampler import Sampler, SamplerOutput, SamplingRow, plain_greedy
+from runtime.sampler import Sampler, SamplingRow, plain_greedy
 
 if TYPE_CHECKING:
     from runtime.cpu.compiled_decode import CompiledDecode
@@ -158,10 +158,10 @@ class ModelRunner:
     def launch(self, inputs: Sequence[StepInput], copies: Sequence[tuple[int, int]] = ()) -> PendingStep:
         """`execute` without waiting: the step is queued on the device (see the module docstring)."""
         self.copy_blocks(copies)
-        hidden = graph_logits = graph_argmax = None
+        hidden = graph_logits = graph_out = None
         if self.graphs is not None and self.graphs.accepts(inputs):
-            # one row per new token, in order; on CUDA also each row's greedy id
-            graph_logits, graph_argmax = self.graphs.run(inputs, self.last_sampled)
+            graph_out = self.graphs.run(inputs, self.last_sampled)  # one row per new token, in order
+            graph_logits = graph_out.logits
         elif self.prefill_graphs is not None and self.prefill_graphs.accepts(inputs):
             graph_logits = self.prefill_graphs.run(inputs)  # the last token's row: the only one a prefill samples
         else:
@@ -209,18 +209,20 @@ class ModelRunner:
             return PendingStep(inputs, results, [None], None)
         # usually one sampled row per input, in order: then skip the gather (a copy of [rows, vocab] floats)
         identity = sample_idx == list(range(logits.shape[0]))
-        picked = logits if identity else logits[host_tensor(sample_idx, torch.long, self.device)]
-        if (graph_argmax is not None and identity and len(rows) == graph_argmax.shape[0]
-                and plain_greedy(sample_rows)):  # the graph took the argmax: nothing left to launch
-            out = SamplerOutput(token_ids=graph_argmax, logprobs=None, top_ids=None, top_logprobs=None)
+        if (graph_out is not None and graph_out.greedy is not None and identity
+                and len(rows) == graph_out.greedy.shape[0] and plain_greedy(sample_rows)):
+            # the graph took every row's argmax and copied it to the host: nothing left to launch
+            self.last_sampled = graph_out.greedy
+            fetched: list[torch.Tensor | None] = [graph_out.greedy_host, None, None, None]
         else:
+            picked = logits if identity else logits[host_tensor(sample_idx, torch.long, self.device)]
             out = self.sampler(picked, sample_rows)
-        self.last_sampled = out.token_ids
-        # one wait, in collect(), for all device-to-host copies instead of one synchronising .tolist() each
-        fetched = [t.to("cpu", non_blocking=True) if t is not None else None
-                   for t in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs)]
+            self.last_sampled = out.token_ids
+            # one wait, in collect(), for all device-to-host copies instead of one synchronising .tolist() each
+            fetched = [t.to("cpu", non_blocking=True) if t is not None else None
+                       for t in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs)]
         done = None
-        if picked.is_cuda:
+        if logits.is_cuda:
             done = torch.cuda.Event()
             done.record()
         return PendingStep(inputs, results, fetched, done)

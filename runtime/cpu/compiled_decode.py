@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from runtime.attention_metadata import AttentionMetadata
-from runtime.decode_rows import IDS, LENGTHS, MAX_ROWS_PER_SEQ, PACKED_ROWS, POSITIONS, SLOTS, fill_pending, pack_rows
+from runtime.decode_rows import (IDS, LENGTHS, MAX_ROWS_PER_SEQ, PACKED_ROWS, POSITIONS, SLOTS, DecodeOutput,
+                                 fill_pending, pack_rows)
 from runtime.models.attention import decode_inputs
 
 if TYPE_CHECKING:
@@ -83,13 +84,13 @@ class CompiledDecode:
         return rows in self.row_counts
 
     @torch.inference_mode()
-    def run(self, inputs: Sequence[StepInput], last_sampled: torch.Tensor | None) -> tuple[torch.Tensor, None]:
-        """Float32 logits [new tokens, vocab] (and no greedy ids: the sampler takes them). `last_sampled`: the
+    def run(self, inputs: Sequence[StepInput], last_sampled: torch.Tensor | None) -> DecodeOutput:
+        """Float32 logits [new tokens, vocab] (no greedy ids: the sampler takes them). `last_sampled`: the
         previous launch's sampled ids (ModelRunner)."""
         columns, tables = pack_rows(inputs, self.block_size)
         packed = torch.tensor(columns, dtype=torch.long)
         fill_pending(inputs, packed[IDS], last_sampled)
-        return self._step(packed, tables, compile_allowed=False), None
+        return DecodeOutput(self._step(packed, tables, compile_allowed=False))
 
     def _step(self, packed: torch.Tensor, tables: torch.Tensor, compile_allowed: bool) -> torch.Tensor:
         if self.lora is not None:

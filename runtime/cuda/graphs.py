@@ -9,20 +9,25 @@ several tokens (speculative verification of K drafts plus one, a draft model cat
 per token, each attending over the cache up to its own position: every row's K/V is stored before
 attention runs, so the decode kernel sees the step's earlier tokens, causally, with no extra kernel.
 
-Each graph reads its inputs from one static int32 buffer, written by one host-to-device copy per step:
-ids, positions, slots, lengths, LoRA adapter slots and "previous sample" rows packed as int64
-[6, max_rows], then the rows' block tables, int32 [max_rows, max_blocks] (the copy stops after the
-step's rows). Padded rows get KV slot -1 (their K/V is not stored), length 0 (attention returns zeros)
-and adapter -1, so they touch nothing. Every graph writes float32 logits, one per row, into the same
-[max_rows, vocab] buffer.
+Each graph reads its inputs from one static int32 buffer: ids, positions, slots, lengths, LoRA
+adapter slots and "previous sample" rows packed as int64 [6, max_rows], then the rows' block tables,
+int32 [max_rows, max_blocks]. Padded rows get KV slot -1 (their K/V is not stored), length 0
+(attention returns zeros) and adapter -1, so they touch nothing. Every graph writes float32 logits,
+one per row, into the same [max_rows, vocab] buffer.
 
 The greedy token of every row is taken inside the graph too (argmax, into `sampled`), and a row whose
 token the previous step sampled on the device (the engine's async scheduling) names that token's row
-of `sampled`, read inside the next graph. A plain greedy decode step is then three operations on the
-device, the input copy, the graph and the copy of its tokens to the host: each operation launched on
-its own cost a few microseconds of idle device and 15-30 us of host (the sampler's five kernels and the
-pending-token copy took 180 us of host per batch-1 step on the H200). Steps that sample otherwise run
-the sampler on the graph's logits; their ids are copied into `sampled` before the next graph reads them.
+of `sampled`, read inside the next graph. The graph's first kernel reads its inputs from a pinned host
+buffer and its last writes the greedy ids to another (runtime/cuda/step_io.py), so a plain greedy
+decode step is one operation on the device. Launched on their own, the sampler's five kernels and the
+pending-token copy took 180 us of host per batch-1 step on the H200, and each copy on the stream or
+in the graph left the device idle 5-13 us. Steps that sample otherwise run the sampler on the graph's
+logits; their ids are copied into `sampled` before the next graph reads them.
+
+Graphs come in two sets, replayed in turn, each with its own pinned buffers: the host writes the next
+step's inputs while the device may still be about to read the current step's, and the current step's
+ids are still unread when the next step is launched. A set is used again only once its last replay has
+run (an event), and the engine collects a step's ids before it launches the step after next.
 
 Steps where a sequence uses a LoRA adapter replay a second set of graphs with the adapter work in
 them (runtime/lora/apply.py reads the per-row adapter slots from the static buffer); base-model steps
@@ -46,9 +51,9 @@ import torch
 import numpy as np
 
 from runtime.attention_metadata import AttentionMetadata
-from runtime.decode_rows import ADAPTERS, IDS, LENGTHS, MAX_ROWS_PER_SEQ, PACKED_ROWS, PADDING, POSITIONS, PREV, SLOTS, pack_rows
-from runtime.device import PinnedStaging
-from runtime.sampler import row_argmax
+from runtime.decode_rows import (ADAPTERS, LENGTHS, MAX_ROWS_PER_SEQ, PACKED_ROWS, PADDING, POSITIONS, PREV, SLOTS,
+                                 DecodeOutput, pack_rows)
+from runtime.cuda.step_io import GreedyIds, load_step_inputs
 
 if TYPE_CHECKING:
     from runtime.lora.apply import LoraBatch
@@ -56,6 +61,7 @@ if TYPE_CHECKING:
     from runtime.models import CausalLM
 
 logger = logging.getLogger(__name__)
+SETS = 2  # graph sets replayed in turn (see the module docstring)
 
 
 def graph_batch_sizes(max_rows: int) -> list[int]:
@@ -138,8 +144,14 @@ class DecodeGraphs:
         self.inputs = torch.zeros(self.width + max_rows * max_blocks_per_seq, dtype=torch.int32, device=device)
         self.packed = self.inputs[: self.width].view(torch.int64).view(PACKED_ROWS, max_rows)
         self.tables = self.inputs[self.width :].view(max_rows, max_blocks_per_seq)
-        self.staging = PinnedStaging(tuple(self.inputs.shape), self.inputs.dtype)
         self.sampled = torch.zeros(max_rows, dtype=torch.long, device=device)  # the last graph's greedy ids
+        self.ids = torch.zeros(max_rows, dtype=torch.long, device=device)  # each row's token, resolved
+        self.greedy = GreedyIds(max_rows, model.output_embedding().shape[0], device)
+        # per graph set: pinned inputs, pinned greedy ids, and an event recorded after its last replay
+        self.host_inputs = [torch.zeros_like(self.inputs, device="cpu").pin_memory() for _ in range(SETS)]
+        self.host_sampled = [torch.zeros_like(self.sampled, device="cpu").pin_memory() for _ in range(SETS)]
+        self.replayed = [torch.cuda.Event() for _ in range(SETS)]
+        self.turn = 0
         self.query_start = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
         # one output buffer for every graph: [max_rows, vocab] float32 once, not once per bucket and set
         self.logits = torch.empty((max_rows, model.output_embedding().shape[0]), dtype=torch.float32, device=device)
@@ -147,38 +159,47 @@ class DecodeGraphs:
         self.pool = None
         self.captured_version = lora_version()
         self.base = self._capture_all(with_lora=False)
-        self.with_lora: dict[int, torch.cuda.CUDAGraph] = {}
+        self.with_lora: list[dict[int, torch.cuda.CUDAGraph]] = []
 
     def _meta(self, bucket: int) -> AttentionMetadata:
         return row_metadata(self.packed[:, :bucket], self.tables[:bucket], self.query_start[: bucket + 1],
                             self.block_size, self.max_blocks * self.block_size)
 
-    def _forward(self, bucket: int, meta: AttentionMetadata) -> None:
-        prev = self.packed[PREV, :bucket]
-        ids = torch.where(prev >= 0, self.sampled[prev.clamp(min=0)], self.packed[IDS, :bucket])
-        hidden = self.model(ids, self.packed[POSITIONS, :bucket], self.kv_caches, meta)
+    def _forward(self, bucket: int, turn: int, meta: AttentionMetadata) -> None:
+        end = self.width + bucket * self.max_blocks  # the packed rows and the bucket's block tables
+        load_step_inputs(self.host_inputs[turn], self.inputs, end, self.sampled, self.ids, bucket, self.max_rows)
+        hidden = self.model(self.ids[:bucket], self.packed[POSITIONS, :bucket], self.kv_caches, meta)
         logits = self.model.compute_logits(hidden, out=self.logits[:bucket])
-        self.sampled[:bucket].copy_(row_argmax(logits))
+        self.greedy(logits, self.sampled, self.host_sampled[turn])
 
-    def _capture_all(self, with_lora: bool) -> dict[int, torch.cuda.CUDAGraph]:
+    def _capture_all(self, with_lora: bool) -> list[dict[int, torch.cuda.CUDAGraph]]:
         started = time.perf_counter()
-        self.packed.zero_()  # every row padding while capturing: the warm-up forwards store nothing
-        for row, fill in enumerate(PADDING):
-            self.packed[row].fill_(fill)
+        torch.cuda.synchronize()  # no replay is reading the host buffers
+        # a capture while serving (LoRA) comes between launching a step and collecting it, and the warm-up
+        # forwards write every buffer: keep the ids that step produced for its host and the next step
+        kept = [self.sampled.clone(), *(h.clone() for h in self.host_sampled)]
+        for turn in range(SETS):  # every row padding while capturing: the warm-up forwards store nothing
+            packed, _ = self.host_views(turn)
+            packed[:] = np.array(PADDING)[:, None]
         if self.lora is not None:
             self.lora.clear()  # a base capture must not record the hooks of the last eager adapter step
+        sets = []
+        for turn in range(SETS):
+            def forward(bucket: int, turn: int = turn) -> None:
+                if with_lora:
+                    self.lora.bind(self.packed[ADAPTERS, :bucket])  # type: ignore[union-attr]
+                self._forward(bucket, turn, self._meta(bucket))
 
-        def forward(bucket: int) -> None:
-            if with_lora:
-                self.lora.bind(self.packed[ADAPTERS, :bucket])  # type: ignore[union-attr]
-            self._forward(bucket, self._meta(bucket))
-
-        graphs, self.pool = capture_buckets(self.sizes, forward, self.pool)
+            graphs, self.pool = capture_buckets(self.sizes, forward, self.pool)
+            sets.append(graphs)
         if self.lora is not None:
             self.lora.clear()
-        logger.info("CUDA graphs: captured %d decode row counts (%s)%s in %.1f s", len(self.sizes),
-                    ",".join(map(str, self.sizes)), " with LoRA" if with_lora else "", time.perf_counter() - started)
-        return graphs
+        for buffer, saved in zip((self.sampled, *self.host_sampled), kept):
+            buffer.copy_(saved)
+        logger.info("CUDA graphs: captured %d decode row counts (%s)%s, %d sets, in %.1f s", len(self.sizes),
+                    ",".join(map(str, self.sizes)), " with LoRA" if with_lora else "", SETS,
+                    time.perf_counter() - started)
+        return sets
 
     def accepts(self, inputs: Sequence[StepInput]) -> bool:
         """Every input brings at most MAX_ROWS_PER_SEQ tokens, all rows fit a bucket, tables fit the buffer."""
@@ -191,37 +212,43 @@ class DecodeGraphs:
             rows += n
         return rows <= self.sizes[-1]
 
-    def run(self, inputs: Sequence[StepInput],
-            last_sampled: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Replay the bucket's graph: float32 logits [new tokens, vocab] and each row's greedy id (both valid
-        until the next run). `last_sampled`: the previous launch's sampled ids, on the device (ModelRunner)."""
+    def run(self, inputs: Sequence[StepInput], last_sampled: torch.Tensor | None) -> DecodeOutput:
+        """Replay the bucket's graph: float32 logits [new tokens, vocab] and each row's greedy id, on the device
+        (both valid until the next run) and in pinned host memory (valid until the run after next; read it
+        once the step has run). `last_sampled`: the previous launch's sampled ids, on the device."""
         columns, tables = pack_rows(inputs, self.block_size)
         n = tables.shape[0]
         bucket = pick_bucket(self.sizes, n)
         assert bucket is not None
-        graph = self._graphs(max(columns[ADAPTERS]) >= 0)[bucket]  # may capture: before the inputs are written
+        turn = self.turn
+        graph = self._graphs(max(columns[ADAPTERS]) >= 0)[turn][bucket]  # may capture: before inputs are written
         if (last_sampled is not None and last_sampled.data_ptr() != self.sampled.data_ptr()
                 and max(columns[PREV]) >= 0):  # the sampler chose them, not a graph's argmax
             self.sampled[: last_sampled.shape[0]].copy_(last_sampled)
-        staged = self.staging.take()
-        host = staged.numpy()
-        packed = host[: self.width].view(np.int64).reshape(PACKED_ROWS, self.max_rows)
+        self.replayed[turn].synchronize()  # this set's last replay has read its inputs (at once when recorded)
+        packed, host_tables = self.host_views(turn)
         for i, (column, fill) in enumerate(zip(columns, PADDING)):
             packed[i, :n] = column
             packed[i, n:bucket] = fill
-        # block tables: the step's rows; later columns are never read (past the lengths)
-        host[self.width :].reshape(self.max_rows, self.max_blocks)[:n, : tables.shape[1]] = tables.numpy()
-        end = self.width + n * self.max_blocks
-        self.staging.copy(self.inputs[:end], staged[:end])
+        host_tables[:n, : tables.shape[1]] = tables.numpy()  # later columns are never read (past the lengths)
         graph.replay()
-        return self.logits[:n], self.sampled[:n]
+        self.replayed[turn].record()
+        self.turn = (turn + 1) % SETS
+        return DecodeOutput(self.logits[:n], self.sampled[:n], self.host_sampled[turn][:n])
 
-    def _graphs(self, with_lora: bool) -> dict[int, torch.cuda.CUDAGraph]:
+    def host_views(self, turn: int) -> tuple[np.ndarray, np.ndarray]:
+        """Graph set `turn`'s pinned inputs as numpy views: the packed rows [PACKED_ROWS, max_rows] (int64) and
+        the block tables [max_rows, max_blocks] (int32)."""
+        host = self.host_inputs[turn].numpy()
+        return (host[: self.width].view(np.int64).reshape(PACKED_ROWS, self.max_rows),
+                host[self.width :].reshape(self.max_rows, self.max_blocks))
+
+    def _graphs(self, with_lora: bool) -> list[dict[int, torch.cuda.CUDAGraph]]:
         version = self.lora_version()
         if version != self.captured_version:
             # a Linear got adapter stacks, which moves its weight into a new buffer (runtime/lora/slots.py),
             # or a wider adapter rank: every graph holds stale addresses or shapes
-            self.base = self.with_lora = {}  # free them before capturing their replacements
+            self.base = self.with_lora = []  # free them before capturing their replacements
             self.base = self._capture_all(with_lora=False)
             self.captured_version = version
         if with_lora and not self.with_lora:  # the first adapter step since
