@@ -5,12 +5,7 @@
 # Lands in $OUT: log.txt, tests_cuda.txt, gpu_bench.json, profile.txt, the servers' logs. SKIP overrides the
 # skipped gpu_bench phases; TESTS=0 skips the CUDA tests (async scheduling, graphs, the engine tests on CUDA);
 # TEST_FILES replaces their list (TESTS_S: their time limit, default 200 s).
-set -u
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
-L=$OUT/log.txt
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >>"$L" 2>&1
-export PYTHONPATH=/tmp/site:$PWD
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >>"$L" 2>&1
+source benchmarks/gpu_setup.sh
 if [[ ${TESTS:-1} == 1 ]]; then
   ENGINE_TEST_DEVICE=cuda timeout "${TESTS_S:-200}" python -m pytest -q -p no:cacheprovider ${TEST_FILES:-tests/unit/test_cuda_kernels.py \
     tests/unit/test_cuda_graphs.py tests/unit/test_async_scheduling.py tests/unit/test_llm_engine.py} > $OUT/tests_cuda.txt 2>&1

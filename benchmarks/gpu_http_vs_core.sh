@@ -5,12 +5,7 @@
 # JOBS: "timers" = python -m benchmarks.decode_b1 --timers; "S:A:C" = python -m benchmarks.http_vs_core with S
 # streams, A front ends (--api-servers) and C consumer processes. ROUNDS and SECONDS set http_vs_core's rounds.
 # Lands in $OUT: log.txt, decode_b1.json, http-vs-core-*.json, the servers' logs.
-set -u
-export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
-L=$OUT/log.txt
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl >>"$L" 2>&1
-export PYTHONPATH=/tmp/site:$PWD
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >>"$L" 2>&1
+source benchmarks/gpu_setup.sh
 git rev-parse --short HEAD >>"$L" 2>&1
 for job in ${JOBS:-timers 64:1:1 256:4:4}; do
   echo "== $job $(date +%T)" | tee -a "$L"
