@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -135,7 +135,7 @@ async def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     gaps: list[float] = []
     result: dict[str, Any] = {}
     try:
-        with timed_engine(engine, timers) if isinstance(engine, NativeEngine) else _nothing():
+        with timed_engine(engine, timers) if isinstance(engine, NativeEngine) else nullcontext():
             await _stream(engine, _request("b1-warm", gm.random_prompts(1, 128, vocab, seed=-1)[0], 8))
             timers.reset()
             steps0 = engine.stats().iterations if isinstance(engine, NativeEngine) else 0
@@ -156,11 +156,6 @@ async def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     finally:
         await engine.shutdown()
     return result
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def main() -> None:

@@ -211,7 +211,7 @@ class ModelRunner:
         identity = sample_idx == list(range(logits.shape[0]))
         if (graph_out is not None and graph_out.greedy is not None and identity
                 and len(rows) == graph_out.greedy.shape[0] and plain_greedy(sample_rows)):
-            # the graph took every row's argmax and copied it to the host: nothing left to launch
+            # the graph took every row's argmax and wrote it to pinned host memory: nothing left to launch
             self.last_sampled = graph_out.greedy
             fetched: list[torch.Tensor | None] = [graph_out.greedy_host, None, None, None]
         else:

@@ -46,14 +46,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
-import numpy as np
-
 from runtime.attention_metadata import AttentionMetadata
+from runtime.cuda.step_io import GreedyIds, load_step_inputs
 from runtime.decode_rows import (ADAPTERS, LENGTHS, MAX_ROWS_PER_SEQ, PACKED_ROWS, PADDING, POSITIONS, PREV, SLOTS,
                                  DecodeOutput, pack_rows)
-from runtime.cuda.step_io import GreedyIds, load_step_inputs
 
 if TYPE_CHECKING:
     from runtime.lora.apply import LoraBatch
@@ -139,7 +138,7 @@ class DecodeGraphs:
         self.max_blocks = max_blocks_per_seq
         self.sizes = graph_batch_sizes(max_rows)
         self.max_rows = max_rows
-        # the packed rows (int64, as pairs of int32) then the block tables, in one buffer: one copy per step
+        # the packed rows (int64, as pairs of int32) then the block tables, in one buffer: one kernel fills it per step
         self.width = 2 * PACKED_ROWS * max_rows
         self.inputs = torch.zeros(self.width + max_rows * max_blocks_per_seq, dtype=torch.int32, device=device)
         self.packed = self.inputs[: self.width].view(torch.int64).view(PACKED_ROWS, max_rows)

@@ -31,8 +31,8 @@ import torch
 
 from runtime.attention_metadata import AttentionMetadata
 from runtime.cuda.graphs import capture_buckets, pick_bucket
-from runtime.decode_rows import MAX_ROWS_PER_SEQ
 from runtime.cuda.paged_attention import PREFILL_BLOCK_M
+from runtime.decode_rows import MAX_ROWS_PER_SEQ
 from runtime.device import PinnedStaging
 
 if TYPE_CHECKING:
