@@ -297,13 +297,15 @@ async def _closed_loop(engine: Any, s: Sizes, vocab: int, seed: int, label: str 
     stop = asyncio.Event()
     lags: list[float] = []
     delays: list[float] = []
+    ttfts: list[float] = []
 
     async def worker(w: int) -> None:
         nonlocal tokens
         i = w
         while time.perf_counter() < stop_at:
-            _, _, n = await _stream(engine, _request(f"{label}cl{w}-{i}", prompts[i % len(prompts)], s.output))
+            t0, arrivals, n = await _stream(engine, _request(f"{label}cl{w}-{i}", prompts[i % len(prompts)], s.output))
             tokens += n
+            ttfts.append(arrivals[0] - t0)
             i += streams
 
     lag_task = asyncio.create_task(_loop_lag(stop, lags, delays))
@@ -312,7 +314,7 @@ async def _closed_loop(engine: Any, s: Sizes, vocab: int, seed: int, label: str 
     wall = time.perf_counter() - t
     stop.set()
     await lag_task
-    return {f"closed_loop_{streams}_tok_s": tokens / wall,
+    return {f"closed_loop_{streams}_tok_s": tokens / wall, "ttft_ms_p50": _pct(ttfts, 0.5) * 1e3,
             "event_loop_lag_ms_p50": _pct(lags, 0.5) * 1e3, "event_loop_lag_ms_p99": _pct(lags, 0.99) * 1e3,
             "event_loop_delay_ms_p50": _pct(delays, 0.5) * 1e3, "event_loop_delay_ms_p99": _pct(delays, 0.99) * 1e3}
 
@@ -499,9 +501,16 @@ def http_server(command: list[str], label: str, out: Path, ready: str) -> Iterat
         server.stop()
 
 
-def http_load(server: Any, folder: Path, s: Sizes, concurrency: int, *, tserve: bool = False) -> dict[str, Any]:
-    """`concurrency` closed-loop streams for `s.http_s` from the load generator; its summary. Raises when a
-    request failed."""
+def client_processes(concurrency: int) -> int:
+    """Load-generator processes for `concurrency` streams: one saturates near 30k events/s, so the big loads get
+    more, and the server is what is measured."""
+    return min(4, max(1, concurrency // 32))
+
+
+def http_load(server: Any, folder: Path, s: Sizes, concurrency: int, *, tserve: bool = False,
+              clients: int | None = None) -> dict[str, Any]:
+    """`concurrency` closed-loop streams for `s.http_s` from the load generator (`clients` processes, by default
+    `client_processes(concurrency)`); its summary. Raises when a request failed."""
     from benchmarks.procs import run_load_generator
 
     if tserve:  # exact lengths through a per-request generation_config (it rejects unknown fields)
@@ -514,8 +523,7 @@ def http_load(server: Any, folder: Path, s: Sizes, concurrency: int, *, tserve: 
             "--concurrency", str(concurrency), "--num-prompts", str(max(s.batch, concurrency)), "--input-mean", str(s.prompt),
             "--input-std", "0", "--output-mean", str(s.output), "--output-std", "0", "--duration", str(s.http_s),
             "--warmup", str(concurrency),
-            # one client process saturates near 30k events/s: more for the big loads, so the server is measured
-            "--client-processes", str(min(4, max(1, concurrency // 32)))] + extra
+            "--client-processes", str(clients or client_processes(concurrency))] + extra
     summary = run_load_generator(argv, timeout=300)["points"][0]["summary"]
     if not summary["completed"] or summary["failed"]:
         raise RuntimeError(f"{summary['failed']} of {summary['completed'] + summary['failed']} requests failed: {summary['errors']}")

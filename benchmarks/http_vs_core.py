@@ -9,7 +9,10 @@ Both sides stay up for the whole run: the gateway (`gateway serve`, its engine c
 `--consumers` processes (benchmarks/core_consumers.py: the load's shape without HTTP). Rounds of `--seconds`
 alternate core, HTTP, HTTP, core, core, HTTP, ... (each pair in turn starts with the other side, so a drift of
 the machine weighs on both), while the other side idles. Each pair gives a ratio, HTTP tok/s over core tok/s;
-prints every round and the median ratio as JSON (and writes it to --out).
+prints every round and the median ratio as JSON (and writes it to --out). Each HTTP round also tells how busy the front
+ends were at their busiest (CPU seconds per wall second over 2 s), how busy the client processes were, and the
+gateway's own mean time to first token (from its arrival at the engine; one front end only), beside the
+client's and the engine core's.
 
 Why: as separate phases of one gpu_bench call the two figures moved 10-20 points between calls of the same
 code (the engine core's own figure 35-55k tok/s), more than the goals' margins.
@@ -27,11 +30,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 
 from benchmarks import gpu_models as gm
 from benchmarks.core_consumers import CoreConsumers
-from benchmarks.gpu_bench import FULL, SMOKE, engine_config, gateway_command, http_load, http_server
+from benchmarks.gpu_bench import FULL, SMOKE, client_processes, engine_config, gateway_command, http_load, http_server
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -44,10 +48,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                                 torch.bfloat16)
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     extra = ["--api-servers", str(args.api_servers)] if args.api_servers > 1 else []
-    label = f"http-vs-core-{args.streams}-api{args.api_servers}"
+    extra += ["--stream-interval", str(args.stream_interval)]
+    label = (f"http-vs-core-{args.streams}-api{args.api_servers}"
+             + (f"-clients{args.client_processes}" if args.client_processes else "")
+             + (f"-interval{args.stream_interval}" if args.stream_interval > 1 else ""))
     rounds: list[dict[str, Any]] = []
     with http_server(gateway_command(folder, args.device, s, args.streams, *extra), label, out, "/health") as server:
-        async with CoreConsumers(engine_config(folder, args.device, s), s, vocab, seed=7, processes=args.consumers) as core:
+        config = dataclasses.replace(engine_config(folder, args.device, s), stream_interval=args.stream_interval)
+        async with CoreConsumers(config, s, vocab, seed=7, processes=args.consumers) as core:
             await asyncio.to_thread(http_load, server, folder, dataclasses.replace(s, http_s=min(3.0, s.http_s)),
                                     args.streams)  # warm-up
             for i in range(args.rounds):
@@ -55,21 +63,53 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 for side in ("core", "http") if i % 2 == 0 else ("http", "core"):
                     t = time.perf_counter()
                     if side == "core":
-                        pair["core_tok_s"] = (await core.round())[f"closed_loop_{s.batch}_tok_s_client_procs"]
+                        result = await core.round()
+                        pair["core_tok_s"] = result[f"closed_loop_{s.batch}_tok_s_client_procs"]
+                        pair["core_ttft_ms_p50"] = statistics.median(result["client_procs_ttft_ms_p50"])
                     else:
-                        summary = await asyncio.to_thread(http_load, server, folder, s, args.streams)
+                        ttft_before = _server_ttft(server.base_url) if args.api_servers == 1 else None
+                        load = asyncio.ensure_future(asyncio.to_thread(http_load, server, folder, s, args.streams,
+                                                                       clients=args.client_processes))
+                        busy = await _busiest(server, load)
+                        summary = await load
                         pair["http_tok_s"] = summary["output_token_throughput"]
                         pair["http_events_s"] = summary["events_per_s"]
+                        pair["front_end_cpu_busy_peak"] = busy
+                        pair["client_cpu_busy"] = round(summary["client_cpu_s"] / summary["duration_s"]
+                                                        / (args.client_processes or client_processes(args.streams)), 2)
+                        if ttft_before is not None:  # with several front ends a scrape reaches any one of them
+                            ttft_sum, ttft_count = (a - b for a, b in zip(_server_ttft(server.base_url), ttft_before))
+                            pair["server_ttft_ms_mean"] = 1e3 * ttft_sum / max(ttft_count, 1)
                         pair["http_ttft_ms_p50"] = summary["ttft_ms"].get("p50")
                     print(f"[round {i} {side}] {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
                 pair["ratio"] = pair["http_tok_s"] / pair["core_tok_s"]
                 rounds.append(pair)
     result = {"streams": args.streams, "api_servers": args.api_servers, "consumers": args.consumers,
+              "stream_interval": args.stream_interval,
               "seconds": args.seconds, "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
               "rounds": rounds, "ratio_median": statistics.median(r["ratio"] for r in rounds),
               "ratio_of_sums": sum(r["http_tok_s"] for r in rounds) / sum(r["core_tok_s"] for r in rounds)}
     (out / f"{label}.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+async def _busiest(server: Any, load: asyncio.Future[Any], window: float = 2.0) -> float:
+    """The front ends' CPU seconds per wall second over their busiest `window` s while `load` runs (1.0: one
+    core saturated): a figure of the steady part, free of the load generator's start-up and drain."""
+    samples = [(time.perf_counter(), server.front_end_cpu_seconds())]
+    while not load.done():
+        await asyncio.sleep(0.25)
+        samples.append((time.perf_counter(), server.front_end_cpu_seconds()))
+    rates = [(c1 - c0) / (t1 - t0) for (t0, c0) in samples for (t1, c1) in samples if window <= t1 - t0 < window + 0.3]
+    return round(max(rates, default=0.0), 2)
+
+
+def _server_ttft(base_url: str) -> tuple[float, float]:
+    """(sum, count) of the gateway's time-to-first-token histogram (arrival at the engine to its first token)."""
+    text = httpx.get(base_url + "/metrics", timeout=30).text
+    value = lambda name: sum(float(line.split()[-1]) for line in text.splitlines()  # noqa: E731
+                             if line.startswith(f"trtllm_gateway_time_to_first_token_seconds_{name} "))
+    return value("sum"), value("count")
 
 
 def main() -> int:
@@ -78,6 +118,9 @@ def main() -> int:
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--api-servers", type=int, default=1, help="the gateway's front-end processes")
     parser.add_argument("--consumers", type=int, default=1, help="processes driving the engine core directly")
+    parser.add_argument("--client-processes", type=int, default=None,
+                        help="load-generator processes for HTTP (default: gpu_bench.client_processes)")
+    parser.add_argument("--stream-interval", type=int, default=1, help="both sides' engine --stream-interval")
     parser.add_argument("--rounds", type=int, default=4, help="pairs of one core and one HTTP round")
     parser.add_argument("--seconds", type=float, default=10.0, help="each round's length")
     parser.add_argument("--device", default="cuda")

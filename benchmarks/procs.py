@@ -24,6 +24,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` (all its threads) so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Server:
     """A uvicorn server in a subprocess; `base_url` includes any path prefix given."""
 
@@ -71,8 +77,22 @@ class Server:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the server process (all its threads) so far."""
-        fields = Path(f"/proc/{self.server_pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return _cpu_seconds(self.server_pid)
+
+    def front_end_cpu_seconds(self) -> float:
+        """CPU time so far of the gateway's HTTP front ends: the process started and its descendants, less the
+        engine core (`python -m runtime.process.core`) and anything below it."""
+        total, todo = 0.0, [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            try:
+                if b"runtime.process.core" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    continue
+                total += _cpu_seconds(pid)
+                todo += [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+            except (FileNotFoundError, ProcessLookupError):  # it exited meanwhile
+                pass
+        return total
 
     def stop(self) -> None:
         if self.proc.poll() is None:

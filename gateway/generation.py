@@ -3,7 +3,8 @@
 Shared by every route of both dialects: submit, wait for each request's first output (so rejections
 such as prompt-too-long or queue-full surface before any response bytes), then iterate batches of
 `(prompt_index, delta)` in arrival order. A batch is every delta ready at once (one or more engine
-steps', from `Engine.generate_batches`), so a stream writes it with one send. `close()` aborts
+steps', from `Engine.generate_batches`), with each sequence's deltas merged into one (`coalesce`: a front
+end that falls behind writes fewer, larger events), so a stream writes it with one send. `close()` aborts
 whatever is unfinished, which is how a client disconnect returns KV blocks to the pool. Latency and
 token metrics are observed here, once per batch.
 
@@ -29,7 +30,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.shutdown import on_drain_timeout
 from runtime.engine import Engine
 from runtime.errors import EngineFailedError
-from runtime.request import GenerationRequest, OutputDelta
+from runtime.request import GenerationRequest, OutputDelta, coalesce
 
 Item = tuple[int, OutputDelta]
 _END = None  # queue marker: one prompt's iterator is exhausted
@@ -189,7 +190,7 @@ class GenerationStream:
         request = self.requests[index]
         items: list[Item] = []
         error: BaseException | None = None
-        for delta in deltas:
+        for delta in coalesce(deltas):
             if delta.usage is not None:
                 self._used[index] = delta.usage.prompt_tokens + delta.usage.completion_tokens
             else:

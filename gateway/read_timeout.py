@@ -4,10 +4,11 @@ uvicorn 0.54 closes idle keep-alive connections (timeout_keep_alive, after a res
 for a request being sent: 300 connections that sent partial headers stayed open indefinitely, and a
 stalled body held SIGTERM for the whole drain timeout. Two parts, one setting:
 
-- headers: `http_protocol(timeout)` is uvicorn's h11 protocol with a timer: a request's line and headers
-  must arrive within `timeout` of the connection opening (or of the first byte after a response), else
-  the connection is closed. A total, not an idle, limit: h11 buffers up to 16 KB of headers, which a
-  client trickling a byte at a time could otherwise stretch out for ever.
+- headers: `http_protocol(timeout)` is uvicorn's HTTP protocol (httptools where installed, else h11) with a
+  timer: a request's line and headers must arrive within `timeout` of the connection opening (or of the first
+  byte after a response), else the connection is closed. A total, not an idle, limit: a client trickling a
+  byte at a time could otherwise stretch the headers out for ever. Headers are capped at MAX_HEADER_BYTES
+  (h11 caps them at 16 KB itself; httptools has no cap).
 - body: ReadTimeoutMiddleware lets each read of the body wait `timeout` at most (an idle limit, like
   nginx's client_body_timeout: a body up to --max-body-bytes may take longer as a whole on a slow link).
   Past it the route answers 408 in its dialect and the connection is closed (the client is not sending,
@@ -28,6 +29,11 @@ from gateway.errors import BodyReadTimeoutError, render_for_path
 from gateway.middleware import request_id_of
 from gateway.settings import Settings
 from gateway.shutdown import on_drain_timeout
+
+try:  # uvicorn's C parser (about 9% less front-end CPU per streamed token than h11: benchmarks/RESULTS.md)
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _FastestProtocol
+except ImportError:  # httptools not installed
+    _FastestProtocol = H11Protocol  # type: ignore[assignment, misc]
 
 
 def read_timeout_middleware(settings: Settings) -> Middleware:
@@ -94,18 +100,30 @@ class ReadTimeoutMiddleware:
             await render_for_path(scope["path"], exc, request_id_of(scope))(scope, receive, closing_send)
 
 
-class HeaderTimeoutProtocol(H11Protocol):
-    """uvicorn's h11 protocol closing a connection whose request headers take over `header_timeout` s."""
+MAX_HEADER_BYTES = 64 * 1024  # a request line and headers larger than this get 400 and the connection closed
+
+
+class HeaderTimeoutProtocol(_FastestProtocol):  # type: ignore[misc, valid-type]
+    """uvicorn's protocol closing a connection whose request headers take over `header_timeout` s or
+    MAX_HEADER_BYTES."""
 
     header_timeout = 30.0  # set by http_protocol()
     _header_timer: asyncio.TimerHandle | None = None
+    _header_bytes = 0  # received since the current request's headers began
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._watch_headers()
 
     def data_received(self, data: bytes) -> None:
+        awaiting = self._awaiting_headers()
         super().data_received(data)
+        if awaiting and self._awaiting_headers():  # still no complete headers: the bytes were all header bytes
+            self._header_bytes += len(data)
+            if self._header_bytes > MAX_HEADER_BYTES and not self.transport.is_closing():
+                self.send_400_response("Request headers too large.")
+        else:
+            self._header_bytes = 0
         self._watch_headers()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -135,9 +153,9 @@ class HeaderTimeoutProtocol(H11Protocol):
             self.transport.close()
 
 
-def http_protocol(header_timeout: float) -> type[H11Protocol]:
+def http_protocol(header_timeout: float) -> type[HeaderTimeoutProtocol]:
     """uvicorn's `http` protocol class for --read-timeout `header_timeout`."""
     return type("HeaderTimeoutProtocol", (HeaderTimeoutProtocol,), {"header_timeout": header_timeout})
 
 
-__all__ = ["HeaderTimeoutProtocol", "ReadTimeoutMiddleware", "http_protocol", "read_timeout_middleware"]
+__all__ = ["MAX_HEADER_BYTES", "HeaderTimeoutProtocol", "ReadTimeoutMiddleware", "http_protocol", "read_timeout_middleware"]

@@ -11,7 +11,8 @@ stream: we keep it for its keep-alive pings, its disconnect watcher and its shut
 hand it pre-encoded bytes. When the client disconnects, sse-starlette cancels the writer; our
 `finally` then calls `on_close` (which aborts the engine requests, returning their KV blocks). A
 failure mid-stream becomes the dialect's error event(s) (`render_error`), then the stream ends (with
-`done_marker` if the dialect has one).
+`done_marker` if the dialect has one). Without a send timeout (ours never sets one) a send skips the anyio
+cancel scope that sse-starlette opens around each one (`EventStream`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 
 import orjson
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Message, Send
 
 T = TypeVar("T")
 Payload = dict[str, Any] | str
@@ -89,6 +91,17 @@ async def _frames(
             on_close()
 
 
+class EventStream(EventSourceResponse):
+    """sse-starlette's response, minus a cancel scope per send when there is no send timeout: entering and
+    leaving anyio's scope was about 7% of the front end's CPU per streamed token (benchmarks/RESULTS.md)."""
+
+    async def _send_with_timeout(self, send: Send, message: Message) -> None:
+        if self.send_timeout is None:
+            await send(message)
+        else:
+            await super()._send_with_timeout(send, message)
+
+
 def sse_response(
     items: AsyncIterable[T],
     render: Callable[[T], Iterable[Payload]],
@@ -98,13 +111,13 @@ def sse_response(
     on_close: Callable[[], None] | None = None,
     done_marker: str | None = None,
     headers: Mapping[str, str] | None = None,
-) -> EventSourceResponse:
+) -> EventStream:
     """Stream `items` as SSE: `render` per item, then `finish()`, then `done_marker` (e.g. "[DONE]").
 
     `render_error(exc)` gives the error event's payload (or several); `on_close()` (sync) runs exactly once when
     the stream ends for any reason, including a client disconnect.
     """
-    return EventSourceResponse(
+    return EventStream(
         _frames(items, render, render_error, finish, on_close, done_marker),
         headers=headers,
         sep=_SEP,

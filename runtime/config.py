@@ -60,6 +60,7 @@ class EngineConfig:
     cpu_compile: bool = field(default_factory=lambda: os.environ.get("TRTLLM_GATEWAY_CPU_COMPILE", "true").lower()
                               not in ("0", "false", "no", "off"))
     async_scheduling: bool | None = None  # prepare step N+1 while the device runs step N; default: on for CUDA
+    stream_interval: int = 1  # a stream's tokens go out in groups of this many (its first at once): fewer, larger events for less host work per token
     # TensorRT-LLM only
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1

@@ -5,6 +5,9 @@ Each step the engine queues its deltas in an Outbox; `flush` then hands the step
   per-request asyncio queues read by `read_batches`;
 - `runtime.process.core.SocketOutbox`: one message to the front-end process.
 Deltas of non-streamed requests are held until the request ends: one hand-off in all instead of one per step.
+With `stream_interval` N > 1 (--stream-interval, as vLLM's and TensorRT-LLM's option of that name) a streamed
+request's first delta goes out at once, then its deltas wait until one sequence has N tokens waiting, or it ends:
+every part of the path to the client (message, hand-off, SSE event, socket write) then runs once per N tokens.
 `Mailbox` is a cheaper single-reader stand-in for the asyncio.Queue that `read_batches` reads.
 """
 
@@ -16,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from runtime.request import OutputDelta
+from runtime.request import OutputDelta, coalesce
 from runtime.request_state import RequestState
 
 END = object()  # queued after a request's last delta
@@ -27,9 +30,14 @@ Pending = list[tuple[RequestState, list[OutputDelta], bool]]  # (request, its de
 class Outbox:
     """Deltas produced by the step thread, waiting for the next `flush`. Used by the step thread only."""
 
-    def __init__(self) -> None:
+    def __init__(self, stream_interval: int = 1) -> None:
+        if stream_interval < 1:
+            raise ValueError(f"--stream-interval must be at least 1, got {stream_interval}")
+        self.stream_interval = stream_interval
         self._pending: Pending = []
-        self._held: dict[str, list[OutputDelta]] = {}  # deltas of non-streamed requests, until they end
+        # Deltas held back, by request id: a non-streamed request's until it ends; with a stream interval, a
+        # streamed request's since its last hand-off (an empty list once its first delta went out).
+        self._held: dict[str, list[OutputDelta]] = {}
 
     def emit(self, state: RequestState, deltas: list[OutputDelta], final: bool = False) -> None:
         """Queue `deltas` of `state` (stamped with the time they were produced); `final`: its last ones."""
@@ -37,12 +45,23 @@ class Outbox:
         now = time.monotonic()
         for d in deltas:
             d.time = now
-        if not state.request.stream:
-            held = self._held.setdefault(state.request_id, [])
-            held.extend(deltas)
-            if not final:
-                return
-            deltas = self._held.pop(state.request_id)
+        request = state.request
+        if not request.stream or self.stream_interval > 1:
+            held = self._held.get(state.request_id)
+            if held is None and request.stream:  # a stream's first delta goes out at once (time to first token)
+                if not final:
+                    self._held[state.request_id] = []
+            else:
+                if held is None:  # a non-streamed request's first deltas
+                    held = self._held[state.request_id] = []
+                held.extend(deltas)
+                if not final and (not request.stream or _most_tokens(held) < self.stream_interval):
+                    return
+                if final:
+                    del self._held[state.request_id]
+                else:
+                    self._held[state.request_id] = []
+                deltas = coalesce(held) if request.stream else held
         self._pending.append((state, deltas, final))
 
     def flush(self) -> None:
@@ -65,6 +84,14 @@ class Outbox:
                 loop.call_soon_threadsafe(_deliver, batch)
             except RuntimeError:  # the caller's event loop is closed: nobody is listening
                 pass
+
+
+def _most_tokens(deltas: list[OutputDelta]) -> int:
+    """The most tokens that any one sequence has in `deltas`."""
+    tokens: dict[int, int] = {}
+    for d in deltas:
+        tokens[d.index] = tokens.get(d.index, 0) + len(d.token_ids)
+    return max(tokens.values(), default=0)
 
 
 class Mailbox:

@@ -83,7 +83,8 @@ class NativeEngine(Engine):
         self._active_ids: set[str] = set()
         self._num_waiting = 0  # scheduler's waiting requests as of the last step
         self._requests: dict[str, RequestState] = {}  # loop thread only
-        self.outbox = outbox or Outbox()  # the engine-core process passes one that sends to the front end
+        # the engine-core process passes one that sends to the front end
+        self.outbox = outbox or Outbox(config.stream_interval)
         self._thread: threading.Thread | None = None
         self._accepting = False
         self._stopping = False

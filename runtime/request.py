@@ -139,3 +139,45 @@ class OutputDelta(msgspec.Struct, array_like=True):
     usage: Usage | None = None
     error: str | None = None  # with finish_reason "error"
     time: float | None = None  # time.monotonic() when the engine produced it (metrics of held deltas)
+
+
+
+def coalesce(deltas: list[OutputDelta]) -> list[OutputDelta]:
+    """`deltas` of one request, each sequence's consecutive deltas merged into one.
+
+    A front end that falls behind the engine finds several steps' deltas waiting at once; writing one event
+    per delta would cost it per token what one event costs per batch (vLLM's output collector merges them the
+    same way). A merged delta takes its sequence's latest place, so the request's last delta (with `usage`)
+    stays last, and keeps its first part's time (the metrics' time to first token). A delta ending in "error"
+    or "abort" is never merged: the tokens before it must still be delivered when it is raised.
+    """
+    if len(deltas) < 2:
+        return deltas
+    merged: dict[int, OutputDelta] = {}  # sequence index -> its merged delta, in the order of their latest parts
+    out: list[OutputDelta] = []
+    for delta in deltas:
+        last = merged.pop(delta.index, None)
+        if last is not None and last.finish_reason is None and delta.prompt_token_ids is None \
+                and delta.finish_reason not in ("error", "abort"):
+            merged[delta.index] = _joined(last, delta)
+            continue
+        if last is not None:
+            merged[delta.index] = last
+        if last is not None or delta.finish_reason in ("error", "abort"):  # everything before it goes out first
+            out.extend(merged.values())
+            merged.clear()
+        merged[delta.index] = delta
+    out.extend(merged.values())
+    return out
+
+
+def _joined(first: OutputDelta, then: OutputDelta) -> OutputDelta:
+    """One delta carrying `first`'s tokens and then `then`'s (a new object; neither is changed)."""
+    logprobs = None if first.logprobs is None and then.logprobs is None else [*(first.logprobs or ()),
+                                                                              *(then.logprobs or ())]
+    return msgspec.structs.replace(
+        first, token_ids=first.token_ids + then.token_ids, text=first.text + then.text, logprobs=logprobs,
+        finish_reason=then.finish_reason, stop_reason=then.stop_reason,
+        cumulative_logprob=first.cumulative_logprob if then.cumulative_logprob is None else then.cumulative_logprob,
+        context_logits=then.context_logits, generation_logits=then.generation_logits, usage=then.usage,
+        error=then.error)

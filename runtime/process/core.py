@@ -67,8 +67,9 @@ class SocketOutbox(Outbox):
     engine's stats at most every STATS_PERIOD s (and whenever a request ends, so the front ends' view is exact
     when idle)."""
 
-    def __init__(self, sockets: list[zmq.Socket], owners: dict[str, int], stats: Callable[[], EngineStats]) -> None:
-        super().__init__()
+    def __init__(self, sockets: list[zmq.Socket], owners: dict[str, int], stats: Callable[[], EngineStats],
+                 stream_interval: int = 1) -> None:
+        super().__init__(stream_interval)
         self._sockets = sockets
         self._owners = owners  # request id -> front end; filled by the receiving loop before submit
         self._stats = stats
@@ -103,7 +104,7 @@ class CoreServer:
         self._outputs = [self._push(self._step_context, pair) for pair in addresses]
         self._owners: dict[str, int] = {}
         self.engine = NativeEngine(config, outbox=SocketOutbox(self._outputs, self._owners,
-                                                               lambda: self.engine.stats()))
+                                                               lambda: self.engine.stats(), config.stream_interval))
         self._adding: set[str] = set()  # requests whose grammar is compiling
         self._aborted_while_adding: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()

@@ -132,6 +132,11 @@ def llm_arguments(api: TrtllmApi, config: EngineConfig, folder: ModelFolder,
             kwargs["enable_lora"] = True
     if spec is not None:
         kwargs["speculative_config"] = spec
+    if config.stream_interval > 1:
+        if folder.is_engine:  # TrtLlmArgs has no such field (and refuses unknown ones)
+            raise UnsupportedOptionError("stream_interval", BACKEND,
+                                         "a TensorRT engine folder streams every token; the PyTorch flow takes it")
+        kwargs["stream_interval"] = config.stream_interval
     if not folder.is_engine:
         kwargs["enable_iter_perf_stats"] = True
         if not config.enable_cuda_graphs:

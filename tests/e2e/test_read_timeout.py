@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gateway.read_timeout import MAX_HEADER_BYTES
 from tests.e2e.conftest import MODEL_NAME, free_port
 from tests.e2e.test_shutdown import serve_args, spawn, wait_ready
 
@@ -86,6 +87,21 @@ def test_stalled_headers_and_silent_connections_are_closed(port: int) -> None:
     # a request sent in good time on a fresh connection is served as before
     assert httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=WAIT_S,
                       json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2}).status_code == 200
+
+
+@pytest.mark.parametrize("pieces", [1, 40])
+def test_headers_past_the_cap_are_400_and_the_connection_closed(port: int, pieces: int) -> None:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT_S)
+    header = b"x-filler: " + b"a" * (MAX_HEADER_BYTES + 1) + b"\r\n"
+    data = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + header
+    step = -(-len(data) // pieces)
+    try:
+        for i in range(0, len(data), step):
+            sock.sendall(data[i : i + step])
+    except (BrokenPipeError, ConnectionResetError):  # closed while we were still sending: read what it said
+        pass
+    status, _, _ = answer(sock)
+    assert status.startswith("HTTP/1.1 400"), status
 
 
 def test_a_stalled_body_does_not_hold_sigterm_for_the_drain_timeout(served: subprocess.Popen, port: int) -> None:

@@ -1,4 +1,5 @@
-"""runtime/delivery.py: Mailbox and read_batches, and the compact wire form of the deltas they carry."""
+"""runtime/delivery.py: Mailbox and read_batches, the compact wire form of the deltas they carry, and how the
+front end merges deltas that wait together (runtime.request.coalesce)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 from runtime.delivery import END, Mailbox, read_batches
 from runtime.errors import QueueFullError
 from runtime.process.messages import StepOutputs, encoder, to_front_end
-from runtime.request import OutputDelta, TokenLogprob, Usage
+from runtime.request import OutputDelta, TokenLogprob, Usage, coalesce
 
 
 async def test_read_batches_hands_out_what_is_queued_per_wake_up_until_end() -> None:
@@ -64,3 +65,31 @@ def test_a_delta_crosses_as_an_array_and_every_field_round_trips() -> None:
     back = to_front_end.decode(encoder.encode(StepOutputs([("r", [full], True)], None))).deltas[0][1][0]
     assert torch.equal(back.context_logits, full.context_logits)
     assert msgspec.structs.replace(back, context_logits=None) == msgspec.structs.replace(full, context_logits=None)
+
+
+def test_coalesce_merges_each_sequence_and_keeps_the_last_delta_last() -> None:
+    lp = lambda t: TokenLogprob(t, -0.5, [(t, -0.5)])  # noqa: E731
+    deltas = [OutputDelta("r", 0, [1], "a", logprobs=[lp(1)], prompt_token_ids=[9, 9], time=1.0),
+              OutputDelta("r", 1, [2], "b", logprobs=[lp(2)], time=1.0),
+              OutputDelta("r", 0, [3, 4], "cd", logprobs=[lp(3), lp(4)], cumulative_logprob=-1.5, time=2.0),
+              OutputDelta("r", 0, [5], "e", logprobs=[lp(5)], finish_reason="stop", stop_reason=5, time=3.0),
+              OutputDelta("r", 1, [6], "f", logprobs=[lp(6)], finish_reason="length", usage=Usage(2, 6), time=3.0)]
+    before = msgspec.to_builtins(deltas)
+    assert coalesce(deltas) == [
+        OutputDelta("r", 0, [1, 3, 4, 5], "acde", logprobs=[lp(1), lp(3), lp(4), lp(5)], finish_reason="stop",
+                    stop_reason=5, cumulative_logprob=-1.5, prompt_token_ids=[9, 9], time=1.0),
+        OutputDelta("r", 1, [2, 6], "bf", logprobs=[lp(2), lp(6)], finish_reason="length", usage=Usage(2, 6),
+                    time=1.0)]
+    assert msgspec.to_builtins(deltas) == before  # the inputs are untouched
+
+
+@pytest.mark.parametrize("reason", ["error", "abort"])
+def test_coalesce_never_folds_tokens_into_an_error_or_abort(reason: str) -> None:
+    deltas = [OutputDelta("r", 0, [1], "a"), OutputDelta("r", 0, [2], "b"),
+              OutputDelta("r", 0, finish_reason=reason, error="boom" if reason == "error" else None)]
+    assert coalesce(deltas) == [OutputDelta("r", 0, [1, 2], "ab"), deltas[2]]
+
+
+def test_coalesce_leaves_a_single_delta_alone() -> None:
+    one = [OutputDelta("r", 0, [1], "a")]
+    assert coalesce(one) is one

@@ -124,6 +124,26 @@ async def test_outputs_equal_in_process_and_split_and_refusals_come_back(checkpo
         await split.shutdown()
 
 
+async def test_the_core_sends_a_streams_tokens_in_groups_with_a_stream_interval(checkpoint: Path) -> None:
+    async with started(checkpoint, engine_process=False) as local:
+        want = await collect(local, request("grouped", [5, 6, 7], 11))
+    async with started(checkpoint, engine_process=True, stream_interval=4) as split:
+        assert isinstance(split, EngineClient)
+        messages: list[int] = []  # tokens of the request in each step message
+        dispatch = split._dispatch
+
+        def recording_dispatch(msg: Any) -> None:
+            for request_id, deltas, _ in getattr(msg, "deltas", ()):
+                if request_id == "grouped":
+                    messages.append(sum(len(d.token_ids) for d in deltas))
+            dispatch(msg)
+
+        split._dispatch = recording_dispatch  # type: ignore[method-assign]
+        got = await collect(split, request("grouped", [5, 6, 7], 11))
+    assert summary(got) == summary(want)
+    assert messages == [1, 4, 4, 2]
+
+
 async def test_a_killed_core_fails_requests_in_flight_and_turns_not_ready(checkpoint: Path) -> None:
     async with started(checkpoint, engine_process=True) as engine:
         first = asyncio.Event()

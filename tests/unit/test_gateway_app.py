@@ -39,6 +39,7 @@ class ScriptedEngine(Engine):
         self.start_gate = asyncio.Event()
         self.start_gate.set()
         self.step_delay = 0.0
+        self.all_at_once = False  # generate_batches hands every delta over in one batch (a front end behind)
         self._ready = False
 
     @property
@@ -58,6 +59,13 @@ class ScriptedEngine(Engine):
     def stats(self) -> EngineStats:
         return EngineStats(running=len(self.requests) - len(self.closed), kv_blocks_total=10,
                            kv_blocks_used=len(self.requests) - len(self.closed))
+
+    async def generate_batches(self, request: GenerationRequest) -> AsyncIterator[list[OutputDelta]]:
+        if not self.all_at_once:
+            async for batch in super().generate_batches(request):
+                yield batch
+            return
+        yield [delta async for delta in self.generate(request)]
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
         self.requests.append(request)
@@ -252,6 +260,22 @@ def test_chat_stream_role_first_finish_last_usage_then_done(client: TestClient) 
         assert mine[0]["delta"] == {"role": "assistant", "content": "", "refusal": None}
         assert all("role" not in c["delta"] for c in mine[1:])
         assert [c["finish_reason"] for c in mine] == [None] * (len(mine) - 1) + ["length"]
+
+
+def test_deltas_waiting_together_go_out_as_one_chunk_per_choice(client: TestClient, engine: ScriptedEngine) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "n": 2, "logprobs": True,
+            "top_logprobs": 1}
+    whole = client.post("/v1/chat/completions", json=body).json()
+    engine.all_at_once = True
+    r = client.post("/v1/chat/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}})
+    chunks = [json.loads(e) for e in sse_data(r.text)[:-1]]
+    assert chunks[-1]["usage"] == whole["usage"]
+    for choice in whole["choices"]:
+        mine = [c["choices"][0] for c in chunks[:-1] if c["choices"][0]["index"] == choice["index"]]
+        assert [c["delta"].get("role") for c in mine] == ["assistant", None]  # the role, then all 3 tokens at once
+        assert mine[1]["delta"]["content"] == choice["message"]["content"]
+        assert mine[1]["logprobs"]["content"] == choice["logprobs"]["content"]
+        assert mine[1]["finish_reason"] == "length"
 
 
 def test_completion_stream_text_matches_non_stream(client: TestClient) -> None:

@@ -263,3 +263,34 @@ async def test_non_streamed_request_is_handed_over_once_with_the_same_output(mod
     # each delta keeps the time the engine produced it, so time-to-first-token stays measurable
     times = [d.time for d in h_deltas]
     assert all(t is not None for t in times) and times == sorted(times) and times[0] < times[-1]
+
+
+async def test_a_stream_interval_hands_tokens_over_in_groups_after_the_first(models) -> None:
+    path, hf = models["llama"]
+    p = prompts(1, [7], seed=12)[0]
+    async with running_engine(path, stream_interval=4) as engine:
+        handed: list[tuple[str, int, bool]] = []  # (request, tokens in the hand-off, final) per hand-off
+        send = engine.outbox.send
+
+        def recording_send(pending):
+            handed.extend((state.request_id, sum(len(d.token_ids) for d in ds), final) for state, ds, final in pending)
+            send(pending)
+
+        engine.outbox.send = recording_send
+        one = await collect(engine, request("one", p, 11))
+        two = await collect(engine, request("two", p, 11, n=2, temperature=1.0, seed=3))
+        held = request("held", p, 11)
+        held.stream = False
+        whole = await collect(engine, held)
+    assert one.tokens[0] == whole.tokens[0] == hf_greedy(hf, p, 11)
+    assert one.usage.completion_tokens == 11 and two.usage.completion_tokens == 22
+    # the first token at once, then 4 per sequence, then the rest with the finish
+    assert [(n, final) for rid, n, final in handed if rid == "one"] == [(1, False), (4, False), (4, False), (2, True)]
+    assert [(n, final) for rid, n, final in handed if rid == "two"] == [(2, False), (8, False), (8, False), (4, True)]
+    assert [(n, final) for rid, n, final in handed if rid == "held"] == [(11, True)]  # not streamed: held whole
+
+
+async def test_a_stream_interval_below_one_is_refused(models) -> None:
+    with pytest.raises(ValueError, match="--stream-interval must be at least 1"):
+        async with running_engine(models["llama"][0], stream_interval=0):
+            pass

@@ -35,7 +35,7 @@ def test_checkpoint_folder_options_reach_their_llm_arguments(fake_trtllm, model_
         max_batch_size=12, max_num_tokens=1024, max_beam_width=2, kv_cache_fraction=0.7, max_kv_tokens=2048,
         enable_prefix_caching=False, kv_block_size=32, scheduler_policy="guaranteed_no_evict",
         enable_chunked_prefill=False, tensor_parallel_size=2, pipeline_parallel_size=2, speculative="ngram",
-        num_draft_tokens=3, ngram_max=5, speculative_max_concurrency=4, enable_cuda_graphs=False)
+        num_draft_tokens=3, ngram_max=5, speculative_max_concurrency=4, enable_cuda_graphs=False, stream_interval=4)
     cls, kw = arguments(config)
     assert cls is api.LLM
     assert (kw["model"], kw["tokenizer"], kw["dtype"], kw["max_seq_len"]) == (str(model_dir), str(model_dir),
@@ -52,10 +52,12 @@ def test_checkpoint_folder_options_reach_their_llm_arguments(fake_trtllm, model_
     assert (spec.max_draft_len, spec.max_matching_ngram_size, spec.max_concurrency) == (3, 5, 4)
     assert kw["cuda_graph_config"] is None and kw["enable_iter_perf_stats"] is True
     assert kw["guided_decoding_backend"] == "xgrammar" and "lora_config" not in kw
+    assert kw["stream_interval"] == 4
 
     _, default = arguments(EngineConfig(model=str(model_dir), backend="trtllm"))
     assert default["scheduler_config"].capacity_scheduler_policy == api.CapacitySchedulerPolicy.MAX_UTILIZATION
     assert "cuda_graph_config" not in default and "speculative_config" not in default
+    assert "stream_interval" not in default  # TensorRT-LLM's own default, 1
 
 
 def test_engine_folder_takes_the_tensorrt_engine_class_and_needs_a_tokenizer(fake_trtllm, model_dir,
@@ -75,6 +77,9 @@ def test_engine_folder_takes_the_tensorrt_engine_class_and_needs_a_tokenizer(fak
     assert (kw["model"], kw["tokenizer"], kw["max_seq_len"]) == (str(engine), str(model_dir), 96)
     assert "tokens_per_block" not in kw["kv_cache_config"].model_fields_set
     assert "enable_iter_perf_stats" not in kw and "cuda_graph_config" not in kw
+    with pytest.raises(UnsupportedOptionError) as info:  # TrtLlmArgs has no stream_interval
+        arguments(EngineConfig(model=str(engine), backend="trtllm", stream_interval=2), tokenizer=str(model_dir))
+    assert info.value.param == "stream_interval"
 
 
 @pytest.mark.parametrize("kind,extra,cls_name", [
