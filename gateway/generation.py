@@ -186,11 +186,12 @@ class GenerationStream:
         return bool(unfinished)
 
     def _accept(self, index: int, deltas: list[OutputDelta]) -> tuple[list[Item], BaseException | None]:
-        """The deltas as items, up to the first failure (returned as the error to raise after them)."""
+        """The deltas up to the first failure (returned as the error to raise after them), each sequence's merged
+        into one item. The metrics see them unmerged: each keeps the time the engine produced it."""
         request = self.requests[index]
-        items: list[Item] = []
+        accepted: list[OutputDelta] = []
         error: BaseException | None = None
-        for delta in coalesce(deltas):
+        for delta in deltas:
             if delta.usage is not None:
                 self._used[index] = delta.usage.prompt_tokens + delta.usage.completion_tokens
             else:
@@ -204,9 +205,9 @@ class GenerationStream:
             if delta.finish_reason == "abort" and request.deadline is not None and time.monotonic() >= request.deadline:
                 error = RequestTimeoutError(self._timeout or 0.0)
                 break
-            items.append((index, delta))
-        self._timers[index].observe([delta for _, delta in items])
-        return items, error
+            accepted.append(delta)
+        self._timers[index].observe(accepted)
+        return [(index, delta) for delta in coalesce(accepted)], error
 
     def _finish(self, index: int) -> None:
         self._done[index] = True

@@ -93,7 +93,7 @@ async def _frames(
 
 class EventStream(EventSourceResponse):
     """sse-starlette's response, minus a cancel scope per send when there is no send timeout: entering and
-    leaving anyio's scope was about 7% of the front end's CPU per streamed token (benchmarks/RESULTS.md)."""
+    leaving anyio's scope was about 5% of the front end's CPU per streamed token (benchmarks/RESULTS.md)."""
 
     async def _send_with_timeout(self, send: Send, message: Message) -> None:
         if self.send_timeout is None:

@@ -126,7 +126,7 @@ def test_streamed_events_match_the_document(api_schema: Any, fuzz_server: Runnin
     params = {"path_parameters": {"model": "ensemble"}} if "{model}" in path else {}
     case = api_schema[path]["POST"].Case(body=STREAMS[path], **params)
     response = case.call_and_validate(base_url=fuzz_server.url, checks=CHECKS, timeout=60)
-    assert response.status_code == 200 and response.text.count("data: ") >= 3  # one per token at least
+    assert response.status_code == 200 and response.text.count("data: ") >= 1  # tokens waiting together share one
 
 
 def test_document_lists_every_route(api_schema: Any, fuzz_server: RunningServer) -> None:

@@ -4,6 +4,7 @@ extension, aiperf --per-chunk-usage), and usage.prompt_tokens_details.cached_tok
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -135,8 +136,10 @@ def test_continuous_usage_on_every_chunk(http: httpx.Client, path: str, include_
     body = [c for c in chunks if c["choices"]]
     # chat's role chunk goes out before the first token, as vLLM sends it
     first = [0] if path.endswith("chat/completions") else []
-    assert [c["usage"]["completion_tokens"] for c in body] == first + [1, 2, 3, 4, 5]
-    assert [len(_tokens(c)) for c in body] == first + [1] * 5  # one token a chunk: the counts are exact
+    # each chunk counts the tokens sent so far (tokens that wait together go out as one chunk)
+    sent = list(itertools.accumulate(len(_tokens(c)) for c in body))
+    assert [c["usage"]["completion_tokens"] for c in body] == sent and sent[-1] == 5
+    assert sent[: len(first)] == first and all(len(_tokens(c)) for c in body[len(first):])
     for c in body:
         u = c["usage"]
         assert u == {"prompt_tokens": prompt_tokens, "completion_tokens": u["completion_tokens"],
@@ -165,7 +168,10 @@ def test_continuous_usage_sdk(client: openai.OpenAI) -> None:
     stream = client.completions.create(model=MODEL_NAME, prompt=[11, 12, 13], max_tokens=3, temperature=0,
                                        logprobs=0, stream=True, extra_body={"ignore_eos": True,
                                                                 "stream_options": {"continuous_usage_stats": True}})
-    assert [(c.usage.prompt_tokens, c.usage.completion_tokens) for c in stream] == [(3, 1), (3, 2), (3, 3)]
+    chunks = list(stream)
+    sent = list(itertools.accumulate(len(c.choices[0].logprobs.tokens) for c in chunks))
+    assert [(c.usage.prompt_tokens, c.usage.completion_tokens) for c in chunks] == [(3, n) for n in sent]
+    assert sent[-1] == 3
 
 
 # ----- usage.prompt_tokens_details.cached_tokens -----
