@@ -45,23 +45,21 @@ class Outbox:
         now = time.monotonic()
         for d in deltas:
             d.time = now
-        request = state.request
-        if not request.stream or self.stream_interval > 1:
-            held = self._held.get(state.request_id)
-            if held is None and request.stream:  # a stream's first delta goes out at once (time to first token)
-                if not final:
-                    self._held[state.request_id] = []
-            else:
-                if held is None:  # a non-streamed request's first deltas
-                    held = self._held[state.request_id] = []
-                held.extend(deltas)
-                if not final and (not request.stream or _most_tokens(held) < self.stream_interval):
-                    return
-                if final:
-                    del self._held[state.request_id]
-                else:
-                    self._held[state.request_id] = []
-                deltas = coalesce(held) if request.stream else held
+        request, request_id = state.request, state.request_id
+        if request.stream and self.stream_interval == 1:
+            pass  # every step's deltas go out
+        elif request.stream and request_id not in self._held:  # a stream's first delta goes out at once (TTFT)
+            if not final:
+                self._held[request_id] = []
+        else:
+            held = self._held.setdefault(request_id, [])
+            held.extend(deltas)
+            if not final and (not request.stream or _most_tokens(held) < self.stream_interval):
+                return
+            del self._held[request_id]
+            if not final:
+                self._held[request_id] = []
+            deltas = coalesce(held) if request.stream else held
         self._pending.append((state, deltas, final))
 
     def flush(self) -> None:

@@ -141,7 +141,6 @@ class OutputDelta(msgspec.Struct, array_like=True):
     time: float | None = None  # time.monotonic() when the engine produced it (metrics of held deltas)
 
 
-
 def coalesce(deltas: list[OutputDelta]) -> list[OutputDelta]:
     """`deltas` of one request, each sequence's consecutive deltas merged into one.
 
@@ -156,13 +155,12 @@ def coalesce(deltas: list[OutputDelta]) -> list[OutputDelta]:
     merged: dict[int, OutputDelta] = {}  # sequence index -> its merged delta, in the order of their latest parts
     out: list[OutputDelta] = []
     for delta in deltas:
-        last = merged.pop(delta.index, None)
+        last = merged.get(delta.index)
         if last is not None and last.finish_reason is None and delta.prompt_token_ids is None \
                 and delta.finish_reason not in ("error", "abort"):
+            del merged[delta.index]  # re-inserted: its latest part is now the last one
             merged[delta.index] = _joined(last, delta)
             continue
-        if last is not None:
-            merged[delta.index] = last
         if last is not None or delta.finish_reason in ("error", "abort"):  # everything before it goes out first
             out.extend(merged.values())
             merged.clear()
