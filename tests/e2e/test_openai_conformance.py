@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import MODEL_NAME, RunningServer
+from tests.e2e.conftest import MODEL_NAME, RunningServer, scrape
 from tests.lora_adapters import make_peft_adapter
 
 MESSAGES = [{"role": "user", "content": "Say hello"}]
@@ -172,6 +172,23 @@ def test_continuous_usage_sdk(client: openai.OpenAI) -> None:
     sent = list(itertools.accumulate(len(c.choices[0].logprobs.tokens) for c in chunks))
     assert [(c.usage.prompt_tokens, c.usage.completion_tokens) for c in chunks] == [(3, n) for n in sent]
     assert sent[-1] == 3
+
+
+def test_a_stream_interval_sends_tokens_in_groups(start_server: Callable[..., RunningServer]) -> None:
+    srv = start_server("native", engine_process=True, stream_interval=4)
+    client = openai.OpenAI(base_url=srv.base_url, api_key="none")
+    body = dict(model=MODEL_NAME, prompt=[11, 12, 13], max_tokens=11, temperature=0, logprobs=0,
+                extra_body={"ignore_eos": True})
+    whole = client.completions.create(**body)
+    before = scrape(srv.url)
+    chunks = list(client.completions.create(**body, stream=True))
+    after = scrape(srv.url)
+    per_chunk = [len(c.choices[0].logprobs.tokens) for c in chunks if c.choices[0].logprobs]
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text and sum(per_chunk) == 11
+    # the engine handed the tokens over 4 times (the first, two groups of 4, the last 2): 3 gaps between them,
+    # where every token its own hand-off makes 10 (the front end may merge further what waits; the metric is not)
+    gaps = "trtllm_gateway_inter_token_latency_seconds_count"
+    assert after[gaps] - before.get(gaps, 0.0) == 3
 
 
 # ----- usage.prompt_tokens_details.cached_tokens -----
