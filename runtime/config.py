@@ -65,3 +65,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     trtllm_extra: dict[str, object] = field(default_factory=dict)  # pass-through LLM(...) kwargs
+
+    def __post_init__(self) -> None:
+        if self.stream_interval < 1:  # refused at start-up, in one line, before any process starts
+            raise ValueError(f"--stream-interval must be at least 1, got {self.stream_interval}")

@@ -31,9 +31,7 @@ class Outbox:
     """Deltas produced by the step thread, waiting for the next `flush`. Used by the step thread only."""
 
     def __init__(self, stream_interval: int = 1) -> None:
-        if stream_interval < 1:
-            raise ValueError(f"--stream-interval must be at least 1, got {stream_interval}")
-        self.stream_interval = stream_interval
+        self.stream_interval = stream_interval  # EngineConfig has checked that it is at least 1
         self._pending: Pending = []
         # Deltas held back, by request id: a non-streamed request's until it ends; with a stream interval, a
         # streamed request's since its last hand-off (an empty list once its first delta went out).

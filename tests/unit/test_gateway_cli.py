@@ -55,6 +55,13 @@ def test_bad_env_value_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> N
         parse_serve_args([], environ={"TRTLLM_GATEWAY_MAX_N": "lots"})
 
 
+def test_a_stream_interval_below_one_is_refused_before_anything_starts() -> None:
+    assert parse_serve_args(["--stream-interval", "4"], environ={}).engine.stream_interval == 4
+    for value in ("0", "-1"):
+        with pytest.raises(ValueError, match=f"--stream-interval must be at least 1, got {value}"):
+            parse_serve_args(["--stream-interval", value], environ={})
+
+
 def test_python_dash_m_gateway_prints_serve_help() -> None:
     out = subprocess.run([sys.executable, "-m", "gateway", "serve", "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=120)
