@@ -1,7 +1,16 @@
-"""Run a coroutine for a non-streamed response, cancelling it if the client disconnects first.
+"""DisconnectWatch: the one task per request that notices its client leave.
 
-The request body has already been read, so the next ASGI `receive()` only returns once the client
-goes away (`http.disconnect`); racing it against the work costs no polling.
+    watch = DisconnectWatch(request.receive)
+    result = await watch.until_disconnected(work)   # ClientDisconnected if the client leaves first
+    ... stream the response, a cancellation that `watch.caused_cancel()` is the end ...
+    watch.close()
+
+The request body has already been read, so the next ASGI `receive()` only returns once the client goes
+away (`http.disconnect`). The watcher then cancels the request's own task at whatever it awaits (the first
+output, the next deltas, a send), whose cleanup aborts the engine requests and frees their KV blocks. The
+work runs in the request's task, not in one of its own: a task per awaited phase and sse-starlette's four
+tasks per stream (writer, disconnect listener, pinger, shutdown listener, in an anyio task group) were a
+third of the front end's CPU per request (benchmarks/RESULTS.md, 2026-11-27).
 """
 
 from __future__ import annotations
@@ -10,34 +19,55 @@ import asyncio
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from starlette.requests import Request
+from starlette.types import Receive
 
 from gateway.errors import ClientDisconnected
 
 T = TypeVar("T")
 
 
-async def _wait_for_disconnect(request: Request) -> None:
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+class DisconnectWatch:
+    """Cancels the task that created it when the client disconnects, until `close()`."""
+
+    def __init__(self, receive: Receive) -> None:
+        owner = asyncio.current_task()
+        assert owner is not None, "a DisconnectWatch belongs to the task serving the request"
+        self._owner = owner
+        self.disconnected = False
+        self._watcher = asyncio.get_running_loop().create_task(self._wait(receive))
+
+    async def _wait(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.disconnected = True
+        self._owner.cancel()
+
+    def caused_cancel(self) -> bool:
+        """Whether the owner's cancellation came from this watch (then it is withdrawn: the owner goes on to
+        end the request) rather than from elsewhere (a server shutdown: re-raise it)."""
+        return self.disconnected and self._owner.uncancel() == 0
+
+    async def until_disconnected(self, work: Awaitable[T]) -> T:
+        """Await `work`; ClientDisconnected if the client leaves first (cancelling `work` must release its
+        resources: GenerationStream closes in a `finally`)."""
+        try:
+            return await work
+        except asyncio.CancelledError:
+            if self.caused_cancel():
+                raise ClientDisconnected() from None
+            raise
+
+    def close(self) -> None:
+        """Stop watching (idempotent). Only the owner's awaits can take the watcher's cancellation, so once the
+        owner runs this, none can reach it later."""
+        self._watcher.cancel()
 
 
-async def until_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`; if the client disconnects first, cancel it and raise ClientDisconnected.
-
-    Cancelling `work` must release its resources (GenerationStream closes in a `finally`).
-    """
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+async def until_disconnected(receive: Receive, work: Awaitable[T]) -> T:
+    """Await `work` under a watch of its own (a non-streamed response); ClientDisconnected if the client
+    leaves first."""
+    watch = DisconnectWatch(receive)
     try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        return await watch.until_disconnected(work)
     finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    if task.done() and not task.cancelled():
-        return task.result()
-    raise ClientDisconnected()
+        watch.close()

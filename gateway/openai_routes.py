@@ -32,7 +32,7 @@ from adapters.openai import (
 )
 from adapters.limits import RequestLimits
 from adapters.openai.limits import check_limits
-from gateway.disconnect import until_disconnected
+from gateway.disconnect import DisconnectWatch
 from gateway.errors import (
     ClientDisconnected,
     ModelNotFoundError,
@@ -177,18 +177,27 @@ async def serve_generation(request: Request, schema: type[BaseModel], id_prefix:
         response_id = f"{id_prefix}-{uuid.uuid4().hex}"
         gen_requests, output = await pool.call(heavy, plan, req, response_id, model, adapter, engine.tokenizer)
         stream = GenerationStream(engine, gen_requests, request.app.state.metrics, timeout=settings.request_timeout)
-        if not req.stream:  # one disconnect watcher for the whole request; rejections raise from it too
-            return JSONResponse(await until_disconnected(request, _collect(stream, output)), headers=headers)
-        # Wait for the first outputs before answering, so rejections get a real status code.
-        await until_disconnected(request, stream.start())
+        # Streams wait for the first outputs before answering, so rejections get a real status code; the
+        # response then owns the watch.
+        watch = DisconnectWatch(request.receive)
+        handed_over = False
+        try:
+            if not req.stream:
+                return JSONResponse(await watch.until_disconnected(_collect(stream, output)), headers=headers)
+            await watch.until_disconnected(stream.start())
 
-        def render_error(exc: BaseException) -> dict[str, Any] | list[dict[str, Any]]:
-            log_error(exc, request_id)
-            body = openai_error_body(exc, request_id)
-            return body if error_events is None else error_events(output, body)
+            def render_error(exc: BaseException) -> dict[str, Any] | list[dict[str, Any]]:
+                log_error(exc, request_id)
+                body = openai_error_body(exc, request_id)
+                return body if error_events is None else error_events(output, body)
 
-        return sse_response(stream, output.chunks, render_error=render_error, finish=output.final_chunks,
-                            on_close=stream.close, done_marker=done_marker, headers=headers)
+            handed_over = True
+            return sse_response(stream, output.chunks, watch=watch, render_error=render_error,
+                                finish=output.final_chunks, on_close=stream.close, done_marker=done_marker,
+                                headers=headers)
+        finally:
+            if not handed_over:
+                watch.close()
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
     except Exception as exc:

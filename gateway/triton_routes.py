@@ -33,7 +33,7 @@ from adapters.triton import ResponseCollector, StreamRenderer, TritonGenerate, p
 from adapters.triton.http_infer import HEADER_LENGTH, parse_http_infer, render_http_infer, split_http_body
 from adapters.triton.inputs import ModelKind
 from adapters.triton.metadata import model_metadata, model_ready, repository_index, server_metadata
-from gateway.disconnect import until_disconnected
+from gateway.disconnect import DisconnectWatch, until_disconnected
 from gateway.errors import ClientDisconnected, ModelNotFoundError, log_error, triton_error_body, \
     triton_error_response
 from gateway.generation import GenerationStream
@@ -124,13 +124,21 @@ async def _generate(request: Request, streaming: bool) -> Response:
             timer.inputs_done()
         settings = request.app.state.settings
         stream = GenerationStream(engine, gen.requests, request.app.state.metrics, timeout=settings.request_timeout)
-        # Wait for the first outputs before answering, so rejections get a real status code.
-        await until_disconnected(request, stream.start())
-        if timer is not None:
-            timer.first_output()
-        if not streaming:
-            return JSONResponse(await until_disconnected(request, _collect(stream, gen, timer)))
-        return _stream_response(stream, gen, timer, request_id)
+        # Wait for the first outputs before answering, so rejections get a real status code. A stream's
+        # response then owns the watch.
+        watch = DisconnectWatch(request.receive)
+        handed_over = False
+        try:
+            await watch.until_disconnected(stream.start())
+            if timer is not None:
+                timer.first_output()
+            if not streaming:
+                return JSONResponse(await watch.until_disconnected(_collect(stream, gen, timer)))
+            handed_over = True
+            return _stream_response(stream, gen, timer, request_id, watch)
+        finally:
+            if not handed_over:
+                watch.close()
     except ClientDisconnected:
         if timer is not None:
             timer.finish(ok=False)
@@ -142,7 +150,7 @@ async def _generate(request: Request, streaming: bool) -> Response:
 
 
 def _stream_response(stream: GenerationStream, gen: TritonGenerate, timer: InferenceTimer | None,
-                     request_id: str) -> Response:
+                     request_id: str, watch: DisconnectWatch) -> Response:
     def render_error(exc: BaseException) -> dict[str, Any]:
         log_error(exc, request_id)
         return triton_error_body(exc, request_id)
@@ -153,11 +161,11 @@ def _stream_response(stream: GenerationStream, gen: TritonGenerate, timer: Infer
             timer.finish(ok=False)
 
     if gen.stream:
-        return sse_response(_Timed(stream, timer), StreamRenderer(gen), render_error=render_error,
+        return sse_response(_Timed(stream, timer), StreamRenderer(gen), watch=watch, render_error=render_error,
                             on_close=on_close)
     collector = ResponseCollector(gen)  # non-streaming mode: the complete answers, one event each
-    return sse_response(_Timed(stream, timer), collector, render_error=render_error, finish=collector.responses,
-                        on_close=on_close)
+    return sse_response(_Timed(stream, timer), collector, watch=watch, render_error=render_error,
+                        finish=collector.responses, on_close=on_close)
 
 
 async def generate(request: Request) -> Response:
@@ -180,7 +188,7 @@ async def infer(request: Request) -> Response:
         parsed = parse_http_infer(body, binary)
         call = InferCall(request.path_params["model"], request.path_params.get("version", ""), parsed.id,
                          parsed.tensors, parsed.requested)
-        answer = await until_disconnected(request, infer_unary(request.app.state, call))
+        answer = await until_disconnected(request.receive, infer_unary(request.app.state, call))
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
     except Exception as exc:

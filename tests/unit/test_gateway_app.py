@@ -39,6 +39,7 @@ class ScriptedEngine(Engine):
         self.start_gate = asyncio.Event()
         self.start_gate.set()
         self.step_delay = 0.0
+        self.first_delay = 0.0  # seconds before the first step (a request waiting in the queue)
         self.all_at_once = False  # generate_batches hands every delta over in one batch (a front end behind)
         self._ready = False
 
@@ -77,6 +78,7 @@ class ScriptedEngine(Engine):
             max_tokens = CONTEXT - len(ids) if s.max_tokens is None else s.max_tokens
             if len(ids) + max_tokens > CONTEXT:
                 raise PromptTooLongError(len(ids), max_tokens, CONTEXT)
+            await asyncio.sleep(self.first_delay)
             for step in range(max_tokens):
                 if step == self.fail_at_step:
                     yield OutputDelta(request.request_id, finish_reason="error", error="device on fire")
@@ -381,37 +383,79 @@ def test_api_keys_guard_v1_but_not_health(engine: ScriptedEngine) -> None:
 
 # ----- disconnects (in-process ASGI: the transport reports the disconnect) -----
 
-@pytest.mark.parametrize("stream", [False, True])
-async def test_request_is_aborted_when_client_disconnects(engine: ScriptedEngine, stream: bool) -> None:
-    engine.step_delay = 0.05
-    app = create_app(Settings(grpc_port=None), engine)
-    await engine.start()
-    disconnect = asyncio.Event()
-    body = json.dumps({"prompt": "x", "max_tokens": 50, "stream": stream}).encode()  # 50 steps: 2.5 s
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
+class AsgiCall:
+    """One POST straight into the ASGI app, with a client that disconnects when `disconnect` is set."""
 
-    async def receive():
-        if messages:
-            return messages.pop(0)
-        await disconnect.wait()
+    def __init__(self, app, body: dict) -> None:
+        self.disconnect = asyncio.Event()
+        self.sent: list[dict] = []
+        self._messages = [{"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}]
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "query_string": b"",
+                 "http_version": "1.1", "scheme": "http", "server": ("t", 80), "client": ("c", 1),
+                 "root_path": "", "state": {}}
+        self.task = asyncio.create_task(app(scope, self._receive, self._send))
+
+    async def _receive(self) -> dict:
+        if self._messages:
+            return self._messages.pop(0)
+        await self.disconnect.wait()
         return {"type": "http.disconnect"}
 
-    sent: list[dict] = []
+    async def _send(self, message: dict) -> None:
+        assert not self.sent or self.sent[-1].get("more_body", True), f"{message} sent after the response ended"
+        self.sent.append(message)
 
-    async def send(message):
-        sent.append(message)
+    def body(self) -> str:
+        return b"".join(m.get("body", b"") for m in self.sent[1:]).decode()
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "query_string": b"",
-             "http_version": "1.1", "scheme": "http", "server": ("t", 80), "client": ("c", 1), "root_path": "",
-             "state": {}}
-    task = asyncio.create_task(app(scope, receive, send))
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("when", ["mid-stream", "before the first token"])
+async def test_request_is_aborted_when_client_disconnects(engine: ScriptedEngine, stream: bool, when: str) -> None:
+    engine.step_delay = 0.05
+    if when != "mid-stream":
+        engine.first_delay = 30.0
+    app = create_app(Settings(grpc_port=None), engine)
+    await engine.start()
+    call = AsgiCall(app, {"prompt": "x", "max_tokens": 50, "stream": stream})  # 50 steps: 2.5 s
     await asyncio.sleep(0.2)
-    disconnect.set()
-    await asyncio.wait_for(task, 5)
+    call.disconnect.set()
+    await asyncio.wait_for(call.task, 5)  # ended, not cancelled: the watch withdrew its cancellation
     rid = engine.requests[-1].request_id
     assert rid in engine.aborted and rid in engine.closed
     assert len(engine.closed) == 1  # stopped early: the engine generator was closed, not exhausted
-    assert sent[0]["status"] == (200 if stream else 499)
+    assert call.sent[0]["status"] == (200 if stream and when == "mid-stream" else 499)
+
+
+async def test_a_cancelled_stream_is_cancelled_not_ended_and_aborts(engine: ScriptedEngine) -> None:
+    """A cancellation that is not the client leaving (the server shutting down) goes on up."""
+    engine.step_delay = 0.05
+    app = create_app(Settings(grpc_port=None), engine)
+    await engine.start()
+    call = AsgiCall(app, {"prompt": "x", "max_tokens": 50, "stream": True})
+    await asyncio.sleep(0.2)
+    call.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(call.task, 5)
+    rid = engine.requests[-1].request_id
+    assert rid in engine.aborted and rid in engine.closed
+
+
+async def test_a_quiet_stream_gets_keep_alive_comments(engine: ScriptedEngine,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gateway.streaming.PING_INTERVAL_S", 0.05)
+    engine.step_delay = 0.3
+    app = create_app(Settings(grpc_port=None), engine)
+    await engine.start()
+    call = AsgiCall(app, {"prompt": "x y", "max_tokens": 2, "stream": True})
+    await asyncio.wait_for(call.task, 5)
+    body = call.body()
+    pings = [line for line in body.splitlines() if line.startswith(": ping - ")]
+    assert pings, body  # 0.3 s between the two steps, a ping due every 0.05 s
+    events = [json.loads(d) for d in sse_data(body)[:-1]]
+    assert sse_data(body)[-1] == "[DONE]"
+    assert sum(len(c["choices"][0]["text"]) > 0 for c in events if c["choices"]) == 2
+    assert call.sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
 
 
 @pytest.mark.parametrize("name", ["tiny", "ensemble", "tensorrt_llm", "tensorrt_llm_bls"])
