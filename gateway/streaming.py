@@ -72,15 +72,16 @@ async def _frames(
     finish: Callable[[], Iterable[Payload]] | None,
     on_close: Callable[[], None] | None,
     done_marker: str | None,
-) -> AsyncIterator[bytes]:
-    """The response body: one bytes chunk (one send) per batch of items."""
+) -> AsyncIterator[tuple[bytes, bool]]:
+    """The response body: one bytes chunk (one send) per batch of items, then the finish events and end marker
+    as the last chunk (True: it also ends the response, in the same send)."""
     try:
         tail: list[bytes] = []
         try:
             async for batch in _batches(items):
                 frames = [encode_event(payload) for item in batch for payload in render(item)]
                 if frames:
-                    yield b"".join(frames)
+                    yield b"".join(frames), False
             if finish is not None:
                 tail = [encode_event(payload) for payload in finish()]
         except Exception as exc:  # the status line is gone: report in-band, then end the stream
@@ -88,8 +89,7 @@ async def _frames(
             tail = [encode_event(payload) for payload in (errors if isinstance(errors, list) else [errors])]
         if done_marker is not None:
             tail.append(encode_event(done_marker))
-        if tail:
-            yield b"".join(tail)
+        yield b"".join(tail), True
     finally:
         # Runs on normal end, on error, and when EventStream is cancelled after a disconnect.
         # Must stay synchronous: it also runs while the stream is being cancelled (EventStream closes us then).
@@ -98,8 +98,9 @@ async def _frames(
 
 
 class EventStream(Response):
-    """A text/event-stream response writing pre-encoded events, with a keep-alive comment every
-    `PING_INTERVAL_S`, ended quietly when `watch` sees the client leave (the body's cleanup then runs).
+    """A text/event-stream response writing pre-encoded events (`chunks`: bytes, and whether they are the last),
+    with a keep-alive comment every `PING_INTERVAL_S`, ended quietly when `watch` sees the client leave (the
+    body's cleanup then runs).
 
     It does what sse-starlette's EventSourceResponse did for us with one task per request instead of four in an
     anyio task group (writer, disconnect listener, pinger, shutdown listener), which with its locks, events and
@@ -108,7 +109,7 @@ class EventStream(Response):
 
     media_type = "text/event-stream"
 
-    def __init__(self, chunks: AsyncIterator[bytes], watch: DisconnectWatch,
+    def __init__(self, chunks: AsyncIterator[tuple[bytes, bool]], watch: DisconnectWatch,
                  headers: Mapping[str, str] | None = None) -> None:
         self.body_iterator = chunks
         self.watch = watch
@@ -123,11 +124,13 @@ class EventStream(Response):
         self._schedule_ping(send)
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            async for chunk in self.body_iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            async with self._send_lock:
-                self._open = False
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            async for chunk, last in self.body_iterator:
+                if not last:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    continue
+                async with self._send_lock:
+                    self._open = False
+                    await send({"type": "http.response.body", "body": chunk, "more_body": False})
         except asyncio.CancelledError:
             if not self.watch.caused_cancel():
                 raise
