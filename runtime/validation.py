@@ -33,10 +33,8 @@ def validate_request(
     vocab_size: int,
     context_window: int,
     config: EngineConfig,
-    encoded: list[int] | None = None,
 ) -> PreparedRequest:
-    """Check `request` against the model and engine limits; tokenise its prompt (unless `encoded` holds its
-    text prompt's ids already)."""
+    """Check `request` against the model and engine limits; tokenise its prompt."""
     opts = request.sampling
     if not request.request_id:
         raise InvalidRequestError("request_id must be a non-empty string", param="request_id")
@@ -56,8 +54,7 @@ def validate_request(
             )
     elif request.prompt:
         tokenizer.check_fits(request.prompt, context_window)
-        ids = encoded if encoded is not None else tokenizer.encode(request.prompt,
-                                                                   add_special_tokens=request.add_special_tokens)
+        ids = tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
     else:
         ids = []
     if not ids:

@@ -39,7 +39,6 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from runtime.batch_encoder import BatchEncoder
 from runtime.config import EngineConfig
 from runtime.delivery import END, Mailbox, read_batches
 from runtime.engine import Engine, EngineStats, deltas_of
@@ -97,7 +96,6 @@ class EngineClient(Engine):
         self._stopping = False
         self._failure: str | None = None
         self._prepare = WorkerPool("prepare")  # tokenizing large prompts and bad words, off the event loop
-        self._encoder: BatchEncoder | None = None  # the other prompts, batched (once the tokenizer is loaded)
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -118,7 +116,6 @@ class EngineClient(Engine):
         try:  # the tokenizer loads here while the core starts
             self.tokenizer = await asyncio.to_thread(Tokenizer.from_pretrained,
                                                      self.config.tokenizer or self.model_path)
-            self._encoder = BatchEncoder(self.tokenizer)
             ready = await self._first_message()
             if self._process is None:  # attached: watch the core that front end 0 started
                 self._watch_core(ready.pid)
@@ -206,8 +203,6 @@ class EngineClient(Engine):
         if self._folder is not None and self.front_end.index == 0:  # the others' sockets are gone by now
             shutil.rmtree(self._folder, ignore_errors=True)
         self._prepare.shutdown()
-        if self._encoder is not None:
-            self._encoder.shutdown()
 
     @property
     def ready(self) -> bool:
@@ -295,12 +290,7 @@ class EngineClient(Engine):
     async def generate_batches(self, request: GenerationRequest) -> AsyncIterator[list[OutputDelta]]:
         """Every delta already received for the request, in one list per wake-up (one or more steps')."""
         self._check_ready()
-        heavy = is_heavy(request)
-        encoded = None
-        if not heavy and request.prompt and request.prompt_token_ids is None:
-            assert self._encoder is not None
-            encoded = await self._encoder.encode(request.prompt, request.add_special_tokens)
-        prepared = await self._prepare.call(heavy, self._validate, request, encoded)
+        prepared = await self._prepare.call(is_heavy(request), self._validate, request)
         self._check_ready()
         request_id = request.request_id
         if request_id in self._queues:
@@ -328,9 +318,9 @@ class EngineClient(Engine):
         if not self.ready:
             raise EngineNotReadyError(f"The engine is {'shutting down' if self._process else 'not started'}")
 
-    def _validate(self, request: GenerationRequest, encoded: list[int] | None) -> PreparedRequest:
+    def _validate(self, request: GenerationRequest) -> PreparedRequest:
         return validate_request(request, tokenizer=self.tokenizer, vocab_size=self.spec.vocab_size,
-                                context_window=self.model_info.context_window, config=self.config, encoded=encoded)
+                                context_window=self.model_info.context_window, config=self.config)
 
     def abort(self, request_id: str) -> None:
         if self._started and self._failure is None and not self._stopping:
