@@ -65,7 +65,8 @@ def _exact_text(tokenizer: PreTrainedTokenizerBase, rng: random.Random, pool: li
     return text, length
 
 
-def _normal_length(rng: random.Random, mean: float, std: float, minimum: int = 1) -> int:
+def normal_length(rng: random.Random, mean: float, std: float, minimum: int = 1) -> int:
+    """A length ~ Normal(mean, std), rounded, at least `minimum` (std 0: the mean)."""
     return max(minimum, round(rng.gauss(mean, std)) if std > 0 else round(mean))
 
 
@@ -83,8 +84,8 @@ def synthetic_prompts(
     pool = word_token_ids(tokenizer)
     prompts = []
     for _ in range(num):
-        text, length = _exact_text(tokenizer, rng, pool, _normal_length(rng, input_mean, input_std))
-        prompts.append(Prompt(text, length, _normal_length(rng, output_mean, output_std)))
+        text, length = _exact_text(tokenizer, rng, pool, normal_length(rng, input_mean, input_std))
+        prompts.append(Prompt(text, length, normal_length(rng, output_mean, output_std)))
     return prompts
 
 

@@ -40,6 +40,7 @@ import gc
 import io
 import json
 import pstats
+import random
 import statistics
 import subprocess
 import sys
@@ -55,6 +56,7 @@ from typing import Any
 import torch
 
 from benchmarks import gpu_models as gm
+from benchmarks.dataset import normal_length
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,9 @@ class Sizes:
     small: dict[str, Any] = field(default_factory=lambda: gm.SMALL)  # the fp32 greedy check's model
     prompt: int = 128  # tokens in, per request
     output: int = 128  # tokens out, per request
+    # spread of the closed loops' tokens out (Normal, at least 1): 0 keeps equal streams in step, so they end in
+    # the same step and the next requests arrive in one burst; a spread lets them drift apart, as a real mix does
+    output_std: float = 0.0
     batch: int = 256  # throughput and profile requests, all at once (the engine's max batch)
     streams: int = 64  # closed-loop and HTTP concurrency
     closed_loop_s: float = 15.0
@@ -292,6 +297,8 @@ async def _closed_loop(engine: Any, s: Sizes, vocab: int, seed: int, label: str 
     loop's lag measured alongside."""
     streams = s.streams
     prompts = gm.random_prompts(4 * streams, s.prompt, vocab, seed)
+    rng = random.Random(seed)
+    lengths = [normal_length(rng, s.output, s.output_std) for _ in prompts]
     stop_at = time.perf_counter() + s.closed_loop_s
     tokens = 0
     stop = asyncio.Event()
@@ -303,7 +310,8 @@ async def _closed_loop(engine: Any, s: Sizes, vocab: int, seed: int, label: str 
         nonlocal tokens
         i = w
         while time.perf_counter() < stop_at:
-            t0, arrivals, n = await _stream(engine, _request(f"{label}cl{w}-{i}", prompts[i % len(prompts)], s.output))
+            t0, arrivals, n = await _stream(engine, _request(f"{label}cl{w}-{i}", prompts[i % len(prompts)],
+                                                             lengths[i % len(prompts)]))
             tokens += n
             ttfts.append(arrivals[0] - t0)
             i += streams
@@ -502,9 +510,12 @@ def http_server(command: list[str], label: str, out: Path, ready: str) -> Iterat
 
 
 def client_processes(concurrency: int) -> int:
-    """Load-generator processes for `concurrency` streams: one saturates near 30k events/s, so the big loads get
-    more, and the server is what is measured."""
-    return min(4, max(1, concurrency // 32))
+    """Load-generator processes for `concurrency` streams, one per 8, at most 8, so that the server is what is
+    measured. Events alone would need fewer (one process saturates near 30k events/s), but closed-loop streams of
+    equal length end together, and each process then sends its share of the next requests one after another:
+    with 2 processes for 64 streams the client's time to first token was 66-85 ms against the engine core's
+    33-42 ms; with 8, 35-44 ms (H200, 2026-11-27, benchmarks/RESULTS.md)."""
+    return min(8, max(1, concurrency // 8))
 
 
 def http_load(server: Any, folder: Path, s: Sizes, concurrency: int, *, tserve: bool = False,
@@ -521,7 +532,7 @@ def http_load(server: Any, folder: Path, s: Sizes, concurrency: int, *, tserve: 
         extra = ["--extra-body", json.dumps({"temperature": 0})]
     argv = ["--base-url", server.base_url, "--api", "completions", "--tokenizer", str(folder),
             "--concurrency", str(concurrency), "--num-prompts", str(max(s.batch, concurrency)), "--input-mean", str(s.prompt),
-            "--input-std", "0", "--output-mean", str(s.output), "--output-std", "0", "--duration", str(s.http_s),
+            "--input-std", "0", "--output-mean", str(s.output), "--output-std", str(s.output_std), "--duration", str(s.http_s),
             "--warmup", str(concurrency),
             "--client-processes", str(clients or client_processes(concurrency))] + extra
     summary = run_load_generator(argv, timeout=300)["points"][0]["summary"]

@@ -2,6 +2,7 @@
 
     python -m benchmarks.http_vs_core --streams 64 --rounds 4                       # CUDA, Llama-3.2-1B shape
     python -m benchmarks.http_vs_core --streams 256 --api-servers 4 --consumers 4
+    python -m benchmarks.http_vs_core --streams 64 --output-std 32                  # lengths that drift apart
     python -m benchmarks.http_vs_core --smoke                                       # tiny model on the CPU
 
 Both sides stay up for the whole run: the gateway (`gateway serve`, its engine core in its own process, with
@@ -41,7 +42,7 @@ from benchmarks.gpu_bench import FULL, SMOKE, client_processes, engine_config, g
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     base = SMOKE if args.smoke else FULL
     s = dataclasses.replace(base, batch=args.streams, streams=args.streams, closed_loop_s=args.seconds,
-                            http_s=args.seconds)
+                            http_s=args.seconds, output_std=args.output_std)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     folder = gm.make_checkpoint(Path(args.work) / ("smoke-llama1b" if args.smoke else "llama1b"), s.big,
@@ -51,7 +52,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     extra += ["--stream-interval", str(args.stream_interval)]
     label = (f"http-vs-core-{args.streams}-api{args.api_servers}"
              + (f"-clients{args.client_processes}" if args.client_processes else "")
-             + (f"-interval{args.stream_interval}" if args.stream_interval > 1 else ""))
+             + (f"-interval{args.stream_interval}" if args.stream_interval > 1 else "")
+             + (f"-std{args.output_std:g}" if args.output_std else ""))
     rounds: list[dict[str, Any]] = []
     with http_server(gateway_command(folder, args.device, s, args.streams, *extra), label, out, "/health") as server:
         config = dataclasses.replace(engine_config(folder, args.device, s), stream_interval=args.stream_interval)
@@ -85,7 +87,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 pair["ratio"] = pair["http_tok_s"] / pair["core_tok_s"]
                 rounds.append(pair)
     result = {"streams": args.streams, "api_servers": args.api_servers, "consumers": args.consumers,
-              "stream_interval": args.stream_interval,
+              "stream_interval": args.stream_interval, "output_std": args.output_std,
               "seconds": args.seconds, "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
               "rounds": rounds, "ratio_median": statistics.median(r["ratio"] for r in rounds),
               "ratio_of_sums": sum(r["http_tok_s"] for r in rounds) / sum(r["core_tok_s"] for r in rounds)}
@@ -121,6 +123,9 @@ def main() -> int:
     parser.add_argument("--client-processes", type=int, default=None,
                         help="load-generator processes for HTTP (default: gpu_bench.client_processes)")
     parser.add_argument("--stream-interval", type=int, default=1, help="both sides' engine --stream-interval")
+    parser.add_argument("--output-std", type=float, default=0.0,
+                        help="spread of tokens out per request, both sides (Normal around the mean; 0: all equal, "
+                             "so the streams stay in step)")
     parser.add_argument("--rounds", type=int, default=4, help="pairs of one core and one HTTP round")
     parser.add_argument("--seconds", type=float, default=10.0, help="each round's length")
     parser.add_argument("--device", default="cuda")

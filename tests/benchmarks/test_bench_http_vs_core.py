@@ -1,5 +1,5 @@
 """benchmarks/http_vs_core.py in seconds: the gateway (two front ends) against an engine core driven from two
-consumer processes, in interleaved rounds, on a tiny random model (CPU)."""
+consumer processes, in interleaved rounds, on a tiny random model (CPU), with output lengths that vary."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ pytestmark = pytest.mark.benchmark_smoke
 
 
 def test_rounds_alternate_and_give_ratios(tmp_path) -> None:
-    proc = run_module("http_vs_core", "--smoke", "--api-servers", "2", "--consumers", "2", "--out", str(tmp_path),
-                      timeout=400)
+    proc = run_module("http_vs_core", "--smoke", "--api-servers", "2", "--consumers", "2", "--output-std", "2",
+                      "--out", str(tmp_path), timeout=400)
     assert proc.returncode == 0, output_of(proc)
     result = json.loads(proc.stdout.splitlines()[-1])
     assert len(result["rounds"]) == 2
@@ -23,4 +23,4 @@ def test_rounds_alternate_and_give_ratios(tmp_path) -> None:
     for r in result["rounds"]:
         assert positive(r["core_tok_s"], r["http_tok_s"], r["front_end_cpu_busy_peak"], r["core_ttft_ms_p50"]) and r["ratio"] == r["http_tok_s"] / r["core_tok_s"]
         assert "server_ttft_ms_mean" not in r  # a scrape of /metrics reaches either front end
-    assert (tmp_path / "http-vs-core-8-api2.json").exists()
+    assert result["output_std"] == 2 and (tmp_path / "http-vs-core-8-api2-std2.json").exists()
