@@ -84,6 +84,9 @@ class Sizes:
 
 
 FULL = Sizes()
+# Tokens per engine step, the same for the engine phase and the gateway (whose default is 2048): a burst of 64
+# prompts of 128 tokens is then prefilled in two steps on both sides.
+MAX_NUM_TOKENS = 4096
 SMOKE = Sizes(big=gm.TINY, small=gm.TINY, prompt=16, output=8, batch=8, streams=4, closed_loop_s=1.0, http_s=1.0,
               ttft_prompt=64, logits_prompt=40, greedy_steps=8, hf_batch1_tokens=4, copy_gib=1 / 64,
               max_model_len=256, consumer_processes=2)
@@ -168,7 +171,7 @@ def engine_config(folder: Path, device: str, s: Sizes) -> Any:
     from runtime.config import EngineConfig
 
     return EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=s.batch,
-                        max_num_tokens=4096, max_kv_tokens=s.batch * (s.prompt + s.output) * 2,
+                        max_num_tokens=MAX_NUM_TOKENS, max_kv_tokens=s.batch * (s.prompt + s.output) * 2,
                         max_model_len=s.max_model_len, enable_prefix_caching=False)
 
 
@@ -478,7 +481,8 @@ def gateway_command(folder: Path, device: str, s: Sizes, streams: int, *extra: s
     """`gateway serve` of `folder` for `streams` concurrent streams ("{port}": procs.Server fills it in)."""
     return [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--model", str(folder),
             "--device", device, "--dtype", "bfloat16", "--max-batch-size", str(streams),
-            "--max-model-len", str(s.max_model_len), "--kv-cache-fraction", "0.3",
+            "--max-model-len", str(s.max_model_len), "--max-num-tokens", str(MAX_NUM_TOKENS),
+            "--kv-cache-fraction", "0.3",
             "--no-enable-prefix-caching", "--log-level", "info", "--grpc-port", "none", *extra]
 
 
