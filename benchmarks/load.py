@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -92,9 +93,11 @@ async def run_load(
     prompts: list[Prompt],
     spec: LoadSpec,
     on_result: Callable[[RequestResult], None] | None = None,
+    start_together: Any = None,
 ) -> tuple[list[RequestResult], float, float]:
-    """Run the load (after any warmup); returns the results, the wall time from the first send to the
-    last reply, and this process's CPU seconds over that time (the client's own cost)."""
+    """Run the load (after any warmup, and once `start_together`, a barrier of the client processes, lets it);
+    returns the results, the wall time from the first send to the last reply, and this process's CPU seconds
+    over that time (the client's own cost)."""
     pool: ClientPool | GrpcPool  # grows to the concurrency (or to the peak in flight)
     pool = GrpcPool(target, spec.timeout_s) if target.api == "triton-grpc" else ClientPool(target, spec.timeout_s)
     pool.prefill(spec.concurrency or 0)
@@ -103,6 +106,8 @@ async def run_load(
             warm = itertools.islice(itertools.cycle(prompts), spec.warmup)
             width = min(spec.warmup, spec.concurrency or spec.warmup)
             await _closed_loop(pool, warm, width, None, None)
+        if start_together is not None:
+            await asyncio.to_thread(start_together.wait, spec.timeout_s)
         num = spec.num_requests if (spec.num_requests or spec.duration_s) else len(prompts)
         source = itertools.cycle(prompts) if num is None else itertools.islice(itertools.cycle(prompts), num)
         t0, cpu0 = time.perf_counter(), time.process_time()
@@ -130,13 +135,19 @@ def run_load_processes(target: Target, prompts: list[Prompt], spec: LoadSpec, pr
                          num_requests=part(spec.num_requests), duration_s=spec.duration_s,
                          warmup=part(spec.warmup) or 0, seed=spec.seed + i, timeout_s=spec.timeout_s)
         shares.append((prompts[i::processes] or prompts, share))
-    with ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn")) as pool:
-        outs = list(pool.map(_run_share, [target] * processes, *zip(*shares)))
+    # The processes start their measured windows together: each one's window is its own, and the summed tokens
+    # are divided by the longest, so processes that came up late (spawned, then warmed up) would leave the
+    # server with fewer streams than asked for while the others measure.
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, ProcessPoolExecutor(processes, mp_context=context) as pool:
+        barrier = manager.Barrier(processes)
+        outs = list(pool.map(_run_share, [target] * processes, *zip(*shares), [barrier] * processes))
     return [r for out in outs for r in out[0]], max(out[1] for out in outs), sum(out[2] for out in outs)
 
 
-def _run_share(target: Target, prompts: list[Prompt], spec: LoadSpec) -> tuple[list[RequestResult], float, float]:
-    return asyncio.run(run_load(target, prompts, spec))
+def _run_share(target: Target, prompts: list[Prompt], spec: LoadSpec,
+               start_together: Any) -> tuple[list[RequestResult], float, float]:
+    return asyncio.run(run_load(target, prompts, spec, start_together=start_together))
 
 
 async def _closed_loop(
