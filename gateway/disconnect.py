@@ -9,8 +9,8 @@ The request body has already been read, so the next ASGI `receive()` only return
 away (`http.disconnect`). The watcher then cancels the request's own task at whatever it awaits (the first
 output, the next deltas, a send), whose cleanup aborts the engine requests and frees their KV blocks. The
 work runs in the request's task, not in one of its own: a task per awaited phase and sse-starlette's four
-tasks per stream (writer, disconnect listener, pinger, shutdown listener, in an anyio task group) were a
-third of the front end's CPU per request (benchmarks/RESULTS.md, 2026-11-27).
+tasks per stream (writer, disconnect listener, pinger, shutdown listener, in an anyio task group) were about
+a third of the event loop's samples per short request (py-spy, benchmarks/RESULTS.md, 2026-11-27).
 """
 
 from __future__ import annotations

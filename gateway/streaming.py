@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
@@ -72,7 +72,7 @@ async def _frames(
     finish: Callable[[], Iterable[Payload]] | None,
     on_close: Callable[[], None] | None,
     done_marker: str | None,
-) -> AsyncIterator[tuple[bytes, bool]]:
+) -> AsyncGenerator[tuple[bytes, bool], None]:
     """The response body: one bytes chunk (one send) per batch of items, then the finish events and end marker
     as the last chunk (True: it also ends the response, in the same send)."""
     try:
@@ -103,13 +103,14 @@ class EventStream(Response):
     body's cleanup then runs).
 
     It does what sse-starlette's EventSourceResponse did for us with one task per request instead of four in an
-    anyio task group (writer, disconnect listener, pinger, shutdown listener), which with its locks, events and
-    cancel scopes cost about 0.2 ms of the front end's CPU per request. The writer is the request's own task;
+    anyio task group (writer, disconnect listener, pinger, shutdown listener), whose locks, events and cancel
+    scopes were about 30% of the front end's loop per short request (py-spy; with DisconnectWatch, 0.68 -> 0.54 ms
+    of loop CPU per 1-token request, benchmarks/RESULTS.md 2026-11-27). The writer is the request's own task;
     the watch is its only other. A server shutdown needs no listener: gateway.shutdown drains streams first."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, chunks: AsyncIterator[tuple[bytes, bool]], watch: DisconnectWatch,
+    def __init__(self, chunks: AsyncGenerator[tuple[bytes, bool], None], watch: DisconnectWatch,
                  headers: Mapping[str, str] | None = None) -> None:
         self.body_iterator = chunks
         self.watch = watch
@@ -140,12 +141,13 @@ class EventStream(Response):
             if self._pinger is not None:
                 self._pinger.cancel()
             # a send that failed or was cancelled left the body suspended at a `yield`: run its cleanup now
-            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+            await self.body_iterator.aclose()
 
     def _schedule_ping(self, send: Send) -> None:
-        loop = asyncio.get_running_loop()
-        self._pinger = loop.call_later(PING_INTERVAL_S, lambda: setattr(self, "_pinger", loop.create_task(
-            self._ping(send))))
+        self._pinger = asyncio.get_running_loop().call_later(PING_INTERVAL_S, self._start_ping, send)
+
+    def _start_ping(self, send: Send) -> None:
+        self._pinger = asyncio.get_running_loop().create_task(self._ping(send))
 
     async def _ping(self, send: Send) -> None:
         async with self._send_lock:
