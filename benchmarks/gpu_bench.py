@@ -308,6 +308,7 @@ async def _closed_loop(engine: Any, s: Sizes, vocab: int, seed: int, label: str 
     lags: list[float] = []
     delays: list[float] = []
     ttfts: list[float] = []
+    tpots: list[float] = []  # per request: time per output token after the first
 
     async def worker(w: int) -> None:
         nonlocal tokens
@@ -317,6 +318,8 @@ async def _closed_loop(engine: Any, s: Sizes, vocab: int, seed: int, label: str 
                                                              lengths[i % len(prompts)]))
             tokens += n
             ttfts.append(arrivals[0] - t0)
+            if n > 1:
+                tpots.append((arrivals[-1] - arrivals[0]) / (n - 1))
             i += streams
 
     lag_task = asyncio.create_task(_loop_lag(stop, lags, delays))
@@ -326,6 +329,7 @@ async def _closed_loop(engine: Any, s: Sizes, vocab: int, seed: int, label: str 
     stop.set()
     await lag_task
     return {f"closed_loop_{streams}_tok_s": tokens / wall, "ttft_ms_p50": _pct(ttfts, 0.5) * 1e3,
+            "tpot_ms_p50": _pct(tpots, 0.5) * 1e3,
             "event_loop_lag_ms_p50": _pct(lags, 0.5) * 1e3, "event_loop_lag_ms_p99": _pct(lags, 0.99) * 1e3,
             "event_loop_delay_ms_p50": _pct(delays, 0.5) * 1e3, "event_loop_delay_ms_p99": _pct(delays, 0.99) * 1e3}
 
