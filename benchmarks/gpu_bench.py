@@ -521,8 +521,8 @@ def client_processes(concurrency: int) -> int:
     """Load-generator processes for `concurrency` streams, one per 8, at most 8, so that the server is what is
     measured. Events alone would need fewer (one process saturates near 30k events/s), but closed-loop streams of
     equal length end together, and each process then sends its share of the next requests one after another:
-    with 2 processes for 64 streams the client's time to first token was 66-85 ms against the engine core's
-    33-42 ms; with 8, 35-44 ms (H200, 2026-11-27, benchmarks/RESULTS.md)."""
+    with 2 processes for 64 streams the clients saw 66-85 ms to the first token against the engine core's 33-38 ms;
+    with 8, 39-44 ms against 32-40 ms (H200, one machine, 2026-11-27, benchmarks/RESULTS.md)."""
     return min(8, max(1, concurrency // 8))
 
 
