@@ -38,6 +38,8 @@ class RequestResult:
     events: int = 0  # SSE data events received, [DONE] excluded
     error: str = ""
     last_text: float = 0.0  # perf_counter() of the last text-carrying event
+    # closed loops: time from this stream's previous reply (the client's own turnover) to this send
+    gap: float | None = None
 
     def text_event(self, now: float) -> None:
         """A text-carrying event arrived at `now`: the first sets TTFT, the others add an inter-token gap."""

@@ -104,6 +104,8 @@ class CoreConsumers:
                 "client_procs_lag_ms_p99": [r["event_loop_lag_ms_p99"] for r in results],
                 "client_procs_ttft_ms_p50": [r["ttft_ms_p50"] for r in results],
                 "client_procs_tpot_ms_p50": [r["tpot_ms_p50"] for r in results],
+                "client_procs_e2e_ms_p50": [r["e2e_ms_p50"] for r in results],
+                "client_procs_gap_ms_p50": [r["gap_ms_p50"] for r in results],
                 "client_procs_delay_ms_p99": [r["event_loop_delay_ms_p99"] for r in results]}
 
     @staticmethod

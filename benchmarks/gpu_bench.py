@@ -309,15 +309,22 @@ async def _closed_loop(engine: Any, s: Sizes, vocab: int, seed: int, label: str 
     delays: list[float] = []
     ttfts: list[float] = []
     tpots: list[float] = []  # per request: time per output token after the first
+    e2es: list[float] = []  # per request: submit to its last output
+    gaps: list[float] = []  # per request after a stream's first: the stream's previous request done to this submit
 
     async def worker(w: int) -> None:
         nonlocal tokens
         i = w
+        done: float | None = None
         while time.perf_counter() < stop_at:
             t0, arrivals, n = await _stream(engine, _request(f"{label}cl{w}-{i}", prompts[i % len(prompts)],
                                                              lengths[i % len(prompts)]))
+            if done is not None:
+                gaps.append(t0 - done)
+            done = time.perf_counter()
             tokens += n
             ttfts.append(arrivals[0] - t0)
+            e2es.append(arrivals[-1] - t0)
             if n > 1:
                 tpots.append((arrivals[-1] - arrivals[0]) / (n - 1))
             i += streams
@@ -329,7 +336,8 @@ async def _closed_loop(engine: Any, s: Sizes, vocab: int, seed: int, label: str 
     stop.set()
     await lag_task
     return {f"closed_loop_{streams}_tok_s": tokens / wall, "ttft_ms_p50": _pct(ttfts, 0.5) * 1e3,
-            "tpot_ms_p50": _pct(tpots, 0.5) * 1e3,
+            "tpot_ms_p50": _pct(tpots, 0.5) * 1e3, "e2e_ms_p50": _pct(e2es, 0.5) * 1e3,
+            "gap_ms_p50": _pct(gaps, 0.5) * 1e3,
             "event_loop_lag_ms_p50": _pct(lags, 0.5) * 1e3, "event_loop_lag_ms_p99": _pct(lags, 0.99) * 1e3,
             "event_loop_delay_ms_p50": _pct(delays, 0.5) * 1e3, "event_loop_delay_ms_p99": _pct(delays, 0.99) * 1e3}
 

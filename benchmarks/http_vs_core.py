@@ -13,8 +13,10 @@ the machine weighs on both), while the other side idles. Each pair gives a ratio
 prints every round and the median ratio as JSON (and writes it to --out). Each HTTP round also tells how busy the front
 ends were at their busiest (CPU seconds per wall second over 2 s), how busy the client processes were, and the
 gateway's own mean time to first token (from its arrival at the engine; one front end only), beside the
-client's and the engine core's; and the time per output token after the first (p50 over requests) on both
-sides, which tells whether the gateway's engine core steps as fast as the other.
+client's and the engine core's. Both sides also give, as p50 over requests, the time per output token after
+the first, the time from sending a request to its last token, and the time from a stream's previous request
+ending to the next one's send: a stream's cycle is the last two, so they tell where HTTP's tokens per second
+go (a slower step, a later first token, or a longer turnover at the client).
 
 Why: as separate phases of one gpu_bench call the two figures moved 10-20 points between calls of the same
 code (the engine core's own figure 35-55k tok/s), more than the goals' margins.
@@ -69,7 +71,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         result = await core.round()
                         pair["core_tok_s"] = result[f"closed_loop_{s.batch}_tok_s_client_procs"]
                         pair["core_ttft_ms_p50"] = statistics.median(result["client_procs_ttft_ms_p50"])
-                        pair["core_tpot_ms_p50"] = statistics.median(result["client_procs_tpot_ms_p50"])
+                        for name in ("tpot", "e2e", "gap"):
+                            pair[f"core_{name}_ms_p50"] = statistics.median(result[f"client_procs_{name}_ms_p50"])
                     else:
                         ttft_before = _server_ttft(server.base_url) if args.api_servers == 1 else None
                         load = asyncio.ensure_future(asyncio.to_thread(http_load, server, folder, s, args.streams,
@@ -85,7 +88,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             ttft_sum, ttft_count = (a - b for a, b in zip(_server_ttft(server.base_url), ttft_before))
                             pair["server_ttft_ms_mean"] = 1e3 * ttft_sum / max(ttft_count, 1)
                         pair["http_ttft_ms_p50"] = summary["ttft_ms"].get("p50")
-                        pair["http_tpot_ms_p50"] = summary["tpot_ms"].get("p50")
+                        for name in ("tpot", "e2e", "gap"):
+                            pair[f"http_{name}_ms_p50"] = summary[f"{name}_ms"].get("p50")
                     print(f"[round {i} {side}] {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
                 pair["ratio"] = pair["http_tok_s"] / pair["core_tok_s"]
                 rounds.append(pair)

@@ -161,11 +161,15 @@ async def _closed_loop(
 
     async def worker() -> None:
         # `source` is shared: each worker takes the next prompt when its previous request is done
+        replied: float | None = None
         while deadline is None or time.perf_counter() < deadline:
             prompt = next(source, None)
             if prompt is None:
                 return
             r = await pool.send(prompt)
+            if replied is not None:
+                r.gap = r.start - replied
+            replied = time.perf_counter()
             results.append(r)
             if on_result:
                 on_result(r)

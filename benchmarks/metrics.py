@@ -75,6 +75,7 @@ def summarize(results: list[RequestResult], duration_s: float, goodput: Goodput 
         "tpot_ms": _dist_ms([t for r in ok if (t := r.tpot) is not None]),
         "itl_ms": _dist_ms([g for r in ok for g in r.itl]),
         "e2e_ms": _dist_ms([r.latency for r in ok]),
+        "gap_ms": _dist_ms([r.gap for r in ok if r.gap is not None]),
         "errors": dict(Counter(r.error for r in failed).most_common(5)),
     }
     if goodput:
