@@ -408,19 +408,28 @@ class AsgiCall:
     def body(self) -> str:
         return b"".join(m.get("body", b"") for m in self.sent[1:]).decode()
 
+    async def ended(self, within: float = 30.0) -> None:
+        """The call returned (not cancelled, not failed) within `within` seconds; waiting cancels nothing, so a
+        cancellation cannot be what ends it."""
+        done, _ = await asyncio.wait({self.task}, timeout=within)
+        if not done:
+            self.task.cancel()
+            pytest.fail(f"the request still runs after {within} s")
+        self.task.result()
+
 
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("when", ["mid-stream", "before the first token"])
 async def test_request_is_aborted_when_client_disconnects(engine: ScriptedEngine, stream: bool, when: str) -> None:
     engine.step_delay = 0.05
     if when != "mid-stream":
-        engine.first_delay = 30.0
+        engine.first_delay = 300.0  # longer than any wait below: only the disconnect can end the request
     app = create_app(Settings(grpc_port=None), engine)
     await engine.start()
     call = AsgiCall(app, {"prompt": "x", "max_tokens": 50, "stream": stream})  # 50 steps: 2.5 s
     await asyncio.sleep(0.2)
     call.disconnect.set()
-    await asyncio.wait_for(call.task, 5)  # ended, not cancelled: the watch withdrew its cancellation
+    await call.ended()
     rid = engine.requests[-1].request_id
     assert rid in engine.aborted and rid in engine.closed
     assert len(engine.closed) == 1  # stopped early: the engine generator was closed, not exhausted
@@ -448,7 +457,7 @@ async def test_a_quiet_stream_gets_keep_alive_comments(engine: ScriptedEngine,
     app = create_app(Settings(grpc_port=None), engine)
     await engine.start()
     call = AsgiCall(app, {"prompt": "x y", "max_tokens": 2, "stream": True})
-    await asyncio.wait_for(call.task, 5)
+    await call.ended()
     body = call.body()
     pings = [line for line in body.splitlines() if line.startswith(": ping - ")]
     assert pings, body  # 0.3 s between the two steps, a ping due every 0.05 s
