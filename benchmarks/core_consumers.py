@@ -91,6 +91,7 @@ class CoreConsumers:
             self._tell(proc, "go")
         label = f"p0r{self.rounds}-"
         self.rounds += 1
+        before = self.engine.stats()
         results = [await _closed_loop(self.engine, self.share, self.vocab, self.seed, label=label)]
         for proc in self.others:
             assert proc.stdout is not None
@@ -98,6 +99,7 @@ class CoreConsumers:
             if not line:
                 raise RuntimeError(f"a consumer process ended mid-round (exit code {proc.poll()})")
             results.append(json.loads(line))
+        after = self.engine.stats()  # at most STATS_PERIOD old: a few steps of a round's thousands
         key = f"closed_loop_{self.share.streams}_tok_s"
         return {f"closed_loop_{self.sizes.batch}_tok_s_client_procs": sum(r[key] for r in results),
                 "client_procs": self.processes, "client_procs_tok_s": [r[key] for r in results],
@@ -106,7 +108,9 @@ class CoreConsumers:
                 "client_procs_tpot_ms_p50": [r["tpot_ms_p50"] for r in results],
                 "client_procs_e2e_ms_p50": [r["e2e_ms_p50"] for r in results],
                 "client_procs_gap_ms_p50": [r["gap_ms_p50"] for r in results],
-                "client_procs_delay_ms_p99": [r["event_loop_delay_ms_p99"] for r in results]}
+                "client_procs_delay_ms_p99": [r["event_loop_delay_ms_p99"] for r in results],
+                "steps": after.iterations - before.iterations,
+                "eager_steps": after.eager_iterations - before.eager_iterations}
 
     @staticmethod
     def _tell(proc: subprocess.Popen[str], line: str) -> None:

@@ -13,7 +13,8 @@ the machine weighs on both), while the other side idles. Each pair gives a ratio
 prints every round and the median ratio as JSON (and writes it to --out). Each HTTP round also tells how busy the front
 ends were at their busiest (CPU seconds per wall second over 2 s), how busy the client processes were, and the
 gateway's own mean time to first token (from its arrival at the engine; one front end only), beside the
-client's and the engine core's. Both sides also give, as p50 over requests, the time per output token after
+client's and the engine core's. Both sides count their engine core's steps and how many of them ran op by op
+(not replayed from CUDA graphs). Both sides also give, as p50 over requests, the time per output token after
 the first, the time from sending a request to its last token, and the time from a stream's previous request
 ending to the next one's send: a stream's cycle is the last two, so they tell where HTTP's tokens per second
 go (a slower step, a later first token, or a longer turnover at the client).
@@ -73,8 +74,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         pair["core_ttft_ms_p50"] = statistics.median(result["client_procs_ttft_ms_p50"])
                         for name in ("tpot", "e2e", "gap"):
                             pair[f"core_{name}_ms_p50"] = statistics.median(result[f"client_procs_{name}_ms_p50"])
+                        pair["core_steps"], pair["core_eager_steps"] = result["steps"], result["eager_steps"]
                     else:
-                        ttft_before = _server_ttft(server.base_url) if args.api_servers == 1 else None
+                        before = _scrape(server.base_url)
                         load = asyncio.ensure_future(asyncio.to_thread(http_load, server, folder, s, args.streams,
                                                                        clients=args.client_processes))
                         busy = await _busiest(server, load)
@@ -84,9 +86,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         pair["front_end_cpu_busy_peak"] = busy
                         pair["client_cpu_busy"] = round(summary["client_cpu_s"] / summary["duration_s"]
                                                         / (args.client_processes or client_processes(args.streams)), 2)
-                        if ttft_before is not None:  # with several front ends a scrape reaches any one of them
-                            ttft_sum, ttft_count = (a - b for a, b in zip(_server_ttft(server.base_url), ttft_before))
-                            pair["server_ttft_ms_mean"] = 1e3 * ttft_sum / max(ttft_count, 1)
+                        change = {k: v - before[k] for k, v in _scrape(server.base_url).items()}
+                        if args.api_servers == 1:  # with several front ends a scrape reaches any one of them
+                            pair["server_ttft_ms_mean"] = 1e3 * change["ttft_sum"] / max(change["ttft_count"], 1)
+                        # the engine core's counters: the same from every front end
+                        pair["http_steps"], pair["http_eager_steps"] = change["steps"], change["eager_steps"]
                         pair["http_ttft_ms_p50"] = summary["ttft_ms"].get("p50")
                         for name in ("tpot", "e2e", "gap"):
                             pair[f"http_{name}_ms_p50"] = summary[f"{name}_ms"].get("p50")
@@ -113,12 +117,15 @@ async def _busiest(server: Any, load: asyncio.Future[Any], window: float = 2.0) 
     return round(max(rates, default=0.0), 2)
 
 
-def _server_ttft(base_url: str) -> tuple[float, float]:
-    """(sum, count) of the gateway's time-to-first-token histogram (arrival at the engine to its first token)."""
+def _scrape(base_url: str) -> dict[str, float]:
+    """From the gateway's /metrics: the sum and count of its time-to-first-token histogram (arrival at the engine
+    to its first token), and the engine core's steps and eager steps since start."""
     text = httpx.get(base_url + "/metrics", timeout=30).text
     value = lambda name: sum(float(line.split()[-1]) for line in text.splitlines()  # noqa: E731
-                             if line.startswith(f"trtllm_gateway_time_to_first_token_seconds_{name} "))
-    return value("sum"), value("count")
+                             if line.startswith(f"trtllm_gateway_{name} "))
+    return {"ttft_sum": value("time_to_first_token_seconds_sum"),
+            "ttft_count": value("time_to_first_token_seconds_count"),
+            "steps": value("engine_iterations_total"), "eager_steps": value("engine_eager_iterations_total")}
 
 
 def main() -> int:

@@ -50,6 +50,8 @@ class EngineStatsCollector(Collector):
             yield GaugeMetricFamily(PREFIX + name, doc, value=value)
         counters = {
             "engine_iterations": ("Engine steps since start.", s.iterations),
+            "engine_eager_iterations": ("Engine steps run op by op, not replayed from CUDA graphs or a compiled step.",
+                                        s.eager_iterations),
             "preemptions": ("Sequences preempted since start.", s.preemptions),
             "prefix_cache_hit_tokens": ("Prompt tokens served from the prefix cache.", s.prefix_cache_hit_tokens),
         }

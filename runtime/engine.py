@@ -45,6 +45,7 @@ class EngineStats:
     kv_blocks_free: int = 0
     kv_tokens_per_block: int = 0
     iterations: int = 0  # engine steps since start
+    eager_iterations: int = 0  # of those, steps run op by op rather than replayed from graphs (native engine)
     prompt_tokens_total: int = 0  # prompt tokens admitted since start
     prefill_tokens_computed: int = 0  # prompt tokens actually run through the model (prefix hits excluded)
     prefix_cache_hit_tokens: int = 0

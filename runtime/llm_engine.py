@@ -569,6 +569,7 @@ class NativeEngine(Engine):
             st.context_tokens = sum(e.num_new_tokens for e in prefill)
             st.kv_blocks_used, st.kv_blocks_free = bm.num_used_blocks, bm.num_free_blocks
             st.preemptions = self.scheduler.num_preemptions
+            st.eager_iterations = self.runner.eager_steps
             for name, value in self.lora.stats().items():
                 setattr(st, name, value)
             if self.speculator is not None:

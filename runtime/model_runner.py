@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from runtime.attention_metadata import AttentionMetadata, pad_block_tables
-from runtime.decode_rows import fill_pending
+from runtime.decode_rows import MAX_ROWS_PER_SEQ, DecodeOutput, fill_pending
 from runtime.device import host_tensor, to_device
 from runtime.lora.apply import LoraBatch
 from runtime.models import CausalLM, allocate_kv_cache
@@ -90,6 +90,26 @@ class PendingStep:
         return self._results
 
 
+class Forward(NamedTuple):
+    """A step's forward pass: hidden states (op by op) or float32 logits (graphs), and where each input's new
+    tokens start in them; `decode`: the decode graph's output when one graph ran the whole step."""
+
+    values: torch.Tensor
+    first_rows: list[int]
+    are_logits: bool
+    decode: DecodeOutput | None = None
+
+
+def _first_rows(inputs: Sequence[StepInput]) -> list[int]:
+    """Row of each input's first new token when every new token has a row, in order."""
+    starts = [0] * len(inputs)
+    row = 0
+    for i, inp in enumerate(inputs):
+        starts[i] = row
+        row += len(inp.token_ids)
+    return starts
+
+
 def _deliver(logits: torch.Tensor, inp: StepInput) -> torch.Tensor:
     return logits if inp.logits_on_device else logits.cpu()
 
@@ -107,8 +127,9 @@ class ModelRunner:
         self.lora: LoraBatch | None = None  # set by the engine when LoRA is available
         # decode steps captured as CUDA graphs (capture_decode_graphs) or compiled on CPU (compile_decode)
         self.graphs: DecodeGraphs | CompiledDecode | None = None
-        self.prefill_graphs: PrefillGraphs | None = None  # single-sequence prefill steps (capture_prefill_graphs)
+        self.prefill_graphs: PrefillGraphs | None = None  # prefill steps (capture_prefill_graphs)
         self.last_sampled: torch.Tensor | None = None  # the last launch's sampled ids, on the device
+        self.eager_steps = 0  # steps run op by op, not replayed from graphs (or a compiled step on CPU)
         if self.device.type == "cuda":
             from runtime.cuda import enable_cuda_kernels
 
@@ -131,7 +152,7 @@ class ModelRunner:
 
     def capture_prefill_graphs(self, max_tokens: int, max_blocks_per_seq: int,
                                lora_version: Callable[[], int] = lambda: 0) -> None:
-        """Capture steps that prefill one sequence with up to `max_tokens` tokens (CUDA only; after
+        """Capture steps that prefill a few sequences with up to `max_tokens` tokens (CUDA only; after
         allocate_kv_cache; `lora_version` as for capture_decode_graphs)."""
         from runtime.cuda.prefill_graphs import PrefillGraphs
 
@@ -158,41 +179,28 @@ class ModelRunner:
     def launch(self, inputs: Sequence[StepInput], copies: Sequence[tuple[int, int]] = ()) -> PendingStep:
         """`execute` without waiting: the step is queued on the device (see the module docstring)."""
         self.copy_blocks(copies)
-        hidden = graph_logits = graph_out = None
-        if self.graphs is not None and self.graphs.accepts(inputs):
-            graph_out = self.graphs.run(inputs, self.last_sampled)  # one row per new token, in order
-            graph_logits = graph_out.logits
-        elif self.prefill_graphs is not None and self.prefill_graphs.accepts(inputs):
-            graph_logits = self.prefill_graphs.run(inputs)  # the last token's row: the only one a prefill samples
-        else:
-            if self.lora is not None:  # per-token adapter slots for the hooked Linears (runtime/lora/apply.py)
-                self.lora.set([len(inp.token_ids) for inp in inputs], [inp.adapter_slot for inp in inputs])
-            input_ids, positions, meta = self.prepare(inputs)
-            fill_pending(inputs, input_ids, self.last_sampled)
-            hidden = self.model(input_ids, positions, self.kv_caches, meta)
-
+        forward = self._forward(inputs, self.last_sampled)
+        self.last_sampled = None
         # Rows needing logits: every new token of inputs that return all logits, else the last one.
         rows: list[int] = []
         spans: list[tuple[int, int]] = []  # per input: its rows in `logits`
-        end = 0
-        for inp in inputs:
-            end += len(inp.token_ids)
-            first = len(rows)
+        for inp, first in zip(inputs, forward.first_rows):
+            start = len(rows)
             if inp.return_all_logits:
-                rows.extend(range(end - len(inp.token_ids), end))
+                rows.extend(range(first, first + len(inp.token_ids)))
             elif inp.sample_rows:
-                rows.append(end - 1)
-            spans.append((first, len(rows)))
+                rows.append(first + len(inp.token_ids) - 1)
+            spans.append((start, len(rows)))
         results = [StepResult() for _ in inputs]
-        self.last_sampled = None
         if not rows:
             return PendingStep(inputs, results, [None], None)
-        if graph_logits is None:
-            logits = self.model.compute_logits(hidden[host_tensor(rows, torch.long, self.device)])
-        elif len(rows) == graph_logits.shape[0]:  # every token needs its logits (plain decode steps)
-            logits = graph_logits.clone() if any(inp.logits_on_device for inp in inputs) else graph_logits
-        else:  # a gather is a copy: the graph's output buffer is overwritten by the next replay
-            logits = graph_logits[host_tensor(rows, torch.long, self.device)]
+        values = forward.values
+        if not forward.are_logits:
+            logits = self.model.compute_logits(values[host_tensor(rows, torch.long, self.device)])
+        elif len(rows) == values.shape[0]:  # every row (plain decode steps); rows ascend, so in order
+            logits = values.clone() if any(inp.logits_on_device for inp in inputs) else values
+        else:  # a gather is a copy: a graph's output buffer is overwritten by the next replay
+            logits = values[host_tensor(rows, torch.long, self.device)]
 
         sample_idx: list[int] = []
         sample_rows: list[SamplingRow] = []
@@ -209,11 +217,12 @@ class ModelRunner:
             return PendingStep(inputs, results, [None], None)
         # usually one sampled row per input, in order: then skip the gather (a copy of [rows, vocab] floats)
         identity = sample_idx == list(range(logits.shape[0]))
-        if (graph_out is not None and graph_out.greedy is not None and identity
-                and len(rows) == graph_out.greedy.shape[0] and plain_greedy(sample_rows)):
+        decode = forward.decode
+        if (decode is not None and decode.greedy is not None and identity
+                and len(rows) == decode.greedy.shape[0] and plain_greedy(sample_rows)):
             # the graph took every row's argmax and wrote it to pinned host memory: nothing left to launch
-            self.last_sampled = graph_out.greedy
-            fetched: list[torch.Tensor | None] = [graph_out.greedy_host, None, None, None]
+            self.last_sampled = decode.greedy
+            fetched: list[torch.Tensor | None] = [decode.greedy_host, None, None, None]
         else:
             picked = logits if identity else logits[host_tensor(sample_idx, torch.long, self.device)]
             out = self.sampler(picked, sample_rows)
@@ -226,6 +235,42 @@ class ModelRunner:
             done = torch.cuda.Event()
             done.record()
         return PendingStep(inputs, results, fetched, done)
+
+    def _forward(self, inputs: Sequence[StepInput], last_sampled: torch.Tensor | None) -> Forward:
+        """Run the step's forward pass: replayed from graphs where they cover it, else op by op.
+
+        A step where prompts join decode rows replays a decode graph for the rows and a prefill graph for the
+        prompts: two launches instead of a few hundred (streams whose requests end at different steps bring a
+        prompt to almost every step; run op by op those steps held the engine core to a third of its decode
+        rate, benchmarks/RESULTS.md).
+        """
+        graphs, prefill = self.graphs, self.prefill_graphs
+        if graphs is not None and graphs.accepts(inputs):
+            out = graphs.run(inputs, last_sampled)  # one row per new token, in order
+            return Forward(out.logits, _first_rows(inputs), True, out)
+        if prefill is not None:
+            rest = [inp for inp in inputs if len(inp.token_ids) <= MAX_ROWS_PER_SEQ]
+            prompts = [inp for inp in inputs if len(inp.token_ids) > MAX_ROWS_PER_SEQ]
+            if prefill.accepts(prompts) and (not rest or (graphs is not None and graphs.accepts(rest))):
+                parts = [graphs.run(rest, last_sampled).logits] if rest else []  # type: ignore[union-attr]
+                parts.append(prefill.run(prompts))  # only each prompt's last row
+                # a prompt's "first row" is placed so that its last token lands on its one row of logits
+                first_rows, row, prompt = [], 0, sum(len(inp.token_ids) for inp in rest)
+                for inp in inputs:
+                    n = len(inp.token_ids)
+                    if n <= MAX_ROWS_PER_SEQ:
+                        first_rows.append(row)
+                        row += n
+                    else:
+                        first_rows.append(prompt - (n - 1))
+                        prompt += 1
+                return Forward(torch.cat(parts) if rest else parts[0], first_rows, True)
+        self.eager_steps += 1
+        if self.lora is not None:  # per-token adapter slots for the hooked Linears (runtime/lora/apply.py)
+            self.lora.set([len(inp.token_ids) for inp in inputs], [inp.adapter_slot for inp in inputs])
+        input_ids, positions, meta = self.prepare(inputs)
+        fill_pending(inputs, input_ids, last_sampled)
+        return Forward(self.model(input_ids, positions, self.kv_caches, meta), _first_rows(inputs), False)
 
     def prepare(self, inputs: Sequence[StepInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flat input ids and positions of all new tokens, and their AttentionMetadata."""

@@ -24,5 +24,7 @@ def test_rounds_alternate_and_give_ratios(tmp_path) -> None:
         assert positive(r["core_tok_s"], r["http_tok_s"], r["front_end_cpu_busy_peak"], r["core_ttft_ms_p50"],
                         r["core_tpot_ms_p50"], r["http_tpot_ms_p50"], r["core_e2e_ms_p50"], r["http_e2e_ms_p50"],
                         r["core_gap_ms_p50"], r["http_gap_ms_p50"]) and r["ratio"] == r["http_tok_s"] / r["core_tok_s"]
+        for side in ("core", "http"):  # the CPU's steps run op by op (the smoke model compiles none)
+            assert r[f"{side}_eager_steps"] == r[f"{side}_steps"] > 0
         assert "server_ttft_ms_mean" not in r  # a scrape of /metrics reaches either front end
     assert result["output_std"] == 2 and (tmp_path / "http-vs-core-8-api2-std2.json").exists()

@@ -68,6 +68,38 @@ def test_graphed_engine_matches_eager_engine(max_num_tokens: int) -> None:
     assert asyncio.run(run(True)) == asyncio.run(run(False))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_prompts_joining_decode_rows_replay_graphs_and_match_eager_steps() -> None:
+    """Four streams of requests of different lengths, so that prompts (23-75 tokens) join steps of decode rows:
+    with graphs every step is replayed (a decode graph, a prefill graph for up to 8 prompts, or both in one
+    step), none runs op by op, and the ids equal those of the engine without graphs."""
+    from runtime.config import EngineConfig
+    from runtime.llm_engine import NativeEngine
+    from runtime.request import GenerationRequest, SamplingOptions
+
+    prompts = ["Once upon a time" + " the little cat sat" * i for i in (5, 9, 14, 7, 11, 6, 8, 12)]
+
+    async def run(graphs: bool) -> tuple[list[list[int]], int]:
+        engine = NativeEngine(EngineConfig(model="demo", device="cuda", dtype="float32", max_batch_size=8,
+                                           max_kv_tokens=4096, enable_cuda_graphs=graphs))
+        await engine.start()
+        try:
+            async def stream(s: int) -> list[list[int]]:
+                out = []
+                for j in range(2):
+                    req = GenerationRequest(f"r{s}-{j}", prompt=prompts[2 * s + j], sampling=SamplingOptions(
+                        max_tokens=6 + 5 * s + 3 * j, temperature=0.0, ignore_eos=True))
+                    out.append([t for d in [d async for d in engine.generate(req)] for t in d.token_ids])
+                return out
+            ids = [r for rs in await asyncio.gather(*(stream(s) for s in range(4))) for r in rs]
+            return ids, engine.stats().eager_iterations
+        finally:
+            await engine.shutdown()
+
+    (graphed, eager_steps), (reference, _) = asyncio.run(run(True)), asyncio.run(run(False))
+    assert graphed == reference and eager_steps == 0
+
+
 def test_one_row_per_token_gives_the_packed_step_logits(tmp_path) -> None:
     """What a graphed verify step computes (every new token a one-token row over the cache, with its
     own length) equals the eager multi-token step, for two sequences continuing their caches."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from runtime.decode_rows import MAX_ROWS_PER_SEQ, DecodeOutput
 from runtime.model_runner import ModelRunner, StepInput
 from runtime.models import load_model
 from runtime.request import SamplingOptions
@@ -112,3 +114,83 @@ def test_copy_on_write_fork_continues_like_a_private_copy(runner: ModelRunner, h
     )
     expected = int(hf_logits(hf_model, prompt + [tok])[-1].argmax())
     assert res[0].token_ids == res[1].token_ids == [expected]
+
+
+class OpByOp:
+    """Stands in for the CUDA graphs on the CPU, with their contract: a decode graph's logits for every new
+    token, a prefill graph's for each input's last token; both run the model over the runner's cache."""
+
+    def __init__(self, runner: ModelRunner, last_only: bool) -> None:
+        self.runner, self.last_only = runner, last_only
+        self.calls: list[list[int]] = []  # the start positions of each call's inputs
+
+    def accepts(self, inputs: list[StepInput]) -> bool:
+        longest = max((len(inp.token_ids) for inp in inputs), default=0)
+        return 0 < longest and (self.last_only or longest <= MAX_ROWS_PER_SEQ)
+
+    def run(self, inputs: list[StepInput], last_sampled: torch.Tensor | None = None) -> torch.Tensor | DecodeOutput:
+        self.calls.append([inp.start_pos for inp in inputs])
+        ids, positions, meta = self.runner.prepare(inputs)
+        hidden = self.runner.model(ids, positions, self.runner.kv_caches, meta)
+        if self.last_only:
+            return self.runner.model.compute_logits(hidden[meta.query_start_loc[1:].long() - 1])
+        return DecodeOutput(self.runner.model.compute_logits(hidden))
+
+
+def test_prompts_joining_decode_rows_replay_both_graphs(checkpoint: Path) -> None:
+    """A step of decode rows, a whole prompt and a prompt's first chunk runs as a decode-graph replay plus a
+    prefill-graph replay, and gives the tokens and logits of the same step run op by op."""
+    def fresh() -> ModelRunner:
+        r = ModelRunner(load_model(str(checkpoint), torch.float32, torch.device("cpu")), BS, Sampler(0))
+        r.allocate_kv_cache(32)
+        return r
+
+    a, b, c = list(range(3, 24)), list(range(40, 59)), list(range(60, 100))  # 21, 19 and 40 tokens
+    first = [StepInput(a, 0, [0, 1, 2, 3, 4, 5]), StepInput(b, 0, [6, 7, 8, 9, 10])]
+
+    def mixed(ta: int, tb: int) -> list[StepInput]:
+        return [StepInput([ta], 21, [0, 1, 2, 3, 4, 5], [greedy_row(a)], return_all_logits=True),
+                StepInput([tb], 19, [6, 7, 8, 9, 10], [greedy_row(b)]),
+                StepInput(c[:30], 0, [11, 12, 13, 14, 15, 16, 17, 18]),  # a chunk: nothing sampled
+                StepInput(a[:20], 0, [19, 20, 21, 22, 23], [greedy_row(a[:20])], return_sample_logits=True)]
+
+    eager = fresh()
+    ta, tb = (r.token_ids[0] for r in eager.execute([StepInput(a, 0, [0, 1, 2, 3, 4, 5], [greedy_row(a)]),
+                                                      StepInput(b, 0, [6, 7, 8, 9, 10], [greedy_row(b)])]))
+    expected = eager.execute(mixed(ta, tb))
+    assert eager.eager_steps == 2
+
+    graphed = fresh()
+    graphed.execute(first)
+    graphed.graphs = decode = OpByOp(graphed, last_only=False)  # type: ignore[assignment]
+    graphed.prefill_graphs = prefill = OpByOp(graphed, last_only=True)  # type: ignore[assignment]
+    got = graphed.execute(mixed(ta, tb))
+    assert graphed.eager_steps == 1  # the first step only
+    assert decode.calls == [[21, 19]] and prefill.calls == [[0, 0]]
+    assert [r.token_ids for r in got] == [r.token_ids for r in expected] and got[2].token_ids == []
+    for g, e in zip(got, expected):
+        assert g.logprobs == pytest.approx(e.logprobs, abs=1e-5)
+    torch.testing.assert_close(got[0].all_logits, expected[0].all_logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got[3].sample_logits, expected[3].sample_logits, rtol=1e-5, atol=1e-5)
+
+
+def test_pack_prefill_lays_out_sequences_and_tiles() -> None:
+    from runtime.cuda.prefill_graphs import PrefillLayout, pack_prefill
+
+    layout = PrefillLayout(rows=96, seqs=3, tiles=4, max_blocks=6)
+    out = np.full(layout.size, 99, dtype=np.int64)
+    used = pack_prefill([StepInput(list(range(1, 71)), 6, [4, 0, 3, 2, 1]),  # 70 over 6 cached: 2 tiles
+                         StepInput([7, 8, 9], 0, [5])], 16, layout, out)
+    assert out[:73].tolist() == list(range(1, 71)) + [7, 8, 9] and set(out[73:96]) == {0}
+    assert out[96:169].tolist() == list(range(6, 76)) + [0, 1, 2] and set(out[169:192]) == {0}
+    slots = out[192:288]
+    assert slots[:3].tolist() == [70, 71, 72] and slots[69] == 16 + 11  # position 75: block 4 of the table
+    assert slots[70:73].tolist() == [80, 81, 82] and set(slots[73:].tolist()) == {-1}
+    assert out[layout.query_start: layout.context].tolist() == [0, 70, 73, 73]
+    assert out[layout.context: layout.seq_lens].tolist() == [6, 0, 0]
+    assert out[layout.seq_lens: layout.last].tolist() == [76, 3, 0]
+    assert out[layout.last: layout.tile_seqs].tolist() == [69, 72, 0]
+    assert out[layout.tile_seqs: layout.tables].tolist() == [0, 0, 1, 0, 0, 64, 0, 96]  # the last: past its tokens
+    tables = out[layout.tables:].reshape(3, 6)
+    assert tables[0, :5].tolist() == [4, 0, 3, 2, 1] and tables[1, 0] == 5
+    assert used == layout.tables + 6 + 1  # the second table's one block, not the spare rows
