@@ -249,28 +249,37 @@ class ModelRunner:
             out = graphs.run(inputs, last_sampled)  # one row per new token, in order
             return Forward(out.logits, _first_rows(inputs), True, out)
         if prefill is not None:
-            rest = [inp for inp in inputs if len(inp.token_ids) <= MAX_ROWS_PER_SEQ]
-            prompts = [inp for inp in inputs if len(inp.token_ids) > MAX_ROWS_PER_SEQ]
-            if prefill.accepts(prompts) and (not rest or (graphs is not None and graphs.accepts(rest))):
-                parts = [graphs.run(rest, last_sampled).logits] if rest else []  # type: ignore[union-attr]
-                parts.append(prefill.run(prompts))  # only each prompt's last row
-                # a prompt's "first row" is placed so that its last token lands on its one row of logits
-                first_rows, row, prompt = [], 0, sum(len(inp.token_ids) for inp in rest)
-                for inp in inputs:
-                    n = len(inp.token_ids)
-                    if n <= MAX_ROWS_PER_SEQ:
-                        first_rows.append(row)
-                        row += n
-                    else:
-                        first_rows.append(prompt - (n - 1))
-                        prompt += 1
-                return Forward(torch.cat(parts) if rest else parts[0], first_rows, True)
+            # prompts are the inputs past a decode graph's tokens per sequence; failing that (the rows do not fit
+            # the decode graphs: a prompt's few tokens past a prefix-cache hit), every input of several tokens
+            for most in (MAX_ROWS_PER_SEQ, 1):
+                rest = [inp for inp in inputs if len(inp.token_ids) <= most]
+                prompts = [inp for inp in inputs if len(inp.token_ids) > most]
+                if prefill.accepts(prompts) and (not rest or (graphs is not None and graphs.accepts(rest))):
+                    return self._replay_both(inputs, rest, prompts, most, last_sampled)
         self.eager_steps += 1
         if self.lora is not None:  # per-token adapter slots for the hooked Linears (runtime/lora/apply.py)
             self.lora.set([len(inp.token_ids) for inp in inputs], [inp.adapter_slot for inp in inputs])
         input_ids, positions, meta = self.prepare(inputs)
         fill_pending(inputs, input_ids, last_sampled)
         return Forward(self.model(input_ids, positions, self.kv_caches, meta), _first_rows(inputs), False)
+
+    def _replay_both(self, inputs: Sequence[StepInput], rest: list[StepInput], prompts: list[StepInput], most: int,
+                     last_sampled: torch.Tensor | None) -> Forward:
+        """The decode graph for `rest` (inputs of at most `most` tokens; may be none), a prefill graph for
+        `prompts` (the others): their logits in one tensor, every token of `rest` then each prompt's last one."""
+        parts = [self.graphs.run(rest, last_sampled).logits] if rest else []  # type: ignore[union-attr]
+        parts.append(self.prefill_graphs.run(prompts))  # type: ignore[union-attr]
+        # a prompt's "first row" is placed so that its last token lands on its one row of logits
+        first_rows, row, prompt = [], 0, sum(len(inp.token_ids) for inp in rest)
+        for inp in inputs:
+            n = len(inp.token_ids)
+            if n <= most:
+                first_rows.append(row)
+                row += n
+            else:
+                first_rows.append(prompt - (n - 1))
+                prompt += 1
+        return Forward(torch.cat(parts) if rest else parts[0], first_rows, True)
 
     def prepare(self, inputs: Sequence[StepInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flat input ids and positions of all new tokens, and their AttentionMetadata."""

@@ -120,13 +120,15 @@ class OpByOp:
     """Stands in for the CUDA graphs on the CPU, with their contract: a decode graph's logits for every new
     token, a prefill graph's for each input's last token; both run the model over the runner's cache."""
 
-    def __init__(self, runner: ModelRunner, last_only: bool) -> None:
-        self.runner, self.last_only = runner, last_only
+    def __init__(self, runner: ModelRunner, last_only: bool, max_rows: int = 0) -> None:
+        self.runner, self.last_only, self.max_rows = runner, last_only, max_rows
         self.calls: list[list[int]] = []  # the start positions of each call's inputs
 
     def accepts(self, inputs: list[StepInput]) -> bool:
-        longest = max((len(inp.token_ids) for inp in inputs), default=0)
-        return 0 < longest and (self.last_only or longest <= MAX_ROWS_PER_SEQ)
+        if self.last_only:
+            return bool(inputs)
+        lengths = [len(inp.token_ids) for inp in inputs]
+        return bool(lengths) and max(lengths) <= MAX_ROWS_PER_SEQ and sum(lengths) <= self.max_rows
 
     def run(self, inputs: list[StepInput], last_sampled: torch.Tensor | None = None) -> torch.Tensor | DecodeOutput:
         self.calls.append([inp.start_pos for inp in inputs])
@@ -139,39 +141,43 @@ class OpByOp:
 
 def test_prompts_joining_decode_rows_replay_both_graphs(checkpoint: Path) -> None:
     """A step of decode rows, a whole prompt and a prompt's first chunk runs as a decode-graph replay plus a
-    prefill-graph replay, and gives the tokens and logits of the same step run op by op."""
+    prefill-graph replay, and gives the tokens and logits of the same step run op by op; so does a step whose
+    short prompt (5 tokens past a cached prefix) would not fit the decode graph beside the rows."""
     def fresh() -> ModelRunner:
         r = ModelRunner(load_model(str(checkpoint), torch.float32, torch.device("cpu")), BS, Sampler(0))
         r.allocate_kv_cache(32)
         return r
 
-    a, b, c = list(range(3, 24)), list(range(40, 59)), list(range(60, 100))  # 21, 19 and 40 tokens
-    first = [StepInput(a, 0, [0, 1, 2, 3, 4, 5]), StepInput(b, 0, [6, 7, 8, 9, 10])]
+    a, b, c, d = list(range(3, 24)), list(range(40, 59)), list(range(60, 100)), list(range(110, 123))
+    ta_, tb_, td_ = [0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10], [24, 25, 26, 27]
+    first = [StepInput(a, 0, ta_, [greedy_row(a)]), StepInput(b, 0, tb_, [greedy_row(b)]),
+             StepInput(d[:8], 0, td_)]  # d's first 8 tokens: its cached prefix
 
-    def mixed(ta: int, tb: int) -> list[StepInput]:
-        return [StepInput([ta], 21, [0, 1, 2, 3, 4, 5], [greedy_row(a)], return_all_logits=True),
-                StepInput([tb], 19, [6, 7, 8, 9, 10], [greedy_row(b)]),
+    def mixed(ta: int, tb: int, short: bool) -> list[StepInput]:
+        step = [StepInput([ta], 21, ta_, [greedy_row(a)], return_all_logits=True),
+                StepInput([tb], 19, tb_, [greedy_row(b)]),
                 StepInput(c[:30], 0, [11, 12, 13, 14, 15, 16, 17, 18]),  # a chunk: nothing sampled
                 StepInput(a[:20], 0, [19, 20, 21, 22, 23], [greedy_row(a[:20])], return_sample_logits=True)]
+        return step + [StepInput(d[8:], 8, td_, [greedy_row(d)])] if short else step
 
-    eager = fresh()
-    ta, tb = (r.token_ids[0] for r in eager.execute([StepInput(a, 0, [0, 1, 2, 3, 4, 5], [greedy_row(a)]),
-                                                      StepInput(b, 0, [6, 7, 8, 9, 10], [greedy_row(b)])]))
-    expected = eager.execute(mixed(ta, tb))
-    assert eager.eager_steps == 2
+    for short, decode_calls, prefill_calls in ((False, [[21, 19]], [[0, 0]]), (True, [[21, 19]], [[0, 0, 8]])):
+        eager = fresh()
+        ta, tb = (r.token_ids[0] for r in eager.execute(first)[:2])
+        expected = eager.execute(mixed(ta, tb, short))
+        assert eager.eager_steps == 2
 
-    graphed = fresh()
-    graphed.execute(first)
-    graphed.graphs = decode = OpByOp(graphed, last_only=False)  # type: ignore[assignment]
-    graphed.prefill_graphs = prefill = OpByOp(graphed, last_only=True)  # type: ignore[assignment]
-    got = graphed.execute(mixed(ta, tb))
-    assert graphed.eager_steps == 1  # the first step only
-    assert decode.calls == [[21, 19]] and prefill.calls == [[0, 0]]
-    assert [r.token_ids for r in got] == [r.token_ids for r in expected] and got[2].token_ids == []
-    for g, e in zip(got, expected):
-        assert g.logprobs == pytest.approx(e.logprobs, abs=1e-5)
-    torch.testing.assert_close(got[0].all_logits, expected[0].all_logits, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got[3].sample_logits, expected[3].sample_logits, rtol=1e-5, atol=1e-5)
+        graphed = fresh()
+        graphed.execute(first)
+        graphed.graphs = decode = OpByOp(graphed, last_only=False, max_rows=4)  # type: ignore[assignment]
+        graphed.prefill_graphs = prefill = OpByOp(graphed, last_only=True)  # type: ignore[assignment]
+        got = graphed.execute(mixed(ta, tb, short))
+        assert graphed.eager_steps == 1  # the first step only
+        assert decode.calls == decode_calls and prefill.calls == prefill_calls
+        assert [r.token_ids for r in got] == [r.token_ids for r in expected] and got[2].token_ids == []
+        for g, e in zip(got, expected):
+            assert g.logprobs == pytest.approx(e.logprobs, abs=1e-5)
+        torch.testing.assert_close(got[0].all_logits, expected[0].all_logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[3].sample_logits, expected[3].sample_logits, rtol=1e-5, atol=1e-5)
 
 
 def test_pack_prefill_lays_out_sequences_and_tiles() -> None:
