@@ -36,6 +36,9 @@ class AttentionMetadata:
     # tensors a backend derives from the fields above once per step and reuses in every layer
     # (so a metadata object whose tensors are refilled in place must not carry any)
     derived: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # a mixed step (runtime/cuda/mixed_graphs.py): its first rows are decode-shaped, each a one-token "sequence"
+    # that `decode` describes; the fields above describe the sequences of the rows after them
+    decode: AttentionMetadata | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:

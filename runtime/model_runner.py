@@ -32,6 +32,7 @@ from runtime.sampler import Sampler, SamplingRow, plain_greedy
 if TYPE_CHECKING:
     from runtime.cpu.compiled_decode import CompiledDecode
     from runtime.cuda.graphs import DecodeGraphs
+    from runtime.cuda.mixed_graphs import MixedGraphs
     from runtime.cuda.prefill_graphs import PrefillGraphs
 
 
@@ -110,6 +111,22 @@ def _first_rows(inputs: Sequence[StepInput]) -> list[int]:
     return starts
 
 
+def _split_rows(inputs: Sequence[StepInput], most: int, prompt_row: int) -> list[int]:
+    """Row of each input's first new token in the logits of a step split in two: every token of the inputs of at
+    most `most` tokens, in order from row 0, then one row per other input (a prompt's last token) from
+    `prompt_row`; a prompt's "first row" is placed so that its last token lands on its one row."""
+    rows, row, prompt = [], 0, prompt_row
+    for inp in inputs:
+        n = len(inp.token_ids)
+        if n <= most:
+            rows.append(row)
+            row += n
+        else:
+            rows.append(prompt - (n - 1))
+            prompt += 1
+    return rows
+
+
 def _deliver(logits: torch.Tensor, inp: StepInput) -> torch.Tensor:
     return logits if inp.logits_on_device else logits.cpu()
 
@@ -128,6 +145,7 @@ class ModelRunner:
         # decode steps captured as CUDA graphs (capture_decode_graphs) or compiled on CPU (compile_decode)
         self.graphs: DecodeGraphs | CompiledDecode | None = None
         self.prefill_graphs: PrefillGraphs | None = None  # prefill steps (capture_prefill_graphs)
+        self.mixed_graphs: MixedGraphs | None = None  # decode rows and prompts together (capture_prefill_graphs)
         self.last_sampled: torch.Tensor | None = None  # the last launch's sampled ids, on the device
         self.eager_steps = 0  # steps run op by op, not replayed from graphs (or a compiled step on CPU)
         if self.device.type == "cuda":
@@ -152,12 +170,17 @@ class ModelRunner:
 
     def capture_prefill_graphs(self, max_tokens: int, max_blocks_per_seq: int,
                                lora_version: Callable[[], int] = lambda: 0) -> None:
-        """Capture steps that prefill a few sequences with up to `max_tokens` tokens (CUDA only; after
-        allocate_kv_cache; `lora_version` as for capture_decode_graphs)."""
+        """Capture steps that prefill a few sequences with up to `max_tokens` tokens, and with decode graphs
+        captured, steps where prompts join decode rows (CUDA only; after allocate_kv_cache; `lora_version` as for
+        capture_decode_graphs)."""
+        from runtime.cuda.graphs import DecodeGraphs
+        from runtime.cuda.mixed_graphs import MixedGraphs
         from runtime.cuda.prefill_graphs import PrefillGraphs
 
         self.prefill_graphs = PrefillGraphs(self.model, self.kv_caches, self.block_size, max_tokens,
                                             max_blocks_per_seq, self.lora, lora_version)
+        if isinstance(self.graphs, DecodeGraphs):
+            self.mixed_graphs = MixedGraphs(self.graphs, self.prefill_graphs, lora_version)
 
     def compile_decode(self, max_blocks_per_seq: int) -> None:
         """Compile single-stream decode steps on CPU (after allocate_kv_cache; slow: about a minute, less once
@@ -239,10 +262,10 @@ class ModelRunner:
     def _forward(self, inputs: Sequence[StepInput], last_sampled: torch.Tensor | None) -> Forward:
         """Run the step's forward pass: replayed from graphs where they cover it, else op by op.
 
-        A step where prompts join decode rows replays a decode graph for the rows and a prefill graph for the
-        prompts: two launches instead of a few hundred (streams whose requests end at different steps bring a
-        prompt to almost every step; run op by op those steps held the engine core to a third of its decode
-        rate, benchmarks/RESULTS.md).
+        A step where prompts join decode rows replays a mixed graph (runtime/cuda/mixed_graphs.py), or where
+        that does not fit, a decode graph for the rows and a prefill graph for the prompts: one or two launches
+        instead of a few hundred (streams whose requests end at different steps bring a prompt to almost every
+        step; run op by op those steps held the engine core to a third of its decode rate, RESULTS.md).
         """
         graphs, prefill = self.graphs, self.prefill_graphs
         if graphs is not None and graphs.accepts(inputs):
@@ -254,32 +277,20 @@ class ModelRunner:
             for most in (MAX_ROWS_PER_SEQ, 1):
                 rest = [inp for inp in inputs if len(inp.token_ids) <= most]
                 prompts = [inp for inp in inputs if len(inp.token_ids) > most]
+                if self.mixed_graphs is not None and self.mixed_graphs.accepts(rest, prompts):
+                    logits, prompt_row = self.mixed_graphs.run(rest, prompts, last_sampled)
+                    return Forward(logits, _split_rows(inputs, most, prompt_row), True)
                 if prefill.accepts(prompts) and (not rest or (graphs is not None and graphs.accepts(rest))):
-                    return self._replay_both(inputs, rest, prompts, most, last_sampled)
+                    parts = [graphs.run(rest, last_sampled).logits] if rest else []  # type: ignore[union-attr]
+                    parts.append(prefill.run(prompts))
+                    first_rows = _split_rows(inputs, most, sum(len(inp.token_ids) for inp in rest))
+                    return Forward(torch.cat(parts) if rest else parts[0], first_rows, True)
         self.eager_steps += 1
         if self.lora is not None:  # per-token adapter slots for the hooked Linears (runtime/lora/apply.py)
             self.lora.set([len(inp.token_ids) for inp in inputs], [inp.adapter_slot for inp in inputs])
         input_ids, positions, meta = self.prepare(inputs)
         fill_pending(inputs, input_ids, last_sampled)
         return Forward(self.model(input_ids, positions, self.kv_caches, meta), _first_rows(inputs), False)
-
-    def _replay_both(self, inputs: Sequence[StepInput], rest: list[StepInput], prompts: list[StepInput], most: int,
-                     last_sampled: torch.Tensor | None) -> Forward:
-        """The decode graph for `rest` (inputs of at most `most` tokens; may be none), a prefill graph for
-        `prompts` (the others): their logits in one tensor, every token of `rest` then each prompt's last one."""
-        parts = [self.graphs.run(rest, last_sampled).logits] if rest else []  # type: ignore[union-attr]
-        parts.append(self.prefill_graphs.run(prompts))  # type: ignore[union-attr]
-        # a prompt's "first row" is placed so that its last token lands on its one row of logits
-        first_rows, row, prompt = [], 0, sum(len(inp.token_ids) for inp in rest)
-        for inp in inputs:
-            n = len(inp.token_ids)
-            if n <= most:
-                first_rows.append(row)
-                row += n
-            else:
-                first_rows.append(prompt - (n - 1))
-                prompt += 1
-        return Forward(torch.cat(parts) if rest else parts[0], first_rows, True)
 
     def prepare(self, inputs: Sequence[StepInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flat input ids and positions of all new tokens, and their AttentionMetadata."""

@@ -106,9 +106,9 @@ def row_metadata(packed: torch.Tensor, tables: torch.Tensor, query_start: torch.
 
 
 @torch.inference_mode()
-def capture_buckets(sizes: Sequence[int], forward: Callable[[int], object],
-                    pool: Any = None) -> tuple[dict[int, torch.cuda.CUDAGraph], Any]:
-    """One graph of `forward(bucket)` per bucket, largest first, all in one memory pool (`pool`, or a new
+def capture_buckets(sizes: Sequence[Any], forward: Callable[[Any], object],
+                    pool: Any = None) -> tuple[dict[Any, torch.cuda.CUDAGraph], Any]:
+    """One graph of `forward(bucket)` per bucket (an int, or a tuple of them), largest first, all in one memory pool (`pool`, or a new
     one), so that together they cost about one graph's activations; returns them and the pool. Each bucket
     runs once before its capture (kernel compilation and library handles happen outside the graph)."""
     graphs = {}
@@ -160,26 +160,24 @@ class DecodeGraphs:
         self.base = self._capture_all(with_lora=False)
         self.with_lora: list[dict[int, torch.cuda.CUDAGraph]] = []
 
-    def _meta(self, bucket: int) -> AttentionMetadata:
+    def meta(self, bucket: int) -> AttentionMetadata:
         return row_metadata(self.packed[:, :bucket], self.tables[:bucket], self.query_start[: bucket + 1],
                             self.block_size, self.max_blocks * self.block_size)
 
-    def _forward(self, bucket: int, turn: int, meta: AttentionMetadata) -> None:
+    def load(self, bucket: int, turn: int) -> None:
+        """In a graph: copy set `turn`'s pinned rows to the device and resolve each row's token into `ids`."""
         end = self.width + bucket * self.max_blocks  # the packed rows and the bucket's block tables
         load_step_inputs(self.host_inputs[turn], self.inputs, end, self.sampled, self.ids, bucket, self.max_rows)
+
+    def _forward(self, bucket: int, turn: int, meta: AttentionMetadata) -> None:
+        self.load(bucket, turn)
         hidden = self.model(self.ids[:bucket], self.packed[POSITIONS, :bucket], self.kv_caches, meta)
         logits = self.model.compute_logits(hidden, out=self.logits[:bucket])
         self.greedy(logits, self.sampled, self.host_sampled[turn])
 
     def _capture_all(self, with_lora: bool) -> list[dict[int, torch.cuda.CUDAGraph]]:
         started = time.perf_counter()
-        torch.cuda.synchronize()  # no replay is reading the host buffers
-        # a capture while serving (LoRA) comes between launching a step and collecting it, and the warm-up
-        # forwards write every buffer: keep the ids that step produced for its host and the next step
-        kept = [self.sampled.clone(), *(h.clone() for h in self.host_sampled)]
-        for turn in range(SETS):  # every row padding while capturing: the warm-up forwards store nothing
-            packed, _ = self.host_views(turn)
-            packed[:] = np.array(PADDING)[:, None]
+        kept = self.pad_for_capture()
         if self.lora is not None:
             self.lora.clear()  # a base capture must not record the hooks of the last eager adapter step
         sets = []
@@ -187,18 +185,33 @@ class DecodeGraphs:
             def forward(bucket: int, turn: int = turn) -> None:
                 if with_lora:
                     self.lora.bind(self.packed[ADAPTERS, :bucket])  # type: ignore[union-attr]
-                self._forward(bucket, turn, self._meta(bucket))
+                self._forward(bucket, turn, self.meta(bucket))
 
             graphs, self.pool = capture_buckets(self.sizes, forward, self.pool)
             sets.append(graphs)
         if self.lora is not None:
             self.lora.clear()
-        for buffer, saved in zip((self.sampled, *self.host_sampled), kept):
-            buffer.copy_(saved)
+        self.restore(kept)
         logger.info("CUDA graphs: captured %d decode row counts (%s)%s, %d sets, in %.1f s", len(self.sizes),
                     ",".join(map(str, self.sizes)), " with LoRA" if with_lora else "", SETS,
                     time.perf_counter() - started)
         return sets
+
+    def pad_for_capture(self) -> list[torch.Tensor]:
+        """Before a capture: every row of both sets padding, so the warm-up forwards store nothing; returns the
+        sampled ids to `restore` after it (a capture while serving, for LoRA, comes between launching a step and
+        collecting it, and the warm-ups overwrite them: the ids that step produced for its host and the next
+        step)."""
+        torch.cuda.synchronize()  # no replay is reading the host buffers
+        kept = [self.sampled.clone(), *(h.clone() for h in self.host_sampled)]
+        for turn in range(SETS):
+            packed, _ = self.host_views(turn)
+            packed[:] = np.array(PADDING)[:, None]
+        return kept
+
+    def restore(self, kept: list[torch.Tensor]) -> None:
+        for buffer, saved in zip((self.sampled, *self.host_sampled), kept):
+            buffer.copy_(saved)
 
     def accepts(self, inputs: Sequence[StepInput]) -> bool:
         """Every input brings at most MAX_ROWS_PER_SEQ tokens, all rows fit a bucket, tables fit the buffer."""
@@ -221,19 +234,30 @@ class DecodeGraphs:
         assert bucket is not None
         turn = self.turn
         graph = self._graphs(max(columns[ADAPTERS]) >= 0)[turn][bucket]  # may capture: before inputs are written
+        self.stage(columns, tables, bucket, last_sampled)
+        graph.replay()
+        self.replayed_now()
+        return DecodeOutput(self.logits[:n], self.sampled[:n], self.host_sampled[turn][:n])
+
+    def stage(self, columns: list[list[int]], tables: torch.Tensor, bucket: int,
+              last_sampled: torch.Tensor | None) -> None:
+        """Write packed rows (pack_rows) into the current set's pinned inputs, padded to `bucket`, once that set's
+        last replay has read them; and the previous launch's samples where a graph reads pending tokens."""
         if (last_sampled is not None and last_sampled.data_ptr() != self.sampled.data_ptr()
                 and max(columns[PREV]) >= 0):  # the sampler chose them, not a graph's argmax
             self.sampled[: last_sampled.shape[0]].copy_(last_sampled)
-        self.replayed[turn].synchronize()  # this set's last replay has read its inputs (at once when recorded)
-        packed, host_tables = self.host_views(turn)
+        self.replayed[self.turn].synchronize()  # this set's last replay has read its inputs (at once when recorded)
+        packed, host_tables = self.host_views(self.turn)
+        n = tables.shape[0]
         for i, (column, fill) in enumerate(zip(columns, PADDING)):
             packed[i, :n] = column
             packed[i, n:bucket] = fill
         host_tables[:n, : tables.shape[1]] = tables.numpy()  # later columns are never read (past the lengths)
-        graph.replay()
-        self.replayed[turn].record()
-        self.turn = (turn + 1) % SETS
-        return DecodeOutput(self.logits[:n], self.sampled[:n], self.host_sampled[turn][:n])
+
+    def replayed_now(self) -> None:
+        """After replaying a graph of the current set: the next step uses the other set."""
+        self.replayed[self.turn].record()
+        self.turn = (self.turn + 1) % SETS
 
     def host_views(self, turn: int) -> tuple[np.ndarray, np.ndarray]:
         """Graph set `turn`'s pinned inputs as numpy views: the packed rows [PACKED_ROWS, max_rows] (int64) and

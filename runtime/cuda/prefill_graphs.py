@@ -169,10 +169,11 @@ class PrefillGraphs:
         self.pool = None
         self.graphs = self._capture()
 
-    def _forward(self, bucket: int) -> None:
+    def step_inputs(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """A graph's view of the static buffer: the bucket's token ids and positions, and their metadata."""
         lay, buf = self.layout, self.buffer
         ids, positions, slots = buf[: 3 * lay.rows].view(3, lay.rows)[:, :bucket]
-        seqs, tiles = lay.seqs, tiles_for(bucket)
+        seqs = lay.seqs
         meta = AttentionMetadata(
             query_start_loc=buf[lay.query_start: lay.query_start + seqs + 1],
             context_lens=buf[lay.context: lay.context + seqs],
@@ -185,16 +186,30 @@ class PrefillGraphs:
             query_lens_host=[bucket] * seqs,  # unread: the tiles below stand for them
             seq_lens_host=[lay.max_blocks * self.block_size] * seqs,
         )
-        meta.derived["triton_prefill_tiles"] = buf[lay.tile_seqs: lay.tables].view(2, lay.tiles)[:, :tiles]
+        meta.derived["triton_prefill_tiles"] = buf[lay.tile_seqs: lay.tables].view(2, lay.tiles)[:, :tiles_for(bucket)]
+        return ids, positions, meta
+
+    @property
+    def last_rows(self) -> torch.Tensor:
+        """On the device: each sequence's last new token's row (spare sequences: 0)."""
+        return self.buffer[self.layout.last: self.layout.last + self.layout.seqs]
+
+    def _forward(self, bucket: int) -> None:
+        ids, positions, meta = self.step_inputs(bucket)
         hidden = self.model(ids, positions, self.kv_caches, meta)
-        self.model.compute_logits(hidden.index_select(0, buf[lay.last: lay.last + seqs]), out=self.logits)
+        self.model.compute_logits(hidden.index_select(0, self.last_rows), out=self.logits)
+
+    def pad_for_capture(self) -> None:
+        """Before a capture: every row padding, so the warm-up forwards store nothing, and every tile past its tokens."""
+        lay = self.layout
+        torch.cuda.synchronize()  # no replay is still to read the buffer
+        self.buffer.zero_()
+        self.buffer[2 * lay.rows: 3 * lay.rows].fill_(-1)
+        self.buffer[lay.tile_offsets: lay.tables].fill_(lay.rows)
 
     def _capture(self) -> dict[int, torch.cuda.CUDAGraph]:
         started = time.perf_counter()
-        lay = self.layout
-        self.buffer.zero_()
-        self.buffer[2 * lay.rows: 3 * lay.rows].fill_(-1)  # capture with every row padding: the warm-ups store nothing
-        self.buffer[lay.tile_offsets: lay.tables].fill_(lay.rows)  # and every tile past its tokens
+        self.pad_for_capture()
         if self.lora is not None:
             self.lora.clear()  # a base capture must not record the hooks of the last eager adapter step
         graphs, self.pool = capture_buckets(self.sizes, self._forward, self.pool)
@@ -225,8 +240,12 @@ class PrefillGraphs:
             self.captured_version = version
         bucket = pick_bucket(self.sizes, sum(len(inp.token_ids) for inp in inputs))
         assert bucket is not None
+        self.stage(inputs)
+        self.graphs[bucket].replay()
+        return self.logits[: len(inputs)]
+
+    def stage(self, inputs: Sequence[StepInput]) -> None:
+        """Queue the copy of the step's inputs into the static buffer (pack_prefill)."""
         staged = self.staging.take()
         used = pack_prefill(inputs, self.block_size, self.layout, staged.numpy())
         self.staging.copy(self.buffer[:used], staged[:used])
-        self.graphs[bucket].replay()
-        return self.logits[: len(inputs)]

@@ -191,12 +191,13 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         tokens = q.shape[0]
         backend = _BACKENDS.get(q.device.type, torch_paged_attention)
-        out = backend(
-            q.view(tokens, self.num_heads, self.head_dim),
-            k.view(tokens, self.num_kv_heads, self.head_dim),
-            v.view(tokens, self.num_kv_heads, self.head_dim),
-            kv_cache,
-            meta,
-            self.scale,
-        )
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if meta.decode is None:
+            out = backend(q, k, v, kv_cache, meta, self.scale)
+        else:  # a mixed step: its decode-shaped rows first, then the sequences `meta` describes
+            rows = meta.decode.slot_mapping.shape[0]
+            out = torch.cat((backend(q[:rows], k[:rows], v[:rows], kv_cache, meta.decode, self.scale),
+                             backend(q[rows:], k[rows:], v[rows:], kv_cache, meta, self.scale)))
         return out.reshape(tokens, self.num_heads * self.head_dim)

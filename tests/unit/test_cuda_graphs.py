@@ -37,6 +37,15 @@ def test_prefill_buckets_cover_every_length_with_at_most_half_padding() -> None:
     assert prefill_bucket_sizes(2000)[-2:] == [1536, 2000] and prefill_bucket_sizes(64) == [32, 48, 64]
 
 
+def test_mixed_buckets_are_the_powers_of_two_of_both() -> None:
+    from runtime.cuda.mixed_graphs import mixed_buckets
+
+    assert mixed_buckets(graph_batch_sizes(64), prefill_bucket_sizes(4096)) == ([1, 2, 4, 8, 16, 32, 64],
+                                                                                [32, 64, 128, 256, 512])
+    assert mixed_buckets(graph_batch_sizes(100), prefill_bucket_sizes(400)) == ([1, 2, 4, 8, 16, 32, 64, 100],
+                                                                               [32, 64, 128, 256, 400])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("max_num_tokens", [2048, 64], ids=["whole-prompts", "chunked"])
 def test_graphed_engine_matches_eager_engine(max_num_tokens: int) -> None:
@@ -70,9 +79,9 @@ def test_graphed_engine_matches_eager_engine(max_num_tokens: int) -> None:
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_prompts_joining_decode_rows_replay_graphs_and_match_eager_steps() -> None:
-    """Four streams of requests of different lengths, so that prompts (23-75 tokens) join steps of decode rows:
-    with graphs every step is replayed (a decode graph, a prefill graph for up to 8 prompts, or both in one
-    step), none runs op by op, and the ids equal those of the engine without graphs."""
+    """Four streams of requests of different lengths, so that prompts (47-119 tokens) join steps of decode rows:
+    with graphs every step is replayed (a decode graph, a prefill graph for up to 8 prompts, or a mixed graph of
+    both), none runs op by op, and the ids equal those of the engine without graphs."""
     from runtime.config import EngineConfig
     from runtime.llm_engine import NativeEngine
     from runtime.request import GenerationRequest, SamplingOptions

@@ -200,3 +200,29 @@ def test_pack_prefill_lays_out_sequences_and_tiles() -> None:
     tables = out[layout.tables:].reshape(3, 6)
     assert tables[0, :5].tolist() == [4, 0, 3, 2, 1] and tables[1, 0] == 5
     assert used == layout.tables + 6 + 1  # the second table's one block, not the spare rows
+
+
+def test_a_mixed_step_attends_decode_rows_and_prompts_apart(runner: ModelRunner) -> None:
+    """The mixed graphs' forward pass (runtime/cuda/mixed_graphs.py), on the CPU: decode-shaped rows (one per
+    token, AttentionMetadata.decode) then a prompt's sequence, in one pass, give the logits of the step run op by
+    op over the same cache."""
+    from runtime.cuda.graphs import row_metadata
+    from runtime.decode_rows import pack_rows
+
+    a, b, c = list(range(3, 12)), list(range(40, 46)), list(range(60, 73))
+    runner.execute([StepInput(a, 0, [0, 1, 2]), StepInput(b, 0, [3, 4]), StepInput(c[:4], 0, [5, 6, 7, 8])])
+    rest = [StepInput([12], 9, [0, 1, 2]), StepInput([46, 47], 6, [3, 4])]  # a decode row, two draft-like rows
+    prompt = StepInput(c[4:], 4, [5, 6, 7, 8])  # a prompt's 9 tokens past 4 cached ones
+    step = rest + [prompt]
+    for inp in step:
+        inp.return_all_logits = True
+    eager = torch.cat([r.all_logits for r in runner.execute(step)])  # its K/V stay: the mixed pass rewrites them
+
+    columns, tables = pack_rows(rest, BS)
+    packed = torch.tensor(columns)
+    ids, positions, meta = runner.prepare([prompt])
+    meta.decode = row_metadata(packed, tables, torch.arange(4, dtype=torch.int32), BS, 3 * BS)
+    with torch.inference_mode():
+        hidden = runner.model(torch.cat((packed[0], ids)), torch.cat((packed[1], positions)), runner.kv_caches, meta)
+        mixed = runner.model.compute_logits(hidden)
+    torch.testing.assert_close(mixed, eager, rtol=1e-5, atol=1e-5)
