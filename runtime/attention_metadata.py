@@ -45,6 +45,20 @@ class AttentionMetadata:
         return len(self.query_lens_host)
 
     @property
+    def decode_rows(self) -> int:
+        """A mixed step's decode-shaped rows, which come first (0: none)."""
+        return 0 if self.decode is None else self.decode.slot_mapping.shape[0]
+
+    def step_slots(self) -> torch.Tensor:
+        """The cache slot of every new token of the step: a mixed step's decode rows' then the rest's (joined once
+        per step)."""
+        if self.decode is None:
+            return self.slot_mapping
+        if "step_slots" not in self.derived:
+            self.derived["step_slots"] = torch.cat((self.decode.slot_mapping, self.slot_mapping))
+        return self.derived["step_slots"]
+
+    @property
     def is_decode_only(self) -> bool:
         return self.max_query_len == 1
 

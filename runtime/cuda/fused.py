@@ -187,7 +187,7 @@ def _llama_attention_forward(self: nn.Module, positions: torch.Tensor, x: torch.
     q, k, v = self.qkv_proj.split(self.qkv_proj(x))
     rotary, attn = self.rotary, self.attn
     q = rope_store_kv(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, rotary.head_dim, kv_cache,
-                      meta.slot_mapping)
+                      meta.step_slots())
     out = attend_over_cache(q.view(q.shape[0], attn.num_heads, attn.head_dim), kv_cache, meta, attn.scale)
     return self.o_proj(out.view(q.shape))
 

@@ -95,7 +95,6 @@ class MixedGraphs:
     def accepts(self, rest: Sequence[StepInput], prompts: Sequence[StepInput]) -> bool:
         """`rest` fits a decode graph without an adapter, `prompts` a prefill graph and MAX_MIXED_PROMPT_TOKENS."""
         return (bool(self.graphs) and bool(rest) and self.decode.accepts(rest)
-                and sum(len(inp.token_ids) for inp in rest) <= self.rows[-1]
                 and all(inp.adapter_slot < 0 for inp in rest) and self.prefill.accepts(prompts)
                 and sum(len(inp.token_ids) for inp in prompts) <= self.tokens[-1])
 

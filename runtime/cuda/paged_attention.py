@@ -228,6 +228,10 @@ def triton_paged_attention(
 
 def attend_over_cache(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """Attention of q [T, H, D] over the cache, once the step's new K/V are stored there."""
+    if meta.decode is not None:  # a mixed step: its decode-shaped rows first (runtime/cuda/mixed_graphs.py)
+        rows = meta.decode_rows
+        return torch.cat((decode_attention(q[:rows], kv_cache, meta.decode, scale),
+                          prefill_attention(q[rows:], kv_cache, meta, scale)))
     if meta.is_decode_only:
         return decode_attention(q, kv_cache, meta, scale)
     return prefill_attention(q, kv_cache, meta, scale)

@@ -197,7 +197,7 @@ class Attention(nn.Module):
         if meta.decode is None:
             out = backend(q, k, v, kv_cache, meta, self.scale)
         else:  # a mixed step: its decode-shaped rows first, then the sequences `meta` describes
-            rows = meta.decode.slot_mapping.shape[0]
+            rows = meta.decode_rows
             out = torch.cat((backend(q[:rows], k[:rows], v[:rows], kv_cache, meta.decode, self.scale),
                              backend(q[rows:], k[rows:], v[rows:], kv_cache, meta, self.scale)))
         return out.reshape(tokens, self.num_heads * self.head_dim)
