@@ -9,6 +9,7 @@ import torch
 
 from runtime.cuda.graphs import graph_batch_sizes, pick_bucket
 from runtime.cuda.prefill_graphs import prefill_bucket_sizes
+from runtime.request import TokenLogprob
 
 
 def test_batch_sizes_cover_every_batch_with_bounded_padding() -> None:
@@ -77,36 +78,50 @@ def test_graphed_engine_matches_eager_engine(max_num_tokens: int) -> None:
     assert asyncio.run(run(True)) == asyncio.run(run(False))
 
 
+def same_greedy_up_to_a_tie(ours: list[TokenLogprob], reference: list[TokenLogprob], tie: float = 1e-3) -> bool:
+    """The same chosen ids, or the same up to a position where both runs' best two candidates lie within `tie`
+    (in logprob) of each other: a near-tie, which other kernels summing in another order may break either way."""
+    for a, b in zip(ours, reference):
+        if a.token_id != b.token_id:
+            return all(len(t.top) > 1 and t.top[0][1] - t.top[1][1] < tie for t in (a, b))
+    return len(ours) == len(reference)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_prompts_joining_decode_rows_replay_graphs_and_match_eager_steps() -> None:
     """Four streams of requests of different lengths, so that prompts (47-119 tokens) join steps of decode rows:
     with graphs every step is replayed (a decode graph, a prefill graph for up to 8 prompts, or a mixed graph of
-    both), none runs op by op, and the ids equal those of the engine without graphs."""
+    both), none runs op by op, and the greedy ids equal those of the engine without graphs. The two engines
+    compose their steps differently (timing), and a decode row attends with another kernel than in an op-by-op
+    mixed step, so a near-tie may go either way (the demo model alternates between two tokens, and one run of
+    eight differed there): the ids are compared up to such a tie."""
     from runtime.config import EngineConfig
     from runtime.llm_engine import NativeEngine
     from runtime.request import GenerationRequest, SamplingOptions
 
     prompts = ["Once upon a time" + " the little cat sat" * i for i in (5, 9, 14, 7, 11, 6, 8, 12)]
 
-    async def run(graphs: bool) -> tuple[list[list[int]], int]:
+    async def run(graphs: bool) -> tuple[list[list[TokenLogprob]], int]:
         engine = NativeEngine(EngineConfig(model="demo", device="cuda", dtype="float32", max_batch_size=8,
                                            max_kv_tokens=4096, enable_cuda_graphs=graphs))
         await engine.start()
         try:
-            async def stream(s: int) -> list[list[int]]:
+            async def stream(s: int) -> list[list[TokenLogprob]]:
                 out = []
                 for j in range(2):
                     req = GenerationRequest(f"r{s}-{j}", prompt=prompts[2 * s + j], sampling=SamplingOptions(
-                        max_tokens=6 + 5 * s + 3 * j, temperature=0.0, ignore_eos=True))
-                    out.append([t for d in [d async for d in engine.generate(req)] for t in d.token_ids])
+                        max_tokens=6 + 5 * s + 3 * j, temperature=0.0, ignore_eos=True, logprobs=2))
+                    out.append([t for d in [d async for d in engine.generate(req)] for t in d.logprobs or []])
                 return out
-            ids = [r for rs in await asyncio.gather(*(stream(s) for s in range(4))) for r in rs]
-            return ids, engine.stats().eager_iterations
+            tokens = [r for rs in await asyncio.gather(*(stream(s) for s in range(4))) for r in rs]
+            return tokens, engine.stats().eager_iterations
         finally:
             await engine.shutdown()
 
     (graphed, eager_steps), (reference, _) = asyncio.run(run(True)), asyncio.run(run(False))
-    assert graphed == reference and eager_steps == 0
+    assert eager_steps == 0
+    assert [len(t) for t in graphed] == [6, 9, 11, 14, 16, 19, 21, 24]
+    assert all(same_greedy_up_to_a_tie(a, b) for a, b in zip(graphed, reference))
 
 
 def test_one_row_per_token_gives_the_packed_step_logits(tmp_path) -> None:
