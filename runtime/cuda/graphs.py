@@ -108,9 +108,10 @@ def row_metadata(packed: torch.Tensor, tables: torch.Tensor, query_start: torch.
 @torch.inference_mode()
 def capture_buckets(sizes: Sequence[Any], forward: Callable[[Any], object],
                     pool: Any = None) -> tuple[dict[Any, torch.cuda.CUDAGraph], Any]:
-    """One graph of `forward(bucket)` per bucket (an int, or a tuple of them), largest first, all in one memory pool (`pool`, or a new
-    one), so that together they cost about one graph's activations; returns them and the pool. Each bucket
-    runs once before its capture (kernel compilation and library handles happen outside the graph)."""
+    """One graph of `forward(bucket)` per bucket (an int, or a tuple of them), largest first, all in one memory
+    pool (`pool`, or a new one), so that together they cost about one graph's activations; returns them and the
+    pool. Each bucket runs once before its capture (kernel compilation and library handles happen outside the
+    graph)."""
     graphs = {}
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())

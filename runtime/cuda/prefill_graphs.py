@@ -5,8 +5,8 @@ Python (about 160 kernels, a third of them through Triton's launcher) the step t
 and how long varied from moment to moment with the lent VM's CPU. Replayed from a graph the step costs one
 launch, so time to first token follows the GPU, not the host. Several sequences a graph, because streams whose
 requests end at different steps send their next prompts a few at a time: each joins a step of decode rows,
-and the model runner replays a decode graph for those rows and a prefill graph for the prompts
-(runtime/model_runner.py) instead of running the whole step op by op.
+which the model runner replays as a decode graph and a prefill graph, or as one mixed graph over both buffers
+(runtime/cuda/mixed_graphs.py), instead of running the whole step op by op.
 
 A graphed step is 1 to MAX_PREFILL_SEQS sequences, together at most the largest bucket's tokens: whole prompts
 or chunks of them, over any cached context, on the base model, sampling from each one's last token only. The
@@ -200,7 +200,8 @@ class PrefillGraphs:
         self.model.compute_logits(hidden.index_select(0, self.last_rows), out=self.logits)
 
     def pad_for_capture(self) -> None:
-        """Before a capture: every row padding, so the warm-up forwards store nothing, and every tile past its tokens."""
+        """Before a capture: every row padding, so the warm-up forwards store nothing, and every tile past its
+        tokens."""
         lay = self.layout
         torch.cuda.synchronize()  # no replay is still to read the buffer
         self.buffer.zero_()
