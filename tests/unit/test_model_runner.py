@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
+import random
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from runtime.decode_rows import MAX_ROWS_PER_SEQ, DecodeOutput
+from runtime.decode_rows import MAX_ROWS_PER_SEQ, DecodeOutput, fill_pending
 from runtime.model_runner import ModelRunner, StepInput
 from runtime.models import load_model
 from runtime.request import SamplingOptions
 from runtime.sampler import Sampler, SamplingRow
+from tests.engine_harness import collect, hf_greedy, request, running_engine
 from tests.tiny_models import build_tiny_model
 
 BS = 4
@@ -126,17 +129,88 @@ class OpByOp:
 
     def accepts(self, inputs: list[StepInput]) -> bool:
         if self.last_only:
-            return bool(inputs)
+            return 0 < len(inputs) <= 8 and all(inp.prev_sample < 0 and not inp.return_all_logits for inp in inputs)
         lengths = [len(inp.token_ids) for inp in inputs]
         return bool(lengths) and max(lengths) <= MAX_ROWS_PER_SEQ and sum(lengths) <= self.max_rows
 
     def run(self, inputs: list[StepInput], last_sampled: torch.Tensor | None = None) -> torch.Tensor | DecodeOutput:
         self.calls.append([inp.start_pos for inp in inputs])
         ids, positions, meta = self.runner.prepare(inputs)
+        fill_pending(inputs, ids, last_sampled)
         hidden = self.runner.model(ids, positions, self.runner.kv_caches, meta)
         if self.last_only:
             return self.runner.model.compute_logits(hidden[meta.query_start_loc[1:].long() - 1])
         return DecodeOutput(self.runner.model.compute_logits(hidden))
+
+
+class MixedOpByOp:
+    """Stands in for the mixed graphs on the CPU, with their contract: one pass over decode rows and prompts; the
+    logits of every decode row, padded with rows of zeros to a power of two, then each prompt's last token."""
+
+    def __init__(self, runner: ModelRunner, max_prompt_tokens: int) -> None:
+        self.runner, self.max_prompt_tokens = runner, max_prompt_tokens
+        self.calls = 0
+
+    def accepts(self, rest: list[StepInput], prompts: list[StepInput]) -> bool:
+        return (bool(rest) and 0 < len(prompts) <= 8
+                and sum(len(inp.token_ids) for inp in prompts) <= self.max_prompt_tokens
+                and all(inp.prev_sample < 0 and not inp.return_all_logits for inp in prompts))
+
+    def run(self, rest: list[StepInput], prompts: list[StepInput],
+            last_sampled: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+        self.calls += 1
+        step = [*rest, *prompts]
+        ids, positions, meta = self.runner.prepare(step)
+        fill_pending(step, ids, last_sampled)
+        logits = self.runner.model.compute_logits(self.runner.model(ids, positions, self.runner.kv_caches, meta))
+        rows = sum(len(inp.token_ids) for inp in rest)
+        bucket = 1 << (rows - 1).bit_length()
+        last = meta.query_start_loc[len(rest) + 1:].long() - 1
+        return torch.cat((logits[:rows], logits.new_zeros((bucket - rows, logits.shape[1])), logits[last])), bucket
+
+
+def test_async_engine_through_graph_stand_ins_gives_transformers_ids(checkpoint: Path,
+                                                                    hf_model: torch.nn.Module) -> None:
+    """With async scheduling and stand-ins for the decode, prefill and mixed graphs (their contracts, run op by op):
+    four streams of requests of different lengths, so prompts join decode rows whose tokens are still pending on
+    the device. No step runs op by op; steps go through the mixed stand-in, or (prompts over its 30 tokens) a
+    decode plus a prefill replay; every request's ids are transformers' greedy ones."""
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(20, 41))] for _ in range(12)]
+
+    async def main() -> tuple[list[tuple[list[int], int, list[int]]], int, set[tuple[int, int, int]]]:
+        async with running_engine(checkpoint, async_scheduling=True, max_batch_size=8) as engine:
+            runner = engine.runner
+            runner.graphs = decode = OpByOp(runner, last_only=False, max_rows=8)  # type: ignore[assignment]
+            runner.prefill_graphs = prefill = OpByOp(runner, last_only=True)  # type: ignore[assignment]
+            runner.mixed_graphs = mixed = MixedOpByOp(runner, max_prompt_tokens=30)  # type: ignore[assignment]
+            eager = runner.eager_steps
+            kinds: set[tuple[int, int, int]] = set()  # per step: whether it ran the decode, prefill, mixed stand-in
+            forward = runner._forward
+
+            def recorded(*args: object) -> object:
+                before = (len(decode.calls), len(prefill.calls), mixed.calls)
+                out = forward(*args)  # type: ignore[arg-type]
+                after = (len(decode.calls), len(prefill.calls), mixed.calls)
+                kinds.add(tuple(int(a > b) for a, b in zip(after, before)))  # type: ignore[arg-type]
+                return out
+            runner._forward = recorded  # type: ignore[method-assign]
+
+            async def stream(s: int) -> list[tuple[list[int], int, list[int]]]:
+                out = []
+                for j in range(3):
+                    prompt, max_tokens = prompts[3 * s + j], 4 + 3 * s + 2 * j
+                    got = await collect(engine, request(f"s{s}-{j}", prompt, max_tokens))
+                    out.append((prompt, max_tokens, got.tokens[0]))
+                return out
+            done = [r for rs in await asyncio.gather(*(stream(s) for s in range(4))) for r in rs]
+            return done, runner.eager_steps - eager, kinds
+
+    done, eager_steps, kinds = asyncio.run(main())
+    assert eager_steps == 0
+    assert kinds == {(1, 0, 0), (0, 1, 0), (0, 0, 1), (1, 1, 0)}  # decode; prompts alone; mixed; decode + prefill
+    for prompt, max_tokens, tokens in done:
+        assert tokens == hf_greedy(hf_model, prompt, max_tokens)
 
 
 def test_prompts_joining_decode_rows_replay_both_graphs(checkpoint: Path) -> None:
