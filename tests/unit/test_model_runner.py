@@ -1,4 +1,5 @@
-"""ModelRunner: packed mixed steps (prefill, prompt chunks, decodes) give transformers' logits."""
+"""ModelRunner: packed mixed steps (prefill, prompt chunks, decodes) give transformers' logits; steps split between
+graphs (stand-ins on the CPU that keep the CUDA graphs' contracts) give the op-by-op step's results."""
 
 from __future__ import annotations
 
