@@ -1,9 +1,9 @@
 """DisconnectWatch: the one task per request that notices its client leave.
 
-    watch = DisconnectWatch(request.receive)
-    result = await watch.until_disconnected(work)   # ClientDisconnected if the client leaves first
-    ... stream the response, a cancellation that `watch.caused_cancel()` is the end ...
-    watch.close()
+    with DisconnectWatch(request.receive) as watch:      # closed at the end of the block...
+        result = await watch.until_disconnected(work)   # ClientDisconnected if the client leaves first
+        return sse_response(..., watch=watch.hand_over())  # ...unless a streamed response took it over
+    (the response: a cancellation that `watch.caused_cancel()` is the end of the stream; it closes the watch)
 
 The request body has already been read, so the next ASGI `receive()` only returns once the client goes
 away (`http.disconnect`). The watcher then cancels the request's own task at whatever it awaits (the first
@@ -34,7 +34,20 @@ class DisconnectWatch:
         assert owner is not None, "a DisconnectWatch belongs to the task serving the request"
         self._owner = owner
         self.disconnected = False
+        self._handed_over = False
         self._watcher = asyncio.get_running_loop().create_task(self._wait(receive))
+
+    def __enter__(self) -> DisconnectWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._handed_over:
+            self.close()
+
+    def hand_over(self) -> DisconnectWatch:
+        """Keep watching past the `with` block: the streamed response it goes to closes it."""
+        self._handed_over = True
+        return self
 
     async def _wait(self, receive: Receive) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -66,8 +79,5 @@ class DisconnectWatch:
 async def until_disconnected(receive: Receive, work: Awaitable[T]) -> T:
     """Await `work` under a watch of its own (a non-streamed response); ClientDisconnected if the client
     leaves first."""
-    watch = DisconnectWatch(receive)
-    try:
+    with DisconnectWatch(receive) as watch:
         return await watch.until_disconnected(work)
-    finally:
-        watch.close()

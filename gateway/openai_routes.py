@@ -179,9 +179,7 @@ async def serve_generation(request: Request, schema: type[BaseModel], id_prefix:
         stream = GenerationStream(engine, gen_requests, request.app.state.metrics, timeout=settings.request_timeout)
         # Streams wait for the first outputs before answering, so rejections get a real status code; the
         # response then owns the watch.
-        watch = DisconnectWatch(request.receive)
-        handed_over = False
-        try:
+        with DisconnectWatch(request.receive) as watch:
             if not req.stream:
                 return JSONResponse(await watch.until_disconnected(_collect(stream, output)), headers=headers)
             await watch.until_disconnected(stream.start())
@@ -191,13 +189,9 @@ async def serve_generation(request: Request, schema: type[BaseModel], id_prefix:
                 body = openai_error_body(exc, request_id)
                 return body if error_events is None else error_events(output, body)
 
-            handed_over = True
-            return sse_response(stream, output.chunks, watch=watch, render_error=render_error,
+            return sse_response(stream, output.chunks, watch=watch.hand_over(), render_error=render_error,
                                 finish=output.final_chunks, on_close=stream.close, done_marker=done_marker,
                                 headers=headers)
-        finally:
-            if not handed_over:
-                watch.close()
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)
     except Exception as exc:

@@ -126,19 +126,13 @@ async def _generate(request: Request, streaming: bool) -> Response:
         stream = GenerationStream(engine, gen.requests, request.app.state.metrics, timeout=settings.request_timeout)
         # Wait for the first outputs before answering, so rejections get a real status code. A stream's
         # response then owns the watch.
-        watch = DisconnectWatch(request.receive)
-        handed_over = False
-        try:
+        with DisconnectWatch(request.receive) as watch:
             await watch.until_disconnected(stream.start())
             if timer is not None:
                 timer.first_output()
             if not streaming:
                 return JSONResponse(await watch.until_disconnected(_collect(stream, gen, timer)))
-            handed_over = True
-            return _stream_response(stream, gen, timer, request_id, watch)
-        finally:
-            if not handed_over:
-                watch.close()
+            return _stream_response(stream, gen, timer, request_id, watch.hand_over())
     except ClientDisconnected:
         if timer is not None:
             timer.finish(ok=False)
