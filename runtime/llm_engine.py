@@ -41,6 +41,7 @@ from runtime.lora import LoraManager
 from runtime.model_runner import ModelRunner, PendingStep, StepInput, StepResult
 from runtime.models import ModelSpec, kv_cache_bytes_per_token, load_model
 from runtime.models.cpu_weights import prepare_cpu_weights
+from runtime.output_text import text_in_front_end
 from runtime.request import GenerationRequest, OutputDelta
 from runtime.request_state import RequestState
 from runtime.sampler import Sampler
@@ -74,8 +75,10 @@ def describe_model(config: EngineConfig) -> tuple[str, ModelSpec, torch.device, 
 class NativeEngine(Engine):
     """In-flight batching over a paged KV cache, in-process (see the module docstring)."""
 
-    def __init__(self, config: EngineConfig, outbox: Outbox | None = None) -> None:
+    def __init__(self, config: EngineConfig, outbox: Outbox | None = None, text_in_front_end: bool = False) -> None:
         self.config = config
+        # the engine-core process: requests that `output_text.text_in_front_end` picks get no text here
+        self._text_in_front_end = text_in_front_end
         self.model_path, self.spec, self.device, self.dtype, self.model_info = describe_model(config)
         self._cond = threading.Condition()
         self._inbox: list[RequestState] = []  # guarded by _cond, like the three fields below
@@ -269,6 +272,7 @@ class NativeEngine(Engine):
             loop=asyncio.get_running_loop() if queue is not None else None,
             queue=queue,
             new_guide=new_guide,
+            makes_text=not (self._text_in_front_end and text_in_front_end(request.sampling)),
         )
         with self._cond:
             if request.request_id in self._active_ids:

@@ -2,7 +2,9 @@
 
 Turns sampled tokens into OutputDelta objects: incremental text, stop conditions (stop token ids, eos,
 stop strings, max_tokens, context window), logprobs, prompt logprobs, context/generation logits and
-usage. One SampleState per sample index (n > 1 samples each have their own text and stop state).
+usage. One SampleState per sample index (n > 1 samples each have their own text and stop state). In the
+engine-core process most requests get no text here (`makes_text`): the front end makes it and matches their
+stop strings (runtime/output_text.py).
 
 Stop rules (vLLM's, which OpenAI clients expect):
 - a stop token id or eos ends the sample; the id is in `token_ids` and counted in usage, its text is
@@ -26,12 +28,11 @@ from typing import Any
 import torch
 
 from runtime.beam_search import BeamSearch
-from runtime.detokenizer import IncrementalDetokenizer
 from runtime.guided.guide import GuideState
+from runtime.output_text import SampleText
 from runtime.request import FinishReason, GenerationRequest, OutputDelta, TokenLogprob, Usage
 from runtime.sampler import SamplingRow, compute_logprobs, make_generator
 from runtime.sequence import OutputTokens, Sequence
-from runtime.stop import StopStringMatcher
 from runtime.tokenizer import Tokenizer
 from runtime.validation import PreparedRequest
 
@@ -40,8 +41,7 @@ from runtime.validation import PreparedRequest
 class SampleState:
     """Text, stop matching and bookkeeping of one sample."""
 
-    detokenizer: IncrementalDetokenizer
-    matcher: StopStringMatcher
+    text: SampleText | None  # None: the front end makes the text (runtime/output_text.py)
     generator: torch.Generator | None
     num_tokens: int = 0
     cumulative_logprob: float = 0.0
@@ -66,6 +66,7 @@ class RequestState:
         loop: asyncio.AbstractEventLoop | None = None,
         queue: asyncio.Queue[Any] | None = None,
         new_guide: Callable[[], GuideState] | None = None,
+        makes_text: bool = True,
     ) -> None:
         self.request = request
         self.request_id = request.request_id
@@ -79,8 +80,7 @@ class RequestState:
         opts = self.options
         self.samples = [
             SampleState(
-                detokenizer=IncrementalDetokenizer(tokenizer, self.prompt_token_ids, opts.skip_special_tokens),
-                matcher=StopStringMatcher(opts.stop, opts.include_stop_str_in_output),
+                text=SampleText(tokenizer, opts, self.prompt_token_ids) if makes_text else None,
                 generator=make_generator(opts.seed, i, device),
                 guide=new_guide() if new_guide is not None else None,
             )
@@ -200,19 +200,16 @@ class RequestState:
 
         may_stop = s.num_tokens >= opts.min_tokens
         if may_stop and token_id in opts.stop_token_ids:
-            if opts.include_stop_str_in_output:
-                delta.text = s.detokenizer.push([token_id])
+            if s.text is not None:
+                delta.text = s.text.stop_token(token_id)
             self._finish(s, "stop", token_id)
         elif (s.guide is not None and s.guide.complete) or (
                 may_stop and not opts.ignore_eos and token_id in self.eos_token_ids):
             self._finish(s, "stop", None)
-        else:
-            text = s.detokenizer.push([token_id])
-            if may_stop:
-                text, matched = s.matcher.push(text)
-                if matched is not None:
-                    self._finish(s, "stop", matched)
-            delta.text = text
+        elif s.text is not None:
+            delta.text, matched = s.text.push(token_id, may_stop)
+            if matched is not None:
+                self._finish(s, "stop", matched)
         if s.finish_reason is None and (s.num_tokens >= self.max_tokens or seq.num_tokens >= self.context_window):
             self._finish(s, "length", None)
         if s.finish_reason is not None:
@@ -267,9 +264,9 @@ class RequestState:
 
     def _close_sample(self, s: SampleState, delta: OutputDelta) -> None:
         """Flush held-back text (unless a stop string cut it) and mark `delta` as the sample's last."""
-        if s.matcher.matched is None:
-            tail, matched = s.matcher.push(s.detokenizer.flush())
-            delta.text += tail + (s.matcher.flush() if matched is None else "")
+        if s.text is not None:
+            tail, matched = s.text.close()
+            delta.text += tail
             if matched is not None and s.finish_reason == "length":
                 s.finish_reason, s.stop_reason = "stop", matched
         delta.finish_reason, delta.stop_reason = s.finish_reason, s.stop_reason

@@ -226,7 +226,7 @@ class Tokenizer:
         Llama 3, SmolLM2, Qwen); else None. The incremental detokenizer then streams text from this table
         instead of calling the tokenizer (one Rust decode per token was a third of a batch-256 step's host
         time on the H100). Checked against the tokenizer's own decode of every single token; built on first
-        use, so processes that never detokenize (the HTTP front end) never pay for it."""
+        use (the engine and the front end build it at load time)."""
         if self._decoder != {"ByteLevel"} or self._backend is None:
             return None
         pieces = {}

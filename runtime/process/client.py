@@ -44,6 +44,7 @@ from runtime.delivery import END, Mailbox, read_batches
 from runtime.engine import Engine, EngineStats, deltas_of
 from runtime.errors import EngineFailedError, EngineNotReadyError, InvalidRequestError
 from runtime.llm_engine import describe_model
+from runtime.output_text import FrontEndText, text_in_front_end
 from runtime.process.core import Addresses, CoreArgs
 from runtime.process.messages import (
     Abort, AddRequest, LoraCall, LoraReply, Ready, Rejected, Shutdown, StartFailed, StepOutputs, ToCore, encoder,
@@ -113,9 +114,8 @@ class EngineClient(Engine):
         self._receiver.bind(addresses.to_front_end)
         if front_end.index == 0:
             self._spawn_core([front_end.addresses(self._folder, i) for i in range(front_end.count)])
-        try:  # the tokenizer loads here while the core starts
-            self.tokenizer = await asyncio.to_thread(Tokenizer.from_pretrained,
-                                                     self.config.tokenizer or self.model_path)
+        try:  # the tokenizer (and its detokenizing table: text is made here) loads while the core starts
+            self.tokenizer = await asyncio.to_thread(_load_tokenizer, self.config.tokenizer or self.model_path)
             ready = await self._first_message()
             if self._process is None:  # attached: watch the core that front end 0 started
                 self._watch_core(ready.pid)
@@ -300,13 +300,29 @@ class EngineClient(Engine):
                                                 prepared.bad_words_ids, self.front_end.index))
         except OverflowError as exc:  # an option the engine ignores, holding a number past 64 bits
             raise InvalidRequestError(f"A number in the request is out of range: {exc}") from exc
+        text = (FrontEndText(self.tokenizer, request.sampling, prepared.prompt_token_ids)
+                if text_in_front_end(request.sampling) else None)
         queue = Mailbox()
         self._queues[request_id] = (queue, request.sampling.n)
         self._send(message)
         # the consumer leaving early (client gone) aborts the request in the core
         async with contextlib.aclosing(read_batches(queue, lambda: self._forget(request_id))) as batches:
             async for batch in batches:
-                yield batch
+                if text is not None:
+                    batch = self._with_text(text, request_id, batch)
+                if batch:
+                    yield batch
+
+    def _with_text(self, text: FrontEndText, request_id: str, batch: list[OutputDelta]) -> list[OutputDelta]:
+        """`batch` with its text made here; a stop string matched here ends the request in the core."""
+        out = []
+        for delta in batch:
+            done, abort = text.process(delta)
+            if abort:
+                self.abort(request_id)
+            if done is not None:
+                out.append(done)
+        return out
 
     def _forget(self, request_id: str) -> None:
         self._queues.pop(request_id, None)
@@ -346,6 +362,12 @@ class EngineClient(Engine):
         self._lora_calls[call_id] = future
         self._send(LoraCall(call_id, name, path, self.front_end.index))
         await future
+
+
+def _load_tokenizer(path: str) -> Tokenizer:
+    tokenizer = Tokenizer.from_pretrained(path)
+    _ = tokenizer.byte_pieces  # built now, not on the first request's first token
+    return tokenizer
 
 
 def _with_our_packages(environ: Mapping[str, str]) -> dict[str, str]:

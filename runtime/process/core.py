@@ -104,7 +104,8 @@ class CoreServer:
         self._outputs = [self._push(self._step_context, pair) for pair in addresses]
         self._owners: dict[str, int] = {}
         self.engine = NativeEngine(config, outbox=SocketOutbox(self._outputs, self._owners,
-                                                               lambda: self.engine.stats(), config.stream_interval))
+                                                               lambda: self.engine.stats(), config.stream_interval),
+                                  text_in_front_end=True)
         self._adding: set[str] = set()  # requests whose grammar is compiling
         self._aborted_while_adding: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()

@@ -55,7 +55,7 @@ def core_of(engine: Engine) -> psutil.Process:
 
 MIXED = [  # joins at different times, a stop string, n > 1, a grammar, an early abort
     (0.0, request("plain", [5, 6, 7, 8], 12)),
-    (0.0, request("stop", [9, 10, 11], 16, stop=["e"], ignore_eos=False)),
+    (0.0, request("stop", [9, 10, 11], 16, stop=["ck"], ignore_eos=False)),
     (0.01, request("n3", [12, 13], 6, n=3, temperature=0.0)),
     (0.02, request("logprobs", [14, 15, 16, 17, 18], 8, logprobs=2, prompt_logprobs=1)),
 ]
@@ -97,6 +97,8 @@ async def test_outputs_equal_in_process_and_split_and_refusals_come_back(checkpo
         await wait_for(lambda: split.stats().kv_blocks_used == 0 and split.stats().running == 0)
         assert {k: summary(v) for k, v in got.items()} == {k: summary(v) for k, v in want.items()}
         assert got["guided"].finish[0] == "stop" and len(got["guided"].text[0]) == 3
+        # the front end matched the stop string (the core sends no text) and ended the request in the core
+        assert got["stop"].stop_reason == {0: "ck"} and got["stop"].usage.completion_tokens < 16
 
         # refused in the core after the hand-over: the error keeps its class and field
         too_big = request("grammar", [1, 2], 4)
