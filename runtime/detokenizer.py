@@ -59,6 +59,9 @@ class IncrementalDetokenizer:
         """Append new output ids; return the text they complete (may be "" while a char is split)."""
         pieces, dropped = self._pieces, self._dropped
         if pieces is not None:
+            if len(token_ids) == 1:  # a streamed step's one token: no generator and join
+                token_id = token_ids[0]
+                return self._utf8.decode(b"" if token_id in dropped else pieces.get(token_id, b""))
             return self._utf8.decode(b"".join(pieces.get(t, b"") for t in token_ids if t not in dropped))
         self._ids.extend(t for t in token_ids if t not in dropped)
         return self._emit(final=False)

@@ -35,9 +35,9 @@ class SampleText:
         self.matcher = StopStringMatcher(options.stop, options.include_stop_str_in_output)
         self._include_stop = options.include_stop_str_in_output
 
-    def push(self, token_id: int, may_stop: bool) -> tuple[str, str | None]:
-        """An ordinary token: (text to emit, the stop string it completed or None)."""
-        text = self.detokenizer.push([token_id])
+    def push(self, token_ids: Sequence[int], may_stop: bool = True) -> tuple[str, str | None]:
+        """Ordinary tokens: (text to emit, the stop string they completed or None)."""
+        text = self.detokenizer.push(token_ids)
         return self.matcher.push(text) if may_stop else (text, None)
 
     def stop_token(self, token_id: int) -> str:
@@ -67,22 +67,32 @@ class FrontEndText:
         if self.cut is not None:
             self.dropped += len(delta.token_ids)
             return (self._release(delta), False) if delta.finish_reason is not None else (None, False)
-        tokens, finish = delta.token_ids, delta.finish_reason
-        pieces = []
-        for i, token_id in enumerate(tokens):
+        tokens, finish, text = delta.token_ids, delta.finish_reason, self.text
+        if finish is None and not text.matcher.active:  # most deltas: no stop string to look for, not the last
+            self.num_tokens += len(tokens)
+            delta.text = text.detokenizer.push(tokens)
+            return delta, False
+        # a stop token id (stop_reason) or eos / a complete grammar (None) ended the sample in the core
+        stop_token = tokens[-1] if finish == "stop" and tokens and not isinstance(delta.stop_reason, str) else None
+        body = tokens[:-1] if stop_token is not None else tokens
+        if not text.matcher.active or self.num_tokens + len(body) < self.min_tokens:
+            self.num_tokens += len(body)
+            delta.text = text.detokenizer.push(body)
+        else:  # token by token: a stop string may end the sample at any of them
+            pieces = []
+            for i, token_id in enumerate(body):
+                self.num_tokens += 1
+                piece, matched = text.push((token_id,), self.num_tokens >= self.min_tokens)
+                pieces.append(piece)
+                if matched is not None:
+                    delta.text = "".join(pieces)
+                    return self._cut(delta, i + 1, matched)
+            delta.text = "".join(pieces)
+        if stop_token is not None:
             self.num_tokens += 1
-            if i == len(tokens) - 1 and finish == "stop" and not isinstance(delta.stop_reason, str):
-                # a stop token id (stop_reason) or eos / a complete grammar (None) ended it in the core
-                pieces.append(self.text.stop_token(token_id) if delta.stop_reason is not None else "")
-                continue
-            piece, matched = self.text.push(token_id, self.num_tokens >= self.min_tokens)
-            pieces.append(piece)
-            if matched is not None:
-                delta.text = "".join(pieces)
-                return self._cut(delta, i + 1, matched)
-        delta.text = "".join(pieces)
+            delta.text += text.stop_token(stop_token)
         if finish is not None and finish != "error":
-            tail, matched = self.text.close()
+            tail, matched = text.close()
             delta.text += tail
             if matched is not None and finish == "length":
                 delta.stop_reason, delta.finish_reason = matched, "stop"

@@ -207,7 +207,7 @@ class RequestState:
                 may_stop and not opts.ignore_eos and token_id in self.eos_token_ids):
             self._finish(s, "stop", None)
         elif s.text is not None:
-            delta.text, matched = s.text.push(token_id, may_stop)
+            delta.text, matched = s.text.push((token_id,), may_stop)
             if matched is not None:
                 self._finish(s, "stop", matched)
         if s.finish_reason is None and (s.num_tokens >= self.max_tokens or seq.num_tokens >= self.context_window):

@@ -25,6 +25,11 @@ class StopStringMatcher:
         self._held = ""
         self.matched: str | None = None
 
+    @property
+    def active(self) -> bool:
+        """Whether a stop string may still match."""
+        return bool(self._stops) and self.matched is None
+
     def push(self, text: str) -> tuple[str, str | None]:
         """Feed new text; return (text safe to emit now, the stop string that matched or None)."""
         if self.matched is not None:

@@ -2,7 +2,7 @@
 
 Reads CompletionOutput's incremental views (token_ids_diff, logprobs_diff; NVIDIA/TensorRT-LLM
 tensorrt_llm/executor/result.py @ a678b91aafbeff265cd0b764abb59d7def624ac2). Text is made here, with the
-native engine's IncrementalDetokenizer and StopStringMatcher, so both backends turn the same tokens
+native engine's SampleText (runtime/output_text.py), so both backends turn the same tokens
 into the same text and stop at the same place.
 """
 
@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from runtime.detokenizer import IncrementalDetokenizer
+from runtime.output_text import SampleText
 from runtime.request import FinishReason, OutputDelta, SamplingOptions, TokenLogprob
-from runtime.stop import StopStringMatcher
 from runtime.tokenizer import Tokenizer
 
 # CompletionOutput.finish_reason -> ours ('timeout' is TRT-LLM's own per-request timeout).
@@ -53,8 +52,7 @@ class SequenceStream:
         self.request_id = request_id
         self.index = index
         self._options = options
-        self._detok = IncrementalDetokenizer(tokenizer, (), options.skip_special_tokens)
-        self._stop = StopStringMatcher(options.stop, options.include_stop_str_in_output)
+        self._text = SampleText(tokenizer, options, ())
         # eos ids other than end_id reach TRT-LLM as stop_token_ids; report them as end of sequence.
         self._eos_only = set(eos_token_ids) - set(options.stop_token_ids)
         self.finished = False
@@ -65,14 +63,14 @@ class SequenceStream:
         if self.finished:
             return None
         new_ids = [int(t) for t in output.token_ids_diff]
-        text, matched = self._stop.push(self._detok.push(new_ids))
+        text, matched = self._text.push(new_ids)
         reason = _FINISH.get(output.finish_reason) if output.finish_reason else None
         stop_reason: str | int | None = None
         if matched is not None:
             reason, stop_reason = "stop", matched
         elif reason is not None:
-            tail, matched = self._stop.push(self._detok.flush())
-            text += tail + ("" if matched else self._stop.flush())
+            tail, matched = self._text.close()
+            text += tail
             if matched is not None:
                 reason, stop_reason = "stop", matched
             elif reason == "stop" and output.stop_reason not in self._eos_only:
@@ -97,8 +95,8 @@ class SequenceStream:
 
     def final_text(self, token_ids: Sequence[int]) -> tuple[str, str | None]:
         """Whole text of a sequence delivered at once (beam search): (text, matched stop string)."""
-        text, matched = self._stop.push(self._detok.push(list(token_ids)))
+        text, matched = self._text.push(token_ids)
         if matched is None:
-            tail, matched = self._stop.push(self._detok.flush())
-            text += tail + ("" if matched else self._stop.flush())
+            tail, matched = self._text.close()
+            text += tail
         return text, matched

@@ -67,6 +67,24 @@ def _chunked(deltas: list[OutputDelta], sizes: tuple[int, ...]) -> list[OutputDe
     return out
 
 
+def _through_front_end(tokenizer: Tokenizer, options: SamplingOptions, tokens: list[int], max_tokens: int = 40,
+                       sizes: tuple[int, ...] = (1,), lag: int = 0) -> list[OutputDelta]:
+    """What the front end makes of a text-less core's deltas, in groups of `sizes`, where the core runs on for `lag`
+    tokens past the front end's stop-string match before its abort lands."""
+    stop_after = None
+    for i in range(1, len(tokens) + 1):  # the token at which the front end asks for the abort
+        probe = FrontEndText(tokenizer, options, PROMPT)
+        if any(probe.process(d)[1] for d in _run(_state(tokenizer, options, max_tokens, False), tokens[:i])):
+            stop_after = i + lag
+            break
+    front, out = FrontEndText(tokenizer, options, PROMPT), []
+    for delta in _chunked(_run(_state(tokenizer, options, max_tokens, False), tokens, stop_after), sizes):
+        done, _ = front.process(delta)
+        if done is not None:
+            out.append(done)
+    return out
+
+
 def _summary(deltas: list[OutputDelta]) -> tuple:
     last = deltas[-1]
     return ("".join(d.text for d in deltas), [t for d in deltas for t in d.token_ids],
@@ -94,24 +112,8 @@ def test_front_end_text_equals_the_engines(tokenizer: Tokenizer, options: Sampli
     """The core goes on for `lag` tokens past the stop string before the front end's abort reaches it."""
     tokens = tokenizer.encode(TEXT, add_special_tokens=False) + [tokenizer.eos_token_ids[0]] * 2
     reference = _run(_state(tokenizer, options, 40, makes_text=True), tokens)
-
-    front = FrontEndText(tokenizer, options, PROMPT)
-    core = _state(tokenizer, options, 40, makes_text=False)
-    stop_after = None
-    for i in range(1, len(tokens) + 1):  # where the front end's abort lands: `lag` tokens after its match
-        probe = FrontEndText(tokenizer, options, PROMPT)
-        if any(probe.process(d)[1] for d in _run(_state(tokenizer, options, 40, False), tokens[:i])):
-            stop_after = i + lag
-            break
-    out, aborts = [], 0
-    for delta in _chunked(_run(core, tokens, stop_after), sizes):
-        done, abort = front.process(delta)
-        aborts += abort
-        if done is not None:
-            out.append(done)
-    assert _summary(out) == _summary(reference)
+    assert _summary(_through_front_end(tokenizer, options, tokens, sizes=sizes, lag=lag)) == _summary(reference)
     assert all(d.text == "" for d in _run(_state(tokenizer, options, 40, False), tokens))  # the core made none
-    assert aborts <= 1
 
 
 def test_a_stop_string_at_max_tokens(tokenizer: Tokenizer) -> None:
@@ -120,9 +122,7 @@ def test_a_stop_string_at_max_tokens(tokenizer: Tokenizer) -> None:
     tokens = tokenizer.encode(TEXT, add_special_tokens=False)
     n = next(i for i in range(1, len(tokens)) if "cat sat" in tokenizer.decode(tokens[:i]))
     reference = _run(_state(tokenizer, options, n, True), tokens)
-    front = FrontEndText(tokenizer, options, PROMPT)
-    out = [front.process(d)[0] for d in _run(_state(tokenizer, options, n, False), tokens)]
-    assert _summary([d for d in out if d is not None]) == _summary(reference)
+    assert _summary(_through_front_end(tokenizer, options, tokens, n)) == _summary(reference)
 
 
 def test_only_single_samples_get_front_end_text() -> None:
@@ -136,9 +136,7 @@ def test_a_stop_token_id_shows_only_when_included(tokenizer: Tokenizer, include:
     tokens = tokenizer.encode(TEXT, add_special_tokens=False)
     options = SamplingOptions(stop_token_ids=[tokens[5]], include_stop_str_in_output=include, stop=["zz"])
     reference = _run(_state(tokenizer, options, 40, True), tokens)
-    front = FrontEndText(tokenizer, options, PROMPT)
-    out = [front.process(d)[0] for d in _run(_state(tokenizer, options, 40, False), tokens)]
-    assert _summary([d for d in out if d is not None]) == _summary(reference)
+    assert _summary(_through_front_end(tokenizer, options, tokens)) == _summary(reference)
     assert reference[-1].stop_reason == tokens[5]
 
 
@@ -149,7 +147,15 @@ def test_text_held_at_max_tokens_completes_a_stop_string(tokenizer: Tokenizer) -
     tokens = tokenizer.encode("ab", add_special_tokens=False) + [half]
     options = SamplingOptions(stop=["\ufffd"])
     reference = _run(_state(tokenizer, options, len(tokens), True), tokens)
-    front = FrontEndText(tokenizer, options, PROMPT)
-    out = [front.process(d)[0] for d in _run(_state(tokenizer, options, len(tokens), False), tokens)]
-    assert _summary([d for d in out if d is not None]) == _summary(reference)
+    assert _summary(_through_front_end(tokenizer, options, tokens, len(tokens))) == _summary(reference)
     assert reference[-1].finish_reason == "stop" and reference[-1].stop_reason == "\ufffd"
+
+
+@pytest.mark.parametrize("sizes", [(1,), (2,), (4,)])
+def test_a_stop_string_completed_by_the_min_tokens_th_token(tokenizer: Tokenizer, sizes: tuple[int, ...]) -> None:
+    tokens = tokenizer.encode(TEXT, add_special_tokens=False)
+    k = next(i for i in range(1, len(tokens)) if "sat" in tokenizer.decode(tokens[:i]))
+    for min_tokens in (k - 1, k, k + 1):  # the first "sat" counts from the k-th token on
+        options = SamplingOptions(stop=["sat"], min_tokens=min_tokens)
+        reference = _run(_state(tokenizer, options, 40, True), tokens)
+        assert _summary(_through_front_end(tokenizer, options, tokens, sizes=sizes)) == _summary(reference)
