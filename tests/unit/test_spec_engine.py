@@ -302,3 +302,25 @@ async def test_no_speculation_in_steps_where_more_sequences_decode_than_the_limi
             assert stats.spec_steps == spec_steps, "a step decoding 3-4 sequences speculated"
         spec_steps = stats.spec_steps
     assert crowded > 0 and spec_steps > 0  # both kinds of step happened
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+async def test_prompts_reusing_cached_prefixes_join_a_speculating_step_with_plain_greedy_output(pair, graphs: bool) -> None:
+    """The product's limit (2): two requests speculate, then six whose prompts were served once already (prefix-cache
+    hits) join them, and speculation stops while more than two decode. Every output equals plain greedy, from
+    the first token on (an H200 run of benchmarks/spec_decode.py saw 2 of 8 first tokens differ in this shape,
+    with graphs off or async scheduling off: benchmarks/RESULTS.md, 2026-11-27 04:21-06:05)."""
+    target, _ = pair
+    ps = prompts(8, seed=11)
+    want = await plain_greedy(target, ps, 16)
+    async with running_engine(target, speculative="ngram", num_draft_tokens=2, speculative_max_concurrency=2,
+                              enable_prefix_caching=True, enable_cuda_graphs=graphs, async_scheduling=True) as engine:
+        await run_all(engine, [request(f"w{i}", p, 16) for i, p in enumerate(ps)])  # the prompts' blocks get cached
+        first_two = [asyncio.ensure_future(collect(engine, request(f"s{i}", p, 16))) for i, p in enumerate(ps[:2])]
+        while engine.stats().generation_tokens_total < 8 * 16 + 2 * 8:  # the first two speculate alone a while
+            await asyncio.sleep(0.001)
+        rest = await run_all(engine, [request(f"t{i}", p, 16) for i, p in enumerate(ps[2:], start=2)])
+        outs = [await f for f in first_two] + rest
+        stats = engine.stats()
+    assert [o.tokens[0] for o in outs] == want
+    assert stats.spec_steps > 0 and stats.prefix_cache_hit_tokens > 0
