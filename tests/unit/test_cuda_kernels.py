@@ -22,7 +22,7 @@ if RUN_HERE:
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=9)
+    run_in_interpreter(__file__, passed=10)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -84,8 +84,9 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: torch.T
 @kernels
 @pytest.mark.parametrize(
     ("query_lens", "context_lens"),
-    [([5, 1, 70, 3], [0, 9, 2, 13]), ([1, 1, 1], [0, 17, 40]), ([130], [0])],
-    ids=["prefill-mixed", "decode", "one-long-prompt"],
+    [([5, 1, 70, 3], [0, 9, 2, 13]), ([1, 1, 1], [0, 17, 40]), ([130], [0]),
+     ([3, 1, 6, 4, 7, 2], [40, 38, 32, 16, 24, 70])],
+    ids=["prefill-mixed", "decode", "one-long-prompt", "verify-rows-beside-prompt-tails"],
 )
 def test_paged_attention_matches_reference(query_lens: list[int], context_lens: list[int]) -> None:
     q, k, v, cache, meta = _case(query_lens, context_lens, seed=len(query_lens))
