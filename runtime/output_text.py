@@ -68,14 +68,10 @@ class FrontEndText:
             self.dropped += len(delta.token_ids)
             return (self._release(delta), False) if delta.finish_reason is not None else (None, False)
         tokens, finish, text = delta.token_ids, delta.finish_reason, self.text
-        if finish is None and not text.matcher.active:  # most deltas: no stop string to look for, not the last
-            self.num_tokens += len(tokens)
-            delta.text = text.detokenizer.push(tokens)
-            return delta, False
         # a stop token id (stop_reason) or eos / a complete grammar (None) ended the sample in the core
         stop_token = tokens[-1] if finish == "stop" and tokens and not isinstance(delta.stop_reason, str) else None
         body = tokens[:-1] if stop_token is not None else tokens
-        if not text.matcher.active or self.num_tokens + len(body) < self.min_tokens:
+        if not text.matcher.active or self.num_tokens + len(body) < self.min_tokens:  # most deltas: one push
             self.num_tokens += len(body)
             delta.text = text.detokenizer.push(body)
         else:  # token by token: a stop string may end the sample at any of them
