@@ -26,11 +26,15 @@ import triton.language as tl
 from runtime.attention_metadata import AttentionMetadata
 from runtime.device import host_tensor
 
-PREFILL_BLOCK_M = 64
-PREFILL_BLOCK_N = 64
 # 128 keys a tile: 4.6 us per call at batch 1 and 129-256 tokens vs 5.2-6.2 us with 64, 12.7 vs 19.1 at 1,024
 # (H200, benchmarks/cuda_decode_attention.py)
 DECODE_BLOCK_N = 128
+PREFILL_BLOCK_M = 64
+# The same key tiles as decode: a query row then goes through the same online-softmax steps in either kernel, so
+# its output does not depend on whether its step also holds multi-token rows (a speculative verification, a
+# prompt). With 64 the two differed past 64 keys (H200, fp32 and bf16), and greedy ids with speculation could
+# part from plain decoding on near ties.
+PREFILL_BLOCK_N = DECODE_BLOCK_N
 DECODE_NUM_WARPS = 4
 
 

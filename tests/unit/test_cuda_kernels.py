@@ -18,11 +18,11 @@ from runtime.models.rotary_embedding import RopeConfig, RotaryEmbedding  # noqa:
 
 if RUN_HERE:
     from runtime.cuda.fused import add_rms_norm, rms_norm, rope_store_kv, silu_and_mul
-    from runtime.cuda.paged_attention import prefill_tiles, store_kv, triton_paged_attention
+    from runtime.cuda.paged_attention import decode_attention, prefill_tiles, store_kv, triton_paged_attention
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=10)
+    run_in_interpreter(__file__, passed=11)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -47,16 +47,16 @@ def _meta(query_lens: list[int], context_lens: list[int], tables: list[list[int]
     )
 
 
-def _case(query_lens: list[int], context_lens: list[int], seed: int):
+def _case(query_lens: list[int], context_lens: list[int], seed: int, num_blocks: int = NUM_BLOCKS):
     g = torch.Generator().manual_seed(seed)
-    order = torch.randperm(NUM_BLOCKS, generator=g).tolist()  # blocks out of order
+    order = torch.randperm(num_blocks, generator=g).tolist()  # blocks out of order
     tables, used = [], 0
     for q, c in zip(query_lens, context_lens):
         n = -(-(q + c) // BS)
         tables.append(order[used : used + n])
         used += n
     tokens = sum(query_lens)
-    cache = torch.randn(2, NUM_BLOCKS, BS, HKV, D, generator=g).to(DEVICE)
+    cache = torch.randn(2, num_blocks, BS, HKV, D, generator=g).to(DEVICE)
     q, k, v = (torch.randn(tokens, h, D, generator=g).to(DEVICE) for h in (H, HKV, HKV))
     return q, k, v, cache, _meta(query_lens, context_lens, tables)
 
@@ -95,6 +95,24 @@ def test_paged_attention_matches_reference(query_lens: list[int], context_lens: 
     out = triton_paged_attention(q, k, v, our_cache, meta, D**-0.5)
     assert torch.equal(our_cache, ref_cache)  # the same K/V stored at the same slots, nothing else touched
     assert ((out - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@kernels
+def test_a_row_gets_the_same_bits_from_the_prefill_kernel_as_from_the_decode_kernel() -> None:
+    """Rows over several key tiles (up to 300 keys) in a step with a multi-token row (prefill kernel) equal, bit for
+    bit, the same rows each decoded alone (decode kernel): a verification's rows or a prompt joining a step do not
+    change what a row attends to, so greedy speculation stays equal to plain decoding (an H200 run saw the two
+    kernels part past 64 keys when their key tiles differed)."""
+    query_lens, context_lens = [1, 4, 1], [299, 250, 130]
+    q, k, v, cache, meta = _case(query_lens, context_lens, seed=5, num_blocks=256)
+    out = triton_paged_attention(q, k, v, cache, meta, D**-0.5)  # stores the step's K/V, then the prefill kernel
+    row = 0
+    for b, (n, context) in enumerate(zip(query_lens, context_lens)):
+        table = meta.block_tables[b].tolist()
+        for i in range(n):
+            alone = _meta([1], [context + i], [table])  # the row as a decode step sees it: keys up to itself
+            assert torch.equal(decode_attention(q[row : row + 1], cache, alone, D**-0.5), out[row : row + 1]), (b, i)
+            row += 1
 
 
 @kernels
