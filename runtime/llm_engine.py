@@ -11,7 +11,8 @@ Async scheduling (on by default on CUDA): a step whose sequences need no host-si
 PENDING_TOKEN and feed the next step on the device. While the device runs step N, the thread schedules and
 launches step N+1, then collects step N's tokens and turns them into deltas: stop conditions are seen one
 step late, so a finished sequence may compute one extra token, which is discarded. Any other step first
-collects the step in flight (a synchronous step).
+collects the step in flight (a synchronous step); so does one where speculation may propose drafts (its
+proposers read the tokens), which then runs one ahead if nothing was proposed.
 """
 
 from __future__ import annotations
@@ -367,14 +368,19 @@ class NativeEngine(Engine):
 
     def _run_batch(self, batch: ScheduledBatch) -> None:
         overlap = self._overlappable(batch)
-        if not overlap:  # this step needs every token on the host: finish the step in flight first
+        spec = self.speculator
+        may_speculate = spec is not None and spec.begin_step(batch, self._requests)
+        # proposing drafts needs every token on the host, as does a step that cannot run one ahead: finish the step
+        # in flight first
+        if not overlap or may_speculate:
             self._collect_inflight()
             batch.entries = [e for e in batch.entries if e.seq.status is not SequenceStatus.FINISHED]
             if not batch:
                 return
-        spec = self.speculator
         if spec is not None:
             spec.plan(batch, self._requests)  # drafts for speculating decode entries (runtime/speculative)
+            # a step that verifies drafts ends on the host; one where nothing was proposed still runs one ahead
+            overlap = overlap and not spec.proposed
         inputs = [self._step_input(entry) for entry in batch.entries]
         try:
             if spec is not None:
@@ -401,7 +407,7 @@ class NativeEngine(Engine):
 
     def _overlappable(self, batch: ScheduledBatch) -> bool:
         """Whether the step may run before the host knows the tokens of the step in flight (async scheduling)."""
-        if not self._async_scheduling or (self.speculator is not None and self.speculator.speculates(batch)):
+        if not self._async_scheduling:
             return False
         requests = self._requests
         return all(not e.samples or (requests[e.seq.request_id].overlappable and e.seq.num_samples == 1)

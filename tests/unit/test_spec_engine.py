@@ -304,6 +304,42 @@ async def test_no_speculation_in_steps_where_more_sequences_decode_than_the_limi
     assert crowded > 0 and spec_steps > 0  # both kinds of step happened
 
 
+@pytest.mark.parametrize("mode", ["draft", "ngram"])
+async def test_the_measured_policy_keeps_greedy_output_equal_to_plain_greedy(pair, mode: str) -> None:
+    """The product's default policy (speculate at a number of decoding sequences only while measured steps show it
+    pays; runtime/speculative/policy.py) switches between speculating and plain steps mid-request, by this machine's
+    timings: the output equals plain greedy whichever steps speculated, and each count of sequences begins by
+    speculating."""
+    target, draft = pair
+    ps = prompts(4, seed=13)
+    want = await plain_greedy(target, ps, 40)
+    cfg = {"draft_model": str(draft)} if mode == "draft" else {}
+    async with running_engine(target, speculative=mode, speculative_policy="measured", **cfg) as engine:
+        outs = await run_all(engine, [request(f"p{i}", p, 40) for i, p in enumerate(ps)])
+        stats = engine.stats()
+    assert [o.tokens[0] for o in outs] == want
+    assert stats.spec_steps > 0
+
+
+async def test_steps_where_nothing_is_proposed_run_one_ahead_as_plain_decoding(pair) -> None:
+    """A request that turns speculation off (num_draft_tokens 0) on a speculating engine: no step verifies drafts,
+    and its steps are launched one ahead exactly as on a plain engine (speculation never makes a step wait)."""
+    target, _ = pair
+    prompt = prompts(1, seed=9)[0]
+    runs = []
+    for cfg in ({}, {"speculative": "ngram", "num_draft_tokens": 3}):
+        async with running_engine(target, async_scheduling=True, **cfg) as engine:
+            launches = LaunchLog(engine)
+            req = request("a", prompt, 24)
+            req.num_draft_tokens = 0
+            out = await collect(engine, req)
+            runs.append((out.tokens[0], len([e for e in launches.events if e[0] == "launch"]), launches.overlapped(),
+                         engine.stats().spec_draft_tokens))
+    (plain_ids, plain_launches, plain_overlapped, _), (ids, num_launches, overlapped, drafts) = runs
+    assert ids == plain_ids and drafts == 0
+    assert (num_launches, overlapped) == (plain_launches, plain_overlapped) and overlapped >= num_launches - 2
+
+
 @pytest.mark.parametrize("graphs", [True, False])
 async def test_prompts_reusing_cached_prefixes_join_a_speculating_step_with_plain_greedy_output(pair, graphs: bool) -> None:
     """The product's limit (2): two requests speculate, then six whose prompts were served once already (prefix-cache
