@@ -4,7 +4,8 @@
 # speculative engine tests on CUDA with async scheduling.
 #   run tool: command "bash benchmarks/gpu_spec_policy.sh", carry [".whl"]. Lands in $OUT: log.txt, spec_c*.json.
 # CONCURRENCY overrides the concurrencies (default "1 4 8"); SPEC_TESTS=0 skips the CUDA tests; REQUESTS (requests
-# per concurrency, default 8) and REPEAT (rounds of all modes, default 2) lengthen the runs.
+# per concurrency, default 8) and REPEAT (rounds of all modes, default 2) lengthen the runs; SPEC_ARGS are passed on
+# to benchmarks/spec_decode.py (e.g. "--speculative-policy fixed --speculative-max-concurrency 2"), TAG names the JSON.
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 L=$OUT/log.txt
@@ -24,6 +25,6 @@ wait $CKPID
 for c in ${CONCURRENCY:-1 4 8}; do
   per=$(( ${REQUESTS:-8} / c ))
   timeout 400 python -m benchmarks.spec_decode --model $CK/wide1b --draft-model runtime/demo/draft --device cuda \
-    --dtype bfloat16 --max-tokens 128 --concurrency $c --requests-per-slot $per --repeat ${REPEAT:-2} \
-    --json $OUT/spec_c$c.json 2>&1 | grep -v "Loading\|Writing" | tail -5 | tee -a "$L"
+    --dtype bfloat16 --max-tokens 128 --concurrency $c --requests-per-slot $per --repeat ${REPEAT:-2} ${SPEC_ARGS:-} \
+    --json $OUT/spec${TAG:-}_c$c.json 2>&1 | grep -v "Loading\|Writing" | tail -5 | tee -a "$L"
 done

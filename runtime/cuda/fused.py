@@ -82,7 +82,7 @@ def _cos_sin(pos_ptr, cos_ptr, sin_ptr, t, stride_cache, offs_d, d_mask, dtype):
     return cos, sin
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["pos_ptr", "slot_ptr"])  # step metadata (runtime/cuda/paged_attention.py)
 def _rope_store_kv_kernel(
     pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, qo_ptr, cache_ptr, slot_ptr, v_offset,
     stride_q, stride_k, stride_v, stride_cache,

@@ -38,7 +38,13 @@ PREFILL_BLOCK_N = DECODE_BLOCK_N
 DECODE_NUM_WARPS = 4
 
 
-@triton.jit
+# A step's metadata (block tables, lengths, slots, the tile map) sits at whatever offset its staging buffer gives it,
+# and a table's width follows the step's longest sequence. Triton specializes a kernel on pointer alignment and on
+# integers equal to 1 or divisible by 16, so these made it compile the kernels again while serving, for each new
+# combination: 0.4-0.7 s each, several times a run of a draft model's catch-ups (H200, benchmarks/RESULTS.md).
+
+
+@triton.jit(do_not_specialize_on_alignment=["slot_ptr"])
 def _store_kv_kernel(
     k_ptr, v_ptr, cache_ptr, slot_ptr, v_offset, stride_k, stride_v,
     ROW: tl.constexpr, BLOCK: tl.constexpr,
@@ -91,7 +97,7 @@ def _attend_over_cache(
     return acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_tb"], do_not_specialize_on_alignment=["tables_ptr", "seq_lens_ptr"])
 def _decode_kernel(
     q_ptr, cache_ptr, out_ptr, tables_ptr, seq_lens_ptr, scale, v_offset,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
@@ -113,7 +119,9 @@ def _decode_kernel(
              out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_tb"],
+            do_not_specialize_on_alignment=["tables_ptr", "query_start_ptr", "context_lens_ptr", "seq_lens_ptr",
+                                            "tile_seq_ptr", "tile_offset_ptr"])
 def _prefill_kernel(
     q_ptr, cache_ptr, out_ptr, tables_ptr, query_start_ptr, context_lens_ptr, seq_lens_ptr,
     tile_seq_ptr, tile_offset_ptr, scale, v_offset,
