@@ -5,7 +5,7 @@
 #   run tool: command "bash benchmarks/gpu_spec_policy.sh", carry [".whl"]. Lands in $OUT: log.txt, spec_c*.json.
 # CONCURRENCY overrides the concurrencies (default "1 4 8"); SPEC_TESTS=0 skips the CUDA tests; REQUESTS (requests
 # per concurrency, default 8) and REPEAT (rounds of all modes, default 2) lengthen the runs; SPEC_ARGS are passed on
-# to benchmarks/spec_decode.py (e.g. "--speculative-policy fixed --speculative-max-concurrency 2"), TAG names the JSON.
+# to benchmarks/spec_decode.py (e.g. "--speculative-max-concurrency 4"), TAG names the JSON.
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
 L=$OUT/log.txt

@@ -46,13 +46,10 @@ class EngineConfig:
     num_draft_tokens: int = 2
     ngram_min: int = 1
     ngram_max: int = 4
-    # no speculation in steps where more sequences decode (TRT-LLM's max_concurrency; None: no limit)
-    speculative_max_concurrency: int | None = None
-    # measured: at each number of decoding sequences, speculate only while steps that may speculate emit more tokens
-    # per second than plain steps, as measured while serving (runtime/speculative/policy.py; on an H200 a draft model
-    # lost at 2 streams and n-gram won, benchmarks/RESULTS.md); fixed: whenever the limit above allows. The native
-    # engine's; TensorRT-LLM gets the limit alone
-    speculative_policy: Literal["measured", "fixed"] = "measured"
+    # no speculation in steps where more sequences decode (TRT-LLM's max_concurrency; None: always). On the H100
+    # a draft model breaks even at 2 streams and loses at 4 (n-gram: 1.46x at 2, 1.02x at 4). A limit measured while
+    # serving, per number of decoding sequences, lost to this one on the H200 (benchmarks/RESULTS.md, 2026-11-27)
+    speculative_max_concurrency: int | None = 2
     # CPU execution
     cpu_threads: int | None = None  # torch threads of the native runtime on CPU; default $OMP_NUM_THREADS, else all cores but one
     cpu_quantization: Literal["none", "int8", "int4"] = "none"  # weight-only int8/int4 copies of the projections for decode steps of few rows (runtime/models/cpu_weights.py); prepacked bf16 serves bigger batches

@@ -34,10 +34,8 @@ async def running_engine(checkpoint: Path, **config: Any) -> AsyncIterator[Nativ
     config.setdefault("kv_block_size", 4)
     config.setdefault("max_kv_tokens", 1024)
     config.setdefault("device", os.environ.get("ENGINE_TEST_DEVICE", "cpu"))
-    # speculation tests batch many sequences on purpose, and must not hang on the machine's speed: they speculate
-    # whenever they may, not where the product's measured policy finds it faster (EngineConfig)
+    # speculation tests batch many sequences on purpose; the product stops speculating above 2 (EngineConfig)
     config.setdefault("speculative_max_concurrency", None)
-    config.setdefault("speculative_policy", "fixed")
     config.setdefault("dtype", "float32")
     engine = NativeEngine(EngineConfig(model=str(checkpoint), **config))
     await engine.start()

@@ -1,7 +1,7 @@
 """Speculator: the engine's hook for speculative decoding inside in-flight batching.
 
 Per step, around the target's forward pass (runtime/llm_engine.py calls these in order):
-  begin_step(batch)      whether the step may speculate (the limit, and the measured policy: policy.py);
+  begin_step(batch)      whether the step may speculate (decided before the step in flight is collected);
   plan(batch)            pick decode entries of requests that speculate, propose up to k tokens for
                          each (n-gram lookup or the draft model), reserve KV slots for them;
   patch_inputs(inputs)   those entries feed [last token] + drafts and get logits for every row (left on
@@ -32,7 +32,6 @@ from runtime.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
 from runtime.sequence import Sequence
 from runtime.speculative.draft import DraftJob, DraftProposer
 from runtime.speculative.ngram import NgramProposer
-from runtime.speculative.policy import MeasuredPolicy
 from runtime.speculative.rows import TargetRows
 from runtime.speculative.verifier import Verdict, verify_greedy, verify_sampled
 
@@ -64,13 +63,11 @@ class Speculator:
     """Proposes, verifies and emits speculative tokens (see the module docstring)."""
 
     def __init__(self, proposer: NgramProposer | DraftProposer, *, num_draft_tokens: int, block_manager: BlockManager,
-                 max_num_tokens: int, context_window: int, seed: int, max_concurrency: int | None = None,
-                 policy: MeasuredPolicy | None = None) -> None:
+                 max_num_tokens: int, context_window: int, seed: int, max_concurrency: int | None = None) -> None:
         self.proposer = proposer
         self.num_draft_tokens = num_draft_tokens
         # speculation pays at low concurrency; above this many decoding sequences a step does not speculate
         self.max_concurrency = max_concurrency
-        self.policy = policy  # None: speculate whenever max_concurrency allows
         self._may_speculate = False  # this step's decision (begin_step)
         self.block_manager = block_manager
         self.max_num_tokens = max_num_tokens
@@ -118,16 +115,12 @@ class Speculator:
 
     def begin_step(self, batch: ScheduledBatch, requests: Mapping[str, RequestState]) -> bool:
         """Whether this step may speculate, decided once per step, before the engine collects the step in flight
-        (proposing needs every token on the host): not above max_concurrency decoding sequences, one of them may
-        draft, and where the policy measures, speculating is the faster kind of step at this many sequences
-        (runtime/speculative/policy.py). Else the step is a plain one, which the engine may launch ahead."""
+        (proposing needs every token on the host): not above max_concurrency decoding sequences, and one of them
+        may draft. Else the step is a plain one, which the engine may launch ahead."""
         decoding = [e for e in batch.entries if not e.is_prefill]
-        eligible = (self.max_concurrency is None or len(decoding) <= self.max_concurrency) and any(
+        self._may_speculate = (self.max_concurrency is None or len(decoding) <= self.max_concurrency) and any(
             e.seq.request_id in requests and self._draft_len(e, requests[e.seq.request_id]) > 0 for e in decoding)
-        if self.policy is not None:
-            eligible = self.policy.begin_step(len(decoding), len(decoding) == len(batch.entries), eligible)
-        self._may_speculate = eligible
-        return eligible
+        return self._may_speculate
 
     @property
     def proposed(self) -> bool:
@@ -218,8 +211,6 @@ class Speculator:
         entry.num_new_tokens = 1 + verdict.num_accepted
         seq.token_ids.extend(drafts[: verdict.num_accepted])  # scheduler.advance hashes full blocks
         self.block_manager.trim(seq, seq.num_computed_tokens + entry.num_new_tokens)
-        if self.policy is not None:
-            self.policy.accepted(verdict.num_accepted)
         c = self.counters
         c.draft_tokens += len(drafts)
         c.accepted_tokens += verdict.num_accepted
