@@ -327,8 +327,9 @@ async def test_steps_where_nothing_is_proposed_run_one_ahead_as_plain_decoding(p
 async def test_prompts_reusing_cached_prefixes_join_a_speculating_step_with_plain_greedy_output(pair, graphs: bool) -> None:
     """The product's limit (2): two requests speculate, then six whose prompts were served once already (prefix-cache
     hits) join them, and speculation stops while more than two decode. Every output equals plain greedy, from
-    the first token on (an H200 run of benchmarks/spec_decode.py saw 2 of 8 first tokens differ in this shape,
-    with graphs off or async scheduling off: benchmarks/RESULTS.md, 2026-11-27 04:21-06:05)."""
+    the first token on. (An H200 run of benchmarks/spec_decode.py saw 2 of 8 first tokens differ in this shape;
+    plain decoding there gives those two other first tokens too when the 8 requests run one at a time instead of
+    together: CUDA's float32 products depend on the batch's shape, benchmarks/RESULTS.md, 2026-11-27.)"""
     target, _ = pair
     ps = prompts(8, seed=11)
     want = await plain_greedy(target, ps, 16)
