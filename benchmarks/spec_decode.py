@@ -10,8 +10,9 @@ For each concurrency (default 1 and 8) runs the same greedy requests (ignore_eos
 the same run, the acceptance rate and mean accepted drafts per step, and whether every output equals
 the non-speculative one (greedy speculation must be exact). `--json FILE` writes the table.
 `--draft-layers N` drafts with the target's own first N layers, final norm and head (an early-exit draft,
-no training: the cheapest draft any Llama-family checkpoint gives). `--repeat R` runs R rounds of all modes (every other round in reverse order) and reports medians, each round's ratio being paired with that
-round's baseline; the `cpu` column is the same ratio in tokens per CPU-second of this process, the
+no training: the cheapest draft any Llama-family checkpoint gives). `--repeat R` runs R rounds of all modes
+(every other round in reverse order) and reports medians, each round's ratio being paired with that round's
+baseline; the `cpu` column is the same ratio in tokens per CPU-second of this process, the
 steadier figure on a machine shared with other work. Greedy outputs are bit-exact in float32 on the CPU; in
 bf16 the K+1-token verify forward rounds differently from one-token decode steps, so near-tied logits may
 pick the other token (the demo's shipped dtype is bf16: pass --dtype float32 for the exactness check). On

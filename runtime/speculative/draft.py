@@ -118,7 +118,8 @@ class DraftProposer:
         its Triton kernels are compiled now and not in the first speculating step (0.5-1 s there, H200)."""
         tokens = MAX_ROWS_PER_SEQ + 1
         table = list(range(-(-tokens // self.block_size)))
-        self.runner.execute([StepInput(token_ids=[0] * tokens, start_pos=0, block_table=table, sample_rows=[_RAW_ARGMAX])])
+        self.runner.execute([StepInput(token_ids=[0] * tokens, start_pos=0, block_table=table,
+                                       sample_rows=[_RAW_ARGMAX])])
 
     def release_finished(self) -> None:
         """Free the shadows of target sequences that no longer run (finished, aborted, preempted)."""
