@@ -166,7 +166,8 @@ async def bench(args: argparse.Namespace) -> list[Row]:
                                       draft_model=args.draft_model if mode == "draft" else None,
                                       num_draft_tokens=args.num_draft_tokens, ngram_min=args.ngram_min,
                                       ngram_max=args.ngram_max, max_kv_tokens=args.max_kv_tokens,
-                                      speculative_max_concurrency=args.speculative_max_concurrency)
+                                      speculative_max_concurrency=args.speculative_max_concurrency,
+                                      speculative_guard=args.speculative_guard)
                 runs.setdefault(mode, []).append(await run_mode(config, concurrency, num_requests, args.max_tokens,
                                                                 args.prompt_texts, args.prompts == "code"))
         base = runs["none"]
@@ -207,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-kv-tokens", type=int, default=16384)
     p.add_argument("--speculative-max-concurrency", type=int, default=EngineConfig.speculative_max_concurrency,
                    help="no speculation in steps where more sequences decode (the server's option and default)")
+    p.add_argument("--speculative-guard", default=EngineConfig.speculative_guard, action=argparse.BooleanOptionalAction,
+                   help="stop speculating where measured steps show it slower (the server's option and default)")
     p.add_argument("--repeat", type=int, default=1, help="rounds of all modes; medians are reported")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)

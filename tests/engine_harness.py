@@ -34,8 +34,10 @@ async def running_engine(checkpoint: Path, **config: Any) -> AsyncIterator[Nativ
     config.setdefault("kv_block_size", 4)
     config.setdefault("max_kv_tokens", 1024)
     config.setdefault("device", os.environ.get("ENGINE_TEST_DEVICE", "cpu"))
-    # speculation tests batch many sequences on purpose; the product stops speculating above 2 (EngineConfig)
+    # speculation tests batch many sequences on purpose, and speculate wherever they may: the product stops above 2,
+    # and where its guard measures plain steps faster, which depends on the machine (EngineConfig)
     config.setdefault("speculative_max_concurrency", None)
+    config.setdefault("speculative_guard", False)
     config.setdefault("dtype", "float32")
     engine = NativeEngine(EngineConfig(model=str(checkpoint), **config))
     await engine.start()

@@ -4,6 +4,7 @@
 - draft.py: DraftProposer (a small model with its own paged KV cache) and the tokenizer check;
 - verifier.py: verify_greedy() (longest agreeing prefix) and verify_sampled() (rejection sampling);
 - rows.py: TargetRows, the target's sampling rows after each draft prefix;
+- policy.py: SpeculationGuard, stops speculating where measured steps show it slower than plain ones;
 - speculator.py: Speculator, the engine's per-step hooks (plan, patch_inputs, verify, emit).
 
 `use_draft_logits` (Triton) is accepted and has no effect here: draft-model proposals are always
@@ -18,6 +19,7 @@ from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig
 from runtime.speculative.draft import DraftProposer, DraftTokenizerMismatchError, check_same_tokenizer
 from runtime.speculative.ngram import NgramProposer
+from runtime.speculative.policy import SpeculationGuard
 from runtime.speculative.speculator import Speculator, SpecCounters
 from runtime.speculative.verifier import Verdict, verify_greedy, verify_sampled
 from runtime.tokenizer import Tokenizer
@@ -76,4 +78,5 @@ def build_speculator(proposer: NgramProposer | DraftProposer, config: EngineConf
         proposer.allocate(block_manager.num_blocks, graphs)
     return Speculator(proposer, num_draft_tokens=config.num_draft_tokens, block_manager=block_manager,
                       max_num_tokens=config.max_num_tokens, context_window=context_window, seed=config.seed,
-                      max_concurrency=config.speculative_max_concurrency)
+                      max_concurrency=config.speculative_max_concurrency,
+                      guard=SpeculationGuard() if config.speculative_guard else None)

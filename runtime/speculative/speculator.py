@@ -1,7 +1,8 @@
 """Speculator: the engine's hook for speculative decoding inside in-flight batching.
 
 Per step, around the target's forward pass (runtime/llm_engine.py calls these in order):
-  begin_step(batch)      whether the step may speculate (decided before the step in flight is collected);
+  begin_step(batch)      whether the step may speculate (the limit, and the guard's measurements: policy.py;
+                         decided before the step in flight is collected);
   plan(batch)            pick decode entries of requests that speculate, propose up to k tokens for
                          each (n-gram lookup or the draft model), reserve KV slots for them;
   patch_inputs(inputs)   those entries feed [last token] + drafts and get logits for every row (left on
@@ -32,6 +33,7 @@ from runtime.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
 from runtime.sequence import Sequence
 from runtime.speculative.draft import DraftJob, DraftProposer
 from runtime.speculative.ngram import NgramProposer
+from runtime.speculative.policy import SpeculationGuard
 from runtime.speculative.rows import TargetRows
 from runtime.speculative.verifier import Verdict, verify_greedy, verify_sampled
 
@@ -63,11 +65,13 @@ class Speculator:
     """Proposes, verifies and emits speculative tokens (see the module docstring)."""
 
     def __init__(self, proposer: NgramProposer | DraftProposer, *, num_draft_tokens: int, block_manager: BlockManager,
-                 max_num_tokens: int, context_window: int, seed: int, max_concurrency: int | None = None) -> None:
+                 max_num_tokens: int, context_window: int, seed: int, max_concurrency: int | None = None,
+                 guard: SpeculationGuard | None = None) -> None:
         self.proposer = proposer
         self.num_draft_tokens = num_draft_tokens
         # speculation pays at low concurrency; above this many decoding sequences a step does not speculate
         self.max_concurrency = max_concurrency
+        self.guard = guard  # None: speculate wherever the limit allows
         self._may_speculate = False  # this step's decision (begin_step)
         self.block_manager = block_manager
         self.max_num_tokens = max_num_tokens
@@ -115,12 +119,16 @@ class Speculator:
 
     def begin_step(self, batch: ScheduledBatch, requests: Mapping[str, RequestState]) -> bool:
         """Whether this step may speculate, decided once per step, before the engine collects the step in flight
-        (proposing needs every token on the host): not above max_concurrency decoding sequences, and one of them
-        may draft. Else the step is a plain one, which the engine may launch ahead."""
+        (proposing needs every token on the host): not above max_concurrency decoding sequences, one of them may
+        draft, and the guard has not measured plain steps faster at this many sequences (runtime/speculative/policy.py).
+        Else the step is a plain one, which the engine may launch ahead."""
         decoding = [e for e in batch.entries if not e.is_prefill]
-        self._may_speculate = (self.max_concurrency is None or len(decoding) <= self.max_concurrency) and any(
+        eligible = (self.max_concurrency is None or len(decoding) <= self.max_concurrency) and any(
             e.seq.request_id in requests and self._draft_len(e, requests[e.seq.request_id]) > 0 for e in decoding)
-        return self._may_speculate
+        if self.guard is not None:
+            eligible = self.guard.begin_step(len(decoding), len(decoding) == len(batch.entries), eligible)
+        self._may_speculate = eligible
+        return eligible
 
     @property
     def proposed(self) -> bool:
@@ -211,6 +219,8 @@ class Speculator:
         entry.num_new_tokens = 1 + verdict.num_accepted
         seq.token_ids.extend(drafts[: verdict.num_accepted])  # scheduler.advance hashes full blocks
         self.block_manager.trim(seq, seq.num_computed_tokens + entry.num_new_tokens)
+        if self.guard is not None:
+            self.guard.accepted(verdict.num_accepted)
         c = self.counters
         c.draft_tokens += len(drafts)
         c.accepted_tokens += verdict.num_accepted

@@ -304,6 +304,22 @@ async def test_no_speculation_in_steps_where_more_sequences_decode_than_the_limi
     assert crowded > 0 and spec_steps > 0  # both kinds of step happened
 
 
+@pytest.mark.parametrize("mode", ["draft", "ngram"])
+async def test_the_guard_keeps_greedy_output_equal_to_plain_greedy(pair, mode: str) -> None:
+    """The product's guard (plain steps where measured ones beat speculation; runtime/speculative/policy.py) switches
+    between speculating and plain steps mid-request, by this machine's timings: the output equals plain greedy
+    whichever steps speculated, and each count of sequences begins by speculating."""
+    target, draft = pair
+    ps = prompts(4, seed=13)
+    want = await plain_greedy(target, ps, 40)
+    cfg = {"draft_model": str(draft)} if mode == "draft" else {}
+    async with running_engine(target, speculative=mode, speculative_guard=True, **cfg) as engine:
+        outs = await run_all(engine, [request(f"p{i}", p, 40) for i, p in enumerate(ps)])
+        stats = engine.stats()
+    assert [o.tokens[0] for o in outs] == want
+    assert stats.spec_steps > 0
+
+
 async def test_steps_where_nothing_is_proposed_run_one_ahead_as_plain_decoding(pair) -> None:
     """A request that turns speculation off (num_draft_tokens 0) on a speculating engine: no step verifies drafts,
     and its steps are launched one ahead exactly as on a plain engine (speculation never makes a step wait)."""

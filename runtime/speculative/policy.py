@@ -1,0 +1,111 @@
+"""SpeculationGuard: stops speculating where the step times measured on this engine show it slower than plain steps.
+
+Speculation pays when the drafts it gets accepted outweigh what it adds to a step: the draft model's forwards, the
+verification's wider rows, and the wait for the tokens on the host (a step that may speculate cannot run one ahead).
+That balance depends on the hardware as much as on the proposer: on a compute-bound CPU a verification costs nearly
+K+1 plain steps and speculation lost at one stream (0.49-0.82x), where a memory-bound GPU gained (benchmarks/RESULTS.md).
+So under the configured limit the guard measures, for each number of decoding sequences d, an exponential average of
+the tokens per second of steps that may speculate and of plain steps, and keeps the faster kind:
+- speculation first (the configured behaviour), then a few plain steps to compare;
+- while speculating wins, a few plain steps every RECHECK_STEPS to see whether that still holds;
+- while plain steps win, a few speculating steps after RETRY_STEPS, a wait that doubles each time speculation loses
+  again (up to RETRY_MAX_STEPS) and starts over once it wins: acceptance drifts with the traffic, and a request's
+  first tokens often accept fewer drafts than its later ones.
+
+A step's time is the interval from its start to the next step's start. It is recorded only when both steps decode
+the same number of sequences and nothing else (no prompt, no idle wait between them), and the step before it was of
+the same kind: a switch drains or fills the one-ahead pipeline, which would charge one kind with the other's time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+MIN_SAMPLES = 3  # recorded steps of a kind before its average is trusted
+BURST_STEPS = 4  # steps of a re-measurement (its first step, after a switch, is not recorded)
+RECHECK_STEPS = 256  # steps of speculation between looks at plain steps
+RETRY_STEPS = 64  # steps of plain decoding before speculation is tried again; doubled after each loss
+RETRY_MAX_STEPS = 2048
+SMOOTHING = 0.3  # weight of a new sample in the averages
+
+
+@dataclass
+class _Rates:
+    """Measurements at one number of decoding sequences; index 0: plain steps, 1: steps that may speculate."""
+
+    tokens_per_s: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    samples: list[int] = field(default_factory=lambda: [0, 0])
+    burst: int = 0  # steps left of a re-measurement
+    burst_kind: bool = False
+    since: int = 0  # steps of the chosen kind since the last re-measurement
+    retry: int = RETRY_STEPS
+
+    def record(self, kind: bool, rate: float) -> None:
+        i = int(kind)
+        self.tokens_per_s[i] = rate if self.samples[i] == 0 else (1 - SMOOTHING) * self.tokens_per_s[i] + SMOOTHING * rate
+        self.samples[i] += 1
+
+    def choose(self) -> bool:
+        if self.burst > 0:
+            self.burst -= 1
+            return self.burst_kind
+        if self.samples[1] < MIN_SAMPLES:
+            return True
+        if self.samples[0] < MIN_SAMPLES:
+            return False
+        speculate = self.tokens_per_s[1] > self.tokens_per_s[0]
+        if speculate:
+            self.retry = RETRY_STEPS
+        self.since += 1
+        if self.since < (RECHECK_STEPS if speculate else self.retry):
+            return speculate
+        if not speculate:
+            self.retry = min(2 * self.retry, RETRY_MAX_STEPS)
+        self.since, self.burst, self.burst_kind = 0, BURST_STEPS - 1, not speculate
+        return not speculate
+
+
+@dataclass
+class _Step:
+    decoding: int
+    steady: bool  # every entry decodes, and one of them may draft
+    speculates: bool
+    after_same_kind: bool
+    started: float
+    accepted: int = 0
+
+
+class SpeculationGuard:
+    """Chooses, step by step, whether a step under the limit may speculate (see the module docstring)."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self._rates: dict[int, _Rates] = {}
+        self._step: _Step | None = None  # the step under way
+
+    def begin_step(self, decoding: int, steady: bool, eligible: bool = True) -> bool:
+        """A step that decodes `decoding` sequences starts (`steady`: it runs nothing else; `eligible`: the limit
+        allows speculation and one of them may draft): record the previous step's time, and return whether this one
+        may speculate."""
+        now = self.clock()
+        last, steady = self._step, steady and eligible
+        if (last is not None and last.steady and steady and last.decoding == decoding and last.after_same_kind
+                and now > last.started):
+            self._rates[decoding].record(last.speculates, (decoding + last.accepted) / (now - last.started))
+        kind = self._rates.setdefault(decoding, _Rates()).choose() if eligible else False
+        self._step = _Step(decoding, steady, kind, last is not None and last.speculates == kind, now)
+        return kind
+
+    def accepted(self, count: int) -> None:
+        """Drafts accepted in the step under way (tokens it emits beyond one per decoding sequence)."""
+        if self._step is not None:
+            self._step.accepted += count
+
+    def tokens_per_s(self, decoding: int) -> tuple[float, float] | None:
+        """(plain, speculating) averages at `decoding` sequences, once both are measured."""
+        rates = self._rates.get(decoding)
+        if rates is None or min(rates.samples) < MIN_SAMPLES:
+            return None
+        return rates.tokens_per_s[0], rates.tokens_per_s[1]
