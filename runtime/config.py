@@ -51,7 +51,7 @@ class EngineConfig:
     # serving, per number of decoding sequences, lost to this one on the H200 (benchmarks/RESULTS.md, 2026-11-27)
     speculative_max_concurrency: int | None = 2
     # under that limit, stop speculating at a number of decoding sequences while measured steps show it slower than
-    # plain ones, and try it again now and then (runtime/speculative/policy.py; a compute-bound CPU lost 0.49-0.82x
+    # plain ones, and try it again now and then (runtime/speculative/guard.py; a compute-bound CPU lost 0.49-0.82x
     # at one stream without it). The native engine's; TensorRT-LLM gets the limit alone
     speculative_guard: bool = True
     # CPU execution

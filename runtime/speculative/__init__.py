@@ -4,7 +4,7 @@
 - draft.py: DraftProposer (a small model with its own paged KV cache) and the tokenizer check;
 - verifier.py: verify_greedy() (longest agreeing prefix) and verify_sampled() (rejection sampling);
 - rows.py: TargetRows, the target's sampling rows after each draft prefix;
-- policy.py: SpeculationGuard, stops speculating where measured steps show it slower than plain ones;
+- guard.py: SpeculationGuard, stops speculating where measured steps show it slower than plain ones;
 - speculator.py: Speculator, the engine's per-step hooks (plan, patch_inputs, verify, emit).
 
 `use_draft_logits` (Triton) is accepted and has no effect here: draft-model proposals are always
@@ -19,7 +19,7 @@ from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig
 from runtime.speculative.draft import DraftProposer, DraftTokenizerMismatchError, check_same_tokenizer
 from runtime.speculative.ngram import NgramProposer
-from runtime.speculative.policy import SpeculationGuard
+from runtime.speculative.guard import SpeculationGuard
 from runtime.speculative.speculator import Speculator, SpecCounters
 from runtime.speculative.verifier import Verdict, verify_greedy, verify_sampled
 from runtime.tokenizer import Tokenizer

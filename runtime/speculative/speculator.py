@@ -1,7 +1,7 @@
 """Speculator: the engine's hook for speculative decoding inside in-flight batching.
 
 Per step, around the target's forward pass (runtime/llm_engine.py calls these in order):
-  begin_step(batch)      whether the step may speculate (the limit, and the guard's measurements: policy.py;
+  begin_step(batch)      whether the step may speculate (the limit, and the guard's measurements: guard.py;
                          decided before the step in flight is collected);
   plan(batch)            pick decode entries of requests that speculate, propose up to k tokens for
                          each (n-gram lookup or the draft model), reserve KV slots for them;
@@ -33,7 +33,7 @@ from runtime.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
 from runtime.sequence import Sequence
 from runtime.speculative.draft import DraftJob, DraftProposer
 from runtime.speculative.ngram import NgramProposer
-from runtime.speculative.policy import SpeculationGuard
+from runtime.speculative.guard import SpeculationGuard
 from runtime.speculative.rows import TargetRows
 from runtime.speculative.verifier import Verdict, verify_greedy, verify_sampled
 
@@ -120,7 +120,7 @@ class Speculator:
     def begin_step(self, batch: ScheduledBatch, requests: Mapping[str, RequestState]) -> bool:
         """Whether this step may speculate, decided once per step, before the engine collects the step in flight
         (proposing needs every token on the host): not above max_concurrency decoding sequences, one of them may
-        draft, and the guard has not measured plain steps faster at this many sequences (runtime/speculative/policy.py).
+        draft, and the guard has not measured plain steps faster at this many sequences (runtime/speculative/guard.py).
         Else the step is a plain one, which the engine may launch ahead."""
         decoding = [e for e in batch.entries if not e.is_prefill]
         eligible = (self.max_concurrency is None or len(decoding) <= self.max_concurrency) and any(

@@ -306,7 +306,7 @@ async def test_no_speculation_in_steps_where_more_sequences_decode_than_the_limi
 
 @pytest.mark.parametrize("mode", ["draft", "ngram"])
 async def test_the_guard_keeps_greedy_output_equal_to_plain_greedy(pair, mode: str) -> None:
-    """The product's guard (plain steps where measured ones beat speculation; runtime/speculative/policy.py) switches
+    """The product's guard (plain steps where measured ones beat speculation; runtime/speculative/guard.py) switches
     between speculating and plain steps mid-request, by this machine's timings: the output equals plain greedy
     whichever steps speculated, and each count of sequences begins by speculating."""
     target, draft = pair

@@ -1,10 +1,10 @@
-"""SpeculationGuard (runtime/speculative/policy.py) on a fake clock: it speculates first, compares with plain steps,
+"""SpeculationGuard (runtime/speculative/guard.py) on a fake clock: it speculates first, compares with plain steps,
 keeps the faster kind at each number of decoding sequences, looks at the other kind again now and then (speculation
 again after a wait that doubles while it keeps losing), and never charges a step with time that is not its own."""
 
 from __future__ import annotations
 
-from runtime.speculative.policy import (BURST_STEPS, MIN_SAMPLES, RECHECK_STEPS, RETRY_MAX_STEPS, RETRY_STEPS,
+from runtime.speculative.guard import (BURST_STEPS, MIN_SAMPLES, RECHECK_STEPS, RETRY_MAX_STEPS, RETRY_STEPS,
                                         SpeculationGuard)
 
 
