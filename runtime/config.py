@@ -49,11 +49,11 @@ class EngineConfig:
     # no speculation in steps where more sequences decode (TRT-LLM's max_concurrency; None: always). On the H100
     # a draft model breaks even at 2 streams and loses at 4 (n-gram: 1.46x at 2, 1.02x at 4). A limit measured while
     # serving, per number of decoding sequences, lost to this one on the H200 (benchmarks/RESULTS.md, 2026-11-27)
-    speculative_max_concurrency: int | None = 2
+    speculative_max_concurrency: int | None = 2  # no speculation in steps where more sequences decode (none: always)
     # under that limit, stop speculating at a number of decoding sequences while measured steps show it slower than
     # plain ones, and try it again now and then (runtime/speculative/guard.py; a compute-bound CPU lost 0.49-0.82x
     # at one stream without it). The native engine's; TensorRT-LLM gets the limit alone
-    speculative_guard: bool = True
+    speculative_guard: bool = True  # plain steps where measured ones beat speculation (within the concurrency limit)
     # CPU execution
     cpu_threads: int | None = None  # torch threads of the native runtime on CPU; default $OMP_NUM_THREADS, else all cores but one
     cpu_quantization: Literal["none", "int8", "int4"] = "none"  # weight-only int8/int4 copies of the projections for decode steps of few rows (runtime/models/cpu_weights.py); prepacked bf16 serves bigger batches
