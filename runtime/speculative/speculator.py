@@ -32,8 +32,8 @@ from runtime.sampler import compute_logprobs, processed_logits, processed_probs
 from runtime.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
 from runtime.sequence import Sequence
 from runtime.speculative.draft import DraftJob, DraftProposer
-from runtime.speculative.ngram import NgramProposer
 from runtime.speculative.guard import SpeculationGuard
+from runtime.speculative.ngram import NgramProposer
 from runtime.speculative.rows import TargetRows
 from runtime.speculative.verifier import Verdict, verify_greedy, verify_sampled
 
