@@ -39,6 +39,7 @@ from pathlib import Path
 from runtime.config import EngineConfig
 from runtime.llm_engine import NativeEngine
 from runtime.request import GenerationRequest, SamplingOptions
+from runtime.speculative.draft import DraftProposer
 
 # Code prompts: the demo model was trained on Python's standard library.
 PROMPTS = [
@@ -93,6 +94,13 @@ class Row:
     acceptance_rate: float | None
     mean_accepted_per_step: float | None
     outputs_equal_baseline: bool | None
+    # diagnostics, summed over the rounds: engine steps, of them op by op (target), the draft model's op-by-op
+    # steps (a catch-up longer than a graph takes), and the guard's last (plain, speculating) tokens/s per number
+    # of decoding sequences in the last round
+    steps: int = 0
+    eager_steps: int = 0
+    draft_eager_steps: int = 0
+    guard_tokens_per_s: dict[int, tuple[float, float]] | None = None
 
 
 @dataclass
@@ -104,6 +112,8 @@ class Run:
     tokens: int
     outputs: list[list[int]]
     spec: tuple[int, int, int]  # drafts proposed, accepted, sequence-steps
+    steps: tuple[int, int, int]  # engine steps, of them op by op, the draft model's op-by-op steps
+    guard: dict[int, tuple[float, float]] | None  # SpeculationGuard.tokens_per_s by decoding sequences
 
 
 def chat_prompts(model_dir: str, count: int = 16) -> list[str]:
@@ -133,7 +143,7 @@ async def run_mode(config: EngineConfig, concurrency: int, num_requests: int, ma
         # warm-up at the timed concurrency, not timed: first-use kernel compilation for the batched shapes
         # (seen on the H100, 2026-11-23 15:32) otherwise lands in whichever mode runs first
         await asyncio.gather(*(one(i) for i in range(concurrency)))
-        before = engine.stats()
+        before, draft_before = engine.stats(), _draft_eager_steps(engine)
         sem = asyncio.Semaphore(concurrency)
 
         async def gated(i: int) -> list[int]:
@@ -143,12 +153,21 @@ async def run_mode(config: EngineConfig, concurrency: int, num_requests: int, ma
         start, cpu_start = time.perf_counter(), time.process_time()
         outs = await asyncio.gather(*(gated(i) for i in range(num_requests)))
         seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
-        after = engine.stats()
+        after, draft_after = engine.stats(), _draft_eager_steps(engine)
+        guard = engine.speculator.guard if engine.speculator is not None else None
+        rates = {d: r for d in range(1, concurrency + 1) if guard and (r := guard.tokens_per_s(d))} or None
     finally:
         await engine.shutdown()
     spec = (after.spec_draft_tokens - before.spec_draft_tokens, after.spec_accepted_tokens - before.spec_accepted_tokens,
             after.spec_steps - before.spec_steps)
-    return Run(seconds, cpu_seconds, sum(map(len, outs)), outs, spec)
+    steps = (after.iterations - before.iterations, after.eager_iterations - before.eager_iterations,
+             draft_after - draft_before)
+    return Run(seconds, cpu_seconds, sum(map(len, outs)), outs, spec, steps, rates)
+
+
+def _draft_eager_steps(engine: NativeEngine) -> int:
+    spec = engine.speculator
+    return spec.proposer.runner.eager_steps if spec is not None and isinstance(spec.proposer, DraftProposer) else 0
 
 
 async def bench(args: argparse.Namespace) -> list[Row]:
@@ -183,6 +202,8 @@ async def bench(args: argparse.Namespace) -> list[Row]:
                 acceptance_rate=round(accepted / proposed, 3) if proposed else None,
                 mean_accepted_per_step=round(accepted / steps, 2) if steps else None,
                 outputs_equal_baseline=None if mode == "none" else all(r.outputs == base[0].outputs for r in mode_runs),
+                steps=sum(r.steps[0] for r in mode_runs), eager_steps=sum(r.steps[1] for r in mode_runs),
+                draft_eager_steps=sum(r.steps[2] for r in mode_runs), guard_tokens_per_s=mode_runs[-1].guard,
             ))
             print(json.dumps(asdict(rows[-1])), flush=True)
     return rows

@@ -53,6 +53,9 @@ class StepInput:
     logits_on_device: bool = False
     # >= 0: token_ids is [PENDING_TOKEN]; the token is row `prev_sample` of the previous launch's sampled ids
     prev_sample: int = -1
+    # the raw argmax of every new token's logits comes back in StepResult.row_argmax (with return_all_logits):
+    # what a greedy target's speculative verification compares, taken for the whole step at once
+    return_row_argmax: bool = False
 
 
 @dataclass
@@ -65,18 +68,32 @@ class StepResult:
     all_logits: torch.Tensor | None = None  # [len(token_ids of the input), vocab]
     sample_logits: torch.Tensor | None = None  # [1, vocab]: the row every sample was drawn from
     # (on the runner's device instead when the input asked for logits_on_device)
+    row_argmax: list[int] | None = None  # return_row_argmax: each new token's greedy id
+
+
+class RowArgmax(NamedTuple):
+    """Greedy ids of a step's rows on their way to the host, and (input, first id, count) of each input asking."""
+
+    ids: torch.Tensor
+    spans: list[tuple[int, int, int]]
 
 
 class PendingStep:
     """A launched step: its sampled ids are being copied to the host; `collect` waits for them."""
 
     def __init__(self, inputs: Sequence[StepInput], results: list[StepResult],
-                 fetched: list[torch.Tensor | None], done: torch.cuda.Event | None) -> None:
+                 fetched: list[torch.Tensor | None], done: torch.cuda.Event | None,
+                 row_argmax: RowArgmax | None = None) -> None:
         self._inputs, self._results, self._fetched, self._done = inputs, results, fetched, done
+        self._row_argmax = row_argmax
 
     def collect(self) -> list[StepResult]:
         if self._done is not None:
             self._done.synchronize()
+        if self._row_argmax is not None:
+            ids = self._row_argmax.ids.tolist()
+            for b, first, n in self._row_argmax.spans:
+                self._results[b].row_argmax = ids[first : first + n]
         if self._fetched[0] is None:  # nothing was sampled
             return self._results
         token_ids, logprobs, top_ids, top_lps = (t.tolist() if t is not None else None for t in self._fetched)
@@ -125,6 +142,15 @@ def _split_rows(inputs: Sequence[StepInput], most: int, prompt_row: int) -> list
             rows.append(prompt - (n - 1))
             prompt += 1
     return rows
+
+
+def _step_done(logits: torch.Tensor) -> torch.cuda.Event | None:
+    """An event recorded after the step's work on a CUDA device (None elsewhere: the step has run already)."""
+    if not logits.is_cuda:
+        return None
+    done = torch.cuda.Event()
+    done.record()
+    return done
 
 
 def _deliver(logits: torch.Tensor, inp: StepInput) -> torch.Tensor:
@@ -224,6 +250,7 @@ class ModelRunner:
             logits = values.clone() if any(inp.logits_on_device for inp in inputs) else values
         else:  # a gather is a copy: a graph's output buffer is overwritten by the next replay
             logits = values[host_tensor(rows, torch.long, self.device)]
+        row_argmax = self._row_argmax(inputs, forward, spans, logits)
 
         sample_idx: list[int] = []
         sample_rows: list[SamplingRow] = []
@@ -237,7 +264,7 @@ class ModelRunner:
                 if inp.return_sample_logits:
                     results[b].sample_logits = _deliver(logits[last - 1 : last], inp)
         if not sample_rows:
-            return PendingStep(inputs, results, [None], None)
+            return PendingStep(inputs, results, [None], _step_done(logits) if row_argmax else None, row_argmax)
         # usually one sampled row per input, in order: then skip the gather (a copy of [rows, vocab] floats)
         identity = sample_idx == list(range(logits.shape[0]))
         decode = forward.decode
@@ -253,11 +280,21 @@ class ModelRunner:
             # one wait, in collect(), for all device-to-host copies instead of one synchronising .tolist() each
             fetched = [t.to("cpu", non_blocking=True) if t is not None else None
                        for t in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs)]
-        done = None
-        if logits.is_cuda:
-            done = torch.cuda.Event()
-            done.record()
-        return PendingStep(inputs, results, fetched, done)
+        return PendingStep(inputs, results, fetched, _step_done(logits), row_argmax)
+
+    @staticmethod
+    def _row_argmax(inputs: Sequence[StepInput], forward: Forward, spans: list[tuple[int, int]],
+                    logits: torch.Tensor) -> RowArgmax | None:
+        """The greedy ids of the inputs that ask for them (return_row_argmax), on their way to the host: a decode
+        graph took every row's already (in pinned memory), else one argmax over the step's logits rows."""
+        asking = [b for b, inp in enumerate(inputs) if inp.return_row_argmax]
+        if not asking:
+            return None
+        decode = forward.decode
+        if decode is not None and decode.greedy_host is not None:
+            return RowArgmax(decode.greedy_host, [(b, forward.first_rows[b], len(inputs[b].token_ids)) for b in asking])
+        ids = logits.argmax(dim=-1).to("cpu", non_blocking=True)
+        return RowArgmax(ids, [(b, spans[b][0], spans[b][1] - spans[b][0]) for b in asking])
 
     def _forward(self, inputs: Sequence[StepInput], last_sampled: torch.Tensor | None) -> Forward:
         """Run the step's forward pass: replayed from graphs where they cover it, else op by op.

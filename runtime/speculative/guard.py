@@ -4,17 +4,24 @@ Speculation pays when the drafts it gets accepted outweigh what it adds to a ste
 verification's wider rows, and the wait for the tokens on the host (a step that may speculate cannot run one ahead).
 That balance depends on the hardware as much as on the proposer: on a compute-bound CPU a verification costs nearly
 K+1 plain steps and speculation lost at one stream (0.49-0.82x), where a memory-bound GPU gained (benchmarks/RESULTS.md).
-So under the configured limit the guard measures, for each number of decoding sequences d, an exponential average of
-the tokens per second of steps that may speculate and of plain steps, and keeps the faster kind:
+So under the configured limit the guard measures, for each number of decoding sequences d, the tokens per second of
+steps that may speculate and of plain steps, and keeps the faster kind:
 - speculation first (the configured behaviour), then a few plain steps to compare;
+- speculation is kept only while it beats plain steps by MARGIN: where the two are even, switching back and forth
+  costs more than either (a switch drains the one-ahead pipeline, and a draft model catches up on the tokens of the
+  plain steps: H200, 2026-11-27, draft at c=2 measured 0.98x always speculating, 0.94x switching on 2% differences);
 - while speculating wins, a few plain steps every RECHECK_STEPS to see whether that still holds;
-- while plain steps win, a few speculating steps after RETRY_STEPS, a wait that doubles each time speculation loses
-  again (up to RETRY_MAX_STEPS) and starts over once it wins: acceptance drifts with the traffic, and a request's
-  first tokens often accept fewer drafts than its later ones.
+- while plain steps win, a burst of speculating steps after RETRY_STEPS, a wait that doubles each time speculation
+  loses again (up to RETRY_MAX_STEPS) and starts over once it wins: acceptance drifts with the traffic, and a
+  request's first tokens often accept fewer drafts than its later ones.
 
-A step's time is the interval from its start to the next step's start. It is recorded only when both steps decode
-the same number of sequences and nothing else (no prompt, no idle wait between them), and the step before it was of
-the same kind: a switch drains or fills the one-ahead pipeline, which would charge one kind with the other's time.
+Rates are ratios of decayed sums (tokens over seconds, each sample weighing 1/WINDOW less per later sample of its
+kind), not averages of per-step rates: a speculating step emits 1 to k+1 tokens per sequence, and an average of those
+steps' rates swung with a burst's few accepted drafts (at the end of an n-gram run at one stream it read 0.96x of
+plain, where the whole run was 1.36x faster). A step's time is the interval from its start to the next step's start. It is recorded only when both
+steps decode the same number of sequences and nothing else (no prompt, no idle wait between them). The first plain
+step after speculation is not recorded (it launches ahead of a drained pipeline, so it looks faster than it is); the
+first speculating step after plain ones is, so speculation is charged with what a switch to it costs.
 """
 
 from __future__ import annotations
@@ -23,39 +30,46 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-MIN_SAMPLES = 3  # recorded steps of a kind before its average is trusted
-BURST_STEPS = 4  # steps of a re-measurement (its first step, after a switch, is not recorded)
+MIN_SAMPLES = (8, 16)  # recorded (plain, speculating) steps before a kind's rate is trusted
+BURST_STEPS = (8, 16)  # steps of a re-measurement of (plain, speculating) steps
+MARGIN = 0.03  # speculation must beat plain steps by this share
 RECHECK_STEPS = 256  # steps of speculation between looks at plain steps
 RETRY_STEPS = 64  # steps of plain decoding before speculation is tried again; doubled after each loss
 RETRY_MAX_STEPS = 2048
-SMOOTHING = 0.3  # weight of a new sample in the averages
+WINDOW = 32  # samples of a kind in its decayed sums (the weight of a sample falls by 1/WINDOW per later one)
 
 
 @dataclass
 class _Rates:
     """Measurements at one number of decoding sequences; index 0: plain steps, 1: steps that may speculate."""
 
-    tokens_per_s: list[float] = field(default_factory=lambda: [0.0, 0.0])
+    tokens: list[float] = field(default_factory=lambda: [0.0, 0.0])  # decayed sums
+    seconds: list[float] = field(default_factory=lambda: [0.0, 0.0])
     samples: list[int] = field(default_factory=lambda: [0, 0])
     burst: int = 0  # steps left of a re-measurement
     burst_kind: bool = False
     since: int = 0  # steps of the chosen kind since the last re-measurement
     retry: int = RETRY_STEPS
 
-    def record(self, kind: bool, rate: float) -> None:
+    def record(self, kind: bool, tokens: int, seconds: float) -> None:
         i = int(kind)
-        self.tokens_per_s[i] = rate if self.samples[i] == 0 else (1 - SMOOTHING) * self.tokens_per_s[i] + SMOOTHING * rate
+        keep = 1 - 1 / WINDOW
+        self.tokens[i] = keep * self.tokens[i] + tokens
+        self.seconds[i] = keep * self.seconds[i] + seconds
         self.samples[i] += 1
+
+    def rate(self, kind: bool) -> float:
+        return self.tokens[kind] / self.seconds[kind] if self.seconds[kind] > 0 else 0.0
 
     def choose(self) -> bool:
         if self.burst > 0:
             self.burst -= 1
             return self.burst_kind
-        if self.samples[1] < MIN_SAMPLES:
+        if self.samples[1] < MIN_SAMPLES[1]:
             return True
-        if self.samples[0] < MIN_SAMPLES:
+        if self.samples[0] < MIN_SAMPLES[0]:
             return False
-        speculate = self.tokens_per_s[1] > self.tokens_per_s[0]
+        speculate = self.rate(True) > (1 + MARGIN) * self.rate(False)
         if speculate:
             self.retry = RETRY_STEPS
         self.since += 1
@@ -63,7 +77,7 @@ class _Rates:
             return speculate
         if not speculate:
             self.retry = min(2 * self.retry, RETRY_MAX_STEPS)
-        self.since, self.burst, self.burst_kind = 0, BURST_STEPS - 1, not speculate
+        self.since, self.burst, self.burst_kind = 0, BURST_STEPS[not speculate] - 1, not speculate
         return not speculate
 
 
@@ -72,7 +86,7 @@ class _Step:
     decoding: int
     steady: bool  # every entry decodes, and one of them may draft
     speculates: bool
-    after_same_kind: bool
+    recorded: bool  # its time counts (not the first plain step after speculation)
     started: float
     accepted: int = 0
 
@@ -91,11 +105,11 @@ class SpeculationGuard:
         may speculate."""
         now = self.clock()
         last, steady = self._step, steady and eligible
-        if (last is not None and last.steady and steady and last.decoding == decoding and last.after_same_kind
+        if (last is not None and last.steady and steady and last.decoding == decoding and last.recorded
                 and now > last.started):
-            self._rates[decoding].record(last.speculates, (decoding + last.accepted) / (now - last.started))
+            self._rates[decoding].record(last.speculates, decoding + last.accepted, now - last.started)
         kind = self._rates.setdefault(decoding, _Rates()).choose() if eligible else False
-        self._step = _Step(decoding, steady, kind, last is not None and last.speculates == kind, now)
+        self._step = _Step(decoding, steady, kind, kind or (last is not None and not last.speculates), now)
         return kind
 
     def accepted(self, count: int) -> None:
@@ -106,6 +120,6 @@ class SpeculationGuard:
     def tokens_per_s(self, decoding: int) -> tuple[float, float] | None:
         """(plain, speculating) averages at `decoding` sequences, once both are measured."""
         rates = self._rates.get(decoding)
-        if rates is None or min(rates.samples) < MIN_SAMPLES:
+        if rates is None or rates.samples[0] < MIN_SAMPLES[0] or rates.samples[1] < MIN_SAMPLES[1]:
             return None
-        return rates.tokens_per_s[0], rates.tokens_per_s[1]
+        return rates.rate(False), rates.rate(True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from runtime.sampler import SamplingRow, edits_logits
+from runtime.sampler import SamplingRow, edits_logits, plain_greedy
 
 
 @dataclass
@@ -22,6 +22,11 @@ class TargetRows:
     @classmethod
     def of(cls, base: SamplingRow) -> "TargetRows":
         return cls(base, base.options.greedy, edits_logits(base))
+
+    @property
+    def plain_greedy(self) -> bool:
+        """Greedy over the raw logits, no logprobs asked: verification needs only each row's argmax."""
+        return plain_greedy([self.base])
 
     def after(self, drafts: list[int]) -> SamplingRow:
         """The row that samples the token following `drafts`."""

@@ -99,6 +99,19 @@ def test_several_sample_rows_share_one_logits_row(runner: ModelRunner) -> None:
     assert len(res[0].token_ids) == 3 and len(set(res[0].token_ids)) == 1
 
 
+def test_row_argmax_is_the_argmax_of_every_asking_inputs_rows(runner: ModelRunner) -> None:
+    """What speculative verification of a greedy target reads instead of its own argmax over the logits."""
+    verify = StepInput([1, 2, 3, 4], 0, [0], return_all_logits=True, logits_on_device=True, return_row_argmax=True)
+    plain = StepInput([5, 6, 7], 0, [1], [greedy_row([5, 6, 7])])
+    other = StepInput([8, 9], 0, [2], return_all_logits=True)  # logits only: no ids
+    res = runner.execute([plain, verify, other])
+    assert res[1].row_argmax == res[1].all_logits.argmax(dim=-1).tolist()  # type: ignore[union-attr]
+    assert len(res[1].row_argmax) == 4
+    assert res[0].row_argmax is None and res[2].row_argmax is None and len(res[0].token_ids) == 1
+    alone = runner.execute([StepInput([1, 2, 3, 4], 0, [3], return_all_logits=True, return_row_argmax=True)])
+    assert alone[0].row_argmax == res[1].row_argmax  # a step that samples nothing brings them back too
+
+
 def test_copy_blocks_copies_every_layer(runner: ModelRunner) -> None:
     for cache in runner.kv_caches:
         cache[:, 4].normal_()
