@@ -6,7 +6,11 @@ That balance depends on the hardware as much as on the proposer: on a compute-bo
 K+1 plain steps and speculation lost at one stream (0.49-0.82x), where a memory-bound GPU gained (benchmarks/RESULTS.md).
 So under the configured limit the guard measures, for each number of decoding sequences d, the tokens per second of
 steps that may speculate and of plain steps, and keeps the faster kind:
-- speculation first (the configured behaviour), then a few plain steps to compare;
+- speculation first (the configured behaviour), then a few plain steps to compare; at a number of sequences not
+  measured yet, once another is, what the nearest measured one chose, with the other kind measured in the bursts
+  below: counts that come up rarely (one sequence between a request's end and the next one's prompt) otherwise
+  speculated for every one of their steps until enough were recorded, and a draft that lost 2.4x there cost 5% of
+  a whole run at two streams (H200, 2026-11-27);
 - speculation is kept only while it beats plain steps by MARGIN: where the two are even, switching back and forth
   costs more than either (a switch drains the one-ahead pipeline, and a draft model catches up on the tokens of the
   plain steps: H200, 2026-11-27, draft at c=2 measured 0.98x always speculating, 0.94x switching on 2% differences);
@@ -31,7 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 MIN_SAMPLES = (8, 16)  # recorded (plain, speculating) steps before a kind's rate is trusted
-BURST_STEPS = (8, 16)  # steps of a re-measurement of (plain, speculating) steps
+BURST_STEPS = (9, 16)  # steps of a re-measurement of (plain, speculating) steps: enough to measure the kind
+# unaided (the first plain step after speculation is not recorded)
 MARGIN = 0.03  # speculation must beat plain steps by this share
 RECHECK_STEPS = 256  # steps of speculation between looks at plain steps
 RETRY_STEPS = 64  # steps of plain decoding before speculation is tried again; doubled after each loss
@@ -50,6 +55,7 @@ class _Rates:
     burst_kind: bool = False
     since: int = 0  # steps of the chosen kind since the last re-measurement
     retry: int = RETRY_STEPS
+    prior: bool | None = None  # the kind to run until both are measured (None: speculation, then plain steps)
 
     def record(self, kind: bool, tokens: int, seconds: float) -> None:
         i = int(kind)
@@ -58,6 +64,10 @@ class _Rates:
         self.seconds[i] = keep * self.seconds[i] + seconds
         self.samples[i] += 1
 
+    @property
+    def measured(self) -> bool:
+        return self.samples[0] >= MIN_SAMPLES[0] and self.samples[1] >= MIN_SAMPLES[1]
+
     def rate(self, kind: bool) -> float:
         return self.tokens[kind] / self.seconds[kind] if self.seconds[kind] > 0 else 0.0
 
@@ -65,11 +75,12 @@ class _Rates:
         if self.burst > 0:
             self.burst -= 1
             return self.burst_kind
-        if self.samples[1] < MIN_SAMPLES[1]:
-            return True
-        if self.samples[0] < MIN_SAMPLES[0]:
-            return False
-        speculate = self.rate(True) > (1 + MARGIN) * self.rate(False)
+        if self.measured:
+            speculate = self.rate(True) > (1 + MARGIN) * self.rate(False)
+        elif self.prior is None:
+            return self.samples[1] < MIN_SAMPLES[1]
+        else:
+            speculate = self.prior
         if speculate:
             self.retry = RETRY_STEPS
         self.since += 1
@@ -108,9 +119,20 @@ class SpeculationGuard:
         if (last is not None and last.steady and steady and last.decoding == decoding and last.recorded
                 and now > last.started):
             self._rates[decoding].record(last.speculates, decoding + last.accepted, now - last.started)
-        kind = self._rates.setdefault(decoding, _Rates()).choose() if eligible else False
+        rates = self._rates.get(decoding)
+        if rates is None:
+            rates = self._rates[decoding] = _Rates(prior=self._nearest_choice(decoding))
+        kind = rates.choose() if eligible else False
         self._step = _Step(decoding, steady, kind, kind or (last is not None and not last.speculates), now)
         return kind
+
+    def _nearest_choice(self, decoding: int) -> bool | None:
+        """What measurements at the nearest number of decoding sequences chose (None: none measured yet)."""
+        measured = [(abs(d - decoding), d) for d, r in self._rates.items() if r.measured]
+        if not measured:
+            return None
+        r = self._rates[min(measured)[1]]
+        return r.rate(True) > (1 + MARGIN) * r.rate(False)
 
     def accepted(self, count: int) -> None:
         """Drafts accepted in the step under way (tokens it emits beyond one per decoding sequence)."""
@@ -120,6 +142,6 @@ class SpeculationGuard:
     def tokens_per_s(self, decoding: int) -> tuple[float, float] | None:
         """(plain, speculating) averages at `decoding` sequences, once both are measured."""
         rates = self._rates.get(decoding)
-        if rates is None or rates.samples[0] < MIN_SAMPLES[0] or rates.samples[1] < MIN_SAMPLES[1]:
+        if rates is None or not rates.measured:
             return None
         return rates.rate(False), rates.rate(True)

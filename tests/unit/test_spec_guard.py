@@ -66,9 +66,23 @@ def test_each_number_of_decoding_sequences_is_measured_on_its_own() -> None:
     clock = Clock()
     guard = SpeculationGuard(clock)
     run(guard, clock, 60, 2, spec_cost=1.5, spec_accepted=3)  # at 2 sequences: 5 tokens in 1.5 s vs 2 in 1 s
-    assert run(guard, clock, 60, 8, spec_cost=3.0, spec_accepted=3)[-1] is False  # at 8: 11 in 3 s vs 8 in 1 s
+    # at 8 it speculates first, as at 2, then plain steps measured at the recheck win: 11 in 3 s vs 8 in 1 s
+    kinds = run(guard, clock, RECHECK_STEPS + 2 * BURST_STEPS[PLAIN], 8, spec_cost=3.0, spec_accepted=3)
+    assert kinds[:RECHECK_STEPS - 1] == [True] * (RECHECK_STEPS - 1) and kinds[-1] is False
     assert run(guard, clock, 3, 2, spec_cost=1.5, spec_accepted=3) == [True] * 3
     assert guard.tokens_per_s(5) is None
+
+
+def test_a_new_number_of_sequences_starts_as_the_nearest_measured_one_chose() -> None:
+    clock = Clock()
+    guard = SpeculationGuard(clock)
+    run(guard, clock, 60, 4, spec_cost=3.0, spec_accepted=4)  # at 4: plain steps win (8 tokens in 3 s vs 4 in 1 s)
+    run(guard, clock, 60, 1, spec_cost=3.0, spec_accepted=1)  # at 1 as well
+    # at 3 (nearest: 4): plain steps from the start, speculation measured in a burst after RETRY_STEPS
+    kinds = run(guard, clock, RETRY_STEPS + BURST_STEPS[SPEC], 3, spec_cost=1.0, spec_accepted=3)
+    assert kinds[: RETRY_STEPS - 1] == [False] * (RETRY_STEPS - 1)
+    assert kinds[RETRY_STEPS - 1 :] == [True] * (BURST_STEPS[SPEC] + 1)
+    assert run(guard, clock, 10, 3, spec_cost=1.0, spec_accepted=3) == [True] * 10  # where it wins, it stays
 
 
 def test_while_plain_steps_win_speculation_is_retried_after_a_doubling_wait() -> None:
