@@ -155,7 +155,8 @@ async def run_mode(config: EngineConfig, concurrency: int, num_requests: int, ma
         seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         after, draft_after = engine.stats(), _draft_eager_steps(engine)
         guard = engine.speculator.guard if engine.speculator is not None else None
-        rates = {d: r for d in range(1, concurrency + 1) if guard and (r := guard.tokens_per_s(d))} or None
+        rates = {d: r for d in range(1, concurrency + 1)
+                 if guard is not None and (r := guard.tokens_per_s(d)) is not None} or None
     finally:
         await engine.shutdown()
     spec = (after.spec_draft_tokens - before.spec_draft_tokens, after.spec_accepted_tokens - before.spec_accepted_tokens,

@@ -22,10 +22,11 @@ steps that may speculate and of plain steps, and keeps the faster kind:
 Rates are ratios of decayed sums (tokens over seconds, each sample weighing 1/WINDOW less per later sample of its
 kind), not averages of per-step rates: a speculating step emits 1 to k+1 tokens per sequence, and an average of those
 steps' rates swung with a burst's few accepted drafts (at the end of an n-gram run at one stream it read 0.96x of
-plain, where the whole run was 1.36x faster). A step's time is the interval from its start to the next step's start. It is recorded only when both
-steps decode the same number of sequences and nothing else (no prompt, no idle wait between them). The first plain
-step after speculation is not recorded (it launches ahead of a drained pipeline, so it looks faster than it is); the
-first speculating step after plain ones is, so speculation is charged with what a switch to it costs.
+plain, where the whole run was 1.36x faster). A step's time is the interval from its start to the next step's
+start. It is recorded only when both steps decode the same number of sequences and nothing else (no prompt, no idle
+wait between them). The first plain step after speculation is not recorded (it launches ahead of a drained pipeline,
+so it looks faster than it is); the first speculating step after plain ones is, so speculation is charged with what
+a switch to it costs.
 """
 
 from __future__ import annotations
@@ -71,12 +72,15 @@ class _Rates:
     def rate(self, kind: bool) -> float:
         return self.tokens[kind] / self.seconds[kind] if self.seconds[kind] > 0 else 0.0
 
+    def speculation_wins(self) -> bool:
+        return self.rate(True) > (1 + MARGIN) * self.rate(False)
+
     def choose(self) -> bool:
         if self.burst > 0:
             self.burst -= 1
             return self.burst_kind
         if self.measured:
-            speculate = self.rate(True) > (1 + MARGIN) * self.rate(False)
+            speculate = self.speculation_wins()
         elif self.prior is None:
             return self.samples[1] < MIN_SAMPLES[1]
         else:
@@ -131,8 +135,7 @@ class SpeculationGuard:
         measured = [(abs(d - decoding), d) for d, r in self._rates.items() if r.measured]
         if not measured:
             return None
-        r = self._rates[min(measured)[1]]
-        return r.rate(True) > (1 + MARGIN) * r.rate(False)
+        return self._rates[min(measured)[1]].speculation_wins()
 
     def accepted(self, count: int) -> None:
         """Drafts accepted in the step under way (tokens it emits beyond one per decoding sequence)."""
