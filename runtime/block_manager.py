@@ -13,6 +13,9 @@ block is registered only after its K/V have been computed, so a hit is always sa
 Sharing: `fork` makes a child reference the parent's blocks; the first write into a shared, partly
 filled block copies it (copy-on-write): `append_slots` returns (src, dst) pairs the model runner
 copies before the step's forward pass.
+
+Every change to a sequence's block table is also written, as a diff, into `tables` (runtime/block_tables.py), from
+which the model runner gathers a step's tables without converting the Python lists again.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence as Seq
 
+from runtime.block_tables import BlockTables
 from runtime.sequence import Sequence
 
 
@@ -42,6 +46,7 @@ class BlockManager:
         self._cached: dict[int, int] = {}  # block hash -> block id
         self._free: deque[int] = deque(range(num_blocks))
         self._evictable: OrderedDict[int, None] = OrderedDict()  # oldest first
+        self.tables = BlockTables()  # the live sequences' block tables, for the model runner
 
     # ---- counts -------------------------------------------------------------------------------
     @property
@@ -124,11 +129,13 @@ class BlockManager:
         seq.block_table = list(cached)
         seq.num_computed_tokens = len(cached) * self.block_size
         seq.num_committed_blocks = len(cached)
+        self.tables.write(seq)
 
     def append_slots(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]]:
         """Make room for the next `num_new_tokens` tokens; returns (src, dst) block copies to run first."""
         start = seq.num_computed_tokens
         copies: list[tuple[int, int]] = []
+        changed = len(seq.block_table)  # the first entry of the table this call changes
         if self._needs_copy(seq, start):
             i = start // self.block_size
             shared = seq.block_table[i]
@@ -136,8 +143,11 @@ class BlockManager:
             copies.append((shared, fresh))
             self._release(shared)
             seq.block_table[i] = fresh
+            changed = i
         while len(seq.block_table) * self.block_size < start + num_new_tokens:
             seq.block_table.append(self._take())
+        if changed < len(seq.block_table) or seq.table_row < 0:
+            self.tables.write(seq, changed)
         return copies
 
     def trim(self, seq: Sequence, num_tokens: int) -> None:
@@ -151,6 +161,7 @@ class BlockManager:
         """`child` (from Sequence.fork) now references its parent's blocks too."""
         for block in child.block_table:
             self._acquire(block)
+        self.tables.write(child)
 
     def free(self, seq: Sequence) -> None:
         """Drop `seq`'s references; its cache content is forgotten (recomputed if it runs again)."""
@@ -160,6 +171,7 @@ class BlockManager:
         seq.block_table = []
         seq.num_computed_tokens = 0
         seq.num_committed_blocks = 0
+        self.tables.release(seq)
 
     def _needs_copy(self, seq: Sequence, start: int) -> bool:
         """Writing at `start` would land in a partly filled block another sequence also references."""
@@ -200,6 +212,8 @@ class BlockManager:
         for seq in live:
             for block in seq.block_table:
                 refs[block] += 1
+            assert self.tables.row(seq) == seq.block_table, f"{seq}'s resident block table is stale"
+        assert self.tables.rows_in_use == sum(seq.table_row >= 0 for seq in live), "a resident table row leaked"
         assert refs == self.ref_counts, "reference counts differ from the live block tables"
         free, evictable = set(self._free), set(self._evictable)
         assert len(free) == len(self._free) and not free & evictable, "a block is listed twice"

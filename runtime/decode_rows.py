@@ -9,14 +9,17 @@ engine's async scheduling), that token's row in the previous step's samples.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from typing import TYPE_CHECKING, NamedTuple
 
+import numpy as np
 import torch
 
 from runtime.attention_metadata import pad_block_tables
 from runtime.device import host_tensor
 
 if TYPE_CHECKING:
+    from runtime.block_tables import BlockTables
     from runtime.model_runner import StepInput
 
 MAX_ROWS_PER_SEQ = 17  # new tokens a sequence may bring to a graphed step (1 + the most draft tokens)
@@ -35,24 +38,40 @@ class DecodeOutput(NamedTuple):
     greedy_host: torch.Tensor | None = None
 
 
-def pack_rows(inputs: Sequence[StepInput], block_size: int) -> tuple[list[list[int]], torch.Tensor]:
-    """One graph row per new token: the packed buffer's columns as lists (PACKED_ROWS of them) and the rows'
-    block tables, int32 padded to the step's widest."""
-    columns: list[list[int]] = [[] for _ in range(PACKED_ROWS)]
-    ids, positions, slots, lengths, adapters, prev = columns
-    tables: list[list[int]] = []
-    for inp in inputs:
-        table = inp.block_table
-        for j, token in enumerate(inp.token_ids):
-            p = inp.start_pos + j
-            ids.append(token)
-            positions.append(p)
-            slots.append(table[p // block_size] * block_size + p % block_size)
-            lengths.append(p + 1)  # the row attends over its sequence up to and including itself
-            adapters.append(inp.adapter_slot)
-            prev.append(inp.prev_sample if j == 0 else -1)  # only an input's first token can be pending
-            tables.append(table)
-    return columns, pad_block_tables(tables)
+def pack_rows(inputs: Sequence[StepInput], block_size: int,
+              resident: BlockTables | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """One graph row per new token: the packed buffer's columns, int64 [PACKED_ROWS, rows], and the rows' block tables,
+    int32 [rows, the step's widest table]. Tables come from `resident` (the BlockManager's, runtime/block_tables.py)
+    where every input names its row there, else from the inputs' lists."""
+    counts = [len(inp.token_ids) for inp in inputs]
+    n = sum(counts)
+    columns = np.empty((PACKED_ROWS, n), dtype=np.int64)
+    starts = np.fromiter((inp.start_pos for inp in inputs), np.int64, len(inputs))
+    if n == len(inputs):  # a decode step: one token per input
+        owner = None
+        columns[IDS] = [inp.token_ids[0] for inp in inputs]
+        positions = starts
+        columns[ADAPTERS] = [inp.adapter_slot for inp in inputs]
+        columns[PREV] = [inp.prev_sample for inp in inputs]
+    else:
+        owner = np.repeat(np.arange(len(inputs)), counts)  # the input of each row
+        first = np.cumsum(counts) - counts
+        columns[IDS] = list(chain.from_iterable(inp.token_ids for inp in inputs))
+        positions = starts[owner] + np.arange(n) - first[owner]
+        columns[ADAPTERS] = np.array([inp.adapter_slot for inp in inputs])[owner]
+        columns[PREV] = -1
+        columns[PREV, first] = [inp.prev_sample for inp in inputs]  # only an input's first token can be pending
+    columns[POSITIONS] = positions
+    columns[LENGTHS] = positions + 1  # the row attends over its sequence up to and including itself
+    rows = [inp.table_row for inp in inputs]
+    if resident is not None and min(rows) >= 0:
+        tables = resident.matrix[rows, : max(len(inp.block_table) for inp in inputs)]
+    else:
+        tables = pad_block_tables([inp.block_table for inp in inputs]).numpy()
+    if owner is not None:
+        tables = tables[owner]
+    columns[SLOTS] = tables[np.arange(n), positions // block_size] * block_size + positions % block_size
+    return columns, tables
 
 
 def fill_pending(inputs: Sequence[StepInput], input_ids: torch.Tensor, last_sampled: torch.Tensor | None) -> None:

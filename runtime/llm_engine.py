@@ -148,6 +148,7 @@ class NativeEngine(Engine):
                                                               self.dtype != torch.bfloat16):
             self.runner.compile_decode(max_blocks)
         self.block_manager = BlockManager(blocks, cfg.kv_block_size, cfg.enable_prefix_caching)
+        self.runner.block_tables = self.block_manager.tables
         self.scheduler = Scheduler(
             self.block_manager,
             max_batch_size=cfg.max_batch_size,
@@ -485,6 +486,7 @@ class NativeEngine(Engine):
             # beam search ranks continuations by the raw next-token logits (runtime/beam_search.py)
             return_sample_logits=samples and (state.options.return_generation_logits or state.beam is not None),
             adapter_slot=self.lora.slot_of(seq.request_id),
+            table_row=seq.table_row,
         )
 
     def _postprocess(self, state: RequestState, entry: ScheduledSeq, result: StepResult) -> list[OutputDelta]:

@@ -30,6 +30,7 @@ from runtime.models import CausalLM, allocate_kv_cache
 from runtime.sampler import Sampler, SamplingRow, plain_greedy
 
 if TYPE_CHECKING:
+    from runtime.block_tables import BlockTables
     from runtime.cpu.compiled_decode import CompiledDecode
     from runtime.cuda.graphs import DecodeGraphs
     from runtime.cuda.mixed_graphs import MixedGraphs
@@ -48,6 +49,7 @@ class StepInput:
     return_all_logits: bool = False  # logits of every new token (prompt logprobs, context logits)
     return_sample_logits: bool = False  # the raw logits the sampled rows came from (generation logits)
     adapter_slot: int = -1  # LoRA device slot of the sequence's adapter; -1: the base model
+    table_row: int = -1  # block_table's row in the runner's resident block tables (runtime/block_tables.py); -1: none
     # keep all_logits / sample_logits on the device (speculative verification and drafting read them
     # there and copy back only the chosen ids)
     logits_on_device: bool = False
@@ -168,6 +170,8 @@ class ModelRunner:
         self.device, self.dtype = param.device, param.dtype
         self.kv_caches: list[torch.Tensor] = []
         self.lora: LoraBatch | None = None  # set by the engine when LoRA is available
+        # the BlockManager's resident block tables, which StepInput.table_row index (set by the engine)
+        self.block_tables: BlockTables | None = None
         # decode steps captured as CUDA graphs (capture_decode_graphs) or compiled on CPU (compile_decode)
         self.graphs: DecodeGraphs | CompiledDecode | None = None
         self.prefill_graphs: PrefillGraphs | None = None  # prefill steps (capture_prefill_graphs)
@@ -306,7 +310,7 @@ class ModelRunner:
         """
         graphs, prefill = self.graphs, self.prefill_graphs
         if graphs is not None and graphs.accepts(inputs):
-            out = graphs.run(inputs, last_sampled)  # one row per new token, in order
+            out = graphs.run(inputs, last_sampled, self.block_tables)  # one row per new token, in order
             return Forward(out.logits, _first_rows(inputs), True, out)
         if prefill is not None:
             # prompts are the inputs past a decode graph's tokens per sequence; failing that (the rows do not fit
@@ -315,10 +319,11 @@ class ModelRunner:
                 rest = [inp for inp in inputs if len(inp.token_ids) <= most]
                 prompts = [inp for inp in inputs if len(inp.token_ids) > most]
                 if self.mixed_graphs is not None and self.mixed_graphs.accepts(rest, prompts):
-                    logits, prompt_row = self.mixed_graphs.run(rest, prompts, last_sampled)
+                    logits, prompt_row = self.mixed_graphs.run(rest, prompts, last_sampled, self.block_tables)
                     return Forward(logits, _split_rows(inputs, most, prompt_row), True)
                 if prefill.accepts(prompts) and (not rest or (graphs is not None and graphs.accepts(rest))):
-                    parts = [graphs.run(rest, last_sampled).logits] if rest else []  # type: ignore[union-attr]
+                    parts = ([graphs.run(rest, last_sampled, self.block_tables).logits]  # type: ignore[union-attr]
+                             if rest else [])
                     parts.append(prefill.run(prompts))
                     first_rows = _split_rows(inputs, most, sum(len(inp.token_ids) for inp in rest))
                     return Forward(torch.cat(parts) if rest else parts[0], first_rows, True)
@@ -355,7 +360,7 @@ class ModelRunner:
             query_start_loc=tensor(query_start, torch.int32),
             context_lens=tensor(context_lens, torch.int32),
             seq_lens=tensor(seq_lens, torch.int32),
-            block_tables=to_device(pad_block_tables([inp.block_table for inp in inputs]), self.device),
+            block_tables=to_device(self._block_tables(inputs), self.device),
             slot_mapping=tensor(slots, torch.int64),
             block_size=bs,
             max_query_len=max(query_lens),
@@ -364,6 +369,14 @@ class ModelRunner:
             seq_lens_host=seq_lens,
         )
         return tensor(input_ids, torch.long), tensor(positions, torch.long), meta
+
+    def _block_tables(self, inputs: Sequence[StepInput]) -> torch.Tensor:
+        """The inputs' block tables, int32 [inputs, widest]: gathered from the resident tables where every input
+        names its row there, else built from the lists (entries past a table's length: stale ids, or 0)."""
+        rows = [inp.table_row for inp in inputs]
+        if self.block_tables is None or min(rows) < 0:
+            return pad_block_tables([inp.block_table for inp in inputs])
+        return torch.from_numpy(self.block_tables.matrix[rows, : max(len(inp.block_table) for inp in inputs)])
 
     @torch.inference_mode()
     def profile_activation_bytes(self, max_num_tokens: int, max_batch_size: int, context_window: int) -> int:

@@ -67,6 +67,7 @@ class Sequence:
         self.needs_prompt_logits = needs_prompt_logits
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
+        self.table_row = -1  # its row in the BlockManager's resident tables (runtime/block_tables.py); -1: none
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.num_cached_tokens = 0  # prefix-cache hits at the first admission (usage.cached_tokens)
         self.num_committed_blocks = 0  # leading full blocks already offered to the prefix cache
@@ -132,6 +133,7 @@ class Sequence:
         child.num_samples = 1
         child.token_ids = list(self.token_ids)
         child.block_table = list(self.block_table)
+        child.table_row = -1  # BlockManager.fork gives it its own row
         child.block_hashes = list(self.block_hashes)
         child.num_cached_tokens = 0  # the parent reports the request's prefix hits once
         return child

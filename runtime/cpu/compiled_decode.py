@@ -38,6 +38,7 @@ from runtime.decode_rows import (IDS, LENGTHS, MAX_ROWS_PER_SEQ, PACKED_ROWS, PO
 from runtime.models.attention import decode_inputs
 
 if TYPE_CHECKING:
+    from runtime.block_tables import BlockTables
     from runtime.lora.apply import LoraBatch
     from runtime.model_runner import StepInput
     from runtime.models import CausalLM
@@ -84,13 +85,14 @@ class CompiledDecode:
         return rows in self.row_counts
 
     @torch.inference_mode()
-    def run(self, inputs: Sequence[StepInput], last_sampled: torch.Tensor | None) -> DecodeOutput:
+    def run(self, inputs: Sequence[StepInput], last_sampled: torch.Tensor | None,
+            resident: BlockTables | None = None) -> DecodeOutput:
         """Float32 logits [new tokens, vocab] (no greedy ids: the sampler takes them). `last_sampled`: the
-        previous launch's sampled ids (ModelRunner)."""
-        columns, tables = pack_rows(inputs, self.block_size)
-        packed = torch.tensor(columns, dtype=torch.long)
+        previous launch's sampled ids (ModelRunner); `resident`: as for DecodeGraphs.run."""
+        columns, tables = pack_rows(inputs, self.block_size, resident)
+        packed = torch.from_numpy(columns)
         fill_pending(inputs, packed[IDS], last_sampled)
-        return DecodeOutput(self._step(packed, tables, compile_allowed=False))
+        return DecodeOutput(self._step(packed, torch.from_numpy(tables), compile_allowed=False))
 
     def _step(self, packed: torch.Tensor, tables: torch.Tensor, compile_allowed: bool) -> torch.Tensor:
         if self.lora is not None:

@@ -55,12 +55,14 @@ from runtime.decode_rows import (ADAPTERS, LENGTHS, MAX_ROWS_PER_SEQ, PACKED_ROW
                                  DecodeOutput, pack_rows)
 
 if TYPE_CHECKING:
+    from runtime.block_tables import BlockTables
     from runtime.lora.apply import LoraBatch
     from runtime.model_runner import StepInput
     from runtime.models import CausalLM
 
 logger = logging.getLogger(__name__)
 SETS = 2  # graph sets replayed in turn (see the module docstring)
+_PADDING = np.array(PADDING)[:, None]
 
 
 def graph_batch_sizes(max_rows: int) -> list[int]:
@@ -207,7 +209,7 @@ class DecodeGraphs:
         kept = [self.sampled.clone(), *(h.clone() for h in self.host_sampled)]
         for turn in range(SETS):
             packed, _ = self.host_views(turn)
-            packed[:] = np.array(PADDING)[:, None]
+            packed[:] = _PADDING
         return kept
 
     def restore(self, kept: list[torch.Tensor]) -> None:
@@ -225,35 +227,35 @@ class DecodeGraphs:
             rows += n
         return rows <= self.sizes[-1]
 
-    def run(self, inputs: Sequence[StepInput], last_sampled: torch.Tensor | None) -> DecodeOutput:
+    def run(self, inputs: Sequence[StepInput], last_sampled: torch.Tensor | None,
+            resident: BlockTables | None = None) -> DecodeOutput:
         """Replay the bucket's graph: float32 logits [new tokens, vocab] and each row's greedy id, on the device
         (both valid until the next run) and in pinned host memory (valid until the run after next; read it
-        once the step has run). `last_sampled`: the previous launch's sampled ids, on the device."""
-        columns, tables = pack_rows(inputs, self.block_size)
+        once the step has run). `last_sampled`: the previous launch's sampled ids, on the device; `resident`: the
+        block tables the inputs name rows of (pack_rows)."""
+        columns, tables = pack_rows(inputs, self.block_size, resident)
         n = tables.shape[0]
         bucket = pick_bucket(self.sizes, n)
         assert bucket is not None
         turn = self.turn
-        graph = self._graphs(max(columns[ADAPTERS]) >= 0)[turn][bucket]  # may capture: before inputs are written
+        graph = self._graphs(bool(columns[ADAPTERS].max() >= 0))[turn][bucket]  # may capture: before inputs are written
         self.stage(columns, tables, bucket, last_sampled)
         graph.replay()
         self.replayed_now()
         return DecodeOutput(self.logits[:n], self.sampled[:n], self.host_sampled[turn][:n])
 
-    def stage(self, columns: list[list[int]], tables: torch.Tensor, bucket: int,
-              last_sampled: torch.Tensor | None) -> None:
+    def stage(self, columns: np.ndarray, tables: np.ndarray, bucket: int, last_sampled: torch.Tensor | None) -> None:
         """Write packed rows (pack_rows) into the current set's pinned inputs, padded to `bucket`, once that set's
         last replay has read them; and the previous launch's samples where a graph reads pending tokens."""
         if (last_sampled is not None and last_sampled.data_ptr() != self.sampled.data_ptr()
-                and max(columns[PREV]) >= 0):  # the sampler chose them, not a graph's argmax
+                and columns[PREV].max() >= 0):  # the sampler chose them, not a graph's argmax
             self.sampled[: last_sampled.shape[0]].copy_(last_sampled)
         self.replayed[self.turn].synchronize()  # this set's last replay has read its inputs (at once when recorded)
         packed, host_tables = self.host_views(self.turn)
         n = tables.shape[0]
-        for i, (column, fill) in enumerate(zip(columns, PADDING)):
-            packed[i, :n] = column
-            packed[i, n:bucket] = fill
-        host_tables[:n, : tables.shape[1]] = tables.numpy()  # later columns are never read (past the lengths)
+        packed[:, :n] = columns
+        packed[:, n:bucket] = _PADDING
+        host_tables[:n, : tables.shape[1]] = tables  # later columns are never read (past the lengths)
 
     def replayed_now(self) -> None:
         """After replaying a graph of the current set: the next step uses the other set."""

@@ -31,6 +31,7 @@ from runtime.cuda.prefill_graphs import PrefillGraphs
 from runtime.decode_rows import ADAPTERS, POSITIONS, pack_rows
 
 if TYPE_CHECKING:
+    from runtime.block_tables import BlockTables
     from runtime.model_runner import StepInput
 
 logger = logging.getLogger(__name__)
@@ -99,19 +100,19 @@ class MixedGraphs:
                 and all(inp.adapter_slot < 0 for inp in rest) and self.prefill.accepts(prompts)
                 and sum(len(inp.token_ids) for inp in prompts) <= self.tokens[-1])
 
-    def run(self, rest: Sequence[StepInput], prompts: Sequence[StepInput],
-            last_sampled: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+    def run(self, rest: Sequence[StepInput], prompts: Sequence[StepInput], last_sampled: torch.Tensor | None,
+            resident: BlockTables | None = None) -> tuple[torch.Tensor, int]:
         """Replay the step's graph: float32 logits of every decode row then each prompt's last token (valid until
-        the next run), and the decode rows' bucket (the first prompt's row)."""
+        the next run), and the decode rows' bucket (the first prompt's row). `resident`: as for DecodeGraphs.run."""
         version = self.lora_version()
         if version != self.captured_version:
             self.graphs = []  # free them before capturing their replacements
             self.graphs = self._capture()
             self.captured_version = version
-        columns, tables = pack_rows(rest, self.decode.block_size)
+        columns, tables = pack_rows(rest, self.decode.block_size, resident)
         rows = pick_bucket(self.rows, tables.shape[0])
         tokens = pick_bucket(self.tokens, sum(len(inp.token_ids) for inp in prompts))
-        assert rows is not None and tokens is not None and max(columns[ADAPTERS]) < 0
+        assert rows is not None and tokens is not None and columns[ADAPTERS].max() < 0
         graph = self.graphs[self.decode.turn][(rows, tokens)]
         self.decode.stage(columns, tables, rows, last_sampled)
         self.prefill.stage(prompts)

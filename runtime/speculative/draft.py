@@ -108,6 +108,7 @@ class DraftProposer:
         `graphs` = (max_rows, max_blocks_per_seq): capture CUDA graphs of its steps, as the target does."""
         self.runner.allocate_kv_cache(num_blocks)
         self.block_manager = BlockManager(num_blocks, self.block_size, enable_prefix_caching=False)
+        self.runner.block_tables = self.block_manager.tables
         if graphs is not None:
             self.runner.capture_decode_graphs(*graphs)
         if self.device.type == "cuda":
@@ -153,7 +154,8 @@ class DraftProposer:
         direct = [job.target.greedy and not self._wider_vocab for job in jobs]
         while pending:
             inputs = [StepInput(token_ids=feed, start_pos=shadow.num_computed_tokens, block_table=shadow.block_table,
-                                sample_rows=[_RAW_ARGMAX], return_sample_logits=not direct[i],
+                                table_row=shadow.table_row, sample_rows=[_RAW_ARGMAX],
+                                return_sample_logits=not direct[i],
                                 logits_on_device=not direct[i])
                       for i, shadow, feed in pending]
             results = self.runner.execute(inputs)

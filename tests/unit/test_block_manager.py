@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.block_manager import BlockManager
+from runtime.block_tables import BlockTables
 from runtime.sequence import Sequence
 
 BS = 4
@@ -176,14 +177,15 @@ def test_blocks_needed_counts_copy_on_write_and_revived_cache_blocks() -> None:
     assert len(cached) == 1 and bm.blocks_needed(seq, 2, cached) == 2  # revive 1 + grow 1
 
 
-OPS = ["new", "decode", "fork", "free", "preempt", "resume"]
+OPS = ["new", "decode", "speculate", "fork", "free", "preempt", "resume"]
 
 
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 10**6)), max_size=60))
 def test_conservation_under_random_operations(ops: list[tuple[str, int]]) -> None:
-    """Whatever happens (allocate, decode, fork, free, preempt, resume), every block is free, evictable or
-    referenced exactly as often as it is used, and a preempted sequence holds none."""
+    """Whatever happens (allocate, decode, speculate, fork, free, preempt, resume), every block is free, evictable or
+    referenced exactly as often as it is used, a preempted sequence holds none, and every live sequence's resident
+    block table (runtime/block_tables.py) equals its list (check_invariants)."""
     bm = BlockManager(24, BS)
     live: list[Sequence] = []
     paused: list[Sequence] = []  # preempted as the scheduler does: blocks freed, tokens kept
@@ -202,6 +204,18 @@ def test_conservation_under_random_operations(ops: list[tuple[str, int]]) -> Non
             if bm.can_append(seq, 1):
                 bm.append_slots(seq, 1)
                 seq.num_computed_tokens += 1
+                bm.commit(seq)
+            else:
+                seq.token_ids.pop()
+        elif op == "speculate" and live:  # room for 1 + k tokens, then only the verified ones keep theirs
+            seq = live[r % len(live)]
+            k, accepted = r % 5, (r // 5) % (r % 5 + 1)
+            seq.append_token(r % 3)
+            if bm.can_append(seq, 1 + k):
+                bm.append_slots(seq, 1 + k)
+                seq.token_ids.extend([r % 3] * accepted)
+                bm.trim(seq, seq.num_computed_tokens + 1 + accepted)
+                seq.num_computed_tokens += 1 + accepted
                 bm.commit(seq)
             else:
                 seq.token_ids.pop()
@@ -239,3 +253,20 @@ def test_invariant_checker_detects_a_leak() -> None:
     run_prefill(bm, seq)
     with pytest.raises(AssertionError):
         bm.check_invariants([])  # the live sequence was "forgotten"
+
+
+def test_resident_tables_grow_and_reuse_rows() -> None:
+    tables = BlockTables(rows=2, width=2)
+    seqs = [make_seq([1]) for _ in range(3)]
+    for i, seq in enumerate(seqs):
+        seq.block_table = list(range(10 * i, 10 * i + 3 + i))
+        tables.write(seq)
+    assert [tables.row(s) for s in seqs] == [s.block_table for s in seqs] and tables.matrix.shape == (4, 8)
+    assert [s.table_row for s in seqs] == [0, 1, 2] and tables.rows_in_use == 3
+    tables.release(seqs[0])
+    seqs[2].block_table.append(99)
+    tables.write(seqs[2], 5)  # a diff: only the new entry
+    again = make_seq([2])
+    again.block_table = [7]
+    tables.write(again)
+    assert again.table_row == 0 and tables.row(again) == [7] and tables.row(seqs[2]) == [20, 21, 22, 23, 24, 99]

@@ -144,11 +144,11 @@ def test_one_row_per_token_gives_the_packed_step_logits(tmp_path) -> None:
     eager = torch.cat([r.all_logits for r in runner.execute(step)])
 
     columns, tables = pack_rows(step, bs)
-    assert columns[1] == [6, 7, 8, 9, 10, 3, 4] and columns[3] == [7, 8, 9, 10, 11, 4, 5]
-    assert columns[2] == [6, 7, 12, 13, 14, 11, 16] and tables[-1].tolist() == [2, 4, 0]
-    assert columns[5] == [-1] * 7  # no token pending from a previous step
-    packed = torch.tensor(columns)
-    meta = row_metadata(packed, tables, torch.arange(8, dtype=torch.int32), bs,
+    assert columns[1].tolist() == [6, 7, 8, 9, 10, 3, 4] and columns[3].tolist() == [7, 8, 9, 10, 11, 4, 5]
+    assert columns[2].tolist() == [6, 7, 12, 13, 14, 11, 16] and tables[-1].tolist() == [2, 4, 0]
+    assert columns[5].tolist() == [-1] * 7  # no token pending from a previous step
+    packed = torch.from_numpy(columns)
+    meta = row_metadata(packed, torch.from_numpy(tables), torch.arange(8, dtype=torch.int32), bs,
                         3 * bs)
     with torch.inference_mode():
         rows = model.compute_logits(model(packed[0], packed[1], runner.kv_caches, meta))

@@ -147,7 +147,8 @@ class OpByOp:
         lengths = [len(inp.token_ids) for inp in inputs]
         return bool(lengths) and max(lengths) <= MAX_ROWS_PER_SEQ and sum(lengths) <= self.max_rows
 
-    def run(self, inputs: list[StepInput], last_sampled: torch.Tensor | None = None) -> torch.Tensor | DecodeOutput:
+    def run(self, inputs: list[StepInput], last_sampled: torch.Tensor | None = None,
+            resident: object = None) -> torch.Tensor | DecodeOutput:
         self.calls.append([inp.start_pos for inp in inputs])
         ids, positions, meta = self.runner.prepare(inputs)
         fill_pending(inputs, ids, last_sampled)
@@ -170,8 +171,8 @@ class MixedOpByOp:
                 and sum(len(inp.token_ids) for inp in prompts) <= self.max_prompt_tokens
                 and all(inp.prev_sample < 0 and not inp.return_all_logits for inp in prompts))
 
-    def run(self, rest: list[StepInput], prompts: list[StepInput],
-            last_sampled: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+    def run(self, rest: list[StepInput], prompts: list[StepInput], last_sampled: torch.Tensor | None,
+            resident: object = None) -> tuple[torch.Tensor, int]:
         self.calls += 1
         step = [*rest, *prompts]
         ids, positions, meta = self.runner.prepare(step)
@@ -307,10 +308,43 @@ def test_a_mixed_step_attends_decode_rows_and_prompts_apart(runner: ModelRunner)
     eager = torch.cat([r.all_logits for r in runner.execute(step)])  # its K/V stay: the mixed pass rewrites them
 
     columns, tables = pack_rows(rest, BS)
-    packed = torch.tensor(columns)
+    packed = torch.from_numpy(columns)
     ids, positions, meta = runner.prepare([prompt])
-    meta.decode = row_metadata(packed, tables, torch.arange(4, dtype=torch.int32), BS, 3 * BS)
+    meta.decode = row_metadata(packed, torch.from_numpy(tables), torch.arange(4, dtype=torch.int32), BS, 3 * BS)
     with torch.inference_mode():
         hidden = runner.model(torch.cat((packed[0], ids)), torch.cat((packed[1], positions)), runner.kv_caches, meta)
         mixed = runner.model.compute_logits(hidden)
     torch.testing.assert_close(mixed, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_pack_rows_reads_the_resident_tables_as_it_reads_the_lists() -> None:
+    """The rows packed from the BlockManager's resident tables (runtime/block_tables.py) equal those built from the
+    inputs' lists, for decode steps and steps of several tokens per sequence, after blocks were freed and reused."""
+    from runtime.block_manager import BlockManager
+    from runtime.decode_rows import pack_rows
+    from runtime.sequence import Sequence
+
+    rng = random.Random(3)
+    bm = BlockManager(200, BS)
+    seqs = []
+    for i in range(12):
+        seq = Sequence(f"r{i}", [rng.randrange(50) for _ in range(rng.randrange(1, 30))], 40)
+        bm.append_slots(seq, seq.num_tokens)
+        seq.num_computed_tokens = seq.num_tokens - 1
+        seqs.append(seq)
+    for seq in seqs[::3]:
+        bm.free(seq)  # their rows and blocks go to the next ones
+    seqs = [s for s in seqs if s.block_table] + [Sequence("new", [1, 2, 3], 8)]
+    bm.append_slots(seqs[-1], 3)
+    seqs[-1].num_computed_tokens = 2
+    for seq in seqs:  # room for up to 4 more tokens (drafts), so some tables grow a block
+        bm.append_slots(seq, 5)
+    for width in (1, 4):
+        inputs = [StepInput(seq.token_ids[-1:] + [7] * rng.randrange(width), seq.num_computed_tokens, seq.block_table,
+                            adapter_slot=rng.choice((-1, 2)), prev_sample=rng.choice((-1, i)), table_row=seq.table_row)
+                  for i, seq in enumerate(seqs)]
+        (want, want_tables), (got, got_tables) = pack_rows(inputs, BS), pack_rows(inputs, BS, bm.tables)
+        assert got.tolist() == want.tolist()
+        lengths = [len(inp.block_table) for inp in inputs for _ in inp.token_ids]
+        assert [r[:n] for r, n in zip(got_tables.tolist(), lengths)] == [r[:n] for r, n in zip(want_tables.tolist(),
+                                                                                              lengths)]
