@@ -561,15 +561,12 @@ class NativeEngine(Engine):
         return snapshot
 
     def _publish_stats(self, batch: ScheduledBatch) -> None:
-        running = waiting = paused = 0
-        for state in self._requests.values():
-            seqs = list(state.seqs.values())
-            if any(s.status is SequenceStatus.RUNNING for s in seqs):
-                running += 1
-            elif any(s.num_preemptions for s in seqs):
-                paused += 1
-            else:
-                waiting += 1
+        # requests with a running sequence; else with a preempted one; else waiting (from the scheduler's queues: a
+        # look at every request's sequences took 3% of a 256-row step's host time, H200)
+        running_ids = {s.request_id for s in self.scheduler.running}
+        paused_ids = {s.request_id for s in self.scheduler.waiting if s.num_preemptions} - running_ids
+        running, paused = len(running_ids), len(paused_ids)
+        waiting = len(self._requests) - running - paused
         prefill = [e for e in batch.entries if e.is_prefill]
         bm = self.block_manager
         with self._stats_lock:

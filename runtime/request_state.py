@@ -106,10 +106,11 @@ class RequestState:
         self.context_logits: list[torch.Tensor] = []
         self.num_prompt_positions = 0  # prompt positions whose logits were recorded
         self._sent_first = False
+        self._open_samples = len(self.samples)  # samples without a finish reason (`finished`, read every step)
 
     @property
     def finished(self) -> bool:
-        return all(s.finish_reason is not None for s in self.samples) or (self.beam is not None and self.beam.done)
+        return self._open_samples == 0 or (self.beam is not None and self.beam.done)
 
     @property
     def needs_prompt_logits(self) -> bool:
@@ -260,6 +261,8 @@ class RequestState:
         )
 
     def _finish(self, s: SampleState, reason: FinishReason, stop_reason: str | int | None) -> None:
+        if s.finish_reason is None:
+            self._open_samples -= 1
         s.finish_reason, s.stop_reason = reason, stop_reason
 
     def _close_sample(self, s: SampleState, delta: OutputDelta) -> None:
