@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +25,24 @@ from runtime.models.attention import register_attention_backend, torch_paged_att
 
 logger = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("paged_decode_attention.cpp")
+STALE_LOCK_S = 600.0  # a build lock this old was left by a process killed mid-build (a build takes about 10 s)
+
+
+def clear_stale_lock(build_dir: Path, now: float | None = None) -> bool:
+    """Remove `build_dir`'s build lock if it is older than STALE_LOCK_S; whether one was removed.
+
+    torch's extension loader waits for that lock without a time limit, so a server killed while building the
+    kernel (Ctrl-C during the first start) made every later start hang there."""
+    lock = build_dir / "lock"
+    try:
+        age = (time.time() if now is None else now) - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < STALE_LOCK_S:
+        return False
+    logger.warning("CPU: removing a kernel build lock left %.0f s ago by a process that did not finish (%s)", age, lock)
+    lock.unlink(missing_ok=True)
+    return True
 
 
 @functools.cache
@@ -32,9 +52,15 @@ def build_kernel() -> bool:
 
     started = time.perf_counter()
     logger.info("CPU: building the paged decode-attention kernel (cached after the first start)")
+    name = "trtllm_gateway_cpu"
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root())
+    # our own folder, so that its lock is known; one per Python and torch build, as torch's default folders are
+    build_dir = root / f"{name}-py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}"
     try:
-        cpp_extension.load(name="trtllm_gateway_cpu", sources=[str(_SOURCE)], is_python_module=False,
-                           extra_cflags=["-O3", "-march=native"])
+        build_dir.mkdir(parents=True, exist_ok=True)
+        clear_stale_lock(build_dir)
+        cpp_extension.load(name=name, sources=[str(_SOURCE)], is_python_module=False,
+                           extra_cflags=["-O3", "-march=native"], build_directory=str(build_dir))
     except Exception as exc:  # noqa: BLE001 - any failure to build leaves the reference backend serving
         logger.warning("CPU: no paged decode-attention kernel (%s: %s); decode attention gathers the cache instead",
                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")

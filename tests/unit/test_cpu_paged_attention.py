@@ -103,3 +103,15 @@ async def test_an_engine_with_the_kernel_decodes_transformers_tokens(tmp_path: P
     assert 3 in served, "no three-row decode step went through the kernel"
     hf = load_hf(checkpoint)
     assert [out.tokens[0] for out in outputs] == [hf_greedy(hf, p, 12) for p in prompts]
+
+
+def test_a_build_lock_left_by_a_killed_process_is_removed_and_a_fresh_one_kept(tmp_path) -> None:
+    """torch waits for the extension's build lock without a time limit: a lock older than any build is stale."""
+    from runtime.cpu.paged_attention import STALE_LOCK_S, clear_stale_lock
+
+    lock = tmp_path / "lock"
+    assert not clear_stale_lock(tmp_path)
+    lock.touch()
+    mtime = lock.stat().st_mtime
+    assert not clear_stale_lock(tmp_path, now=mtime + STALE_LOCK_S / 2) and lock.exists()  # a build under way
+    assert clear_stale_lock(tmp_path, now=mtime + STALE_LOCK_S + 1) and not lock.exists()
