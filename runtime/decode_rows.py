@@ -47,7 +47,7 @@ def pack_rows(inputs: Sequence[StepInput], block_size: int,
     n = sum(counts)
     columns = np.empty((PACKED_ROWS, n), dtype=np.int64)
     starts = np.fromiter((inp.start_pos for inp in inputs), np.int64, len(inputs))
-    if n == len(inputs):  # a decode step: one token per input
+    if max(counts) == 1:  # a decode step: one token per input
         owner = None
         columns[IDS] = [inp.token_ids[0] for inp in inputs]
         positions = starts

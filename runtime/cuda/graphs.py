@@ -238,7 +238,8 @@ class DecodeGraphs:
         bucket = pick_bucket(self.sizes, n)
         assert bucket is not None
         turn = self.turn
-        graph = self._graphs(bool(columns[ADAPTERS].max() >= 0))[turn][bucket]  # may capture: before inputs are written
+        # may capture: before inputs are written
+        graph = self._graphs(bool(columns[ADAPTERS].max() >= 0))[turn][bucket]
         self.stage(columns, tables, bucket, last_sampled)
         graph.replay()
         self.replayed_now()
