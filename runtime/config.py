@@ -50,9 +50,9 @@ class EngineConfig:
     # a draft model breaks even at 2 streams and loses at 4 (n-gram: 1.46x at 2, 1.02x at 4). A limit measured while
     # serving, per number of decoding sequences, lost to this one on the H200 (benchmarks/RESULTS.md, 2026-11-27)
     speculative_max_concurrency: int | None = 2  # no speculation in steps where more sequences decode (none: always)
-    # under that limit, stop speculating at a number of decoding sequences while measured steps show it slower than
-    # plain ones, and try it again now and then (runtime/speculative/guard.py; a compute-bound CPU lost 0.49-0.82x
-    # at one stream without it). The native engine's; TensorRT-LLM gets the limit alone
+    # under that limit, speculate at a number of decoding sequences only while measured steps show it faster than
+    # plain ones (by 3%), trying the other kind now and then (runtime/speculative/guard.py; a compute-bound CPU lost
+    # 0.49-0.82x at one stream without it). The native engine's; TensorRT-LLM gets the limit alone
     speculative_guard: bool = True  # plain steps where measured ones beat speculation (within the concurrency limit)
     # CPU execution
     cpu_threads: int | None = None  # torch threads of the native runtime on CPU; default $OMP_NUM_THREADS, else all cores but one

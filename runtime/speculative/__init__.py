@@ -4,7 +4,7 @@
 - draft.py: DraftProposer (a small model with its own paged KV cache) and the tokenizer check;
 - verifier.py: verify_greedy() (longest agreeing prefix) and verify_sampled() (rejection sampling);
 - rows.py: TargetRows, the target's sampling rows after each draft prefix;
-- guard.py: SpeculationGuard, stops speculating where measured steps show it slower than plain ones;
+- guard.py: SpeculationGuard, speculates only where measured steps show it faster than plain ones;
 - speculator.py: Speculator, the engine's per-step hooks (plan, patch_inputs, verify, emit).
 
 `use_draft_logits` (Triton) is accepted and has no effect here: draft-model proposals are always

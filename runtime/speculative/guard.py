@@ -1,4 +1,4 @@
-"""SpeculationGuard: stops speculating where the step times measured on this engine show it slower than plain steps.
+"""SpeculationGuard: speculates only where the step times measured on this engine show it faster than plain steps.
 
 Speculation pays when the drafts it gets accepted outweigh what it adds to a step: the draft model's forwards, the
 verification's wider rows, and the wait for the tokens on the host (a step that may speculate cannot run one ahead).
