@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from runtime.speculative.guard import (BURST_STEPS, MARGIN, MIN_SAMPLES, RECHECK_STEPS, RETRY_MAX_STEPS, RETRY_STEPS,
-                                        WINDOW, SpeculationGuard)
+                                        SHORT_BURST, WINDOW, SpeculationGuard)
 
 
 class Clock:
@@ -85,14 +85,16 @@ def test_a_new_number_of_sequences_starts_as_the_nearest_measured_one_chose() ->
     assert run(guard, clock, 10, 3, spec_cost=1.0, spec_accepted=3) == [True] * 10  # where it wins, it stays
 
 
-def test_while_plain_steps_win_speculation_is_retried_after_a_doubling_wait() -> None:
+@pytest.mark.parametrize(("spec_cost", "burst"), [(2.1, BURST_STEPS[SPEC]), (3.0, SHORT_BURST)])
+def test_while_plain_steps_win_speculation_is_retried_after_a_doubling_wait(spec_cost: float, burst: int) -> None:
+    """2 tokens in 2.1 s (close to plain's 1 a second): long retries; in 3 s (far below): short ones."""
     clock = Clock()
     guard = SpeculationGuard(clock)
-    kinds = run(guard, clock, len(EXPLORE) + 8 * RETRY_STEPS, 1, spec_cost=3.0, spec_accepted=1)[len(EXPLORE):]
+    kinds = run(guard, clock, len(EXPLORE) + 8 * RETRY_STEPS, 1, spec_cost=spec_cost, spec_accepted=1)[len(EXPLORE):]
     retries = starts(kinds, True)
-    waits = [retries[0]] + [b - a - BURST_STEPS[SPEC] for a, b in zip(retries, retries[1:])]
+    waits = [retries[0]] + [b - a - burst for a, b in zip(retries, retries[1:])]
     assert waits[:3] == [RETRY_STEPS - 1, 2 * RETRY_STEPS - 1, 4 * RETRY_STEPS - 1]
-    assert all(sum(kinds[i : i + BURST_STEPS[SPEC]]) == BURST_STEPS[SPEC] for i in retries)
+    assert all(sum(kinds[i : i + burst]) == burst and not kinds[i + burst] for i in retries)
     assert 2 * RETRY_STEPS <= RETRY_MAX_STEPS
 
 
