@@ -17,7 +17,8 @@ steps that may speculate and of plain steps, and keeps the faster kind:
 - while speculating wins, a few plain steps every RECHECK_STEPS to see whether that still holds;
 - while plain steps win, a burst of speculating steps after RETRY_STEPS, a wait that doubles each time speculation
   loses again (up to RETRY_MAX_STEPS) and starts over once it wins: acceptance drifts with the traffic, and a
-  request's first tokens often accept fewer drafts than its later ones.
+  request's first tokens often accept fewer drafts than its later ones. Where speculation lost by more than FAR the
+  burst is SHORT_BURST steps, measured on their own.
 
 Rates are ratios of decayed sums (tokens over seconds, each sample weighing 1/WINDOW less per later sample of its
 kind), not averages of per-step rates: a speculating step emits 1 to k+1 tokens per sequence, and an average of those
