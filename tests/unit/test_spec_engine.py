@@ -116,6 +116,27 @@ async def test_greedy_with_logits_processors_equals_plain_greedy(pair, mode: str
         assert name == "none" or [o.tokens[0] for o in want[2 * k : 2 * k + 2]] != plain, name
 
 
+async def test_plain_greedy_drafts_are_verified_from_the_steps_row_argmax(pair, monkeypatch) -> None:
+    """A greedy request asking no logprobs is verified from the ids the step took of every row (no per-request
+    argmax and log-softmax launched); one asking logprobs still gets them computed, with the same tokens."""
+    import runtime.speculative.speculator as speculator
+
+    target, _ = pair
+    ps = prompts(3, seed=5)
+    want = await plain_greedy(target, ps, 20)
+    computed: list[int] = []
+    real = speculator.compute_logprobs
+    monkeypatch.setattr(speculator, "compute_logprobs", lambda *a, **k: computed.append(1) or real(*a, **k))
+    async with running_engine(target, num_draft_tokens=3, speculative="ngram") as engine:
+        fast = await run_all(engine, [request(f"f{i}", p, 20) for i, p in enumerate(ps)])
+        fast_steps, before = engine.stats().spec_steps, len(computed)
+        slow = await run_all(engine, [request(f"s{i}", p, 20, logprobs=0) for i, p in enumerate(ps)])
+        slow_steps = engine.stats().spec_steps - fast_steps
+    assert [o.tokens[0] for o in fast] == [o.tokens[0] for o in slow] == want
+    assert fast_steps > 0 and before == 0
+    assert slow_steps > 0 and len(computed) == slow_steps
+
+
 async def test_speculative_and_plain_requests_share_batches_with_identical_output(pair) -> None:
     target, _ = pair
     ps = prompts(6, seed=5)
