@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 import torch
 
-from runtime.attention_metadata import pad_block_tables
+from runtime.block_tables import BlockTables, step_tables
 from runtime.device import host_tensor
 
 if TYPE_CHECKING:
-    from runtime.block_tables import BlockTables
     from runtime.model_runner import StepInput
 
 MAX_ROWS_PER_SEQ = 17  # new tokens a sequence may bring to a graphed step (1 + the most draft tokens)
@@ -63,11 +62,7 @@ def pack_rows(inputs: Sequence[StepInput], block_size: int,
         columns[PREV, first] = [inp.prev_sample for inp in inputs]  # only an input's first token can be pending
     columns[POSITIONS] = positions
     columns[LENGTHS] = positions + 1  # the row attends over its sequence up to and including itself
-    rows = [inp.table_row for inp in inputs]
-    if resident is not None and min(rows) >= 0:
-        tables = resident.matrix[rows, : max(len(inp.block_table) for inp in inputs)]
-    else:
-        tables = pad_block_tables([inp.block_table for inp in inputs]).numpy()
+    tables = step_tables(inputs, resident)
     if owner is not None:
         tables = tables[owner]
     columns[SLOTS] = tables[np.arange(n), positions // block_size] * block_size + positions % block_size

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from runtime.attention_metadata import AttentionMetadata, pad_block_tables
+from runtime.attention_metadata import AttentionMetadata
+from runtime.block_tables import BlockTables, step_tables
 from runtime.decode_rows import MAX_ROWS_PER_SEQ, DecodeOutput, fill_pending
 from runtime.device import host_tensor, to_device
 from runtime.lora.apply import LoraBatch
@@ -30,7 +31,6 @@ from runtime.models import CausalLM, allocate_kv_cache
 from runtime.sampler import Sampler, SamplingRow, plain_greedy
 
 if TYPE_CHECKING:
-    from runtime.block_tables import BlockTables
     from runtime.cpu.compiled_decode import CompiledDecode
     from runtime.cuda.graphs import DecodeGraphs
     from runtime.cuda.mixed_graphs import MixedGraphs
@@ -360,7 +360,7 @@ class ModelRunner:
             query_start_loc=tensor(query_start, torch.int32),
             context_lens=tensor(context_lens, torch.int32),
             seq_lens=tensor(seq_lens, torch.int32),
-            block_tables=to_device(self._block_tables(inputs), self.device),
+            block_tables=to_device(torch.from_numpy(step_tables(inputs, self.block_tables)), self.device),
             slot_mapping=tensor(slots, torch.int64),
             block_size=bs,
             max_query_len=max(query_lens),
@@ -369,14 +369,6 @@ class ModelRunner:
             seq_lens_host=seq_lens,
         )
         return tensor(input_ids, torch.long), tensor(positions, torch.long), meta
-
-    def _block_tables(self, inputs: Sequence[StepInput]) -> torch.Tensor:
-        """The inputs' block tables, int32 [inputs, widest]: gathered from the resident tables where every input
-        names its row there, else built from the lists (entries past a table's length: stale ids, or 0)."""
-        rows = [inp.table_row for inp in inputs]
-        if self.block_tables is None or min(rows) < 0:
-            return pad_block_tables([inp.block_table for inp in inputs])
-        return torch.from_numpy(self.block_tables.matrix[rows, : max(len(inp.block_table) for inp in inputs)])
 
     @torch.inference_mode()
     def profile_activation_bytes(self, max_num_tokens: int, max_batch_size: int, context_window: int) -> int:
