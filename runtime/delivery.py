@@ -60,6 +60,11 @@ class Outbox:
             deltas = coalesce(held) if request.stream else held
         self._pending.append((state, deltas, final))
 
+    def add_token(self, state: RequestState, token_id: int) -> None:
+        """A token of a `token_only` request that needs no delta of its own (RequestState.add_plain_token).
+        In-process it becomes one; the engine core's outbox sends it as an id (runtime/process/core.py)."""
+        self.emit(state, [OutputDelta(state.request_id, 0, [token_id])])
+
     def flush(self) -> None:
         """Hand everything queued so far over."""
         pending, self._pending = self._pending, []

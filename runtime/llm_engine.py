@@ -171,12 +171,11 @@ class NativeEngine(Engine):
         if self._thread is not None:
             return
         await asyncio.to_thread(self.load)
-        if self.device.type == "cuda":
-            # On CUDA the decode step is bound by per-token Python work, and full collections rescanning the
-            # loaded heap (model, tokenizer, transformers' modules) cost 10-16% of throughput at batch 256
-            # (benchmarks/RESULTS.md, GPU section): keep that heap out of them.
-            gc.collect()
-            gc.freeze()
+        # Full collections rescanning the loaded heap (model, tokenizer, transformers' modules) cost 10-16% of
+        # throughput at batch 256 on CUDA, and on the 2-core CPU 2.7 ms of a 256-row step's 3.4 ms of output
+        # handling (benchmarks/RESULTS.md): keep that heap out of them (until shutdown, see there).
+        gc.collect()
+        gc.freeze()
         self._thread = threading.Thread(target=self._run, name="native-engine", daemon=True)
         self._accepting = True
         self._thread.start()
@@ -194,6 +193,7 @@ class NativeEngine(Engine):
             self._cond.notify()
         await asyncio.to_thread(self._thread.join)
         self._prepare.shutdown()
+        gc.unfreeze()  # what this engine held may be freed by the collector again (tests start many engines)
 
     @property
     def ready(self) -> bool:
@@ -452,24 +452,39 @@ class NativeEngine(Engine):
                 self._end(state, state.end_all("error", f"EngineFailedError: model step failed: {exc!r}"))
 
     def _process(self, batch: ScheduledBatch, results: list[StepResult]) -> None:
-        """Turn a finished step's results into deltas, and end the requests that finished."""
+        """Turn a finished step's results into deltas, and end the requests that finished. A token of a
+        `token_only` request that cannot end it is only counted and handed to the outbox as an id (no delta)."""
         produced: dict[str, list[OutputDelta]] = {}
+        spec = self.speculator if self.speculator is not None and self.speculator.proposed else None
+        plain_tokens = 0
         for entry, result in zip(batch.entries, results):
-            state = self._requests.get(entry.seq.request_id)
-            if state is None or entry.seq.status is SequenceStatus.FINISHED:
+            seq = entry.seq
+            state = self._requests.get(seq.request_id)
+            if state is None or seq.status is SequenceStatus.FINISHED:
                 continue
             try:
+                if (state.token_only and not entry.is_prefill and result.token_ids
+                        and (spec is None or not spec.verifies(seq))
+                        and state.add_plain_token(seq, token_id := result.token_ids[0])):
+                    seq.add_sampled(token_id)
+                    self.outbox.add_token(state, token_id)
+                    plain_tokens += 1
+                    continue
                 produced.setdefault(state.request_id, []).extend(self._postprocess(state, entry, result))
             except Exception as exc:  # noqa: BLE001 - a bug in one request's output fails that request only
                 logger.exception("output processing failed for request %s", state.request_id)
                 deltas = produced.pop(state.request_id, []) + state.end_all("error", f"output processing failed: {exc!r}")
                 self._end(state, deltas)
+        self._stats.generation_tokens_total += plain_tokens
         for request_id, deltas in produced.items():
             state = self._requests[request_id]
             if state.finished:
                 self._end(state, deltas)
             else:
                 self.outbox.emit(state, deltas)
+        # handed over now: a request's ids and deltas from two steps must not share a message (its ids arrive
+        # apart from its deltas, runtime/delivery.py)
+        self.outbox.flush()
 
     def _step_input(self, entry: ScheduledSeq) -> StepInput:
         seq = entry.seq

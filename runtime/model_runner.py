@@ -25,7 +25,7 @@ import torch
 from runtime.attention_metadata import AttentionMetadata
 from runtime.block_tables import BlockTables, step_tables
 from runtime.decode_rows import MAX_ROWS_PER_SEQ, DecodeOutput, fill_pending
-from runtime.device import host_tensor, to_device
+from runtime.device import host_tensor, record_now, to_device
 from runtime.lora.apply import LoraBatch
 from runtime.models import CausalLM, allocate_kv_cache
 from runtime.sampler import Sampler, SamplingRow, plain_greedy
@@ -151,7 +151,7 @@ def _step_done(logits: torch.Tensor) -> torch.cuda.Event | None:
     if not logits.is_cuda:
         return None
     done = torch.cuda.Event()
-    done.record()
+    record_now(done, logits)
     return done
 
 

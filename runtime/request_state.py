@@ -100,6 +100,14 @@ class RequestState:
             and not opts.return_generation_logits and not self.bad_words_ids and opts.repetition_penalty == 1.0
             and opts.presence_penalty == 0.0 and opts.frequency_penalty == 0.0
         )
+        # A request whose tokens need no more than their ids from the engine (text and stop strings made in the
+        # front end, one sample, no logprobs, logits or grammar): `add_plain_token` takes its tokens that cannot end
+        # it, and they travel as ids, not as deltas (the engine core's outbox).
+        self.token_only = (not makes_text and opts.n == 1 and self.beam is None and new_guide is None
+                           and opts.logprobs is None and not opts.return_generation_logits
+                           and not self.wants_prompt_logits)
+        # ids that may end a sample (min_tokens and ignore_eos aside): `add_plain_token` leaves them to add_token
+        self._ending_ids = frozenset(opts.stop_token_ids) | frozenset(eos_token_ids)
         self.num_cached_tokens = 0
         self.adapter_key: str | None = None  # LoRA identity (set by the engine): the prefix-cache salt
         self.prompt_logprobs: list[TokenLogprob | None] = [None]  # the first prompt token has none
@@ -217,6 +225,17 @@ class RequestState:
             self._close_sample(s, delta)
         delta.cumulative_logprob = self._cumulative(s)
         return delta
+
+    def add_plain_token(self, seq: Sequence, token_id: int) -> bool:
+        """`add_token`'s fast lane for a `token_only` request: counts `token_id` and returns True when it needs no
+        delta (not the request's first token, and it cannot end the sample); False, counting nothing, otherwise:
+        the caller then appends it to `seq` and calls add_token. `seq` is not extended yet."""
+        s = self.samples[0]
+        if (not self._sent_first or token_id in self._ending_ids or s.num_tokens + 1 >= self.max_tokens
+                or seq.num_tokens + 1 >= self.context_window):
+            return False
+        s.num_tokens += 1
+        return True
 
     def end_all(self, reason: FinishReason, error: str | None = None) -> list[OutputDelta]:
         """Final deltas for every unfinished sample (abort, deadline, failure)."""

@@ -53,6 +53,7 @@ from runtime.attention_metadata import AttentionMetadata
 from runtime.cuda.step_io import GreedyIds, load_step_inputs
 from runtime.decode_rows import (ADAPTERS, LENGTHS, MAX_ROWS_PER_SEQ, PACKED_ROWS, PADDING, POSITIONS, PREV, SLOTS,
                                  DecodeOutput, pack_rows)
+from runtime.device import record_now
 
 if TYPE_CHECKING:
     from runtime.block_tables import BlockTables
@@ -260,7 +261,7 @@ class DecodeGraphs:
 
     def replayed_now(self) -> None:
         """After replaying a graph of the current set: the next step uses the other set."""
-        self.replayed[self.turn].record()
+        record_now(self.replayed[self.turn], self.inputs)
         self.turn = (self.turn + 1) % SETS
 
     def host_views(self, turn: int) -> tuple[np.ndarray, np.ndarray]:

@@ -263,8 +263,17 @@ class EngineClient(Engine):
                 queue.put_nowait(END)
                 del self._queues[request_id]
 
+    def _deliver_tokens(self, request_ids: list[str], token_ids: list[int], produced: float) -> None:
+        """One more token of each of these requests (a step message's columns), as a delta into its queue."""
+        queues = self._queues
+        for request_id, token_id in zip(request_ids, token_ids):
+            entry = queues.get(request_id)
+            if entry is not None:
+                entry[0].put_nowait(OutputDelta(request_id, 0, [token_id], time=produced))
+
     def _dispatch(self, msg: Any) -> None:
         if isinstance(msg, StepOutputs):
+            self._deliver_tokens(msg.token_requests, msg.token_ids, msg.time)
             self._deliver(msg.deltas)
             if msg.stats is not None:
                 self._stats = msg.stats

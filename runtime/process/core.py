@@ -36,6 +36,7 @@ from runtime.process.messages import (
     STATS_PERIOD, Abort, AddRequest, LoraCall, LoraReply, Ready, Rejected, Shutdown, StartFailed, StepOutputs,
     encoder, error_info, to_core,
 )
+from runtime.request_state import RequestState
 from runtime.validation import PreparedRequest
 
 logger = logging.getLogger(__name__)
@@ -64,8 +65,9 @@ class CoreArgs:
 
 class SocketOutbox(Outbox):
     """Sends each step's deltas in one message per front end (to the one that sent each request), with the
-    engine's stats at most every STATS_PERIOD s (and whenever a request ends, so the front ends' view is exact
-    when idle)."""
+    engine's stats at most every STATS_PERIOD s (and with the two flushes after a request ends, so the front
+    ends' view is exact when idle). A streamed `token_only` request's tokens that need no delta travel as two columns of the message
+    (request ids, token ids): no delta is built, encoded and decoded per token."""
 
     def __init__(self, sockets: list[zmq.Socket], owners: dict[str, int], stats: Callable[[], EngineStats],
                  stream_interval: int = 1) -> None:
@@ -74,20 +76,45 @@ class SocketOutbox(Outbox):
         self._owners = owners  # request id -> front end; filled by the receiving loop before submit
         self._stats = stats
         self._stats_sent = 0.0
+        self._stats_owed = False
+        self._token_requests: list[str] = []  # the columns of the next message
+        self._token_ids: list[int] = []
+
+    def add_token(self, state: RequestState, token_id: int) -> None:
+        if not (state.request.stream and self.stream_interval == 1):  # held back: as a delta
+            super().add_token(state, token_id)
+            return
+        self._token_requests.append(state.request_id)
+        self._token_ids.append(token_id)
 
     def send(self, pending: Pending) -> None:
+        requests, token_ids = self._token_requests, self._token_ids
+        self._token_requests, self._token_ids = [], []
         now = time.monotonic()
         stats = None
-        if now - self._stats_sent >= STATS_PERIOD or any(final for _, _, final in pending):
+        finals = any(final for _, _, final in pending)
+        if now - self._stats_sent >= STATS_PERIOD or finals or self._stats_owed:
             stats, self._stats_sent = self._stats(), now
+        # a step's outputs may leave before its stats are published (NativeEngine._process): the engine's next
+        # flush, at the latest at the end of the step, sends them again
+        self._stats_owed = finals
         by_front_end: dict[int, list[tuple[str, list, bool]]] = {}
         for state, ds, final in pending:
             owner = self._owners.pop(state.request_id, 0) if final else self._owners.get(state.request_id, 0)
             by_front_end.setdefault(owner, []).append((state.request_id, ds, final))
+        columns = {0: (requests, token_ids)}
+        if len(self._sockets) > 1:
+            columns = {}
+            for request_id, token_id in zip(requests, token_ids):
+                owned = columns.setdefault(self._owners.get(request_id, 0), ([], []))
+                owned[0].append(request_id)
+                owned[1].append(token_id)
         for index, socket in enumerate(self._sockets):
-            deltas = by_front_end.get(index)
-            if deltas or stats is not None:
-                socket.send(encoder.encode(StepOutputs(deltas or [], stats)), copy=False)
+            deltas = by_front_end.get(index, [])
+            owned_requests, owned_ids = columns.get(index, ([], []))
+            if deltas or owned_requests or stats is not None:
+                message = StepOutputs(deltas, stats, owned_requests, owned_ids, now)
+                socket.send(encoder.encode(message), copy=False)
 
 
 class CoreServer:

@@ -4,8 +4,8 @@ Front end -> core: `AddRequest` (a request already tokenized and validated by th
 `LoraCall` (load/unload an adapter), `Shutdown`.
 With --api-servers N there are N front ends; each request's outputs go back to the one that sent it.
 Core -> front end: `Ready` (or `StartFailed`) once, then `StepOutputs` (one per engine step that produced
-anything: every request's new deltas, and the engine's stats at most every STATS_PERIOD s), `Rejected` (a
-request the core refused after it was handed over: queue full, grammar, adapter), `LoraReply`.
+anything: every request's new deltas or token ids, and the engine's stats at most every STATS_PERIOD s),
+`Rejected` (a request the core refused after it was handed over: queue full, grammar, adapter), `LoraReply`.
 
 The request/delta dataclasses of runtime.request travel as they are (msgspec encodes dataclasses); tensors
 (context/generation logits) and numpy arrays (Triton LoRA weights) travel as msgpack extensions.
@@ -71,6 +71,11 @@ class StartFailed(msgspec.Struct, tag="start_failed"):
 class StepOutputs(msgspec.Struct, tag="out"):
     deltas: list[tuple[str, list[OutputDelta], bool]]  # (request id, its new deltas, are they its last)
     stats: EngineStats | None
+    # one more token of each of these streamed requests, which needs no delta (RequestState.add_plain_token),
+    # produced at `time`; no request here also has deltas in the message
+    token_requests: list[str] = []
+    token_ids: list[int] = []
+    time: float = 0.0
 
 
 class Rejected(msgspec.Struct, tag="rejected"):

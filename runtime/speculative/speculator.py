@@ -135,6 +135,10 @@ class Speculator:
         """Whether the planned step verifies drafts (the engine then waits for it before the next step)."""
         return bool(self._work)
 
+    def verifies(self, seq: Sequence) -> bool:
+        """Whether the planned step verifies drafts of `seq` (its results then go through `emit`)."""
+        return seq.seq_id in self._work
+
     def _draft_len(self, entry: ScheduledSeq, state: RequestState) -> int:
         seq = entry.seq
         if entry.is_prefill or not entry.samples or entry.num_new_tokens != 1 or seq.num_samples > 1:

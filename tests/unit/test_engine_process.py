@@ -146,6 +146,32 @@ async def test_the_core_sends_a_streams_tokens_in_groups_with_a_stream_interval(
     assert messages == [1, 4, 4, 2]
 
 
+async def test_a_streamed_plain_requests_middle_tokens_travel_as_ids_not_deltas(checkpoint: Path) -> None:
+    quiet = request("quiet", [5, 6, 7], 6)
+    quiet.stream = False
+    requests = [request("plain", [5, 6, 7], 6), request("logprobs", [5, 6, 7], 6, logprobs=1), quiet]
+    async with started(checkpoint, engine_process=False) as local:
+        want = [await collect(local, r) for r in requests]
+    async with started(checkpoint, engine_process=True) as split:
+        assert isinstance(split, EngineClient)
+        carried: dict[str, list[str]] = {}  # how each request's tokens came, in order: "id" or "delta"
+        dispatch = split._dispatch
+
+        def recording_dispatch(msg: Any) -> None:
+            for request_id in getattr(msg, "token_requests", ()):
+                carried.setdefault(request_id, []).append("id")
+            for request_id, deltas, _ in getattr(msg, "deltas", ()):
+                carried.setdefault(request_id, []).extend("delta" for d in deltas for _ in d.token_ids)
+            dispatch(msg)
+
+        split._dispatch = recording_dispatch  # type: ignore[method-assign]
+        got = await asyncio.gather(*(collect(split, r) for r in requests))
+    assert [summary(g) for g in got] == [summary(w) for w in want]
+    # the first token brings the prompt's facts, the last the finish reason and usage
+    assert carried["plain"] == ["delta"] + ["id"] * 4 + ["delta"]
+    assert carried["logprobs"] == carried["quiet"] == ["delta"] * 6
+
+
 async def test_a_killed_core_fails_requests_in_flight_and_turns_not_ready(checkpoint: Path) -> None:
     async with started(checkpoint, engine_process=True) as engine:
         first = asyncio.Event()
