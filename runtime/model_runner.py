@@ -60,13 +60,14 @@ class StepInput:
     return_row_argmax: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class StepResult:
-    """What the step produced for one StepInput (tensors are float32, on the CPU unless asked otherwise)."""
+    """What the step produced for one StepInput (tensors are float32, on the CPU unless asked otherwise). One is
+    made per input per step: the lists are set by `PendingStep.collect`, not made empty first (half the cost)."""
 
-    token_ids: list[int] = field(default_factory=list)  # one per sample row
-    logprobs: list[float] = field(default_factory=list)  # raw logprob of each chosen token (0.0: not asked)
-    top: list[list[tuple[int, float]]] = field(default_factory=list)  # per row, best first
+    token_ids: Sequence[int] = ()  # one per sample row
+    logprobs: Sequence[float] = ()  # raw logprob of each chosen token (0.0: not asked)
+    top: Sequence[list[tuple[int, float]]] = ()  # per row, best first
     all_logits: torch.Tensor | None = None  # [len(token_ids of the input), vocab]
     sample_logits: torch.Tensor | None = None  # [1, vocab]: the row every sample was drawn from
     # (on the runner's device instead when the input asked for logits_on_device)
@@ -102,11 +103,14 @@ class PendingStep:
         assert token_ids is not None
         i = 0
         for inp, res in zip(self._inputs, self._results):
-            for _ in inp.sample_rows:
-                res.token_ids.append(token_ids[i])
-                res.logprobs.append(logprobs[i] if logprobs is not None else 0.0)
-                res.top.append(list(zip(top_ids[i], top_lps[i])) if top_ids is not None else [])
-                i += 1
+            k = len(inp.sample_rows)
+            if not k:
+                continue
+            res.token_ids = token_ids[i : i + k]
+            res.logprobs = logprobs[i : i + k] if logprobs is not None else [0.0] * k
+            res.top = ([list(zip(top_ids[j], top_lps[j])) for j in range(i, i + k)] if top_ids is not None
+                       else [[] for _ in range(k)])
+            i += k
         return self._results
 
 

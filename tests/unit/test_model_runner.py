@@ -77,7 +77,7 @@ def test_mixed_prefill_chunk_and_decode_steps_match_transformers(runner: ModelRu
     torch.testing.assert_close(res[0].sample_logits[0], ref_a[-1], rtol=1e-4, atol=1e-4)
     assert res[0].logprobs[0] == pytest.approx(float(torch.log_softmax(ref_a[-1], -1)[tok_a]), abs=1e-4)
     assert [t for t, _ in res[0].top[0]] == ref_a[-1].topk(2).indices.tolist()
-    assert res[1].token_ids == [] and res[1].all_logits is not None
+    assert not res[1].token_ids and res[1].all_logits is not None
     torch.testing.assert_close(res[1].all_logits, ref_b[:5], rtol=1e-4, atol=1e-4)
 
     # step 2: A decodes its token; B's last chunk attends to its cached first chunk and samples
@@ -262,7 +262,7 @@ def test_prompts_joining_decode_rows_replay_both_graphs(checkpoint: Path) -> Non
         got = graphed.execute(mixed(ta, tb, short))
         assert graphed.eager_steps == 1  # the first step only
         assert decode.calls == decode_calls and prefill.calls == prefill_calls
-        assert [r.token_ids for r in got] == [r.token_ids for r in expected] and got[2].token_ids == []
+        assert [r.token_ids for r in got] == [r.token_ids for r in expected] and not got[2].token_ids
         for g, e in zip(got, expected):
             assert g.logprobs == pytest.approx(e.logprobs, abs=1e-5)
         torch.testing.assert_close(got[0].all_logits, expected[0].all_logits, rtol=1e-5, atol=1e-5)
