@@ -156,6 +156,7 @@ class BlockManager:
         for block in reversed(seq.block_table[keep:]):
             self._release(block)
         del seq.block_table[keep:]
+        self.tables.write(seq, keep)  # its length
 
     def fork(self, child: Sequence) -> None:
         """`child` (from Sequence.fork) now references its parent's blocks too."""

@@ -32,7 +32,7 @@ def step_tables(inputs: Seq[StepInput], resident: BlockTables | None) -> np.ndar
     rows = [inp.table_row for inp in inputs]
     if resident is None or min(rows) < 0:
         return pad_block_tables([inp.block_table for inp in inputs]).numpy()
-    return resident.matrix[rows, : max(len(inp.block_table) for inp in inputs)]
+    return resident.matrix[rows, : resident.lengths[rows].max()]
 
 
 class BlockTables:
@@ -40,10 +40,12 @@ class BlockTables:
 
     def __init__(self, rows: int = 64, width: int = 16) -> None:
         self.matrix = np.zeros((rows, width), dtype=np.int32)
+        self.lengths = np.zeros(rows, dtype=np.int64)  # each row's table length (a step's width: their widest)
         self._free_rows = list(range(rows - 1, -1, -1))  # popped from the end: low rows first
 
     def write(self, seq: Sequence, start: int = 0) -> None:
-        """Copy `seq.block_table[start:]` into its row (a row is given on the first write)."""
+        """Copy `seq.block_table[start:]` into its row (a row is given on the first write), and its length (a
+        table cut to `start` entries: a write of nothing from there)."""
         if seq.table_row < 0:
             if not self._free_rows:
                 self._grow(rows=2 * self.matrix.shape[0])
@@ -53,11 +55,13 @@ class BlockTables:
             self._grow(width=max(end, 2 * self.matrix.shape[1]))
         if end > start:
             self.matrix[seq.table_row, start:end] = seq.block_table[start:]
+        self.lengths[seq.table_row] = end
 
     def release(self, seq: Sequence) -> None:
         """`seq` holds no blocks any more: its row may go to another sequence."""
         if seq.table_row >= 0:
             self._free_rows.append(seq.table_row)
+            self.lengths[seq.table_row] = 0
             seq.table_row = -1
 
     @property
@@ -66,11 +70,12 @@ class BlockTables:
 
     def row(self, seq: Sequence) -> list[int]:
         """`seq`'s table as held here (tests, invariants)."""
-        return self.matrix[seq.table_row, : len(seq.block_table)].tolist() if seq.table_row >= 0 else []
+        return self.matrix[seq.table_row, : self.lengths[seq.table_row]].tolist() if seq.table_row >= 0 else []
 
     def _grow(self, rows: int | None = None, width: int | None = None) -> None:
         old = self.matrix
         self.matrix = np.zeros((rows or old.shape[0], width or old.shape[1]), dtype=np.int32)
         self.matrix[: old.shape[0], : old.shape[1]] = old
         if rows is not None:
+            self.lengths = np.concatenate([self.lengths, np.zeros(rows - old.shape[0], dtype=np.int64)])
             self._free_rows[:0] = range(rows - 1, old.shape[0] - 1, -1)
