@@ -36,6 +36,7 @@ from runtime.process.messages import (
     STATS_PERIOD, Abort, AddRequest, LoraCall, LoraReply, Ready, Rejected, Shutdown, StartFailed, StepOutputs,
     encoder, error_info, to_core,
 )
+from runtime.request import OutputDelta
 from runtime.request_state import RequestState
 from runtime.validation import PreparedRequest
 
@@ -65,9 +66,11 @@ class CoreArgs:
 
 class SocketOutbox(Outbox):
     """Sends each step's deltas in one message per front end (to the one that sent each request), with the
-    engine's stats at most every STATS_PERIOD s (and with the two flushes after a request ends, so the front
-    ends' view is exact when idle). A streamed `token_only` request's tokens that need no delta travel as two columns of the message
-    (request ids, token ids): no delta is built, encoded and decoded per token."""
+    engine's stats at most every STATS_PERIOD s (and whenever a request ends, so the front ends' view is exact
+    when idle). A streamed `token_only` request's tokens that need no delta travel as two columns of the message
+    (request ids, token ids): no delta is built, encoded and decoded per token. The front end hands out a
+    message's columns before its deltas, so a token that follows a delta of its request in the same message (two
+    steps' outputs in one flush) goes as a delta too."""
 
     def __init__(self, sockets: list[zmq.Socket], owners: dict[str, int], stats: Callable[[], EngineStats],
                  stream_interval: int = 1) -> None:
@@ -76,12 +79,17 @@ class SocketOutbox(Outbox):
         self._owners = owners  # request id -> front end; filled by the receiving loop before submit
         self._stats = stats
         self._stats_sent = 0.0
-        self._stats_owed = False
         self._token_requests: list[str] = []  # the columns of the next message
         self._token_ids: list[int] = []
+        self._with_deltas: set[str] = set()  # requests with deltas in the next message
+
+    def emit(self, state: RequestState, deltas: list[OutputDelta], final: bool = False) -> None:
+        super().emit(state, deltas, final)
+        self._with_deltas.add(state.request_id)
 
     def add_token(self, state: RequestState, token_id: int) -> None:
-        if not (state.request.stream and self.stream_interval == 1):  # held back: as a delta
+        # as a delta: held back (not streamed, or a stream interval), or behind a delta in this message
+        if not (state.request.stream and self.stream_interval == 1) or state.request_id in self._with_deltas:
             super().add_token(state, token_id)
             return
         self._token_requests.append(state.request_id)
@@ -90,25 +98,22 @@ class SocketOutbox(Outbox):
     def send(self, pending: Pending) -> None:
         requests, token_ids = self._token_requests, self._token_ids
         self._token_requests, self._token_ids = [], []
+        self._with_deltas.clear()
         now = time.monotonic()
         stats = None
-        finals = any(final for _, _, final in pending)
-        if now - self._stats_sent >= STATS_PERIOD or finals or self._stats_owed:
+        if now - self._stats_sent >= STATS_PERIOD or any(final for _, _, final in pending):
             stats, self._stats_sent = self._stats(), now
-        # a step's outputs may leave before its stats are published (NativeEngine._process): the engine's next
-        # flush, at the latest at the end of the step, sends them again
-        self._stats_owed = finals
-        by_front_end: dict[int, list[tuple[str, list, bool]]] = {}
-        for state, ds, final in pending:
-            owner = self._owners.pop(state.request_id, 0) if final else self._owners.get(state.request_id, 0)
-            by_front_end.setdefault(owner, []).append((state.request_id, ds, final))
         columns = {0: (requests, token_ids)}
-        if len(self._sockets) > 1:
+        if len(self._sockets) > 1:  # (before a final delta below lets go of its request's owner)
             columns = {}
             for request_id, token_id in zip(requests, token_ids):
                 owned = columns.setdefault(self._owners.get(request_id, 0), ([], []))
                 owned[0].append(request_id)
                 owned[1].append(token_id)
+        by_front_end: dict[int, list[tuple[str, list, bool]]] = {}
+        for state, ds, final in pending:
+            owner = self._owners.pop(state.request_id, 0) if final else self._owners.get(state.request_id, 0)
+            by_front_end.setdefault(owner, []).append((state.request_id, ds, final))
         for index, socket in enumerate(self._sockets):
             deltas = by_front_end.get(index, [])
             owned_requests, owned_ids = columns.get(index, ([], []))

@@ -72,7 +72,7 @@ class StepOutputs(msgspec.Struct, tag="out"):
     deltas: list[tuple[str, list[OutputDelta], bool]]  # (request id, its new deltas, are they its last)
     stats: EngineStats | None
     # one more token of each of these streamed requests, which needs no delta (RequestState.add_plain_token),
-    # produced at `time`; no request here also has deltas in the message
+    # produced at `time`; they come before the message's deltas (a request's later tokens are among those)
     token_requests: list[str] = []
     token_ids: list[int] = []
     time: float = 0.0

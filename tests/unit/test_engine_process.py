@@ -20,13 +20,18 @@ from typing import Any
 
 import psutil
 import pytest
+import torch
 
 from runtime import build_engine
 from runtime.config import EngineConfig
-from runtime.engine import Engine
+from runtime.engine import Engine, EngineStats
 from runtime.errors import EngineNotReadyError, InvalidRequestError
 from runtime.process.client import EngineClient
-from runtime.request import GuidedDecoding
+from runtime.process.core import SocketOutbox
+from runtime.process.messages import StepOutputs, to_front_end
+from runtime.request import GuidedDecoding, OutputDelta
+from runtime.request_state import RequestState
+from runtime.validation import PreparedRequest
 from tests.engine_harness import Collected, collect, request, wait_for
 from tests.tiny_models import build_tiny_model
 
@@ -170,6 +175,31 @@ async def test_a_streamed_plain_requests_middle_tokens_travel_as_ids_not_deltas(
     # the first token brings the prompt's facts, the last the finish reason and usage
     assert carried["plain"] == ["delta"] + ["id"] * 4 + ["delta"]
     assert carried["logprobs"] == carried["quiet"] == ["delta"] * 6
+
+
+def test_a_token_behind_a_delta_of_its_request_in_one_message_goes_as_a_delta() -> None:
+    """Two steps' outputs may share a message (a step collected, then a synchronous one): the front end hands
+    out the columns first, so a request's token may go there only while the message holds no delta of it."""
+    sent: list[StepOutputs] = []
+
+    class Socket:
+        def send(self, data: bytes, copy: bool = True) -> None:
+            sent.append(to_front_end.decode(data))
+
+    outbox = SocketOutbox([Socket()], {}, EngineStats)  # type: ignore[list-item]
+    states = [RequestState(request(r, [1, 2], 8), PreparedRequest([1, 2], 8, []), tokenizer=None,  # type: ignore[arg-type]
+                           eos_token_ids=[0], context_window=64, device=torch.device("cpu"), makes_text=False)
+              for r in ("a", "b")]
+    a, b = states
+    outbox.add_token(a, 5)  # ids first, then a's delta: the front end keeps that order
+    outbox.emit(a, [OutputDelta("a", 0, [6])])
+    outbox.emit(b, [OutputDelta("b", 0, [7])])
+    outbox.add_token(b, 8)
+    outbox.flush()
+    outbox.add_token(b, 9)  # a new message: b has no delta there
+    outbox.flush()
+    assert [(m.token_requests, m.token_ids) for m in sent] == [(["a"], [5]), (["b"], [9])]
+    assert [(r, d.token_ids) for r, ds, _ in sent[0].deltas for d in ds] == [("a", [6]), ("b", [7]), ("b", [8])]
 
 
 async def test_a_killed_core_fails_requests_in_flight_and_turns_not_ready(checkpoint: Path) -> None:
