@@ -173,8 +173,9 @@ class NativeEngine(Engine):
         await asyncio.to_thread(self.load)
         # Full collections rescanning the loaded heap (model, tokenizer, transformers' modules) cost 10-16% of
         # throughput at batch 256 on CUDA, and on the 2-core CPU 2.7 ms of a 256-row step's 3.4 ms of output
-        # handling (benchmarks/RESULTS.md): keep that heap out of them (until shutdown, see there).
-        gc.collect()
+        # handling (benchmarks/RESULTS.md): keep that heap out of them (until shutdown, see there). Only the young
+        # generations are collected first: a full collection here took 0.13-0.3 s, a start of every engine test.
+        gc.collect(1)
         gc.freeze()
         self._thread = threading.Thread(target=self._run, name="native-engine", daemon=True)
         self._accepting = True
