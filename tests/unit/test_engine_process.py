@@ -33,6 +33,7 @@ from runtime.request import GuidedDecoding, OutputDelta
 from runtime.request_state import RequestState
 from runtime.validation import PreparedRequest
 from tests.engine_harness import Collected, collect, request, wait_for
+from tests.lora_adapters import make_peft_adapter, peft_greedy
 from tests.tiny_models import build_tiny_model
 
 ENGINE = dict(device="cpu", dtype="float32", kv_block_size=4, max_kv_tokens=1024, max_batch_size=8)
@@ -58,7 +59,7 @@ def core_of(engine: Engine) -> psutil.Process:
     return psutil.Process(engine._process.pid)
 
 
-MIXED = [  # joins at different times, a stop string, n > 1, a grammar, an early abort
+MIXED = [  # joins at different times, a stop string, n > 1 (and in run_mixed: a grammar, a LoRA adapter, an abort)
     (0.0, request("plain", [5, 6, 7, 8], 12)),
     (0.0, request("stop", [9, 10, 11], 16, stop=["ck"], ignore_eos=False)),
     (0.01, request("n3", [12, 13], 6, n=3, temperature=0.0)),
@@ -69,6 +70,8 @@ MIXED = [  # joins at different times, a stop string, n > 1, a grammar, an early
 async def run_mixed(engine: Engine) -> dict[str, Collected]:
     guided = request("guided", [20, 21], 24, ignore_eos=False)
     guided.guided = GuidedDecoding(regex="[ab]{3}")
+    adapted = request("lora", [22, 23, 24], 10)
+    adapted.adapter = "ad"
 
     async def later(delay: float, req: Any) -> Collected:
         await asyncio.sleep(delay)
@@ -81,8 +84,9 @@ async def run_mixed(engine: Engine) -> dict[str, Collected]:
             if deltas == 2:
                 break
 
-    results = await asyncio.gather(*(later(d, r) for d, r in MIXED), later(0.0, guided), aborted())
-    return dict(zip([r.request_id for _, r in MIXED] + ["guided"], results[:-1]))
+    results = await asyncio.gather(*(later(d, r) for d, r in MIXED), later(0.0, guided), later(0.005, adapted),
+                                   aborted())
+    return dict(zip([r.request_id for _, r in MIXED] + ["guided", "lora"], results[:-1]))
 
 
 def summary(out: Collected) -> tuple[Any, ...]:
@@ -93,9 +97,10 @@ def summary(out: Collected) -> tuple[Any, ...]:
 async def test_outputs_equal_in_process_and_split_and_refusals_come_back(checkpoint: Path, tmp_path: Path) -> None:
     """One core process (each costs seconds to start here): the mixed batch, then refused requests and calls, then a
     shutdown that drains a request in flight and the core's exit 0."""
-    async with started(checkpoint, engine_process=False) as local:
+    adapters = {"ad": str(make_peft_adapter(checkpoint, tmp_path / "ad", ["q_proj", "v_proj"], seed=3))}
+    async with started(checkpoint, engine_process=False, lora_modules=adapters) as local:
         want = await run_mixed(local)
-    split = build_engine(EngineConfig(model=str(checkpoint), engine_process=True, **ENGINE))
+    split = build_engine(EngineConfig(model=str(checkpoint), engine_process=True, lora_modules=adapters, **ENGINE))
     await split.start()
     try:
         got = await run_mixed(split)
@@ -104,6 +109,7 @@ async def test_outputs_equal_in_process_and_split_and_refusals_come_back(checkpo
         assert got["guided"].finish[0] == "stop" and len(got["guided"].text[0]) == 3
         # the front end matched the stop string (the core sends no text) and ended the request in the core
         assert got["stop"].stop_reason == {0: "ck"} and got["stop"].usage.completion_tokens < 16
+        assert got["lora"].tokens[0] == peft_greedy(checkpoint, Path(adapters["ad"]), [22, 23, 24], 10)
 
         # refused in the core after the hand-over: the error keeps its class and field
         too_big = request("grammar", [1, 2], 4)
@@ -117,7 +123,7 @@ async def test_outputs_equal_in_process_and_split_and_refusals_come_back(checkpo
         assert err.value.param == "max_tokens"
         with pytest.raises(InvalidRequestError):  # a LoRA call answered by the core
             await split.load_lora_adapter("missing", str(tmp_path / "no-such-adapter"))
-        assert split.lora_adapters() == {}
+        assert split.lora_adapters() == adapters
         assert (await collect(split, request("after", [1, 2], 3))).finish == {0: "length"}
 
         # shutdown drains, then the core exits
