@@ -193,10 +193,9 @@ def test_a_token_behind_a_delta_of_its_request_in_one_message_goes_as_a_delta() 
             sent.append(to_front_end.decode(data))
 
     outbox = SocketOutbox([Socket()], {}, EngineStats)  # type: ignore[list-item]
-    states = [RequestState(request(r, [1, 2], 8), PreparedRequest([1, 2], 8, []), tokenizer=None,  # type: ignore[arg-type]
-                           eos_token_ids=[0], context_window=64, device=torch.device("cpu"), makes_text=False)
-              for r in ("a", "b")]
-    a, b = states
+    a, b = (RequestState(request(r, [1, 2], 8), PreparedRequest([1, 2], 8, []),
+                         tokenizer=None, eos_token_ids=[0], context_window=64,  # type: ignore[arg-type]
+                         device=torch.device("cpu"), makes_text=False) for r in ("a", "b"))
     outbox.add_token(a, 5)  # ids first, then a's delta: the front end keeps that order
     outbox.emit(a, [OutputDelta("a", 0, [6])])
     outbox.emit(b, [OutputDelta("b", 0, [7])])
