@@ -93,19 +93,19 @@ class RequestState:
             context_window=context_window, eos_token_ids=eos_token_ids, tokenizer=tokenizer,
         )
         self.wants_prompt_logits = opts.prompt_logprobs is not None or opts.return_context_logits
+        # one sample, no grammar, no logits returned: what both flags below start from
+        single_plain = (new_guide is None and self.beam is None and opts.n == 1 and not self.wants_prompt_logits
+                        and not opts.return_generation_logits)
         # Whether a step may sample this request's next token before the host knows its last one (the
         # engine's async scheduling): not with grammars, token-dependent processors, beams, forks or logits.
         self.overlappable = (
-            new_guide is None and self.beam is None and opts.n == 1 and not self.wants_prompt_logits
-            and not opts.return_generation_logits and not self.bad_words_ids and opts.repetition_penalty == 1.0
+            single_plain and not self.bad_words_ids and opts.repetition_penalty == 1.0
             and opts.presence_penalty == 0.0 and opts.frequency_penalty == 0.0
         )
         # A request whose tokens need no more than their ids from the engine (text and stop strings made in the
         # front end, one sample, no logprobs, logits or grammar): `add_plain_token` takes its tokens that cannot end
         # it, and they travel as ids, not as deltas (the engine core's outbox).
-        self.token_only = (not makes_text and opts.n == 1 and self.beam is None and new_guide is None
-                           and opts.logprobs is None and not opts.return_generation_logits
-                           and not self.wants_prompt_logits)
+        self.token_only = single_plain and not makes_text and opts.logprobs is None
         # ids that may end a sample (min_tokens and ignore_eos aside): `add_plain_token` leaves them to add_token
         self._ending_ids = frozenset(opts.stop_token_ids) | frozenset(eos_token_ids)
         self.num_cached_tokens = 0
