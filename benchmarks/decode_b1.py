@@ -38,7 +38,7 @@ from runtime.process.client import EngineClient
 from runtime.sampler import Sampler
 
 # the engine's own steps, patched on the instance (the loop calls them through self)
-ENGINE_PARTS = ("step", "_take_inbox", "_run_batch", "_step_input", "_collect_inflight", "_process", "_hold_places",
+ENGINE_PARTS = ("step", "_take_inbox", "_run_batch", "_step_inputs", "_collect_inflight", "_process", "_hold_places",
                 "_publish_stats")
 # library calls inside them, patched on their classes
 CLASS_PARTS: tuple[tuple[Any, str], ...] = (

@@ -484,7 +484,7 @@ async def _profile(engine: Any, s: Sizes, vocab: int, seed: int, out: Path) -> d
 
 
 # engine-loop functions whose cumulative time per step the profile reports
-_HOST_FUNCTIONS = {"step", "schedule", "_run_batch", "_step_input", "sampling_rows", "execute", "run", "_sample",
+_HOST_FUNCTIONS = {"step", "schedule", "_run_batch", "_step_inputs", "sampling_rows", "execute", "run", "_sample",
                    "__call__", "_postprocess", "add_token", "push", "flush", "emit", "_publish_stats", "_take_inbox",
                    "advance", "synchronize"}
 

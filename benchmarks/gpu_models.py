@@ -118,9 +118,10 @@ def check_logits(folder: Path, prompt_len: int = 200, device: str = "cuda") -> d
     """Prompt logits of our runner (Triton prefill over the paged cache, in two chunks) and of transformers,
     both bf16, each against transformers in fp32. Pass: our error is within 1.5x of transformers' own
     bf16 error (random weights give nearly flat logits, so an absolute bound says little)."""
-    from runtime.model_runner import ModelRunner, StepInput
+    from runtime.model_runner import ModelRunner
     from runtime.models import load_model
     from runtime.sampler import Sampler
+    from runtime.step_inputs import StepInput
 
     hf = _hf_model(folder, torch.float32, device)
     ids = random_prompts(1, prompt_len, hf.config.vocab_size, 3)[0]

@@ -34,9 +34,9 @@ import torch
 from runtime.config import EngineConfig
 from runtime.guided import GuidedCompiler, GuideState, apply_bitmask, fill_bitmasks
 from runtime.llm_engine import NativeEngine
-from runtime.model_runner import StepInput
 from runtime.request import GuidedDecoding, SamplingOptions
 from runtime.sampler import SamplingRow
+from runtime.step_inputs import StepInput
 
 SCHEMA = {
     "type": "object",

@@ -30,9 +30,9 @@ from runtime.config import EngineConfig
 from runtime.demo import demo_model_path
 from runtime.llm_engine import NativeEngine
 from runtime.lora.weights import LoraPair, LoraWeights
-from runtime.model_runner import StepInput
 from runtime.request import SamplingOptions
 from runtime.sampler import SamplingRow
+from runtime.step_inputs import StepInput
 
 
 # Llama shapes for --synthetic: hidden, layers, intermediate, heads, kv heads (vocab 32000).

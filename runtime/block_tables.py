@@ -14,7 +14,6 @@ padding of pad_block_tables). The matrix grows, by doubling, in rows and columns
 
 from __future__ import annotations
 
-from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,15 +22,15 @@ from runtime.attention_metadata import pad_block_tables
 from runtime.sequence import Sequence
 
 if TYPE_CHECKING:
-    from runtime.model_runner import StepInput
+    from runtime.step_inputs import StepInputs
 
 
-def step_tables(inputs: Seq[StepInput], resident: BlockTables | None) -> np.ndarray:
+def step_tables(inputs: StepInputs, resident: BlockTables | None) -> np.ndarray:
     """The inputs' block tables, int32 [inputs, widest]: their rows of `resident` where every input names one (entries
     past a table's length: stale ids), else built from their lists (padded with 0)."""
-    rows = [inp.table_row for inp in inputs]
+    rows = inputs.table_rows
     if resident is None or min(rows) < 0:
-        return pad_block_tables([inp.block_table for inp in inputs]).numpy()
+        return pad_block_tables(inputs.block_tables).numpy()
     return resident.matrix[rows, : resident.lengths[rows].max()]
 
 

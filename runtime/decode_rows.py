@@ -8,8 +8,6 @@ engine's async scheduling), that token's row in the previous step's samples.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from itertools import chain
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
@@ -19,7 +17,7 @@ from runtime.block_tables import BlockTables, step_tables
 from runtime.device import host_tensor
 
 if TYPE_CHECKING:
-    from runtime.model_runner import StepInput
+    from runtime.step_inputs import StepInputs
 
 MAX_ROWS_PER_SEQ = 17  # new tokens a sequence may bring to a graphed step (1 + the most draft tokens)
 # rows of the packed input buffer; PREV: the row of the previous step's samples holding this row's token, or -1
@@ -37,29 +35,33 @@ class DecodeOutput(NamedTuple):
     greedy_host: torch.Tensor | None = None
 
 
-def pack_rows(inputs: Sequence[StepInput], block_size: int,
+def fit_rows(inputs: StepInputs, max_blocks: int) -> bool:
+    """Whether every input brings at most MAX_ROWS_PER_SEQ new tokens and a table of at most `max_blocks` blocks."""
+    return max(inputs.counts) <= MAX_ROWS_PER_SEQ and max(map(len, inputs.block_tables)) <= max_blocks
+
+
+def pack_rows(inputs: StepInputs, block_size: int,
               resident: BlockTables | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One graph row per new token: the packed buffer's columns, int64 [PACKED_ROWS, rows], and the rows' block tables,
     int32 [rows, the step's widest table]. Tables come from `resident` (the BlockManager's, runtime/block_tables.py)
     where every input names its row there, else from the inputs' lists."""
-    counts = [len(inp.token_ids) for inp in inputs]
-    n = sum(counts)
+    counts = inputs.counts
+    n = len(inputs.token_ids)
     columns = np.empty((PACKED_ROWS, n), dtype=np.int64)
-    starts = np.fromiter((inp.start_pos for inp in inputs), np.int64, len(inputs))
-    if max(counts) == 1:  # a decode step: one token per input
+    starts = np.array(inputs.start_pos, dtype=np.int64)
+    columns[IDS] = inputs.token_ids
+    if n == len(counts):  # a decode step: one token per input
         owner = None
-        columns[IDS] = [inp.token_ids[0] for inp in inputs]
         positions = starts
-        columns[ADAPTERS] = [inp.adapter_slot for inp in inputs]
-        columns[PREV] = [inp.prev_sample for inp in inputs]
+        columns[ADAPTERS] = inputs.adapter_slots
+        columns[PREV] = inputs.prev_samples
     else:
-        owner = np.repeat(np.arange(len(inputs)), counts)  # the input of each row
-        first = np.cumsum(counts) - counts
-        columns[IDS] = list(chain.from_iterable(inp.token_ids for inp in inputs))
+        owner = np.repeat(np.arange(len(counts)), counts)  # the input of each row
+        first = np.array(inputs.first_rows(), dtype=np.int64)
         positions = starts[owner] + np.arange(n) - first[owner]
-        columns[ADAPTERS] = np.array([inp.adapter_slot for inp in inputs])[owner]
+        columns[ADAPTERS] = np.array(inputs.adapter_slots)[owner]
         columns[PREV] = -1
-        columns[PREV, first] = [inp.prev_sample for inp in inputs]  # only an input's first token can be pending
+        columns[PREV, first] = inputs.prev_samples  # only an input's first token can be pending
     columns[POSITIONS] = positions
     columns[LENGTHS] = positions + 1  # the row attends over its sequence up to and including itself
     tables = step_tables(inputs, resident)
@@ -69,19 +71,14 @@ def pack_rows(inputs: Sequence[StepInput], block_size: int,
     return columns, tables
 
 
-def fill_pending(inputs: Sequence[StepInput], input_ids: torch.Tensor, last_sampled: torch.Tensor | None) -> None:
+def fill_pending(inputs: StepInputs, input_ids: torch.Tensor, last_sampled: torch.Tensor | None) -> None:
     """Write into `input_ids` (one row per new token) the tokens that the previous launch sampled on the device
     (`last_sampled`) for the inputs that name one (StepInput.prev_sample)."""
-    dst: list[int] = []
-    src: list[int] = []
-    row = 0
-    for inp in inputs:
-        if inp.prev_sample >= 0:
-            dst.append(row)
-            src.append(inp.prev_sample)
-        row += len(inp.token_ids)
-    if not dst:
+    if max(inputs.prev_samples) < 0:
         return
+    pending = [(row, prev) for row, prev in zip(inputs.first_rows(), inputs.prev_samples) if prev >= 0]
+    dst = [row for row, _ in pending]
+    src = [prev for _, prev in pending]
     assert last_sampled is not None, "a step named pending tokens but the previous one sampled none"
     if dst == src == list(range(len(dst))):  # the same rows in the same order: one copy, no index uploads
         input_ids[: len(dst)].copy_(last_sampled[: len(dst)])

@@ -39,7 +39,7 @@ from runtime.errors import EngineNotReadyError, InvalidRequestError, QueueFullEr
 from runtime.guided import GuidedCompiler, GuideState
 from runtime.kv_cache import num_kv_blocks
 from runtime.lora import LoraManager
-from runtime.model_runner import ModelRunner, PendingStep, StepInput, StepResult
+from runtime.model_runner import ModelRunner, PendingStep
 from runtime.models import ModelSpec, kv_cache_bytes_per_token, load_model
 from runtime.models.cpu_weights import prepare_cpu_weights
 from runtime.output_text import text_in_front_end
@@ -49,6 +49,8 @@ from runtime.sampler import Sampler
 from runtime.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
 from runtime.sequence import PENDING_TOKEN, SequenceStatus
 from runtime.speculative import Speculator, build_speculator, load_proposer
+from runtime.step_inputs import NO_SAMPLES, StepInputs
+from runtime.step_results import StepResult, StepResults
 from runtime.tokenizer import Tokenizer
 from runtime.validation import PreparedRequest, validate_request
 from runtime.workers import WorkerPool, is_heavy
@@ -383,10 +385,10 @@ class NativeEngine(Engine):
             spec.plan(batch, self._requests)  # drafts for speculating decode entries (runtime/speculative)
             # a step that verifies drafts ends on the host; one where nothing was proposed still runs one ahead
             overlap = overlap and not spec.proposed
-        inputs = [self._step_input(entry) for entry in batch.entries]
+        inputs = self._step_inputs(batch)
         try:
             if spec is not None:
-                spec.patch_inputs(batch, inputs)
+                inputs = spec.patch_inputs(batch, inputs)
             pending = self.runner.launch(inputs, batch.copies)
         except Exception as exc:  # noqa: BLE001 - one failed step fails its requests, not the engine
             self._fail_batch(batch, exc)
@@ -452,26 +454,26 @@ class NativeEngine(Engine):
             if state is not None:
                 self._end(state, state.end_all("error", f"EngineFailedError: model step failed: {exc!r}"))
 
-    def _process(self, batch: ScheduledBatch, results: list[StepResult]) -> None:
+    def _process(self, batch: ScheduledBatch, results: StepResults) -> None:
         """Turn a finished step's results into deltas, and end the requests that finished. A token of a
         `token_only` request that cannot end it is only counted and handed to the outbox as an id (no delta)."""
         produced: dict[str, list[OutputDelta]] = {}
         spec = self.speculator if self.speculator is not None and self.speculator.proposed else None
         plain_tokens = 0
-        for entry, result in zip(batch.entries, results):
+        first_ids = results.first_ids()
+        for b, entry in enumerate(batch.entries):
             seq = entry.seq
             state = self._requests.get(seq.request_id)
             if state is None or seq.status is SequenceStatus.FINISHED:
                 continue
             try:
-                if (state.token_only and not entry.is_prefill and result.token_ids
-                        and (spec is None or not spec.verifies(seq))
-                        and state.add_plain_token(seq, token_id := result.token_ids[0])):
+                if (state.token_only and not entry.is_prefill and (token_id := first_ids[b]) is not None
+                        and (spec is None or not spec.verifies(seq)) and state.add_plain_token(seq, token_id)):
                     seq.add_sampled(token_id)
                     self.outbox.add_token(state, token_id)
                     plain_tokens += 1
                     continue
-                produced.setdefault(state.request_id, []).extend(self._postprocess(state, entry, result))
+                produced.setdefault(state.request_id, []).extend(self._postprocess(state, entry, results[b]))
             except Exception as exc:  # noqa: BLE001 - a bug in one request's output fails that request only
                 logger.exception("output processing failed for request %s", state.request_id)
                 deltas = produced.pop(state.request_id, []) + state.end_all("error", f"output processing failed: {exc!r}")
@@ -484,26 +486,26 @@ class NativeEngine(Engine):
             else:
                 self.outbox.emit(state, deltas)
 
-    def _step_input(self, entry: ScheduledSeq) -> StepInput:
-        # built per row per step: the fields that are off for most rows are set only when on (a call of the dataclass
-        # with every field by keyword was 6.6% of the engine core's step thread at 256 rows, H200 py-spy)
-        seq = entry.seq
-        state = self._requests[seq.request_id]
-        start = seq.num_computed_tokens
-        samples = entry.samples
-        token_ids = seq.token_ids
-        inp = StepInput(token_ids[start : start + entry.num_new_tokens], start, seq.block_table,
-                        state.sampling_rows(seq) if samples else [], table_row=seq.table_row)
-        if token_ids[-1] == PENDING_TOKEN:
-            inp.prev_sample = self._inflight_rows.get(seq.seq_id, -1)
-        if state.wants_prompt_logits:
-            inp.return_all_logits = state.needs_prompt_logits and start < seq.num_prompt_tokens
-        # beam search ranks continuations by the raw next-token logits (runtime/beam_search.py)
-        if samples and (state.options.return_generation_logits or state.beam is not None):
-            inp.return_sample_logits = True
-        if state.adapter_key is not None:
-            inp.adapter_slot = self.lora.slot_of(seq.request_id)
-        return inp
+    def _step_inputs(self, batch: ScheduledBatch) -> StepInputs:
+        """The step's inputs, written column by column (runtime/step_inputs.py): no object per row."""
+        inputs = StepInputs()
+        add, requests, inflight_rows = inputs.add, self._requests, self._inflight_rows
+        for b, entry in enumerate(batch.entries):
+            seq = entry.seq
+            state = requests[seq.request_id]
+            start = seq.num_computed_tokens
+            samples = entry.samples
+            token_ids = seq.token_ids
+            add(token_ids, start, entry.num_new_tokens, start, seq.block_table, seq.table_row,
+                state.sampling_rows(seq) if samples else NO_SAMPLES,
+                inflight_rows.get(seq.seq_id, -1) if token_ids[-1] == PENDING_TOKEN else -1,
+                self.lora.slot_of(seq.request_id) if state.adapter_key is not None else -1)
+            if state.wants_prompt_logits and state.needs_prompt_logits and start < seq.num_prompt_tokens:
+                inputs.all_logits.add(b)
+            # beam search ranks continuations by the raw next-token logits (runtime/beam_search.py)
+            if samples and (state.options.return_generation_logits or state.beam is not None):
+                inputs.sample_logits.add(b)
+        return inputs
 
     def _postprocess(self, state: RequestState, entry: ScheduledSeq, result: StepResult) -> list[OutputDelta]:
         seq = entry.seq

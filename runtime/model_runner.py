@@ -17,7 +17,7 @@ so the next step never waits for the host to learn the token (the engine's async
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -29,49 +29,14 @@ from runtime.device import host_tensor, record_now, to_device
 from runtime.lora.apply import LoraBatch
 from runtime.models import CausalLM, allocate_kv_cache
 from runtime.sampler import Sampler, SamplingRow, plain_greedy
+from runtime.step_inputs import StepInput, StepInputs
+from runtime.step_results import StepResults
 
 if TYPE_CHECKING:
     from runtime.cpu.compiled_decode import CompiledDecode
     from runtime.cuda.graphs import DecodeGraphs
     from runtime.cuda.mixed_graphs import MixedGraphs
     from runtime.cuda.prefill_graphs import PrefillGraphs
-
-
-@dataclass(slots=True)
-class StepInput:
-    """One sequence's share of a step."""
-
-    token_ids: list[int]  # the new tokens computed this step
-    start_pos: int  # position of token_ids[0] = tokens already in the cache
-    block_table: list[int]  # covers positions 0 .. start_pos + len(token_ids) - 1
-    # Rows sampled from the last new token's logits: none mid-prompt, one normally, n when forking.
-    sample_rows: list[SamplingRow] = field(default_factory=list)
-    return_all_logits: bool = False  # logits of every new token (prompt logprobs, context logits)
-    return_sample_logits: bool = False  # the raw logits the sampled rows came from (generation logits)
-    adapter_slot: int = -1  # LoRA device slot of the sequence's adapter; -1: the base model
-    table_row: int = -1  # block_table's row in the runner's resident block tables (runtime/block_tables.py); -1: none
-    # keep all_logits / sample_logits on the device (speculative verification and drafting read them
-    # there and copy back only the chosen ids)
-    logits_on_device: bool = False
-    # >= 0: token_ids is [PENDING_TOKEN]; the token is row `prev_sample` of the previous launch's sampled ids
-    prev_sample: int = -1
-    # the raw argmax of every new token's logits comes back in StepResult.row_argmax (with return_all_logits):
-    # what a greedy target's speculative verification compares, taken for the whole step at once
-    return_row_argmax: bool = False
-
-
-@dataclass(slots=True)
-class StepResult:
-    """What the step produced for one StepInput (tensors are float32, on the CPU unless asked otherwise). One is
-    made per input per step: the lists are set by `PendingStep.collect`, not made empty first (half the cost)."""
-
-    token_ids: Sequence[int] = ()  # one per sample row
-    logprobs: Sequence[float] = ()  # raw logprob of each chosen token (0.0: not asked)
-    top: Sequence[list[tuple[int, float]]] = ()  # per row, best first
-    all_logits: torch.Tensor | None = None  # [len(token_ids of the input), vocab]
-    sample_logits: torch.Tensor | None = None  # [1, vocab]: the row every sample was drawn from
-    # (on the runner's device instead when the input asked for logits_on_device)
-    row_argmax: list[int] | None = None  # return_row_argmax: each new token's greedy id
 
 
 class RowArgmax(NamedTuple):
@@ -84,34 +49,22 @@ class RowArgmax(NamedTuple):
 class PendingStep:
     """A launched step: its sampled ids are being copied to the host; `collect` waits for them."""
 
-    def __init__(self, inputs: Sequence[StepInput], results: list[StepResult],
-                 fetched: list[torch.Tensor | None], done: torch.cuda.Event | None,
-                 row_argmax: RowArgmax | None = None) -> None:
-        self._inputs, self._results, self._fetched, self._done = inputs, results, fetched, done
-        self._row_argmax = row_argmax
+    def __init__(self, counts: list[int], fetched: list[torch.Tensor | None], done: torch.cuda.Event | None,
+                 row_argmax: RowArgmax | None = None, all_logits: dict[int, torch.Tensor] | None = None,
+                 sample_logits: dict[int, torch.Tensor] | None = None) -> None:
+        self._counts, self._fetched, self._done, self._row_argmax = counts, fetched, done, row_argmax
+        self._all_logits, self._sample_logits = all_logits, sample_logits
 
-    def collect(self) -> list[StepResult]:
+    def collect(self) -> StepResults:
         if self._done is not None:
             self._done.synchronize()
+        row_argmax = None
         if self._row_argmax is not None:
             ids = self._row_argmax.ids.tolist()
-            for b, first, n in self._row_argmax.spans:
-                self._results[b].row_argmax = ids[first : first + n]
-        if self._fetched[0] is None:  # nothing was sampled
-            return self._results
+            row_argmax = {b: ids[first : first + n] for b, first, n in self._row_argmax.spans}
         token_ids, logprobs, top_ids, top_lps = (t.tolist() if t is not None else None for t in self._fetched)
-        assert token_ids is not None
-        i = 0
-        for inp, res in zip(self._inputs, self._results):
-            k = len(inp.sample_rows)
-            if not k:
-                continue
-            res.token_ids = token_ids[i : i + k]
-            res.logprobs = logprobs[i : i + k] if logprobs is not None else [0.0] * k
-            res.top = ([list(zip(top_ids[j], top_lps[j])) for j in range(i, i + k)] if top_ids is not None
-                       else [[] for _ in range(k)])
-            i += k
-        return self._results
+        return StepResults(self._counts, token_ids, logprobs, top_ids, top_lps, self._all_logits, self._sample_logits,
+                           row_argmax)
 
 
 class Forward(NamedTuple):
@@ -124,23 +77,12 @@ class Forward(NamedTuple):
     decode: DecodeOutput | None = None
 
 
-def _first_rows(inputs: Sequence[StepInput]) -> list[int]:
-    """Row of each input's first new token when every new token has a row, in order."""
-    starts = [0] * len(inputs)
-    row = 0
-    for i, inp in enumerate(inputs):
-        starts[i] = row
-        row += len(inp.token_ids)
-    return starts
-
-
-def _split_rows(inputs: Sequence[StepInput], most: int, prompt_row: int) -> list[int]:
+def _split_rows(inputs: StepInputs, most: int, prompt_row: int) -> list[int]:
     """Row of each input's first new token in the logits of a step split in two: every token of the inputs of at
     most `most` tokens, in order from row 0, then one row per other input (a prompt's last token) from
     `prompt_row`; a prompt's "first row" is placed so that its last token lands on its one row."""
     rows, row, prompt = [], 0, prompt_row
-    for inp in inputs:
-        n = len(inp.token_ids)
+    for n in inputs.counts:
         if n <= most:
             rows.append(row)
             row += n
@@ -159,8 +101,8 @@ def _step_done(logits: torch.Tensor) -> torch.cuda.Event | None:
     return done
 
 
-def _deliver(logits: torch.Tensor, inp: StepInput) -> torch.Tensor:
-    return logits if inp.logits_on_device else logits.cpu()
+def _deliver(logits: torch.Tensor, on_device: bool) -> torch.Tensor:
+    return logits if on_device else logits.cpu()
 
 
 class ModelRunner:
@@ -228,51 +170,53 @@ class ModelRunner:
     def kv_cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.kv_caches)
 
-    def execute(self, inputs: Sequence[StepInput], copies: Sequence[tuple[int, int]] = ()) -> list[StepResult]:
+    def execute(self, inputs: StepInputs | Sequence[StepInput], copies: Sequence[tuple[int, int]] = ()) -> StepResults:
         """Copy-on-write copies, one forward pass over every input's new tokens, then sampling."""
         return self.launch(inputs, copies).collect()
 
     @torch.inference_mode()
-    def launch(self, inputs: Sequence[StepInput], copies: Sequence[tuple[int, int]] = ()) -> PendingStep:
+    def launch(self, inputs: StepInputs | Sequence[StepInput], copies: Sequence[tuple[int, int]] = ()) -> PendingStep:
         """`execute` without waiting: the step is queued on the device (see the module docstring)."""
+        inputs = StepInputs.of(inputs)
         self.copy_blocks(copies)
         forward = self._forward(inputs, self.last_sampled)
         self.last_sampled = None
-        # Rows needing logits: every new token of inputs that return all logits, else the last one.
+        # Rows needing logits: every new token of inputs that return all logits, else the last one; each sample row
+        # is drawn from its input's last row in `logits`.
         rows: list[int] = []
         spans: list[tuple[int, int]] = []  # per input: its rows in `logits`
-        for inp, first in zip(inputs, forward.first_rows):
+        counts: list[int] = []  # per input: its sample rows
+        sample_idx: list[int] = []
+        sample_rows: list[SamplingRow] = []
+        all_logits_of = inputs.all_logits
+        for b, (first, n, drawn) in enumerate(zip(forward.first_rows, inputs.counts, inputs.sample_rows)):
             start = len(rows)
-            if inp.return_all_logits:
-                rows.extend(range(first, first + len(inp.token_ids)))
-            elif inp.sample_rows:
-                rows.append(first + len(inp.token_ids) - 1)
+            if b in all_logits_of:
+                rows.extend(range(first, first + n))
+            elif drawn:
+                rows.append(first + n - 1)
             spans.append((start, len(rows)))
-        results = [StepResult() for _ in inputs]
+            counts.append(len(drawn))
+            if drawn:
+                sample_idx.extend([len(rows) - 1] * len(drawn))
+                sample_rows.extend(drawn)
         if not rows:
-            return PendingStep(inputs, results, [None], None)
+            return PendingStep(counts, [None] * 4, None)
         values = forward.values
         if not forward.are_logits:
             logits = self.model.compute_logits(values[host_tensor(rows, torch.long, self.device)])
         elif len(rows) == values.shape[0]:  # every row (plain decode steps); rows ascend, so in order
-            logits = values.clone() if any(inp.logits_on_device for inp in inputs) else values
+            logits = values.clone() if inputs.on_device else values
         else:  # a gather is a copy: a graph's output buffer is overwritten by the next replay
             logits = values[host_tensor(rows, torch.long, self.device)]
         row_argmax = self._row_argmax(inputs, forward, spans, logits)
 
-        sample_idx: list[int] = []
-        sample_rows: list[SamplingRow] = []
-        for b, inp in enumerate(inputs):
-            first, last = spans[b]
-            if inp.return_all_logits:
-                results[b].all_logits = _deliver(logits[first:last], inp)
-            if inp.sample_rows:
-                sample_idx.extend([last - 1] * len(inp.sample_rows))
-                sample_rows.extend(inp.sample_rows)
-                if inp.return_sample_logits:
-                    results[b].sample_logits = _deliver(logits[last - 1 : last], inp)
+        on_device = inputs.on_device
+        all_logits = {b: _deliver(logits[spans[b][0] : spans[b][1]], b in on_device) for b in sorted(all_logits_of)}
+        sample_logits = {b: _deliver(logits[spans[b][1] - 1 : spans[b][1]], b in on_device)
+                         for b in sorted(inputs.sample_logits) if inputs.sample_rows[b]}
         if not sample_rows:
-            return PendingStep(inputs, results, [None], _step_done(logits) if row_argmax else None, row_argmax)
+            return PendingStep(counts, [None] * 4, _step_done(logits) if row_argmax else None, row_argmax, all_logits)
         # usually one sampled row per input, in order: then skip the gather (a copy of [rows, vocab] floats)
         identity = sample_idx == list(range(logits.shape[0]))
         decode = forward.decode
@@ -288,23 +232,23 @@ class ModelRunner:
             # one wait, in collect(), for all device-to-host copies instead of one synchronising .tolist() each
             fetched = [t.to("cpu", non_blocking=True) if t is not None else None
                        for t in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs)]
-        return PendingStep(inputs, results, fetched, _step_done(logits), row_argmax)
+        return PendingStep(counts, fetched, _step_done(logits), row_argmax, all_logits, sample_logits)
 
     @staticmethod
-    def _row_argmax(inputs: Sequence[StepInput], forward: Forward, spans: list[tuple[int, int]],
+    def _row_argmax(inputs: StepInputs, forward: Forward, spans: list[tuple[int, int]],
                     logits: torch.Tensor) -> RowArgmax | None:
         """The greedy ids of the inputs that ask for them (return_row_argmax), on their way to the host: a decode
         graph took every row's already (in pinned memory), else one argmax over the step's logits rows."""
-        asking = [b for b, inp in enumerate(inputs) if inp.return_row_argmax]
+        asking = sorted(inputs.row_argmax)
         if not asking:
             return None
         decode = forward.decode
         if decode is not None and decode.greedy_host is not None:
-            return RowArgmax(decode.greedy_host, [(b, forward.first_rows[b], len(inputs[b].token_ids)) for b in asking])
+            return RowArgmax(decode.greedy_host, [(b, forward.first_rows[b], inputs.counts[b]) for b in asking])
         ids = logits.argmax(dim=-1).to("cpu", non_blocking=True)
         return RowArgmax(ids, [(b, spans[b][0], spans[b][1] - spans[b][0]) for b in asking])
 
-    def _forward(self, inputs: Sequence[StepInput], last_sampled: torch.Tensor | None) -> Forward:
+    def _forward(self, inputs: StepInputs, last_sampled: torch.Tensor | None) -> Forward:
         """Run the step's forward pass: replayed from graphs where they cover it, else op by op.
 
         A step where prompts join decode rows replays a mixed graph (runtime/cuda/mixed_graphs.py), or where
@@ -315,13 +259,13 @@ class ModelRunner:
         graphs, prefill = self.graphs, self.prefill_graphs
         if graphs is not None and graphs.accepts(inputs):
             out = graphs.run(inputs, last_sampled, self.block_tables)  # one row per new token, in order
-            return Forward(out.logits, _first_rows(inputs), True, out)
+            return Forward(out.logits, inputs.first_rows(), True, out)
         if prefill is not None:
             # prompts are the inputs past a decode graph's tokens per sequence; failing that (the rows do not fit
             # the decode graphs: a prompt's few tokens past a prefix-cache hit), every input of several tokens
             for most in (MAX_ROWS_PER_SEQ, 1):
-                rest = [inp for inp in inputs if len(inp.token_ids) <= most]
-                prompts = [inp for inp in inputs if len(inp.token_ids) > most]
+                rest = inputs.select([b for b, n in enumerate(inputs.counts) if n <= most])
+                prompts = inputs.select([b for b, n in enumerate(inputs.counts) if n > most])
                 if self.mixed_graphs is not None and self.mixed_graphs.accepts(rest, prompts):
                     logits, prompt_row = self.mixed_graphs.run(rest, prompts, last_sampled, self.block_tables)
                     return Forward(logits, _split_rows(inputs, most, prompt_row), True)
@@ -329,33 +273,28 @@ class ModelRunner:
                     parts = ([graphs.run(rest, last_sampled, self.block_tables).logits]  # type: ignore[union-attr]
                              if rest else [])
                     parts.append(prefill.run(prompts))
-                    first_rows = _split_rows(inputs, most, sum(len(inp.token_ids) for inp in rest))
+                    first_rows = _split_rows(inputs, most, len(rest.token_ids))
                     return Forward(torch.cat(parts) if rest else parts[0], first_rows, True)
         self.eager_steps += 1
         if self.lora is not None:  # per-token adapter slots for the hooked Linears (runtime/lora/apply.py)
-            self.lora.set([len(inp.token_ids) for inp in inputs], [inp.adapter_slot for inp in inputs])
+            self.lora.set(inputs.counts, inputs.adapter_slots)
         input_ids, positions, meta = self.prepare(inputs)
         fill_pending(inputs, input_ids, last_sampled)
-        return Forward(self.model(input_ids, positions, self.kv_caches, meta), _first_rows(inputs), False)
+        return Forward(self.model(input_ids, positions, self.kv_caches, meta), inputs.first_rows(), False)
 
-    def prepare(self, inputs: Sequence[StepInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def prepare(self, inputs: StepInputs | Sequence[StepInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flat input ids and positions of all new tokens, and their AttentionMetadata."""
+        inputs = StepInputs.of(inputs)
         bs = self.block_size
-        input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
-        query_start = [0]
-        context_lens: list[int] = []
-        seq_lens: list[int] = []
-        for inp in inputs:
-            end = inp.start_pos + len(inp.token_ids)
-            input_ids.extend(inp.token_ids)
-            positions.extend(range(inp.start_pos, end))
-            slots.extend(inp.block_table[p // bs] * bs + p % bs for p in range(inp.start_pos, end))
-            query_start.append(query_start[-1] + len(inp.token_ids))
-            context_lens.append(inp.start_pos)
-            seq_lens.append(end)
-        query_lens = [len(inp.token_ids) for inp in inputs]
+        query_lens = inputs.counts
+        context_lens = inputs.start_pos
+        seq_lens = [start + n for start, n in zip(context_lens, query_lens)]
+        for start, end, table in zip(context_lens, seq_lens, inputs.block_tables):
+            positions.extend(range(start, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+        query_start = list(accumulate(query_lens, initial=0))
 
         def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
             return host_tensor(values, dtype, self.device)
@@ -372,7 +311,7 @@ class ModelRunner:
             query_lens_host=query_lens,
             seq_lens_host=seq_lens,
         )
-        return tensor(input_ids, torch.long), tensor(positions, torch.long), meta
+        return tensor(inputs.token_ids, torch.long), tensor(positions, torch.long), meta
 
     @torch.inference_mode()
     def profile_activation_bytes(self, max_num_tokens: int, max_batch_size: int, context_window: int) -> int:
@@ -385,8 +324,7 @@ class ModelRunner:
         lengths = [context_window] * (max_num_tokens // context_window)
         if max_num_tokens % context_window:
             lengths.append(max_num_tokens % context_window)
-        inputs = [StepInput([0] * n, 0, [0] * -(-n // self.block_size)) for n in lengths]
-        input_ids, positions, meta = self.prepare(inputs)
+        input_ids, positions, meta = self.prepare([StepInput([0] * n, 0, [0] * -(-n // self.block_size)) for n in lengths])
         hidden = self.model(input_ids, positions, [], meta)
         logits = self.model.compute_logits(hidden[:1].expand(max_batch_size, -1))
         torch.softmax(logits, dim=-1)  # the sampler's [batch, vocab] temporaries

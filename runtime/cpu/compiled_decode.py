@@ -26,21 +26,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from runtime.attention_metadata import AttentionMetadata
-from runtime.decode_rows import (IDS, LENGTHS, MAX_ROWS_PER_SEQ, PACKED_ROWS, POSITIONS, SLOTS, DecodeOutput,
-                                 fill_pending, pack_rows)
+from runtime.decode_rows import (IDS, LENGTHS, PACKED_ROWS, POSITIONS, SLOTS, DecodeOutput, fill_pending, fit_rows,
+                                 pack_rows)
 from runtime.models.attention import decode_inputs
 
 if TYPE_CHECKING:
     from runtime.block_tables import BlockTables
     from runtime.lora.apply import LoraBatch
-    from runtime.model_runner import StepInput
+    from runtime.step_inputs import StepInputs
     from runtime.models import CausalLM
 
 logger = logging.getLogger(__name__)
@@ -74,18 +73,13 @@ class CompiledDecode:
         hidden = self.model(packed[IDS], packed[POSITIONS], self.kv_caches, meta)
         return self.model.compute_logits(hidden)
 
-    def accepts(self, inputs: Sequence[StepInput]) -> bool:
+    def accepts(self, inputs: StepInputs) -> bool:
         """A compiled row count of new tokens, at most MAX_ROWS_PER_SEQ per input, and no adapter."""
-        rows = 0
-        for inp in inputs:
-            n = len(inp.token_ids)
-            if n > MAX_ROWS_PER_SEQ or inp.adapter_slot >= 0 or len(inp.block_table) > self.max_blocks:
-                return False
-            rows += n
-        return rows in self.row_counts
+        return (fit_rows(inputs, self.max_blocks) and max(inputs.adapter_slots) < 0
+                and len(inputs.token_ids) in self.row_counts)
 
     @torch.inference_mode()
-    def run(self, inputs: Sequence[StepInput], last_sampled: torch.Tensor | None,
+    def run(self, inputs: StepInputs, last_sampled: torch.Tensor | None,
             resident: BlockTables | None = None) -> DecodeOutput:
         """Float32 logits [new tokens, vocab] (no greedy ids: the sampler takes them). `last_sampled`: the
         previous launch's sampled ids (ModelRunner); `resident`: as for DecodeGraphs.run."""

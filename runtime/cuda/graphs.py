@@ -51,14 +51,14 @@ import torch
 
 from runtime.attention_metadata import AttentionMetadata
 from runtime.cuda.step_io import GreedyIds, load_step_inputs
-from runtime.decode_rows import (ADAPTERS, LENGTHS, MAX_ROWS_PER_SEQ, PACKED_ROWS, PADDING, POSITIONS, PREV, SLOTS,
-                                 DecodeOutput, pack_rows)
+from runtime.decode_rows import (ADAPTERS, LENGTHS, PACKED_ROWS, PADDING, POSITIONS, PREV, SLOTS, DecodeOutput,
+                                 fit_rows, pack_rows)
 from runtime.device import record_now
 
 if TYPE_CHECKING:
     from runtime.block_tables import BlockTables
     from runtime.lora.apply import LoraBatch
-    from runtime.model_runner import StepInput
+    from runtime.step_inputs import StepInputs
     from runtime.models import CausalLM
 
 logger = logging.getLogger(__name__)
@@ -217,18 +217,12 @@ class DecodeGraphs:
         for buffer, saved in zip((self.sampled, *self.host_sampled), kept):
             buffer.copy_(saved)
 
-    def accepts(self, inputs: Sequence[StepInput]) -> bool:
+    def accepts(self, inputs: StepInputs) -> bool:
         """Every input brings at most MAX_ROWS_PER_SEQ tokens, all rows fit a bucket, tables fit the buffer."""
-        rows = 0
-        for inp in inputs:
-            n = len(inp.token_ids)
-            if n > MAX_ROWS_PER_SEQ or len(inp.block_table) > self.max_blocks or (inp.adapter_slot >= 0 and
-                                                                                   self.lora is None):
-                return False
-            rows += n
-        return rows <= self.sizes[-1]
+        return (fit_rows(inputs, self.max_blocks) and len(inputs.token_ids) <= self.sizes[-1]
+                and (self.lora is not None or max(inputs.adapter_slots) < 0))
 
-    def run(self, inputs: Sequence[StepInput], last_sampled: torch.Tensor | None,
+    def run(self, inputs: StepInputs, last_sampled: torch.Tensor | None,
             resident: BlockTables | None = None) -> DecodeOutput:
         """Replay the bucket's graph: float32 logits [new tokens, vocab] and each row's greedy id, on the device
         (both valid until the next run) and in pinned host memory (valid until the run after next; read it

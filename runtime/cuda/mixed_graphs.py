@@ -32,7 +32,7 @@ from runtime.decode_rows import ADAPTERS, POSITIONS, pack_rows
 
 if TYPE_CHECKING:
     from runtime.block_tables import BlockTables
-    from runtime.model_runner import StepInput
+    from runtime.step_inputs import StepInputs
 
 logger = logging.getLogger(__name__)
 
@@ -94,13 +94,13 @@ class MixedGraphs:
                     time.perf_counter() - started)
         return sets
 
-    def accepts(self, rest: Sequence[StepInput], prompts: Sequence[StepInput]) -> bool:
+    def accepts(self, rest: StepInputs, prompts: StepInputs) -> bool:
         """`rest` fits a decode graph without an adapter, `prompts` a prefill graph and MAX_MIXED_PROMPT_TOKENS."""
         return (bool(rest) and self.decode.accepts(rest)
-                and all(inp.adapter_slot < 0 for inp in rest) and self.prefill.accepts(prompts)
-                and sum(len(inp.token_ids) for inp in prompts) <= self.tokens[-1])
+                and max(rest.adapter_slots) < 0 and self.prefill.accepts(prompts)
+                and len(prompts.token_ids) <= self.tokens[-1])
 
-    def run(self, rest: Sequence[StepInput], prompts: Sequence[StepInput], last_sampled: torch.Tensor | None,
+    def run(self, rest: StepInputs, prompts: StepInputs, last_sampled: torch.Tensor | None,
             resident: BlockTables | None = None) -> tuple[torch.Tensor, int]:
         """Replay the step's graph: float32 logits of every decode row then each prompt's last token (valid until
         the next run), and the decode rows' bucket (the first prompt's row). `resident`: as for DecodeGraphs.run."""
@@ -111,7 +111,7 @@ class MixedGraphs:
             self.captured_version = version
         columns, tables = pack_rows(rest, self.decode.block_size, resident)
         rows = pick_bucket(self.rows, tables.shape[0])
-        tokens = pick_bucket(self.tokens, sum(len(inp.token_ids) for inp in prompts))
+        tokens = pick_bucket(self.tokens, len(prompts.token_ids))
         assert rows is not None and tokens is not None and columns[ADAPTERS].max() < 0
         graph = self.graphs[self.decode.turn][(rows, tokens)]
         self.decode.stage(columns, tables, rows, last_sampled)

@@ -41,7 +41,7 @@ from runtime.device import PinnedStaging
 
 if TYPE_CHECKING:
     from runtime.lora.apply import LoraBatch
-    from runtime.model_runner import StepInput
+    from runtime.step_inputs import StepInput
     from runtime.models import CausalLM
 
 logger = logging.getLogger(__name__)

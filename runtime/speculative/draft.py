@@ -17,12 +17,13 @@ import torch
 
 from runtime.block_manager import BlockManager
 from runtime.decode_rows import MAX_ROWS_PER_SEQ
-from runtime.model_runner import ModelRunner, StepInput
+from runtime.model_runner import ModelRunner
 from runtime.models import ModelSpec, kv_cache_bytes_per_token, load_model
 from runtime.request import SamplingOptions
 from runtime.sampler import Sampler, SamplingRow, processed_probs
 from runtime.sequence import Sequence, SequenceStatus
 from runtime.speculative.rows import TargetRows
+from runtime.step_inputs import StepInput
 from runtime.tokenizer import Tokenizer
 
 

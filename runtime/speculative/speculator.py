@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from runtime.block_manager import BlockManager
-from runtime.model_runner import StepInput, StepResult
 from runtime.request import OutputDelta
 from runtime.request_state import RequestState
 from runtime.sampler import compute_logprobs, processed_logits, processed_probs
@@ -36,6 +35,8 @@ from runtime.speculative.guard import SpeculationGuard
 from runtime.speculative.ngram import NgramProposer
 from runtime.speculative.rows import TargetRows
 from runtime.speculative.verifier import Verdict, verify_greedy, verify_sampled
+from runtime.step_inputs import StepInputs
+from runtime.step_results import StepResult
 
 MAX_DRAFT_TOKENS = 16  # per-request num_draft_tokens above this is clamped (the forward grows with it)
 
@@ -151,9 +152,13 @@ class Speculator:
         room = min(seq.max_len, self.context_window) - seq.num_tokens - 1
         return max(0, min(k, room))
 
-    def patch_inputs(self, batch: ScheduledBatch, inputs: Seq[StepInput]) -> None:
-        """Speculating entries score their drafts: every row's logits, kept on the device, no sampling."""
-        for entry, inp in zip(batch.entries, inputs):
+    def patch_inputs(self, batch: ScheduledBatch, inputs: StepInputs) -> StepInputs:
+        """The step's inputs where speculating entries score their drafts: every row's logits, kept on the device, no
+        sampling (`inputs` itself when nothing was proposed)."""
+        if not self.proposed:
+            return inputs
+        rows = list(inputs)
+        for entry, inp in zip(batch.entries, rows):
             work = self._work.get(entry.seq.seq_id)
             if work is not None:
                 inp.token_ids = inp.token_ids + work.draft_token_ids
@@ -162,6 +167,7 @@ class Speculator:
                 inp.return_sample_logits = False
                 inp.logits_on_device = True
                 inp.return_row_argmax = work.target.plain_greedy
+        return StepInputs.of(rows)
 
     # ---- after the forward ----------------------------------------------------------------------
     def verify(self, batch: ScheduledBatch, results: Seq[StepResult]) -> None:

@@ -129,9 +129,10 @@ def test_one_row_per_token_gives_the_packed_step_logits(tmp_path) -> None:
     own length) equals the eager multi-token step, for two sequences continuing their caches."""
     from runtime.cuda.graphs import row_metadata
     from runtime.decode_rows import pack_rows
-    from runtime.model_runner import ModelRunner, StepInput
+    from runtime.model_runner import ModelRunner
     from runtime.models import load_model
     from runtime.sampler import Sampler
+    from runtime.step_inputs import StepInput, StepInputs
     from tests.tiny_models import build_tiny_model
 
     bs = 4
@@ -143,7 +144,7 @@ def test_one_row_per_token_gives_the_packed_step_logits(tmp_path) -> None:
             StepInput([50, 51], 3, [2, 4], return_all_logits=True)]
     eager = torch.cat([r.all_logits for r in runner.execute(step)])
 
-    columns, tables = pack_rows(step, bs)
+    columns, tables = pack_rows(StepInputs.of(step), bs)
     assert columns[1].tolist() == [6, 7, 8, 9, 10, 3, 4] and columns[3].tolist() == [7, 8, 9, 10, 11, 4, 5]
     assert columns[2].tolist() == [6, 7, 12, 13, 14, 11, 16] and tables[-1].tolist() == [2, 4, 0]
     assert columns[5].tolist() == [-1] * 7  # no token pending from a previous step

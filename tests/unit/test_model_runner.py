@@ -12,10 +12,11 @@ import pytest
 import torch
 
 from runtime.decode_rows import MAX_ROWS_PER_SEQ, DecodeOutput, fill_pending
-from runtime.model_runner import ModelRunner, StepInput
+from runtime.model_runner import ModelRunner
 from runtime.models import load_model
 from runtime.request import SamplingOptions
 from runtime.sampler import Sampler, SamplingRow
+from runtime.step_inputs import StepInput, StepInputs
 from tests.engine_harness import collect, hf_greedy, request, running_engine
 from tests.tiny_models import build_tiny_model
 
@@ -141,13 +142,13 @@ class OpByOp:
         self.runner, self.last_only, self.max_rows = runner, last_only, max_rows
         self.calls: list[list[int]] = []  # the start positions of each call's inputs
 
-    def accepts(self, inputs: list[StepInput]) -> bool:
+    def accepts(self, inputs: StepInputs) -> bool:
         if self.last_only:
             return 0 < len(inputs) <= 8 and all(inp.prev_sample < 0 and not inp.return_all_logits for inp in inputs)
         lengths = [len(inp.token_ids) for inp in inputs]
         return bool(lengths) and max(lengths) <= MAX_ROWS_PER_SEQ and sum(lengths) <= self.max_rows
 
-    def run(self, inputs: list[StepInput], last_sampled: torch.Tensor | None = None,
+    def run(self, inputs: StepInputs, last_sampled: torch.Tensor | None = None,
             resident: object = None) -> torch.Tensor | DecodeOutput:
         self.calls.append([inp.start_pos for inp in inputs])
         ids, positions, meta = self.runner.prepare(inputs)
@@ -166,15 +167,15 @@ class MixedOpByOp:
         self.runner, self.max_prompt_tokens = runner, max_prompt_tokens
         self.calls = 0
 
-    def accepts(self, rest: list[StepInput], prompts: list[StepInput]) -> bool:
+    def accepts(self, rest: StepInputs, prompts: StepInputs) -> bool:
         return (bool(rest) and 0 < len(prompts) <= 8
                 and sum(len(inp.token_ids) for inp in prompts) <= self.max_prompt_tokens
                 and all(inp.prev_sample < 0 and not inp.return_all_logits for inp in prompts))
 
-    def run(self, rest: list[StepInput], prompts: list[StepInput], last_sampled: torch.Tensor | None,
+    def run(self, rest: StepInputs, prompts: StepInputs, last_sampled: torch.Tensor | None,
             resident: object = None) -> tuple[torch.Tensor, int]:
         self.calls += 1
-        step = [*rest, *prompts]
+        step = StepInputs.of([*rest, *prompts])
         ids, positions, meta = self.runner.prepare(step)
         fill_pending(step, ids, last_sampled)
         logits = self.runner.model.compute_logits(self.runner.model(ids, positions, self.runner.kv_caches, meta))
@@ -307,7 +308,7 @@ def test_a_mixed_step_attends_decode_rows_and_prompts_apart(runner: ModelRunner)
         inp.return_all_logits = True
     eager = torch.cat([r.all_logits for r in runner.execute(step)])  # its K/V stay: the mixed pass rewrites them
 
-    columns, tables = pack_rows(rest, BS)
+    columns, tables = pack_rows(StepInputs.of(rest), BS)
     packed = torch.from_numpy(columns)
     ids, positions, meta = runner.prepare([prompt])
     meta.decode = row_metadata(packed, torch.from_numpy(tables), torch.arange(4, dtype=torch.int32), BS, 3 * BS)
@@ -340,9 +341,10 @@ def test_pack_rows_reads_the_resident_tables_as_it_reads_the_lists() -> None:
     for seq in seqs:  # room for up to 4 more tokens (drafts), so some tables grow a block
         bm.append_slots(seq, 5)
     for width in (1, 4):
-        inputs = [StepInput(seq.token_ids[-1:] + [7] * rng.randrange(width), seq.num_computed_tokens, seq.block_table,
-                            adapter_slot=rng.choice((-1, 2)), prev_sample=rng.choice((-1, i)), table_row=seq.table_row)
-                  for i, seq in enumerate(seqs)]
+        inputs = StepInputs.of(
+            StepInput(seq.token_ids[-1:] + [7] * rng.randrange(width), seq.num_computed_tokens, seq.block_table,
+                      adapter_slot=rng.choice((-1, 2)), prev_sample=rng.choice((-1, i)), table_row=seq.table_row)
+            for i, seq in enumerate(seqs))
         (want, want_tables), (got, got_tables) = pack_rows(inputs, BS), pack_rows(inputs, BS, bm.tables)
         assert got.tolist() == want.tolist()
         lengths = [len(inp.block_table) for inp in inputs for _ in inp.token_ids]
