@@ -89,6 +89,7 @@ class NativeEngine(Engine):
         self._active_ids: set[str] = set()
         self._num_waiting = 0  # scheduler's waiting requests as of the last step
         self._requests: dict[str, RequestState] = {}  # loop thread only
+        self._with_deadline: dict[str, RequestState] = {}  # those of _requests that have a deadline
         # the engine-core process passes one that sends to the front end
         self.outbox = outbox or Outbox(config.stream_interval)
         self._thread: threading.Thread | None = None
@@ -333,7 +334,7 @@ class NativeEngine(Engine):
             self._collect_inflight()
         self._publish_stats(batch)
         self.outbox.flush()
-        return len(batch.entries)
+        return len(batch)
 
     def _take_inbox(self) -> None:
         with self._cond:
@@ -342,6 +343,8 @@ class NativeEngine(Engine):
             self._num_waiting += len(inbox)  # still counted against max_queue_size until the next publish
         for state in inbox:
             self._requests[state.request_id] = state
+            if state.request.deadline is not None:
+                self._with_deadline[state.request_id] = state
             if state.adapter_key is None:
                 self.scheduler.add(state.new_sequence())
             else:  # waits in the LoRA manager until its adapter sits in a device slot
@@ -366,8 +369,8 @@ class NativeEngine(Engine):
 
     def _expire_deadlines(self) -> None:
         now = time.monotonic()
-        for state in list(self._requests.values()):
-            if state.request.deadline is not None and now > state.request.deadline:
+        for state in list(self._with_deadline.values()):
+            if now > state.request.deadline:  # type: ignore[operator]
                 self._end(state, state.end_all("abort"))
 
     def _run_batch(self, batch: ScheduledBatch) -> None:
@@ -378,7 +381,7 @@ class NativeEngine(Engine):
         # in flight first
         if not overlap or may_speculate:
             self._collect_inflight()
-            batch.entries = [e for e in batch.entries if e.seq.status is not SequenceStatus.FINISHED]
+            batch.drop_finished()
             if not batch:
                 return
         if spec is not None:
@@ -414,24 +417,24 @@ class NativeEngine(Engine):
         if not self._async_scheduling:
             return False
         requests = self._requests
-        return all(not e.samples or (requests[e.seq.request_id].overlappable and e.seq.num_samples == 1)
-                   for e in batch.entries)
+        return all(not samples or (requests[seq.request_id].overlappable and seq.num_samples == 1)
+                   for seq, samples in zip(batch.seqs, batch.samples))
 
     def _hold_places(self, batch: ScheduledBatch) -> None:
         """Sequences sampled by the launched step get PENDING_TOKEN, so the next step can schedule them; not
         those whose sampled token is surely their last (max_tokens, context window)."""
         rows: dict[int, int] = {}
-        for entry in batch.entries:
-            if not entry.samples:
+        requests, window = self._requests, self.model_info.context_window
+        for seq, samples in zip(batch.seqs, batch.samples):
+            if not samples:
                 continue
-            seq = entry.seq
             rows[seq.seq_id] = len(rows)
             if seq.status is SequenceStatus.FINISHED:  # ended while the step was being launched
                 continue
-            state = self._requests[seq.request_id]
-            if (state.samples[seq.index].num_tokens + 1 < state.max_tokens
-                    and seq.num_tokens + 1 < self.model_info.context_window):
-                seq.append_token(PENDING_TOKEN)
+            state = requests[seq.request_id]
+            token_ids = seq.token_ids
+            if state.samples[seq.index].num_tokens + 1 < state.max_tokens and len(token_ids) + 1 < window:
+                token_ids.append(PENDING_TOKEN)
         self._inflight_rows = rows
 
     def _collect_inflight(self) -> None:
@@ -449,7 +452,7 @@ class NativeEngine(Engine):
 
     def _fail_batch(self, batch: ScheduledBatch, exc: Exception) -> None:
         logger.exception("model step failed", exc_info=exc)
-        for request_id in dict.fromkeys(e.seq.request_id for e in batch.entries):
+        for request_id in dict.fromkeys(seq.request_id for seq in batch.seqs):
             state = self._requests.get(request_id)
             if state is not None:
                 self._end(state, state.end_all("error", f"EngineFailedError: model step failed: {exc!r}"))
@@ -460,20 +463,20 @@ class NativeEngine(Engine):
         produced: dict[str, list[OutputDelta]] = {}
         spec = self.speculator if self.speculator is not None and self.speculator.proposed else None
         plain_tokens = 0
-        first_ids = results.first_ids()
-        for b, entry in enumerate(batch.entries):
-            seq = entry.seq
+        first_ids, prefill = results.first_ids(), batch.prefill
+        for b, seq in enumerate(batch.seqs):
             state = self._requests.get(seq.request_id)
             if state is None or seq.status is SequenceStatus.FINISHED:
                 continue
             try:
-                if (state.token_only and not entry.is_prefill and (token_id := first_ids[b]) is not None
+                if (state.token_only and not prefill[b] and (token_id := first_ids[b]) is not None
                         and (spec is None or not spec.verifies(seq)) and state.add_plain_token(seq, token_id)):
                     seq.add_sampled(token_id)
                     self.outbox.add_token(state, token_id)
                     plain_tokens += 1
                     continue
-                produced.setdefault(state.request_id, []).extend(self._postprocess(state, entry, results[b]))
+                produced.setdefault(state.request_id, []).extend(
+                    self._postprocess(state, ScheduledSeq(batch, b), results[b]))
             except Exception as exc:  # noqa: BLE001 - a bug in one request's output fails that request only
                 logger.exception("output processing failed for request %s", state.request_id)
                 deltas = produced.pop(state.request_id, []) + state.end_all("error", f"output processing failed: {exc!r}")
@@ -490,13 +493,11 @@ class NativeEngine(Engine):
         """The step's inputs, written column by column (runtime/step_inputs.py): no object per row."""
         inputs = StepInputs()
         add, requests, inflight_rows = inputs.add, self._requests, self._inflight_rows
-        for b, entry in enumerate(batch.entries):
-            seq = entry.seq
+        for b, (seq, num_new, samples) in enumerate(zip(batch.seqs, batch.num_new, batch.samples)):
             state = requests[seq.request_id]
             start = seq.num_computed_tokens
-            samples = entry.samples
             token_ids = seq.token_ids
-            add(token_ids, start, entry.num_new_tokens, start, seq.block_table, seq.table_row,
+            add(token_ids, start, num_new, start, seq.block_table, seq.table_row,
                 state.sampling_rows(seq) if samples else NO_SAMPLES,
                 inflight_rows.get(seq.seq_id, -1) if token_ids[-1] == PENDING_TOKEN else -1,
                 self.lora.slot_of(seq.request_id) if state.adapter_key is not None else -1)
@@ -554,6 +555,7 @@ class NativeEngine(Engine):
         self.lora.finish(state.request_id)
         self.outbox.emit(state, deltas, final=True)
         self._requests.pop(state.request_id, None)
+        self._with_deadline.pop(state.request_id, None)
         with self._cond:
             self._active_ids.discard(state.request_id)
 
@@ -585,15 +587,15 @@ class NativeEngine(Engine):
         paused_ids = {s.request_id for s in self.scheduler.waiting if s.num_preemptions} - running_ids
         running, paused = len(running_ids), len(paused_ids)
         waiting = len(self._requests) - running - paused
-        prefill = [e for e in batch.entries if e.is_prefill]
+        prefill = [(seq.request_id, n) for seq, n, p in zip(batch.seqs, batch.num_new, batch.prefill) if p]
         bm = self.block_manager
         with self._stats_lock:
             st = self._stats
             st.waiting, st.running, st.paused = waiting, running, paused
-            st.scheduled = len({e.seq.request_id for e in batch.entries})
-            st.context_requests = len({e.seq.request_id for e in prefill})
-            st.generation_requests = len({e.seq.request_id for e in batch.entries if not e.is_prefill})
-            st.context_tokens = sum(e.num_new_tokens for e in prefill)
+            st.scheduled = len({seq.request_id for seq in batch.seqs})
+            st.context_requests = len({request_id for request_id, _ in prefill})
+            st.generation_requests = len({seq.request_id for seq, p in zip(batch.seqs, batch.prefill) if not p})
+            st.context_tokens = sum(n for _, n in prefill)
             st.kv_blocks_used, st.kv_blocks_free = bm.num_used_blocks, bm.num_free_blocks
             st.preemptions = self.scheduler.num_preemptions
             st.eager_iterations = self.runner.eager_steps

@@ -26,27 +26,80 @@ from runtime.sequence import Sequence, SequenceStatus
 logger = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class ScheduledSeq:
-    seq: Sequence
-    num_new_tokens: int  # tokens computed this step: num_computed_tokens .. + num_new_tokens - 1
-    is_prefill: bool
-    samples: bool  # the step reaches the end of the sequence's tokens, so its next token is sampled
-    cached_tokens: int | None = None  # admitted this step: prompt tokens served from the prefix cache
-
-
 @dataclass
 class ScheduledBatch:
-    entries: list[ScheduledSeq] = field(default_factory=list)
+    """One step's sequences as columns, in the order the step runs them (decodes first). A 256-row step makes no
+    object per sequence; `entries` gives ScheduledSeq views for code that hands single entries around."""
+
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new: list[int] = field(default_factory=list)  # tokens computed this step: num_computed_tokens .. + n - 1
+    prefill: list[bool] = field(default_factory=list)  # Sequence.is_prefill when scheduled
+    samples: list[bool] = field(default_factory=list)  # the step reaches the end of the tokens: the next one is sampled
+    cached: dict[int, int] = field(default_factory=dict)  # entry admitted this step -> its prompt tokens served
+    # from the prefix cache
     copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) blocks
     preempted: list[Sequence] = field(default_factory=list)
 
+    def add(self, seq: Sequence, num_new: int, is_prefill: bool, samples: bool) -> None:
+        self.seqs.append(seq)
+        self.num_new.append(num_new)
+        self.prefill.append(is_prefill)
+        self.samples.append(samples)
+
+    @property
+    def entries(self) -> list[ScheduledSeq]:
+        return [ScheduledSeq(self, i) for i in range(len(self.seqs))]
+
+    def drop_finished(self) -> None:
+        """Drop the entries whose sequence finished (ended while the step in flight was collected)."""
+        keep = [i for i, seq in enumerate(self.seqs) if seq.status is not SequenceStatus.FINISHED]
+        if len(keep) == len(self.seqs):
+            return
+        self.cached = {new: self.cached[old] for new, old in enumerate(keep) if old in self.cached}
+        for column in (self.seqs, self.num_new, self.prefill, self.samples):
+            column[:] = [column[i] for i in keep]
+
     @property
     def num_tokens(self) -> int:
-        return sum(e.num_new_tokens for e in self.entries)
+        return sum(self.num_new)
 
-    def __bool__(self) -> bool:
-        return bool(self.entries)
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+class ScheduledSeq:
+    """Entry `i` of a ScheduledBatch, read from and written to its columns (speculative verification shortens an
+    entry to the tokens it accepted)."""
+
+    __slots__ = ("_batch", "_i")
+
+    def __init__(self, batch: ScheduledBatch, i: int) -> None:
+        self._batch, self._i = batch, i
+
+    @property
+    def seq(self) -> Sequence:
+        return self._batch.seqs[self._i]
+
+    @property
+    def num_new_tokens(self) -> int:
+        return self._batch.num_new[self._i]
+
+    @num_new_tokens.setter
+    def num_new_tokens(self, value: int) -> None:
+        self._batch.num_new[self._i] = value
+
+    @property
+    def is_prefill(self) -> bool:
+        return self._batch.prefill[self._i]
+
+    @property
+    def samples(self) -> bool:
+        return self._batch.samples[self._i]
+
+    @property
+    def cached_tokens(self) -> int | None:
+        """Admitted this step: prompt tokens served from the prefix cache."""
+        return self._batch.cached.get(self._i)
 
 
 class Scheduler:
@@ -124,7 +177,7 @@ class Scheduler:
             computed = seq.num_computed_tokens
             if uncomputed == 1 and computed % bs and ref_counts[seq.block_table[computed // bs]] == 1:
                 # the common decode: its token goes into its own last block, which has room (no allocation)
-                batch.entries.append(ScheduledSeq(seq, 1, computed < seq.num_prompt_tokens, True))
+                batch.add(seq, 1, computed < seq.num_prompt_tokens, True)
                 scheduled.add(seq.seq_id)
                 budget -= 1
                 continue
@@ -161,22 +214,24 @@ class Scheduler:
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             budget -= self._schedule(seq, num_new, batch, scheduled)
-            batch.entries[-1].cached_tokens = seq.num_computed_tokens
+            batch.cached[len(batch) - 1] = seq.num_computed_tokens
         return batch
 
     def advance(self, batch: ScheduledBatch) -> None:
         """Record that the batch ran: its tokens' K/V are now in the cache."""
-        for entry in batch.entries:
-            seq = entry.seq
+        bm = self.block_manager
+        bs = bm.block_size
+        for seq, num_new in zip(batch.seqs, batch.num_new):
             if seq.status is SequenceStatus.FINISHED:
                 continue  # failed or aborted during the step
-            seq.num_computed_tokens += entry.num_new_tokens
-            self.block_manager.commit(seq)
+            seq.num_computed_tokens += num_new
+            if seq.num_computed_tokens >= (seq.num_committed_blocks + 1) * bs:  # a block filled up (else a no-op)
+                bm.commit(seq)
 
     def _schedule(self, seq: Sequence, num_new: int, batch: ScheduledBatch, scheduled: set[int]) -> int:
         samples = num_new == seq.num_uncomputed_tokens
         batch.copies.extend(self.block_manager.append_slots(seq, num_new))
-        batch.entries.append(ScheduledSeq(seq, num_new, seq.is_prefill, samples))
+        batch.add(seq, num_new, seq.is_prefill, samples)
         scheduled.add(seq.seq_id)
         return num_new
 
