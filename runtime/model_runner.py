@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 
 
 class RowArgmax(NamedTuple):
-    """Greedy ids of a step's rows on their way to the host, and (input, first id, count) of each input asking."""
+    """Greedy ids of a step's rows on their way to the host, and (input, its first id, one past its last) of each input
+    asking."""
 
     ids: torch.Tensor
     spans: list[tuple[int, int, int]]
@@ -61,7 +62,7 @@ class PendingStep:
         row_argmax = None
         if self._row_argmax is not None:
             ids = self._row_argmax.ids.tolist()
-            row_argmax = {b: ids[first : first + n] for b, first, n in self._row_argmax.spans}
+            row_argmax = {b: ids[start:end] for b, start, end in self._row_argmax.spans}
         token_ids, logprobs, top_ids, top_lps = (t.tolist() if t is not None else None for t in self._fetched)
         return StepResults(self._counts, token_ids, logprobs, top_ids, top_lps, self._all_logits, self._sample_logits,
                            row_argmax)
@@ -90,6 +91,11 @@ def _split_rows(inputs: StepInputs, most: int, prompt_row: int) -> list[int]:
             rows.append(prompt - (n - 1))
             prompt += 1
     return rows
+
+
+def _span(ends: list[int], b: int) -> tuple[int, int]:
+    """Input `b`'s rows in a step's logits, from each input's end there (ModelRunner.launch)."""
+    return ends[b - 1] if b else 0, ends[b]
 
 
 def _step_done(logits: torch.Tensor) -> torch.cuda.Event | None:
@@ -184,21 +190,24 @@ class ModelRunner:
         # Rows needing logits: every new token of inputs that return all logits, else the last one; each sample row
         # is drawn from its input's last row in `logits`.
         rows: list[int] = []
-        spans: list[tuple[int, int]] = []  # per input: its rows in `logits`
+        ends: list[int] = []  # per input: one past its last row in `logits` (it starts where the previous one ends)
         counts: list[int] = []  # per input: its sample rows
         sample_idx: list[int] = []
         sample_rows: list[SamplingRow] = []
         all_logits_of = inputs.all_logits
         for b, (first, n, drawn) in enumerate(zip(forward.first_rows, inputs.counts, inputs.sample_rows)):
-            start = len(rows)
             if b in all_logits_of:
                 rows.extend(range(first, first + n))
             elif drawn:
                 rows.append(first + n - 1)
-            spans.append((start, len(rows)))
-            counts.append(len(drawn))
-            if drawn:
-                sample_idx.extend([len(rows) - 1] * len(drawn))
+            ends.append(len(rows))
+            k = len(drawn)
+            counts.append(k)
+            if k == 1:  # the common case, without a list made for it
+                sample_idx.append(len(rows) - 1)
+                sample_rows.append(drawn[0])
+            elif k:
+                sample_idx.extend([len(rows) - 1] * k)
                 sample_rows.extend(drawn)
         if not rows:
             return PendingStep(counts, [None] * 4, None)
@@ -209,11 +218,11 @@ class ModelRunner:
             logits = values.clone() if inputs.on_device else values
         else:  # a gather is a copy: a graph's output buffer is overwritten by the next replay
             logits = values[host_tensor(rows, torch.long, self.device)]
-        row_argmax = self._row_argmax(inputs, forward, spans, logits)
+        row_argmax = self._row_argmax(inputs, forward, ends, logits)
 
         on_device = inputs.on_device
-        all_logits = {b: _deliver(logits[spans[b][0] : spans[b][1]], b in on_device) for b in sorted(all_logits_of)}
-        sample_logits = {b: _deliver(logits[spans[b][1] - 1 : spans[b][1]], b in on_device)
+        all_logits = {b: _deliver(logits[slice(*_span(ends, b))], b in on_device) for b in sorted(all_logits_of)}
+        sample_logits = {b: _deliver(logits[ends[b] - 1 : ends[b]], b in on_device)
                          for b in sorted(inputs.sample_logits) if inputs.sample_rows[b]}
         if not sample_rows:
             return PendingStep(counts, [None] * 4, _step_done(logits) if row_argmax else None, row_argmax, all_logits)
@@ -235,7 +244,7 @@ class ModelRunner:
         return PendingStep(counts, fetched, _step_done(logits), row_argmax, all_logits, sample_logits)
 
     @staticmethod
-    def _row_argmax(inputs: StepInputs, forward: Forward, spans: list[tuple[int, int]],
+    def _row_argmax(inputs: StepInputs, forward: Forward, ends: list[int],
                     logits: torch.Tensor) -> RowArgmax | None:
         """The greedy ids of the inputs that ask for them (return_row_argmax), on their way to the host: a decode
         graph took every row's already (in pinned memory), else one argmax over the step's logits rows."""
@@ -244,9 +253,10 @@ class ModelRunner:
             return None
         decode = forward.decode
         if decode is not None and decode.greedy_host is not None:
-            return RowArgmax(decode.greedy_host, [(b, forward.first_rows[b], inputs.counts[b]) for b in asking])
+            first = forward.first_rows
+            return RowArgmax(decode.greedy_host, [(b, first[b], first[b] + inputs.counts[b]) for b in asking])
         ids = logits.argmax(dim=-1).to("cpu", non_blocking=True)
-        return RowArgmax(ids, [(b, spans[b][0], spans[b][1] - spans[b][0]) for b in asking])
+        return RowArgmax(ids, [(b, *_span(ends, b)) for b in asking])
 
     def _forward(self, inputs: StepInputs, last_sampled: torch.Tensor | None) -> Forward:
         """Run the step's forward pass: replayed from graphs where they cover it, else op by op.
