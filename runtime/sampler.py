@@ -18,9 +18,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from runtime.device import host_tensor
+from runtime.device import host_tensor, to_device
 from runtime.guided.bitmask import apply_bitmask, fill_bitmasks
 from runtime.guided.guide import GuideState
 from runtime.logits_processors import apply_logits_processors
@@ -43,6 +44,14 @@ class SamplingRow:
     # plain_greedy found the row plain, which it then stays (edits_logits is monotone in the output length): rows
     # are reused step after step, and checking 256 of them every step took 5% of a decode step's host time (H200)
     _plain: bool = field(default=False, init=False, repr=False, compare=False)
+    # temperature (1 for a greedy row), top_k (0: off), top_p, min_p: fixed for the request, so made once; a step
+    # gathers its rows' into one array, copied to the device at once (processed_logits)
+    params: tuple[float, float, float, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        o = self.options
+        self.params = (1.0 if o.greedy else float(o.temperature), float(max(o.top_k, 0)), float(o.top_p),
+                       float(o.min_p))
 
 
 @dataclass
@@ -89,25 +98,22 @@ def processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch
         if masks is not None:
             apply_bitmask(fallback, *masks)
         x = torch.where(dead, fallback, x)
-    device, vocab = x.device, x.shape[-1]
-    opts = [r.options for r in rows]
-
-    temps = [1.0 if o.greedy else float(o.temperature) for o in opts]
-    if any(t != 1.0 for t in temps):
-        x.div_(host_tensor(temps, torch.float32, device)[:, None])
-
-    top_k = [o.top_k if 0 < o.top_k < vocab else 0 for o in opts]
-    top_p = [float(o.top_p) for o in opts]
-    if any(p < 1.0 for p in top_p):
-        x = _top_k_top_p_sorted(x, host_tensor(top_k, torch.long, device), host_tensor(top_p, torch.float32, device))
-    elif any(top_k):
-        _top_k(x, host_tensor(top_k, torch.long, device), max(top_k))
-
-    min_p = [float(o.min_p) for o in opts]
-    if any(m > 0.0 for m in min_p):
+    vocab = x.shape[-1]
+    host = np.array([r.params for r in rows], dtype=np.float32)  # [N, 4]: temperature, top_k, top_p, min_p
+    host[host[:, 1] >= vocab, 1] = 0  # top_k of the whole vocabulary keeps every token
+    temps, top_k, top_p, min_p = host.T
+    if not ((temps != 1.0).any() or top_k.any() or (top_p < 1.0).any() or (min_p > 0.0).any()):
+        return x
+    params = to_device(torch.from_numpy(host), x.device)
+    if (temps != 1.0).any():
+        x.div_(params[:, 0:1])
+    if (top_p < 1.0).any():
+        x = _top_k_top_p_sorted(x, params[:, 1].long(), params[:, 2])
+    elif top_k.any():
+        _top_k(x, params[:, 1].long(), int(top_k.max()))
+    if (min_p > 0.0).any():
         probs = torch.softmax(x, dim=-1)
-        threshold = host_tensor(min_p, torch.float32, device)[:, None] * probs.amax(dim=-1, keepdim=True)
-        x.masked_fill_(probs < threshold, float("-inf"))
+        x.masked_fill_(probs < params[:, 3:4] * probs.amax(dim=-1, keepdim=True), float("-inf"))
     return x
 
 
