@@ -129,6 +129,7 @@ class StepInputs(Sequence[StepInput]):
     def __getitem__(self, b: int) -> StepInput:  # type: ignore[override]
         if isinstance(b, slice):
             return [self[i] for i in range(*b.indices(len(self)))]  # type: ignore[return-value]
+        b = range(len(self.counts))[b]  # a negative index counts from the end; out of range: IndexError
         first = self.first_rows()[b]
         return StepInput(self.token_ids[first : first + self.counts[b]], self.start_pos[b], self.block_tables[b],
                          self.sample_rows[b], b in self.all_logits, b in self.sample_logits, self.adapter_slots[b],

@@ -44,7 +44,7 @@ class StepResults(Sequence[StepResult]):
         self._counts = counts
         # each input's first sample row: the input's own index when every input drew exactly one (a decode step)
         self._first: Sequence[int] | None = (
-            None if ids is None else range(len(counts)) if len(ids) == len(counts) == sum(counts)
+            None if ids is None else range(len(counts)) if counts.count(1) == len(counts)
             else list(accumulate(counts, initial=0)))
         self._ids, self._logprobs, self._top_ids, self._top_lps = ids, logprobs, top_ids, top_lps
         self._all_logits, self._sample_logits = all_logits or {}, sample_logits or {}
@@ -75,6 +75,7 @@ class StepResults(Sequence[StepResult]):
     def __getitem__(self, b: int) -> StepResult:  # type: ignore[override]
         if isinstance(b, slice):
             return [self[i] for i in range(*b.indices(len(self)))]  # type: ignore[return-value]
+        b = range(len(self._counts))[b]  # a negative index counts from the end; out of range: IndexError
         made = self._made[b]
         if made is None:
             made = self._made[b] = self._make(b)
