@@ -9,6 +9,7 @@ import json
 import random
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from runtime.config import EngineConfig
 from runtime.llm_engine import NativeEngine
 from runtime.request import GenerationRequest
 from runtime.speculative import DraftTokenizerMismatchError
+from runtime.step_inputs import StepInputs
 from tests.engine_harness import StepRecorder, collect, request, running_engine
 from tests.tiny_models import build_tiny_model
 from tests.unit.test_async_scheduling import LaunchLog
@@ -381,3 +383,28 @@ async def test_prompts_reusing_cached_prefixes_join_a_speculating_step_with_plai
         stats = engine.stats()
     assert [o.tokens[0] for o in outs] == want
     assert stats.spec_steps > 0 and stats.prefix_cache_hit_tokens > 0
+
+
+async def test_a_fork_in_a_verifying_step_gets_its_own_ids(pair) -> None:
+    """A request of n=2 whose prompt ends in a step where another request verifies drafts: the step's inputs draw
+    [0, 2] samples (the verifying input none, the fork two), as many ids as inputs, which must not be read as one
+    id per input (runtime/step_results.py). Both samples are the greedy continuation."""
+    target, _ = pair
+    ps = prompts(2, seed=8)
+    want = await plain_greedy(target, ps, 16)
+    async with running_engine(target, num_draft_tokens=3, speculative="draft", draft_model=str(target)) as engine:
+        shapes: list[list[int]] = []
+        launch = engine.runner.launch
+
+        def logged(inputs: Any, copies: Any = ()) -> Any:
+            shapes.append([len(rows) for rows in StepInputs.of(inputs).sample_rows])
+            return launch(inputs, copies)
+        engine.runner.launch = logged  # type: ignore[method-assign]
+        started = asyncio.Event()
+        first = asyncio.create_task(collect(engine, request("a", ps[0], 16), started=started, after_tokens=2))
+        await started.wait()
+        forked = await collect(engine, request("n2", ps[1], 16, n=2))
+        alone = await first
+    assert alone.tokens[0] == want[0]
+    assert forked.tokens == {0: want[1], 1: want[1]}
+    assert [0, 2] in shapes, shapes
