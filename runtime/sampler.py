@@ -44,6 +44,8 @@ class SamplingRow:
     # plain_greedy found the row plain, which it then stays (edits_logits is monotone in the output length): rows
     # are reused step after step, and checking 256 of them every step took 5% of a decode step's host time (H200)
     _plain: bool = field(default=False, init=False, repr=False, compare=False)
+    # likewise `_edits` found that nothing edits its logits: a step of such rows skips the processors' passes
+    _edits_nothing: bool = field(default=False, init=False, repr=False, compare=False)
     # temperature (1 for a greedy row), top_k (0: off), top_p, min_p: fixed for the request, so made once; a step
     # gathers its rows' into one array, copied to the device at once (processed_logits)
     params: tuple[float, float, float, float] = field(init=False, repr=False, compare=False)
@@ -85,19 +87,8 @@ def make_generator(seed: int | None, index: int, device: torch.device | str) -> 
 def processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """Float32 [N, V] logits after processors, temperature and top_k/top_p/min_p truncation (-inf)."""
     x = logits.to(torch.float32, copy=True)
-    apply_logits_processors(x, rows)
-    # The grammar mask comes last: nothing may lift it (runtime/guided/bitmask.py).
-    masks = fill_bitmasks([r.guide for r in rows], x.shape[-1]) if any(r.guide for r in rows) else None
-    if masks is not None:
-        apply_bitmask(x, *masks)
-    if any(r.bad_words_ids or len(r.output_token_ids) < r.options.min_tokens for r in rows):
-        # A row whose every token got banned cannot be sampled; it falls back to its raw logits
-        # (grammar mask kept) rather than producing NaNs. (torch.where: no host sync.)
-        dead = torch.isneginf(x).all(dim=-1, keepdim=True)
-        fallback = logits.to(torch.float32, copy=True)
-        if masks is not None:
-            apply_bitmask(fallback, *masks)
-        x = torch.where(dead, fallback, x)
+    if any(_edits(r) for r in rows):
+        x = _edited(logits, x, rows)
     vocab = x.shape[-1]
     host = np.array([r.params for r in rows], dtype=np.float32)  # [N, 4]: temperature, top_k, top_p, min_p
     host[host[:, 1] >= vocab, 1] = 0  # top_k of the whole vocabulary keeps every token
@@ -114,6 +105,24 @@ def processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch
     if (min_p > 0.0).any():
         probs = torch.softmax(x, dim=-1)
         x.masked_fill_(probs < params[:, 3:4] * probs.amax(dim=-1, keepdim=True), float("-inf"))
+    return x
+
+
+def _edited(logits: torch.Tensor, x: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """`x` (a float32 copy of `logits`) after the logits processors and grammar masks of `rows`."""
+    apply_logits_processors(x, rows)
+    # The grammar mask comes last: nothing may lift it (runtime/guided/bitmask.py).
+    masks = fill_bitmasks([r.guide for r in rows], x.shape[-1]) if any(r.guide for r in rows) else None
+    if masks is not None:
+        apply_bitmask(x, *masks)
+    if any(r.bad_words_ids or len(r.output_token_ids) < r.options.min_tokens for r in rows):
+        # A row whose every token got banned cannot be sampled; it falls back to its raw logits
+        # (grammar mask kept) rather than producing NaNs. (torch.where: no host sync.)
+        dead = torch.isneginf(x).all(dim=-1, keepdim=True)
+        fallback = logits.to(torch.float32, copy=True)
+        if masks is not None:
+            apply_bitmask(fallback, *masks)
+        x = torch.where(dead, fallback, x)
     return x
 
 
@@ -169,7 +178,7 @@ class Sampler:
         if len(greedy) == len(rows):
             # temperature and truncation never move a greedy row's argmax: without processors or a
             # grammar, take it from the raw logits (no float32 copy, no per-option passes)
-            edited = any(edits_logits(r) for r in rows)
+            edited = any(_edits(r) for r in rows)
             token_ids = row_argmax(processed_logits(logits, rows) if edited else logits)
         else:
             probs = _probs(processed_logits(logits, rows), greedy)
@@ -264,5 +273,15 @@ def plain_greedy(rows: Sequence[SamplingRow]) -> bool:
 
 
 def _check_plain(row: SamplingRow) -> bool:
-    row._plain = row.options.greedy and row.options.logprobs is None and not edits_logits(row)
+    row._plain = row.options.greedy and row.options.logprobs is None and not _edits(row)
     return row._plain
+
+
+def _edits(row: SamplingRow) -> bool:
+    """edits_logits, remembered once false (it stays false: see there)."""
+    if row._edits_nothing:
+        return False
+    if edits_logits(row):
+        return True
+    row._edits_nothing = True
+    return False
