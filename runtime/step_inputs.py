@@ -10,10 +10,11 @@ rarer paths (prompts replayed from prefill graphs, tests) read rows; `StepInputs
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
+from runtime.row_view import RowView
 from runtime.sampler import SamplingRow
 
 NO_SAMPLES: list[SamplingRow] = []  # the sample rows of every input that samples nothing (never written to)
@@ -42,7 +43,7 @@ class StepInput:
     return_row_argmax: bool = False
 
 
-class StepInputs(Sequence[StepInput]):
+class StepInputs(RowView[StepInput]):
     """One step's inputs as columns, in the order of the step's sequences (see the module docstring). The flags
     that are off for almost every input are kept as the set of inputs that have them on."""
 
@@ -123,13 +124,7 @@ class StepInputs(Sequence[StepInput]):
     def __len__(self) -> int:
         return len(self.counts)
 
-    def __iter__(self) -> Iterator[StepInput]:
-        return (self[b] for b in range(len(self.counts)))
-
-    def __getitem__(self, b: int) -> StepInput:  # type: ignore[override]
-        if isinstance(b, slice):
-            return [self[i] for i in range(*b.indices(len(self)))]  # type: ignore[return-value]
-        b = range(len(self.counts))[b]  # a negative index counts from the end; out of range: IndexError
+    def _row(self, b: int) -> StepInput:
         first = self.first_rows()[b]
         return StepInput(self.token_ids[first : first + self.counts[b]], self.start_pos[b], self.block_tables[b],
                          self.sample_rows[b], b in self.all_logits, b in self.sample_logits, self.adapter_slots[b],

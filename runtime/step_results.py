@@ -9,11 +9,13 @@ asking for logits or logprobs, speculative verification, beam search, tests. It 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
+
+from runtime.row_view import RowView
 
 
 @dataclass(slots=True)
@@ -29,7 +31,7 @@ class StepResult:
     row_argmax: list[int] | None = None  # return_row_argmax: each new token's greedy id
 
 
-class StepResults(Sequence[StepResult]):
+class StepResults(RowView[StepResult]):
     """One step's results, one per input (see the module docstring)."""
 
     __slots__ = ("_counts", "_first", "_ids", "_logprobs", "_top_ids", "_top_lps", "_all_logits", "_sample_logits",
@@ -69,13 +71,7 @@ class StepResults(Sequence[StepResult]):
             return None
         return self._ids[self._first[b]]  # type: ignore[index]
 
-    def __iter__(self) -> Iterator[StepResult]:
-        return (self[b] for b in range(len(self._counts)))
-
-    def __getitem__(self, b: int) -> StepResult:  # type: ignore[override]
-        if isinstance(b, slice):
-            return [self[i] for i in range(*b.indices(len(self)))]  # type: ignore[return-value]
-        b = range(len(self._counts))[b]  # a negative index counts from the end; out of range: IndexError
+    def _row(self, b: int) -> StepResult:
         made = self._made[b]
         if made is None:
             made = self._made[b] = self._make(b)
