@@ -76,9 +76,8 @@ def fill_pending(inputs: StepInputs, input_ids: torch.Tensor, last_sampled: torc
     (`last_sampled`) for the inputs that name one (StepInput.prev_sample)."""
     if max(inputs.prev_samples) < 0:
         return
-    pending = [(row, prev) for row, prev in zip(inputs.first_rows(), inputs.prev_samples) if prev >= 0]
-    dst = [row for row, _ in pending]
-    src = [prev for _, prev in pending]
+    dst = [row for row, prev in zip(inputs.first_rows(), inputs.prev_samples) if prev >= 0]
+    src = [prev for prev in inputs.prev_samples if prev >= 0]
     assert last_sampled is not None, "a step named pending tokens but the previous one sampled none"
     if dst == src == list(range(len(dst))):  # the same rows in the same order: one copy, no index uploads
         input_ids[: len(dst)].copy_(last_sampled[: len(dst)])

@@ -93,16 +93,17 @@ def processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch
     host = np.array([r.params for r in rows], dtype=np.float32)  # [N, 4]: temperature, top_k, top_p, min_p
     host[host[:, 1] >= vocab, 1] = 0  # top_k of the whole vocabulary keeps every token
     temps, top_k, top_p, min_p = host.T
-    if not ((temps != 1.0).any() or top_k.any() or (top_p < 1.0).any() or (min_p > 0.0).any()):
+    scaled, by_p, by_k, by_min_p = (temps != 1.0).any(), (top_p < 1.0).any(), top_k.any(), (min_p > 0.0).any()
+    if not (scaled or by_p or by_k or by_min_p):
         return x
     params = to_device(torch.from_numpy(host), x.device)
-    if (temps != 1.0).any():
+    if scaled:
         x.div_(params[:, 0:1])
-    if (top_p < 1.0).any():
+    if by_p:
         x = _top_k_top_p_sorted(x, params[:, 1].long(), params[:, 2])
-    elif top_k.any():
+    elif by_k:
         _top_k(x, params[:, 1].long(), int(top_k.max()))
-    if (min_p > 0.0).any():
+    if by_min_p:
         probs = torch.softmax(x, dim=-1)
         x.masked_fill_(probs < params[:, 3:4] * probs.amax(dim=-1, keepdim=True), float("-inf"))
     return x
