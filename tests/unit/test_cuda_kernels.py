@@ -17,12 +17,14 @@ from runtime.models.norm import RMSNorm  # noqa: E402
 from runtime.models.rotary_embedding import RopeConfig, RotaryEmbedding  # noqa: E402
 
 if RUN_HERE:
-    from runtime.cuda.fused import add_rms_norm, rms_norm, rope_store_kv, silu_and_mul
+    from runtime.cuda import fused
+    from runtime.cuda.fused import add_rms_norm, rms_norm, rope_decode_attention, rope_store_kv, silu_and_mul
+    from runtime.cuda.gemv import gemv
     from runtime.cuda.paged_attention import decode_attention, prefill_tiles, store_kv, triton_paged_attention
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=11)
+    run_in_interpreter(__file__, passed=15)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -198,3 +200,94 @@ def test_rope_and_kv_store_in_one_kernel_equal_rope_then_store() -> None:
     got_q = rope_store_kv(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, D, got_cache, slots)
     torch.testing.assert_close(got_q, want_q, rtol=0, atol=1e-6)  # the same roundings (FMA may move the last bit)
     torch.testing.assert_close(got_cache, want_cache, rtol=0, atol=1e-6)  # nothing else touched
+
+
+def _bf16_close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Within a bf16 rounding step or two: one on a GPU; Triton's interpreter casts to bf16 by truncation, so
+    there a fused chain of casts may land a few steps low."""
+    step = 2**-7 if torch.cuda.is_available() else 2**-5
+    scale = want.float().abs().mean().item()
+    return bool(((got.float() - want.float()).abs() <= step * (want.float().abs() + scale)).all())
+
+
+@kernels
+def test_one_token_projections_equal_the_eager_modules_they_fuse() -> None:
+    """gemv (runtime/cuda/gemv.py) with each fused prologue and epilogue vs the eager composition in bf16: the
+    same roundings, so at most one bf16 step apart (the dot product's float32 sums come in another order)."""
+    g = torch.Generator().manual_seed(2)
+    bf = torch.bfloat16
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(DEVICE, bf)
+
+    x, weight, bias, residual = rand(1, 96), rand(40, 96), rand(40), rand(1, 40)
+    linear = lambda v: torch.nn.functional.linear(v.float(), weight.float()).to(bf)  # noqa: E731 - float32 sums
+    assert _bf16_close(gemv(x, weight), linear(x))
+    with_bias = torch.nn.functional.linear(x.float(), weight.float(), bias.float()).to(bf)  # as cuBLAS: one rounding
+    assert _bf16_close(gemv(x, weight, bias), with_bias)
+    norm = RMSNorm(96, 1e-5, dtype=bf).to(DEVICE)
+    norm.weight.data = rand(96)
+    assert _bf16_close(gemv(x, weight, norm=(norm.weight, norm.eps)), linear(norm(x)))
+    assert _bf16_close(gemv(x, weight, residual=residual), residual + linear(x))
+    gate_up = rand(1, 192)
+    act = (torch.nn.functional.silu(gate_up[:, :96]) * gate_up[:, 96:])
+    assert _bf16_close(gemv(gate_up, weight, silu=True, residual=residual), residual + linear(act))
+    wide = rand(300, 1100)  # rows and columns past a tile's edge
+    v = rand(1, 1100)
+    assert _bf16_close(gemv(v, wide), torch.nn.functional.linear(v.float(), wide.float()).to(bf))
+
+
+@kernels
+def test_a_one_token_step_through_fused_projections_equals_the_unfused_step(tmp_path, monkeypatch) -> None:
+    """A tiny bf16 Llama's one-token decode step over a filled cache: the GEMV path (four kernels a layer, the
+    norms, SwiGLU and residual adds inside) gives the hidden state the general fused path gives, and its logits
+    those of cuBLAS."""
+    from runtime.models import load_model
+    from tests.tiny_models import build_tiny_model
+
+    model = load_model(str(build_tiny_model(tmp_path, "llama")), torch.bfloat16, torch.device(DEVICE))
+    fused.use_fused_kernels(model)
+    inner = model.model
+    assert fused.one_token_projections(inner)
+    g = torch.Generator().manual_seed(4)
+    spec = model.spec
+    caches = [torch.randn(2, NUM_BLOCKS, BS, spec.num_kv_heads, spec.head_dim, generator=g).to(DEVICE, torch.bfloat16)
+              for _ in inner.layers]
+    meta = _meta([1], [11], [[5, 2, 9]])
+    ids, positions = torch.tensor([7], device=DEVICE), torch.tensor([11], device=DEVICE)
+    fast = inner(ids, positions, caches, meta)
+    monkeypatch.setattr(fused, "one_token_projections", lambda _: False)
+    general = inner(ids, positions, caches, meta)
+    assert ((fast.float() - general.float()).norm() / general.float().norm()).item() < 2e-2
+    logits = model.compute_logits(fast)  # one row: the GEMV writes float32 logits
+    assert logits.dtype == torch.float32
+    assert _bf16_close(logits.to(torch.bfloat16), type(model).compute_logits(model, fast).to(torch.bfloat16))
+
+
+@kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_and_decode_attention_in_one_kernel_equal_the_two_kernels(dtype: torch.dtype) -> None:
+    """rope_decode_attention: the same bits, in the output and in the cache, as rope_store_kv then
+    decode_attention, over several key tiles (plain decoding goes through the first, speculation's verified tokens
+    through the second); a padded row (slot -1, length 0) stores nothing and gives zeros; in bf16 on a GPU, the
+    stored K is the eager module's."""
+    g = torch.Generator().manual_seed(6)
+    query_lens, context_lens = [1, 1, 1], [150, 7, 0]
+    _, _, _, cache, meta = _case(query_lens, context_lens, seed=6, num_blocks=128)
+    cache = cache.to(dtype)
+    meta.slot_mapping[2], meta.seq_lens[2] = -1, 0
+    rotary = RotaryEmbedding(D, 256, RopeConfig(10000.0, "default", {})).to(DEVICE)
+    qkv = torch.randn(3, (H + 2 * HKV) * D, generator=g).to(DEVICE, dtype)
+    q, k, v = qkv.split([H * D, HKV * D, HKV * D], dim=-1)  # strided views, as the fused projection gives
+    positions = torch.tensor(context_lens, device=DEVICE)
+    want_cache = cache.clone()
+    rotated = rope_store_kv(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, D, want_cache, meta.slot_mapping)
+    want = decode_attention(rotated.view(3, H, D), want_cache, meta, D**-0.5).view(3, H * D)
+    got_cache = cache.clone()
+    got = rope_decode_attention(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, got_cache, meta, D**-0.5)
+    assert torch.equal(got_cache, want_cache)
+    assert torch.equal(got, want)
+    assert torch.count_nonzero(got[2]) == 0
+    if torch.cuda.is_available() and dtype == torch.bfloat16:  # the interpreter casts to bf16 by truncation
+        _, eager_k = rotary(positions, q, k)  # the eager module's K, bit for bit
+        assert torch.equal(got_cache[0].view(-1, HKV * D)[meta.slot_mapping[:2]], eager_k[:2])
