@@ -21,18 +21,20 @@ from benchmarks.cpu_attention import decode_step
 
 
 def per_call_us(fn, calls: int) -> float:
-    """Microseconds per call of `fn`, replayed from a CUDA graph of `calls` calls (median of 5 replays); NaN
-    without CUDA (one plain call)."""
+    """Microseconds per call of fn(i) for i < calls, replayed from one CUDA graph of the `calls` calls (median of 5
+    replays); NaN without CUDA (one plain call of each)."""
     if not torch.cuda.is_available():
-        fn()
+        for i in range(calls):
+            fn(i)
         return float("nan")
-    fn()  # compile outside the graph
+    for i in range(calls):
+        fn(i)  # compile and allocate outside the graph
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for _ in range(calls):
-            fn()
+        for i in range(calls):
+            fn(i)
     torch.cuda.current_stream().wait_stream(stream)
     times = []
     for _ in range(5):
@@ -70,7 +72,7 @@ def main() -> None:
         for block_n, warps in itertools.product(map(int, args.block_n.split(",")), map(int, args.num_warps.split(","))):
             paged_attention.DECODE_BLOCK_N, paged_attention.DECODE_NUM_WARPS = block_n, warps
             out = paged_attention.decode_attention(q, cache, meta, head_dim**-0.5)
-            us = per_call_us(lambda: paged_attention.decode_attention(q, cache, meta, head_dim**-0.5), args.calls)
+            us = per_call_us(lambda _: paged_attention.decode_attention(q, cache, meta, head_dim**-0.5), args.calls)
             print(json.dumps({"rows": rows, "context": context, "block_n": block_n, "num_warps": warps,
                               "us": round(us, 2), "max_diff": float((out.float() - ref.float()).abs().max())}),
                   flush=True)

@@ -20,37 +20,12 @@ import os
 
 import torch
 
+from benchmarks.cuda_decode_attention import per_call_us
+
 # name: (N, K, fused prologue/epilogue); Llama-3.2-1B: hidden 2048, 32 + 2 x 8 heads of 64, MLP 8192, vocab 128256
 SHAPES = {"qkv": (3072, 2048, "norm"), "o": (2048, 2048, "residual"), "gate_up": (16384, 2048, "norm"),
           "down": (2048, 8192, "silu+residual"), "lm_head": (128256, 2048, "")}
 SMOKE_SHAPES = {"qkv": (48, 32, "norm"), "down": (32, 64, "silu+residual")}
-
-
-def graph_us(fn, calls: int) -> float:
-    """Microseconds per call of fn(i) for i < calls, replayed from one CUDA graph (median of 7 replays); NaN
-    without CUDA (one plain call of each)."""
-    if not torch.cuda.is_available():
-        for i in range(calls):
-            fn(i)
-        return float("nan")
-    for i in range(calls):
-        fn(i)  # compile and allocate outside the graph
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        for i in range(calls):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(stream)
-    times = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / calls)
-    return sorted(times)[3]
 
 
 def main() -> None:
@@ -111,8 +86,8 @@ def main() -> None:
         want = unfused(0)
         base = {"shape": name, "n": n, "k": k, "fused": fused, "mb": round(n * k * 2 / 1e6, 1),
                 "floor_us": round(n * k * 2 / args.peak_gbs / 1e3, 2)}
-        linear_us = graph_us(cublas, layers)
-        around_us = graph_us(around, layers) if fused else 0.0
+        linear_us = per_call_us(cublas, layers)
+        around_us = per_call_us(around, layers) if fused else 0.0
         print(json.dumps({**base, "setting": "cublas", "us": round(linear_us, 2), "around_us": round(around_us, 2),
                           "gbs": round(n * k * 2 / linear_us / 1e3) if cuda else None}), flush=True)
         pdl_options = [on for on in (False, True) if str(on).lower() in args.pdl.split(",") and (pdl.ENABLED or not on)]
@@ -121,7 +96,7 @@ def main() -> None:
             gemv_module.TILES[(n, k)] = (block_n, block_k, warps)
             diff = (gemv_module.gemv(x, weights[0], **options).float() - want.float()).abs().max().item()
             for on in pdl_options:
-                us = graph_us(lambda i: gemv_module.gemv(x, weights[i], **options, pdl=on), layers)
+                us = per_call_us(lambda i: gemv_module.gemv(x, weights[i], **options, pdl=on), layers)
                 row = {**base, "setting": "gemv", "block_n": block_n, "block_k": block_k, "num_warps": warps,
                        "pdl": on, "us": round(us, 2), "gbs": round(n * k * 2 / us / 1e3) if cuda else None,
                        "max_diff": diff}
@@ -151,7 +126,7 @@ def pdl_chain_equal(gemv, device: str, dtype: torch.dtype, steps: int = 64) -> b
                 x = gemv(x, weights[i % 4], norm=(weights[0][0], 1e-5), residual=x, pdl=pdl)
             out["x"] = x
 
-        graph_us(chain, 1)
+        per_call_us(chain, 1)
         results.append(out["x"].clone())
     return bool(torch.equal(*results))
 
