@@ -5,9 +5,12 @@ RoPE (18) and SwiGLU (2) launches cost as much again, even inside a CUDA graph. 
 kernel here, and each residual add joins the RMSNorm after it (Llama models run `_llama_forward`: two
 kernels fewer per layer, 32 of a batch-1 step's 213 on the 1B shape, 1.2 us each on an H100), and RoPE
 writes the rotated K and the V of each new token straight into its KV cache slot (one kernel fewer per
-layer). They round intermediates to the activation dtype where the eager code does, so results match
-the eager modules (runtime/models/norm.py, rotary_embedding.py, llama.py) up to the last bit of the
-transcendental functions.
+layer); in a step of one-token rows it does so inside the decode-attention kernel (one more fewer). A
+16-bit one-token step goes further: its projections are GEMVs that carry the norms, SwiGLU and residual
+adds (runtime/cuda/gemv.py), four kernels a layer besides attention. They round intermediates to the
+activation dtype where the eager code does, so results match the eager modules (runtime/models/norm.py,
+rotary_embedding.py, llama.py) up to the last bit of the transcendental functions and the order of a
+dot product's sums.
 
 `use_fused_kernels(model)` swaps the `forward` of the matching module instances; model files stay
 device-agnostic and the CPU path is untouched.
@@ -24,11 +27,10 @@ import triton.language as tl
 from torch import nn
 
 from runtime.attention_metadata import AttentionMetadata
-from runtime.cuda import pdl
-from runtime.cuda.pdl import wait_for_previous_kernel
+from runtime.cuda import paged_attention, pdl
 from runtime.cuda.gemv import gemv
-from runtime.cuda import paged_attention
-from runtime.cuda.paged_attention import attend_query_tile, attend_over_cache
+from runtime.cuda.paged_attention import attend_over_cache, attend_query_tile
+from runtime.cuda.pdl import wait_for_previous_kernel
 
 
 @triton.jit
