@@ -34,6 +34,8 @@ def main() -> None:
     parser.add_argument("--block-n", default="4,8,16,32")
     parser.add_argument("--block-k", default="256,512,1024")
     parser.add_argument("--num-warps", default="4,8")
+    parser.add_argument("--tiles", choices=("sweep", "table"), default="sweep",
+                        help="sweep: every --block-n/--block-k/--num-warps setting; table: gemv.TILES' own")
     parser.add_argument("--pdl", default="false,true", help="launch kinds to time (true: only where supported)")
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--peak-gbs", type=float, default=3350.0, help="memory bandwidth for the floor (H100 SXM)")
@@ -91,8 +93,10 @@ def main() -> None:
         print(json.dumps({**base, "setting": "cublas", "us": round(linear_us, 2), "around_us": round(around_us, 2),
                           "gbs": round(n * k * 2 / linear_us / 1e3) if cuda else None}), flush=True)
         pdl_options = [on for on in (False, True) if str(on).lower() in args.pdl.split(",") and (pdl.ENABLED or not on)]
-        for block_n, block_k, warps in itertools.product(*(map(int, getattr(args, a).split(","))
-                                                           for a in ("block_n", "block_k", "num_warps"))):
+        table = gemv_module.TILES.get((n, k), gemv_module.DEFAULT_TILE)
+        settings = [table] if args.tiles == "table" else itertools.product(
+            *(map(int, getattr(args, a).split(",")) for a in ("block_n", "block_k", "num_warps")))
+        for block_n, block_k, warps in settings:
             gemv_module.TILES[(n, k)] = (block_n, block_k, warps)
             diff = (gemv_module.gemv(x, weights[0], **options).float() - want.float()).abs().max().item()
             for on in pdl_options:
@@ -103,7 +107,7 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
                 if name not in best or us < best[name]["us"]:
                     best[name] = row
-        del gemv_module.TILES[(n, k)]
+        gemv_module.TILES[(n, k)] = table
     if pdl.ENABLED:
         print(json.dumps({"pdl_chain_equal": pdl_chain_equal(gemv_module.gemv, device, dtype)}), flush=True)
     print(json.dumps({"best": {name: {key: row[key] for key in ("block_n", "block_k", "num_warps", "pdl", "us", "gbs")}
