@@ -18,9 +18,9 @@ in DIR/gpu_bench.json even when a later one fails:
               256 closed-loop streams from 4 processes, the HTTP load's shape: benchmarks/core_consumers.py),
               batch-1 ITL and 256-request throughput with async scheduling off, and batch-1 without graphs
   http        our gateway over HTTP, 64 concurrent streams (benchmarks/serve.py), vs the engine at 64
-  http_in_process  the same with --no-engine-process (the engine in the HTTP server's process)
   http_batch  our gateway over HTTP, 256 concurrent streams, vs the engine core's 256 closed-loop streams
   http_api2, http_api4, http_batch_api2, http_batch_api4   the same with --api-servers 2 / 4 (front ends over one core)
+  http_in_process  `http` with --no-engine-process (the engine in the HTTP server's process)
   tserve      `transformers serve --continuous-batching` over HTTP, same load
 `--skip profile` leaves out the engine phase's torch.profiler window; `--skip engine_load` ends the engine phase
 after its latency figures (in-process batch-1 ITL and TTFT), for quick per-process comparisons.
@@ -622,12 +622,12 @@ def main(argv: list[str] | None = None) -> int:
                           ready="/health", sizes=s, streams=streams)
 
     phase("http", lambda: gateway("gateway", s.streams))  # the engine core in its own process (the default)
+    phase("http_batch", lambda: gateway("gateway-batch", s.batch))
     for n in (2, 4):  # several front ends over one engine core
         phase(f"http_api{n}", lambda n=n: gateway(f"gateway-api{n}", s.streams, "--api-servers", str(n)))
     for n in (2, 4):
         phase(f"http_batch_api{n}", lambda n=n: gateway(f"gateway-batch-api{n}", s.batch, "--api-servers", str(n)))
     phase("http_in_process", lambda: gateway("gateway-in-process", s.streams, "--no-engine-process"))
-    phase("http_batch", lambda: gateway("gateway-batch", s.batch))
     phase("tserve", lambda: http_phase(
         ["transformers", "serve", "--continuous-batching", "--device", device, "--dtype", "bfloat16",
          "--host", "127.0.0.1", "--port", "{port}", str(big)], "tserve", big, out, tserve=True, ready="/health",
