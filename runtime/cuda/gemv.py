@@ -13,6 +13,11 @@ fit in the same kernel:
 Each rounds to the activation dtype where the eager modules do (runtime/cuda/fused.py's kernels), so only the
 order of the dot product's float32 sums differs from cuBLAS. With `pdl` (runtime/cuda/pdl.py) the kernel starts
 while the one before it drains: its first weight tile is loaded before it waits for that kernel's output.
+
+Steps of more tokens keep cuBLAS: this kernel run once per row (one program per row and tile, a tile's rows side
+by side to share its loads through L2) was slower than cuBLAS past 2 rows on the H100 (benchmarks/RESULTS.md,
+2026-11-27), so a verification's rows and plain decoding's single row sum in different orders (bf16 greedy
+speculation may part from plain decoding at near ties).
 """
 
 from __future__ import annotations
