@@ -334,7 +334,8 @@ class ModelRunner:
         lengths = [context_window] * (max_num_tokens // context_window)
         if max_num_tokens % context_window:
             lengths.append(max_num_tokens % context_window)
-        input_ids, positions, meta = self.prepare([StepInput([0] * n, 0, [0] * -(-n // self.block_size)) for n in lengths])
+        input_ids, positions, meta = self.prepare(
+            [StepInput([0] * n, 0, [0] * -(-n // self.block_size)) for n in lengths])
         hidden = self.model(input_ids, positions, [], meta)
         logits = self.model.compute_logits(hidden[:1].expand(max_batch_size, -1))
         torch.softmax(logits, dim=-1)  # the sampler's [batch, vocab] temporaries

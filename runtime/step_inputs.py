@@ -74,7 +74,8 @@ class StepInputs(RowView[StepInput]):
             b = len(inputs.counts)
             inputs.add(inp.token_ids, 0, len(inp.token_ids), inp.start_pos, inp.block_table, inp.table_row,
                        inp.sample_rows, inp.prev_sample, inp.adapter_slot)
-            for flag, on in ((inputs.all_logits, inp.return_all_logits), (inputs.sample_logits, inp.return_sample_logits),
+            for flag, on in ((inputs.all_logits, inp.return_all_logits),
+                             (inputs.sample_logits, inp.return_sample_logits),
                              (inputs.on_device, inp.logits_on_device), (inputs.row_argmax, inp.return_row_argmax)):
                 if on:
                     flag.add(b)

@@ -39,7 +39,8 @@ class StepResults(RowView[StepResult]):
 
     def __init__(self, counts: list[int], ids: list[int] | None = None, logprobs: list[float] | None = None,
                  top_ids: list[list[int]] | None = None, top_lps: list[list[float]] | None = None,
-                 all_logits: dict[int, torch.Tensor] | None = None, sample_logits: dict[int, torch.Tensor] | None = None,
+                 all_logits: dict[int, torch.Tensor] | None = None,
+                 sample_logits: dict[int, torch.Tensor] | None = None,
                  row_argmax: dict[int, list[int]] | None = None) -> None:
         """`counts`: sample rows of each input; `ids`, `logprobs`, `top_*`: every sample row's, flat, in input order
         (None: nothing was sampled, or not asked); the dicts: per input, only those that have one."""
