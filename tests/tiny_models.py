@@ -66,6 +66,15 @@ def build_tiny_tokenizer(folder: Path) -> Any:
     return hf
 
 
+def bannable_token(tokenizer: Any, ids: list[int]) -> tuple[int, str]:
+    """The first of `ids` that bad_words=[its text] bans (a runtime.tokenizer.Tokenizer), and that text."""
+    for token in ids:
+        word = tokenizer.decode([token]).strip()
+        if word and [token] in tokenizer.bad_words_ids([word]):
+            return token, word
+    raise ValueError(f"no token of {ids} is banned by its own text")
+
+
 def _config(arch: str, vocab_size: int, special: dict[str, int], overrides: dict[str, Any]) -> Any:
     from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 

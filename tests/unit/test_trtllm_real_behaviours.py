@@ -19,7 +19,7 @@ from runtime.errors import InvalidRequestError, UnsupportedOptionError
 from runtime.request import GenerationRequest, SamplingOptions
 from tests.engine_harness import hf_greedy, load_hf
 from tests.fakes.trtllm import collect, fake_trtllm, make_config, recording, running  # noqa: F401
-from tests.tiny_models import build_tiny_model
+from tests.tiny_models import bannable_token, build_tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +81,7 @@ async def test_bad_words_reach_the_runtime_tokenized(fake_trtllm, model_dir):
         greedy = dict(max_tokens=8, temperature=0.0, ignore_eos=True)
         free = [t for d in await collect(engine, GenerationRequest("f", prompt="x y", sampling=SamplingOptions(
             **greedy))) for t in d.token_ids]
-        tok = engine.tokenizer
-        banned = next(t for t in free if [t] in tok.bad_words_ids([tok.decode([t]).strip()]))
-        word = tok.decode([banned]).strip()
+        banned, word = bannable_token(engine.tokenizer, free)
         deltas = await collect(engine, GenerationRequest("b", prompt="x y", sampling=SamplingOptions(
             **greedy, bad_words=[word])))
         out = [t for d in deltas for t in d.token_ids]
