@@ -16,11 +16,11 @@ tests/fakes/trtllm_api_snapshot.json for the stored version read).
 | scheduler_policy | SchedulerConfig(capacity_scheduler_policy=MAX_UTILIZATION / GUARANTEED_NO_EVICT) |
 | enable_chunked_prefill | `enable_chunked_prefill` |
 | lora_modules, max_lora_rank, max_loras, max_cpu_loras | LoraConfig(lora_dir, max_lora_rank, max_loras, max_cpu_loras, lora_target_modules) |
-| speculative=draft, draft_model, num_draft_tokens, speculative_max_concurrency | DraftTargetDecodingConfig(max_draft_len, speculative_model[_dir], max_concurrency) (checkpoints) |
-| speculative=ngram, num_draft_tokens, ngram_max, speculative_max_concurrency | NGramDecodingConfig(max_draft_len, max_matching_ngram_size, max_concurrency) (checkpoints) |
+| speculative=draft, draft_model, num_draft_tokens, speculative_max_concurrency | DraftTargetDecodingConfig(max_draft_len, speculative_model[_dir], max_concurrency) |
+| speculative=ngram, num_draft_tokens, ngram_max, speculative_max_concurrency | NGramDecodingConfig(max_draft_len, max_matching_ngram_size, max_concurrency) |
 | enable_cuda_graphs=false | `cuda_graph_config=None` (checkpoints) |
 | trtllm_extra | passed through; `speculative_config` may be a dict with `decoding_type` Eagle/Medusa/Lookahead/MTP/... |
-| device=cpu, ngram_min != 1, speculation the folder's flow cannot run | rejected at start-up (UnsupportedOptionError) |
+| device=cpu, ngram_min != 1, speculation the folder's flow cannot run (draft, ngram: checkpoints only) | refused |
 Always set: `guided_decoding_backend="xgrammar"`; checkpoints: `enable_iter_perf_stats=True` (feeds /metrics;
 TrtLlmArgs has no such field, an engine's runtime reports iteration stats anyway); engine folders:
 `gather_generation_logits=True` (TensorRT-LLM refuses logprobs without it).

@@ -123,7 +123,8 @@ def test_speculation_the_folder_cannot_run_is_refused_at_start_up(fake_trtllm, m
     with pytest.raises(UnsupportedOptionError) as info:
         arguments(EngineConfig(model=str(model_dir), backend="trtllm", trtllm_extra={
             "speculative_config": {"decoding_type": "Medusa", "max_draft_len": 4}}))
-    assert info.value.param == "trtllm_extra" and "Medusa speculation does not run on a Hugging Face" in info.value.message
+    assert info.value.param == "trtllm_extra"
+    assert "Medusa speculation does not run on a Hugging Face" in info.value.message
 
 
 def test_one_three_line_config_lookups(fake_trtllm, monkeypatch, model_dir, tmp_path) -> None:

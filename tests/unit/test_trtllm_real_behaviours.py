@@ -63,7 +63,8 @@ async def test_a_sample_that_stops_before_the_last_response_ends_at_its_stop_tok
     that stopped earlier shows neither, so its stop token id ends it here."""
     async with running(make_config(model_dir)) as engine:
         options = dict(max_tokens=8, temperature=1.0, seed=11, n=2, ignore_eos=True)
-        free = by_index(await collect(engine, GenerationRequest("f", prompt="a b", sampling=SamplingOptions(**options))))
+        free = by_index(await collect(engine, GenerationRequest("f", prompt="a b",
+                                                                sampling=SamplingOptions(**options))))
         stops = [t for t in free[0][1:-1] if t not in free[1]]
         assert stops, f"no token of sample 0 is missing from sample 1: {free}"
         cut = free[0].index(stops[0])
