@@ -45,6 +45,17 @@ def fake_trtllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     _purge()
 
 
+def engine_folder(root: Path, **build: Any) -> str:
+    """A trtllm-build output folder, config.json only (pretrained_config + build_config, with `build` over
+    max_seq_len 96 and max_batch_size 8): the fake's TensorRT-engine LLM accepts its requests, never runs them."""
+    folder = root / "engine"
+    folder.mkdir(exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({
+        "pretrained_config": {"architecture": "LlamaForCausalLM", "vocab_size": 300, "dtype": "float16"},
+        "build_config": {"max_seq_len": 96, "max_batch_size": 8, **build}}))
+    return str(folder)
+
+
 def make_config(model_dir: Path | str, **kw: Any) -> EngineConfig:
     return EngineConfig(**{"model": str(model_dir), "backend": "trtllm", "max_batch_size": 4,
                            "max_kv_tokens": 1024, "kv_block_size": 16, **kw})

@@ -5,13 +5,12 @@ result, prompt-logprob rows, _TrtLLM's argument checks, and which flow runs each
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.fakes.trtllm import fake_trtllm  # noqa: F401  (fixture)
+from tests.fakes.trtllm import engine_folder, fake_trtllm  # noqa: F401  (fixture)
 from tests.tiny_models import build_tiny_model
 
 
@@ -124,11 +123,8 @@ def test_engine_llm_checks_logits_and_speculation(fake_trtllm, model_dir, tmp_pa
     from tensorrt_llm._tensorrt_engine import LLM as TrtLLM
     from tensorrt_llm.llmapi import DraftTargetDecodingConfig, MedusaDecodingConfig, NGramDecodingConfig
 
-    engine = tmp_path / "engine"
-    engine.mkdir()
-    (engine / "config.json").write_text(json.dumps({"pretrained_config": {"vocab_size": 300},
-                                                    "build_config": {"max_seq_len": 64, "max_batch_size": 4}}))
-    llm = TrtLLM(model=str(engine), tokenizer=str(model_dir))
+    engine = engine_folder(tmp_path, max_seq_len=64, max_batch_size=4)
+    llm = TrtLLM(model=engine, tokenizer=str(model_dir))
     with pytest.raises(ValueError, match="requires `gather_generation_logits=True`"):
         llm.generate_async([5], SamplingParams(logprobs=1, temperature=1.0))
     with pytest.raises(ValueError, match="requires `gather_context_logits=True`"):
@@ -138,12 +134,12 @@ def test_engine_llm_checks_logits_and_speculation(fake_trtllm, model_dir, tmp_pa
     with pytest.raises(ValueError, match="cannot exceed max_batch_size"):
         llm.generate_async([5], SamplingParams(n=5, temperature=1.0))
     sp = SamplingParams(logprobs=1, temperature=1.0)
-    TrtLLM(model=str(engine), tokenizer=str(model_dir), gather_generation_logits=True).generate_async([5], sp)
+    TrtLLM(model=engine, tokenizer=str(model_dir), gather_generation_logits=True).generate_async([5], sp)
     assert sp.return_generation_logits and sp._generation_logits_auto_enabled
     draft = DraftTargetDecodingConfig(max_draft_len=2, speculative_model_dir=str(model_dir))
     assert draft.speculative_model == str(model_dir)  # the old name is still accepted
     with pytest.raises(ValueError, match="Speculation type Draft_Target does not support backend None"):
-        TrtLLM(model=str(engine), tokenizer=str(model_dir), speculative_config=draft)
+        TrtLLM(model=engine, tokenizer=str(model_dir), speculative_config=draft)
     with pytest.raises(ValueError, match="Speculation type Medusa does not support backend pytorch"):
         LLM(model=str(model_dir), speculative_config=MedusaDecodingConfig(max_draft_len=2))
     with pytest.raises(ValueError, match="max_draft_len must be > 0 for NGram"):

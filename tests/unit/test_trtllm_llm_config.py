@@ -3,7 +3,6 @@ value, on the fake tensorrt_llm (whose config classes have the real field names 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,23 +13,13 @@ from runtime.trtllm.api import load_api
 from runtime.trtllm.llm_config import llm_arguments
 from runtime.trtllm.lora import TrtllmAdapters
 from runtime.trtllm.model_folder import ModelFolder
-from tests.fakes.trtllm import fake_trtllm  # noqa: F401  (fixture)
+from tests.fakes.trtllm import engine_folder, fake_trtllm  # noqa: F401  (fixture)
 from tests.tiny_models import build_tiny_model
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("trtllm_args"), "llama")
-
-
-def engine_folder(root: Path, **build: object) -> str:
-    """A trtllm-build output folder: config.json with pretrained_config and build_config (no weights needed)."""
-    engine = root / "engine"
-    engine.mkdir(exist_ok=True)
-    (engine / "config.json").write_text(json.dumps({
-        "pretrained_config": {"architecture": "LlamaForCausalLM", "vocab_size": 300, "dtype": "float16"},
-        "build_config": {"max_seq_len": 96, "max_batch_size": 8, **build}}))
-    return str(engine)
 
 
 def arguments(config: EngineConfig, tokenizer: str | None = None):

@@ -7,7 +7,6 @@ Each test failed on the backend before its fix, with this fake.
 from __future__ import annotations
 
 import asyncio
-import json
 import shutil
 import time
 from pathlib import Path
@@ -18,23 +17,14 @@ import torch
 from runtime.errors import InvalidRequestError, UnsupportedOptionError
 from runtime.request import GenerationRequest, SamplingOptions
 from tests.engine_harness import hf_greedy, load_hf
-from tests.fakes.trtllm import collect, fake_trtllm, make_config, recording, running  # noqa: F401
+from tests.fakes.trtllm import (collect, engine_folder, fake_trtllm, make_config, recording,  # noqa: F401
+                                running)
 from tests.tiny_models import bannable_token, build_tiny_model
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("trtllm_real"), "llama")
-
-
-def engine_folder(root: Path, **build: object) -> str:
-    """A trtllm-build output folder (config.json only: its requests are accepted, never run, by the fake)."""
-    folder = root / "engine"
-    folder.mkdir(exist_ok=True)
-    (folder / "config.json").write_text(json.dumps({
-        "pretrained_config": {"architecture": "LlamaForCausalLM", "vocab_size": 300, "dtype": "float16"},
-        "build_config": {"max_seq_len": 96, "max_batch_size": 8, **build}}))
-    return str(folder)
 
 
 def by_index(deltas: list, field: str = "token_ids") -> dict[int, list]:

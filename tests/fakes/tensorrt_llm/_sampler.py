@@ -1,4 +1,9 @@
-"""The fake's token choice: the SamplingParams knobs applied to one row of logits with torch."""
+"""The fake's token choice: the SamplingParams knobs applied to one row of logits with torch.
+
+It stands in for the runtime's sampling layers (C++ / the PyTorch sampler), which have no Python source to
+follow; greedy is decided as SamplingParams.params_imply_greedy_decoding decides it (sampling_params.py @
+a98a9061d72f6fd39f5d055ebdd2c6878a100e2c).
+"""
 
 from __future__ import annotations
 
