@@ -48,6 +48,9 @@ class CausalLM(nn.Module):
             logits = head.linear(hidden, self.output_embedding(), None)
         else:
             logits = torch.nn.functional.linear(hidden, self.output_embedding())
+        cap = self.spec.final_logit_softcap
+        if cap:  # Gemma's final softcapping, in the logits' dtype as transformers does it
+            logits = torch.tanh(logits / cap) * cap
         return logits.float() if out is None else out.copy_(logits)
 
     def checkpoint_target(self, name: str) -> tuple[str, str | None] | None:
