@@ -67,7 +67,7 @@ def build_kernel() -> bool:
         return False
     # its output's shape for torch.compile, which calls it from a compiled one-row step (runtime/cpu/compiled_decode.py)
     torch.library.register_fake("trtllm_gateway_cpu::paged_decode_attention")(
-        lambda q, kv_cache, block_tables, seq_lens: torch.empty_like(q))
+        lambda q, kv_cache, block_tables, seq_lens, window, sinks: torch.empty_like(q))
     logger.info("CPU: paged decode-attention kernel ready in %.1f s", time.perf_counter() - started)
     return True
 
@@ -79,14 +79,16 @@ def cpu_paged_attention(
     kv_cache: torch.Tensor | None,
     meta: AttentionMetadata,
     scale: float,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The kernel for decode-only steps; the reference backend for everything else."""
     if kv_cache is None or not meta.is_decode_only or not kernel_fits(q, k):
-        return torch_paged_attention(q, k, v, kv_cache, meta, scale)
+        return torch_paged_attention(q, k, v, kv_cache, meta, scale, window, sinks)
     write_kv(k, v, kv_cache, meta.slot_mapping)
     out = torch.ops.trtllm_gateway_cpu.paged_decode_attention(  # (a compiled step's lengths are int64)
         (q.float() * scale).contiguous(), kv_cache, meta.block_tables.contiguous(),
-        meta.seq_lens.to(torch.int32).contiguous())
+        meta.seq_lens.to(torch.int32).contiguous(), window or 0, None if sinks is None else sinks.float().contiguous())
     return out.to(q.dtype)
 
 

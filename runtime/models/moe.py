@@ -85,7 +85,9 @@ class Experts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """sum over k of weights[t, k] * expert[ids[t, k]](x[t]), for x [T, H]: the pairs sorted by expert, one
-        matmul pair per expert that has tokens."""
+        matmul pair per expert that has tokens (a compiled CPU decode step: `gathered`, which has no loop)."""
+        if torch.compiler.is_compiling():
+            return self.gathered(x, weights, ids)
         top_k = ids.shape[1]
         order = ids.view(-1).argsort(stable=True)
         counts = torch.bincount(ids.view(-1), minlength=self.moe.num_experts).tolist()
@@ -103,6 +105,21 @@ class Experts(nn.Module):
                 start = end
         weighted = (out.float() * weights.view(-1)[order, None]).to(x.dtype)
         return torch.zeros_like(x).index_add_(0, tokens, weighted)
+
+    def gathered(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """`forward` as batched products over each (token, expert) pair's own weights, gathered: no host sync and no
+        loop, for a few tokens (runtime/cpu/compiled_decode.py)."""
+        tokens, top_k = ids.shape
+        pairs = ids.reshape(-1)
+        rows = x.repeat_interleave(top_k, dim=0)[:, :, None]  # [P, H, 1]
+        h = torch.bmm(self.gate_up_proj[pairs], rows).squeeze(-1)
+        if self.gate_up_proj_bias is not None:
+            h = h + self.gate_up_proj_bias[pairs]
+        y = torch.bmm(self.down_proj[pairs], self.activation(h)[:, :, None]).squeeze(-1)
+        if self.down_proj_bias is not None:
+            y = y + self.down_proj_bias[pairs]
+        weighted = (y.float() * weights.reshape(-1, 1)).to(x.dtype)
+        return weighted.view(tokens, top_k, -1).sum(dim=1)
 
     def load(self, attr: str, tensor: torch.Tensor, part: str | None) -> None:
         """Copy a checkpoint tensor into `attr`, or into one expert's slice of it (`part`: see expert_target)."""
