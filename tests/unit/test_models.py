@@ -22,7 +22,7 @@ from runtime.models import (
     load_model,
 )
 from runtime.models.rotary_embedding import RopeConfig
-from tests.tiny_models import TINY_ARCHITECTURES, build_tiny_model
+from tests.tiny_models import FAMILIES, TINY_ARCHITECTURES, build_tiny_model
 
 BLOCK_SIZE = 4
 PROMPT = [5, 77, 123, 9, 250, 31, 64, 200, 17, 42, 99, 3, 150]
@@ -104,14 +104,16 @@ def _hf_logits(path: Path, tokens: list[int]) -> torch.Tensor:
         return _hf(path)(torch.tensor([tokens])).logits[0].float()
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+@pytest.mark.parametrize("arch", TINY_ARCHITECTURES + FAMILIES)
 def test_prefill_logits_match_transformers(models_root: Path, arch: str) -> None:
     path = build_tiny_model(models_root, arch)
-    model = load_model(str(path), None, torch.device("cpu"))
-    (logits,) = PagedRunner(model).step([("a", PROMPT)])
+    # Phi-3's LongRoPE: short factors for a context within its original window (test_model_families.py: long ones)
+    model = load_model(str(path), None, torch.device("cpu"), 64 if arch == "phi3" else None)
+    prompt = PROMPT + OTHER_PROMPT  # 20 tokens: longer than the families' sliding window (8)
+    (logits,) = PagedRunner(model).step([("a", prompt)])
     assert logits.dtype == torch.float32
-    assert logits.shape == (len(PROMPT), 300)
-    torch.testing.assert_close(logits, _hf_logits(path, PROMPT), atol=1e-4, rtol=1e-4)
+    assert logits.shape == (len(prompt), 300)
+    torch.testing.assert_close(logits, _hf_logits(path, prompt), atol=1e-4, rtol=1e-4)
 
 
 def test_rope_scaling_variants_match_transformers(models_root: Path) -> None:
@@ -171,7 +173,7 @@ def test_mixed_step_equals_separate_runs(models_root: Path, arch: str) -> None:
     torch.testing.assert_close(prefill, prefill_alone, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["llama3", "qwen2", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama3", "qwen2", "gpt2", "gemma3", "gpt_oss"])
 def test_chunked_prefill_equals_single_prefill(models_root: Path, arch: str) -> None:
     """A prompt fed in chunks (query_len > 1 over cached context, as speculative scoring does) changes nothing."""
     model = load_model(str(build_tiny_model(models_root, arch)), None, "cpu")
@@ -185,6 +187,21 @@ def test_chunked_prefill_equals_single_prefill(models_root: Path, arch: str) -> 
     reference = PagedRunner(model, seed=6)
     reference.step([("a", PROMPT)])
     torch.testing.assert_close(batched[0], reference.step([("a", [1])])[0], atol=1e-4, rtol=1e-4)
+
+
+def test_experts_stacked_as_transformers_5_holds_them_load_too(models_root: Path, tmp_path: Path) -> None:
+    """Hub checkpoints give Mixtral's and Qwen3-MoE's experts one tensor each; transformers 5's own state dict stacks
+    them (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]): both load to the same model."""
+    path = build_tiny_model(models_root, "qwen3_moe")
+    stacked = tmp_path / "stacked"
+    shutil.copytree(path, stacked)
+    state = {name: t.contiguous() for name, t in _hf(path).state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    (stacked / "model.safetensors").unlink()
+    save_file(state, str(stacked / "model.safetensors"))
+    per_expert, fused = (load_model(str(p), None, "cpu") for p in (path, stacked))
+    for (name, a), (_, b) in zip(per_expert.named_parameters(), fused.named_parameters()):
+        assert torch.equal(a, b), name
 
 
 def test_sharded_bf16_checkpoint_loads(models_root: Path) -> None:
@@ -228,15 +245,20 @@ def test_unsupported_architecture_names_supported_ones(models_root: Path, tmp_pa
         load_model(str(target), None, "cpu")
     assert str(info.value) == (
         "Unsupported model architecture 'FalconForCausalLM'. Supported architectures: "
-        "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel."
+        "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, "
+        "Gemma3ForConditionalGeneration, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, "
+        "GptOssForCausalLM, GPT2LMHeadModel."
     )
     assert isinstance(info.value, ValueError)
-    assert set(SUPPORTED_ARCHITECTURES) == {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                            "GPT2LMHeadModel"}
     config["architectures"] = ["LlamaForCausalLM"]
-    config["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
+    config["rope_parameters"] = {"rope_type": "mrope", "rope_theta": 10000.0}
     (target / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedArchitectureError, match="rope type 'yarn' is not supported"):
+    with pytest.raises(UnsupportedArchitectureError, match="rope type 'mrope' is not supported"):
+        load_model(str(target), None, "cpu")
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (target / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitectureError, match=r"not supported: quantized checkpoints"):
         load_model(str(target), None, "cpu")
 
 
