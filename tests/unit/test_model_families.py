@@ -114,3 +114,42 @@ async def test_cpu_kernels_and_compiled_decode_keep_the_ids(models, arch: str) -
     assert out.tokens[0] == hf_greedy(hf, prompt, 16)
     for p, got in zip(prompts([3, 11], seed=6), together):
         assert got.tokens[0] == hf_greedy(hf, p, 12)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gpt_oss", "qwen3_moe"])
+async def test_ngram_speculation_keeps_the_greedy_ids(models, arch: str) -> None:
+    """N-gram drafts verified in multi-token rows (the prefill path, across sliding windows) change no id."""
+    path, hf = models[arch]
+    ps = [[11, 12, 13, 14] * 4 + [11, 12], [7, 8, 9] * 5 + [7]]  # repetitive: the n-gram proposer finds drafts
+    async with running_engine(path, num_draft_tokens=3, speculative="ngram") as engine:
+        outs = await asyncio.gather(*(collect(engine, request(f"s{i}", p, 20)) for i, p in enumerate(ps)))
+        spec_steps = engine.stats().spec_steps
+    assert spec_steps > 0
+    for p, out in zip(ps, outs):
+        assert out.tokens[0] == hf_greedy(hf, p, 20)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gpt_oss"])
+async def test_prefix_cache_hits_past_the_window_keep_the_ids(models, arch: str) -> None:
+    """A second request sharing a prefix longer than the window reads the first one's cached blocks."""
+    path, hf = models[arch]
+    shared = prompts([3 * SLIDING_WINDOW], seed=7)[0]
+    ps = [shared + [5, 6, 7], shared + [90, 91]]
+    async with running_engine(path) as engine:
+        first = await collect(engine, request("a", ps[0], 12))
+        second = await collect(engine, request("b", ps[1], 12))
+    assert second.usage.cached_tokens >= 2 * SLIDING_WINDOW
+    assert [first.tokens[0], second.tokens[0]] == [hf_greedy(hf, p, 12) for p in ps]
+
+
+async def test_guided_decoding_on_a_moe_model(models) -> None:
+    import re
+
+    from runtime.request import GenerationRequest, GuidedDecoding, SamplingOptions
+
+    path, _ = models["qwen3_moe"]
+    guided = GenerationRequest("g", prompt_token_ids=[9, 9, 40], sampling=SamplingOptions(max_tokens=12, temperature=0),
+                               guided=GuidedDecoding(regex=r"(yes|no)-[0-9]{2}"))
+    async with running_engine(path) as engine:
+        out = await collect(engine, guided)
+    assert re.fullmatch(r"(yes|no)-[0-9]{2}", out.text[0]) and out.finish[0] == "stop"
