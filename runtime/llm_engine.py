@@ -151,7 +151,9 @@ class NativeEngine(Engine):
         if cfg.cpu_compile and self.device.type == "cpu" and (cfg.cpu_quantization != "none" or
                                                               self.dtype != torch.bfloat16):
             self.runner.compile_decode(max_blocks)
-        self.block_manager = BlockManager(blocks, cfg.kv_block_size, cfg.enable_prefix_caching)
+        # blocks outside every layer's window are given back, unless a draft model (full attention) reads them
+        sliding = self.spec.sliding_window if cfg.speculative != "draft" else None
+        self.block_manager = BlockManager(blocks, cfg.kv_block_size, cfg.enable_prefix_caching, sliding)
         self.runner.block_tables = self.block_manager.tables
         self.scheduler = Scheduler(
             self.block_manager,

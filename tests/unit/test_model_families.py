@@ -153,3 +153,18 @@ async def test_guided_decoding_on_a_moe_model(models) -> None:
     async with running_engine(path) as engine:
         out = await collect(engine, guided)
     assert re.fullmatch(r"(yes|no)-[0-9]{2}", out.text[0]) and out.finish[0] == "stop"
+
+
+async def test_blocks_behind_every_layers_window_are_given_back(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Phi-3 with a sliding window on every layer (as Phi-3-mini-4k's config has): a 60-token sequence in blocks of 4
+    holds no more blocks than its window needs, and its ids still equal transformers'."""
+    path = build_tiny_model(tmp_path_factory.mktemp("all-sliding"), "phi3", sliding_window=SLIDING_WINDOW)
+    hf = load_hf(path)
+    prompt = prompts([20], seed=8)[0]
+    async with running_engine(path, max_model_len=64) as engine:
+        assert engine.block_manager.window == SLIDING_WINDOW
+        rec = StepRecorder(engine)
+        out = await collect(engine, request("long", prompt, 40))
+    assert out.tokens[0] == hf_greedy(hf, prompt, 40)
+    assert max(rec.used_blocks) <= SLIDING_WINDOW // 4 + 3  # the window's blocks, the one being written, slack
+    assert max(rec.used_blocks) < 60 // 4
