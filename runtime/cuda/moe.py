@@ -120,7 +120,8 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
     [capacity / block_m], int32 [1] pairs' length with the padding). Capacity depends only on the shapes."""
     pairs = ids.numel()
     flat = ids.reshape(-1)
-    counts = torch.bincount(flat, minlength=num_experts)
+    # (not bincount: its output size needs the host to read the largest id, which a CUDA graph capture forbids)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     order = torch.argsort(flat, stable=True)
