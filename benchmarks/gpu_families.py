@@ -149,10 +149,6 @@ async def engine_figures(folder: Path, device: str, sizes: dict[str, int]) -> di
         res[f"throughput_{batch}_tok_s"] = sum(d[2] for d in done) / (time.perf_counter() - t)
     finally:
         await engine.shutdown()
-        del engine
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
     return res
 
 
@@ -195,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
             failed = True
             results[key] = {"error": traceback.format_exc()}
             print(results[key]["error"], file=sys.stderr)
+        gc.collect()  # the phase's model (61 GB for the MoE shape) before the next one's
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         print(f"gpu_families: {key} {time.perf_counter() - t:.1f}s: {json.dumps(results[key])[:300]}", flush=True)
         (args.out / "gpu_families.json").write_text(json.dumps(results, indent=2) + "\n")
         return results[key]

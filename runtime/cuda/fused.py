@@ -29,7 +29,7 @@ from torch import nn
 from runtime.attention_metadata import AttentionMetadata
 from runtime.cuda import paged_attention, pdl
 from runtime.cuda.gemv import gemv
-from runtime.cuda.paged_attention import attend_over_cache, attend_query_tile, first_key_tile
+from runtime.cuda.paged_attention import attend_decode_group, attend_over_cache
 from runtime.cuda.pdl import wait_for_previous_kernel
 
 
@@ -159,14 +159,9 @@ def _rope_decode_kernel(
     q = (q.to(tl.float32) * scale).to(cache_ptr.dtype.element_ty)
     tl.debug_barrier()  # this program's K/V stores are seen by its loads below
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
-    q_pos = tl.zeros([BLOCK_G], tl.int32) + seq_len - 1
-    sinks = tl.zeros([BLOCK_G], tl.float32)  # read only with SINKS
-    if SINKS:
-        sinks = tl.load(sinks_ptr + heads, mask=offs_g < GROUP, other=0.0).to(tl.float32)
-    out = attend_query_tile(q, q_pos, cache_ptr, tables_ptr + b * stride_tb, kvh, v_offset,
-                            first_key_tile(seq_len - 1, window, BLOCK_N, WINDOWED), seq_len, window, sinks,
-                            BLOCK_G, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, CAUSAL=False,
-                            WINDOWED=WINDOWED, SINKS=SINKS)
+    out = attend_decode_group(q, heads, offs_g < GROUP, seq_len, cache_ptr, tables_ptr + b * stride_tb, kvh, v_offset,
+                              window, sinks_ptr, BLOCK_G, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, WINDOWED,
+                              SINKS)
     tl.store(out_ptr + b * stride_o + heads[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=mask)
 

@@ -123,6 +123,24 @@ def attend_query_tile(
     return acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
 
 
+@triton.jit
+def attend_decode_group(
+    q, heads, group_mask, seq_len, cache_ptr, table_ptr, kvh, v_offset, window, sinks_ptr,
+    BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, WINDOWED: tl.constexpr, SINKS: tl.constexpr,
+):
+    """One decode row's query group `q` [BLOCK_G, BLOCK_D] (pre-scaled; query heads `heads`) over its sequence's
+    `seq_len` cached keys, the last `window` of them when WINDOWED, with the heads' sinks when SINKS."""
+    q_pos = tl.zeros([BLOCK_G], tl.int32) + seq_len - 1
+    sinks = tl.zeros([BLOCK_G], tl.float32)  # read only with SINKS
+    if SINKS:
+        sinks = tl.load(sinks_ptr + heads, mask=group_mask, other=0.0).to(tl.float32)
+    return attend_query_tile(q, q_pos, cache_ptr, table_ptr, kvh, v_offset,
+                             first_key_tile(seq_len - 1, window, BLOCK_N, WINDOWED), seq_len, window, sinks,
+                             BLOCK_G, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, CAUSAL=False,
+                             WINDOWED=WINDOWED, SINKS=SINKS)
+
+
 @triton.jit(do_not_specialize=["stride_tb"], do_not_specialize_on_alignment=["tables_ptr", "seq_lens_ptr"])
 def _decode_kernel(
     q_ptr, cache_ptr, out_ptr, tables_ptr, seq_lens_ptr, scale, v_offset,
@@ -141,14 +159,9 @@ def _decode_kernel(
     heads = kvh * GROUP + offs_g
     q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :], mask=mask, other=0.0)
     q = (q.to(tl.float32) * scale).to(cache_ptr.dtype.element_ty)
-    q_pos = tl.zeros([BLOCK_G], tl.int32) + seq_len - 1
-    sinks = tl.zeros([BLOCK_G], tl.float32)  # read only with SINKS
-    if SINKS:
-        sinks = tl.load(sinks_ptr + heads, mask=offs_g < GROUP, other=0.0).to(tl.float32)
-    out = attend_query_tile(q, q_pos, cache_ptr, tables_ptr + b * stride_tb, kvh, v_offset,
-                            first_key_tile(seq_len - 1, window, BLOCK_N, WINDOWED), seq_len, window, sinks,
-                            BLOCK_G, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, CAUSAL=False,
-                            WINDOWED=WINDOWED, SINKS=SINKS)
+    out = attend_decode_group(q, heads, offs_g < GROUP, seq_len, cache_ptr, tables_ptr + b * stride_tb, kvh, v_offset,
+                              window, sinks_ptr, BLOCK_G, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, WINDOWED,
+                              SINKS)
     tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=mask)
 
