@@ -168,3 +168,27 @@ async def test_blocks_behind_every_layers_window_are_given_back(tmp_path_factory
     assert out.tokens[0] == hf_greedy(hf, prompt, 40)
     assert max(rec.used_blocks) <= SLIDING_WINDOW // 4 + 3  # the window's blocks, the one being written, slack
     assert max(rec.used_blocks) < 60 // 4
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+async def test_lora_on_the_attention_projections_of_moe_models_equals_peft(models, arch: str,
+                                                                         tmp_path: Path) -> None:
+    """A PEFT adapter on q/k/v/o of a mixture-of-experts model gives transformers + PEFT's ids; a TensorRT-LLM module
+    id of an MLP projection on an experts layer is refused in the caller's terms."""
+    from runtime.errors import InvalidRequestError
+    from runtime.lora.targets import LoraTargets
+    from tests.lora_adapters import make_peft_adapter, peft_greedy
+
+    path, hf = models[arch]
+    adapter = make_peft_adapter(path, tmp_path / "attn", ["q_proj", "k_proj", "v_proj", "o_proj"], r=4, seed=9)
+    prompt = prompts([9], seed=9)[0]
+    want = peft_greedy(path, adapter, prompt, 12)
+    assert want != hf_greedy(hf, prompt, 12)  # the adapter changes the output
+    async with running_engine(path, lora_modules={"attn": str(adapter)}) as engine:
+        req = request("lora", prompt, 12)
+        req.adapter = "attn"
+        out = await collect(engine, req)
+        targets = LoraTargets(engine.runner.model)
+    assert out.tokens[0] == want
+    with pytest.raises(InvalidRequestError, match="module id 5 has no projection in layer 0"):
+        targets.resolve_trtllm(5, 0)  # mlp_h_to_4h: layer 0 has experts
