@@ -211,7 +211,9 @@ class ModelSpec:
             embedding_scaled=facts.get("embedding_scaled", False),
             attention_scale=float(pre_attn_scalar) ** -0.5 if pre_attn_scalar else 0.0,
             attention_sinks=facts.get("attention_sinks", False),
-            final_logit_softcap=config.get("final_logit_softcapping"),
+            # (transformers' multimodal Gemma 3 applies none, whatever its text config says)
+            final_logit_softcap=None if architecture == "Gemma3ForConditionalGeneration"
+            else config.get("final_logit_softcapping"),
             hidden_act=str(config.get("hidden_activation") or config.get("hidden_act") or "silu"),
             moe=MoeSpec.from_config(architecture, config, layers),
         )

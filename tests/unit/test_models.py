@@ -204,6 +204,32 @@ def test_experts_stacked_as_transformers_5_holds_them_load_too(models_root: Path
         assert torch.equal(a, b), name
 
 
+def test_gemma3_multimodal_checkpoint_serves_its_text_model(tmp_path: Path) -> None:
+    """Gemma 3 4B and larger ship as Gemma3ForConditionalGeneration: its text model (under language_model) loads
+    and gives transformers' logits for text; the vision tower's weights are skipped."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+
+    from tests.tiny_models import _family_config
+
+    text = _family_config("gemma3", 300, {"bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}, {})
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14)
+    config = Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                          image_token_index=299, boi_token_index=297, eoi_token_index=298)
+    torch.manual_seed(0)
+    hf = Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 1.0 if "emb" in name else 0.2)
+    hf.save_pretrained(tmp_path / "gemma3-mm")
+    ours = load_model(str(tmp_path / "gemma3-mm"), torch.float32)
+    prompt = PROMPT + OTHER_PROMPT
+    with torch.inference_mode():
+        expected = hf(input_ids=torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(PagedRunner(ours).step([("a", prompt)])[0], expected, atol=1e-4, rtol=1e-4)
+
+
 def test_sharded_bf16_checkpoint_loads(models_root: Path) -> None:
     path = build_tiny_model(models_root, "llama-untied", dtype=torch.bfloat16, shard=True)
     assert len(list(path.glob("model-*.safetensors"))) > 1
