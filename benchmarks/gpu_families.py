@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--hf-shapes", default="qwen3-30b-a3b", help="shapes that also get the transformers baseline")
     parser.add_argument("--skip", default="", help="comma-separated phases to leave out: engine, hf")
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes and loads: the code runs, figures mean nothing")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes and loads: the code runs, nothing more")
     args = parser.parse_args(argv)
     import runtime.llm_engine
 

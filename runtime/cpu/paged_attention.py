@@ -12,6 +12,7 @@ prefill, chunked prefill and speculative scoring steps keep the reference backen
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import sys
@@ -54,8 +55,10 @@ def build_kernel() -> bool:
     logger.info("CPU: building the paged decode-attention kernel (cached after the first start)")
     name = "trtllm_gateway_cpu"
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root())
-    # our own folder, so that its lock is known; one per Python and torch build, as torch's default folders are
-    build_dir = root / f"{name}-py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}"
+    # our own folder, so that its lock is known; one per Python and torch build, as torch's default folders are, and
+    # per source: two checkouts whose kernels differ (another signature) never rebuild over each other's
+    source = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    build_dir = root / f"{name}-py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}-{source}"
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
         clear_stale_lock(build_dir)

@@ -126,7 +126,8 @@ def _window_bias(meta: AttentionMetadata, bias: torch.Tensor, window: int) -> to
     """The decode mask with keys before each row's window masked too (made once per step and window)."""
     key = ("cpu_decode_window", window, bias.dtype)
     if key not in meta.derived:
-        early = torch.arange(bias.shape[-1], device=bias.device)[None, :] < (meta.seq_lens.to(bias.device) - window)[:, None]
+        starts = meta.seq_lens.to(bias.device) - window  # each row's first visible key
+        early = torch.arange(bias.shape[-1], device=bias.device)[None, :] < starts[:, None]
         meta.derived[key] = bias.masked_fill(early[:, None, None, :], float("-inf"))
     return meta.derived[key]
 

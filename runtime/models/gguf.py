@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from gguf import GGUFReader, Keys
@@ -223,45 +224,44 @@ def _join_experts(tensors: dict[str, torch.Tensor]) -> None:
         tensors[prefix + "down_proj"] = tensors.pop(prefix + "down_proj.weight")
 
 
-def _field(reader: GGUFReader, key: str, architecture: str) -> object | None:
+def _field(reader: GGUFReader, key: str, architecture: str) -> Any:
     """The value of a metadata key ("{arch}.rope.scaling.type" templates filled with `architecture`), if present."""
     found = reader.fields.get(key.format(arch=architecture))
     return None if found is None else found.contents()
 
 
-def _fix_config(reader: GGUFReader, architecture: str, config: object, rope_factors: dict[str, list[float]]) -> None:
+def _fix_config(reader: GGUFReader, architecture: str, config: Any, rope_factors: dict[str, list[float]]) -> None:
     """Set the config facts llama.cpp writes but transformers' GGUF reading skips (module docstring)."""
     key_length = _field(reader, Keys.Attention.KEY_LENGTH, architecture)
     if key_length and architecture != "phi3":  # an explicit head size (Qwen3's 128 is not hidden / heads)
-        config.head_dim = int(key_length)  # type: ignore[attr-defined]
+        config.head_dim = int(key_length)
     if architecture == "qwen3moe":
         width = _field(reader, Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, architecture)
         if width:
-            config.moe_intermediate_size = int(width)  # type: ignore[attr-defined]
+            config.moe_intermediate_size = int(width)
     if architecture == "phi3":
         window = _field(reader, Keys.Attention.SLIDING_WINDOW, architecture)
-        config.sliding_window = int(window) if window else None  # type: ignore[attr-defined]
-        head_dim = config.hidden_size // config.num_attention_heads  # type: ignore[attr-defined]
+        config.sliding_window = int(window) if window else None
+        head_dim = config.hidden_size // config.num_attention_heads
         rotary = _field(reader, Keys.Rope.DIMENSION_COUNT, architecture) or head_dim
-        rope = {"rope_type": "default", "rope_theta": config.rope_parameters["rope_theta"],  # type: ignore[attr-defined]
+        rope = {"rope_type": "default", "rope_theta": config.rope_parameters["rope_theta"],
                 "partial_rotary_factor": int(rotary) / head_dim}
         if rope_factors:
-            original = _field(reader, Keys.Rope.SCALING_ORIG_CTX_LEN, architecture)
+            original = _field(reader, Keys.Rope.SCALING_ORIG_CTX_LEN, architecture) or config.max_position_embeddings
             rope |= {"rope_type": "longrope", "long_factor": rope_factors["rope_factors_long.weight"],
                      "short_factor": rope_factors["rope_factors_short.weight"],
-                     "original_max_position_embeddings": int(original or config.max_position_embeddings)}  # type: ignore[attr-defined]
+                     "original_max_position_embeddings": int(original)}
             attn_factor = _field(reader, Keys.Rope.SCALING_ATTN_FACTOR, architecture)
             if attn_factor is not None:
-                rope["attention_factor"] = float(attn_factor)  # type: ignore[arg-type]
-        config.rope_parameters = rope  # type: ignore[attr-defined]
+                rope["attention_factor"] = float(attn_factor)
+        config.rope_parameters = rope
     if architecture == "gemma3":
-        head_dim = config.head_dim  # type: ignore[attr-defined]
         # llama.cpp's query scale: 1/sqrt(head_dim), but 1/sqrt(hidden/heads) for the 62-layer 27B
-        scalar = config.hidden_size // config.num_attention_heads if config.num_hidden_layers == 62 else head_dim  # type: ignore[attr-defined]
-        config.query_pre_attn_scalar = scalar  # type: ignore[attr-defined]
+        wide = config.num_hidden_layers == 62
+        config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads if wide else config.head_dim
         if _field(reader, Keys.Rope.SCALING_TYPE, architecture) == "linear":
-            factor = float(_field(reader, Keys.Rope.SCALING_FACTOR, architecture))  # type: ignore[arg-type]
-            config.rope_parameters["full_attention"].update(rope_type="linear", factor=factor)  # type: ignore[attr-defined]
+            factor = float(_field(reader, Keys.Rope.SCALING_FACTOR, architecture))
+            config.rope_parameters["full_attention"].update(rope_type="linear", factor=factor)
 
 
 def _unpermute(weight: torch.Tensor, heads: int) -> torch.Tensor:

@@ -54,6 +54,7 @@ def write_family_gguf(hf_folder: Path, out: Path, arch: str, qtype: str = "F32")
     config = json.loads((hf_folder / "config.json").read_text())
     weights = {k: v.float().numpy() for k, v in load_file(hf_folder / "model.safetensors").items()}
     layers = config["num_hidden_layers"]
+    num_experts = config.get("num_experts") or config.get("num_local_experts")  # (saved as the latter)
     names = get_tensor_name_map(_ARCH[arch], layers)
     writer = GGUFWriter(out, arch)
     writer.add_name("tiny")
@@ -74,7 +75,7 @@ def write_family_gguf(hf_folder: Path, out: Path, arch: str, qtype: str = "F32")
         writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
     if arch == "qwen3moe":
-        writer.add_expert_count(config.get("num_experts") or config["num_local_experts"])
+        writer.add_expert_count(num_experts)
         writer.add_expert_used_count(config["num_experts_per_tok"])
         writer.add_expert_feed_forward_length(config["moe_intermediate_size"])
     if arch == "gemma3":
@@ -96,8 +97,7 @@ def write_family_gguf(hf_folder: Path, out: Path, arch: str, qtype: str = "F32")
         if ".mlp.experts." in base:  # model.layers.L.mlp.experts.E.gate_proj: stacked per layer, as llama.cpp does
             prefix, _, rest = base.partition(".mlp.experts.")
             kind = rest.split(".", 1)[1]
-            experts.setdefault(f"{prefix}.mlp.experts.{kind}", [None] * (config.get("num_experts") or config["num_local_experts"]))[
-                int(rest.split(".")[0])] = data
+            experts.setdefault(f"{prefix}.mlp.experts.{kind}", [None] * num_experts)[int(rest.split(".")[0])] = data
             continue
         if arch == "gemma3" and "norm" in base:
             data = data + 1  # llama.cpp stores the (1 + weight) Gemma scales by
