@@ -17,14 +17,27 @@ import pytest
 from runtime.models import SUPPORTED_ARCHITECTURES
 from tests.e2e.conftest import MODEL_NAME, RunningServer, launch
 from tests.engine_harness import hf_greedy, load_hf
-from tests.tiny_models import SLIDING_WINDOW, build_tiny_model
+from tests.tiny_models import CHATML_TEMPLATE, SLIDING_WINDOW, build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# ChatML with a switch for thinking, in the manner of Qwen3's template (an empty think block when it is off)
+THINKING_TEMPLATE = CHATML_TEMPLATE.replace(
+    "{{ '<|im_start|>assistant\n' }}",
+    "{{ '<|im_start|>assistant\n' }}{% if enable_thinking is defined and not enable_thinking %}"
+    "{{ '<think>\n\n</think>\n\n' }}{% endif %}")
+
+
 @pytest.fixture(scope="module")
 def gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("families-e2e"), "gpt_oss")
+    from transformers import AutoTokenizer
+
+    folder = build_tiny_model(tmp_path_factory.mktemp("families-e2e"), "gpt_oss")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.chat_template = THINKING_TEMPLATE
+    tokenizer.save_pretrained(folder)
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -47,15 +60,22 @@ def test_completions_return_transformers_greedy_ids(server: RunningServer, gpt_o
         assert (usage["prompt_tokens"], usage["completion_tokens"]) == (len(prompt), 18)
 
 
-def test_chat_renders_the_checkpoint_template(server: RunningServer, gpt_oss: Path) -> None:
+@pytest.mark.parametrize("template_kwargs", [None, {"enable_thinking": False}])
+def test_chat_renders_the_checkpoint_template(server: RunningServer, gpt_oss: Path, template_kwargs) -> None:
+    """The checkpoint's own template, with vLLM's chat_template_kwargs (Qwen3's thinking switch) passed to it."""
     from transformers import AutoTokenizer
 
     messages = [{"role": "user", "content": "hello there"}]
-    expected = AutoTokenizer.from_pretrained(gpt_oss).apply_chat_template(messages, add_generation_prompt=True)
+    expected = AutoTokenizer.from_pretrained(gpt_oss).apply_chat_template(messages, add_generation_prompt=True,
+                                                                           **(template_kwargs or {}))
     expected = expected["input_ids"] if "input_ids" in expected else expected
-    body = {"model": MODEL_NAME, "messages": messages, "max_tokens": 3, "temperature": 0}
+    body = {"model": MODEL_NAME, "messages": messages, "max_tokens": 3, "temperature": 0,
+            "chat_template_kwargs": template_kwargs}
     reply = httpx.post(server.base_url + "/chat/completions", json=body, timeout=60).json()
     assert reply["usage"]["prompt_tokens"] == len(expected), reply
+    body["chat_template_kwargs"] = {"tools": []}
+    reply = httpx.post(server.base_url + "/chat/completions", json=body, timeout=60)
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "chat_template_kwargs", reply.text
 
 
 def test_unsupported_architecture_is_refused_at_start_up_in_one_line(gpt_oss: Path, tmp_path: Path) -> None:
