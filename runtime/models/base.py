@@ -63,6 +63,7 @@ class CausalLM(nn.Module):
                 return name.replace(token, f".{ours}."), part
         return name, None
 
-    def convert_tensor(self, param_name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """Layout fix-ups before copying (GPT-2's Conv1D weights are stored transposed)."""
+    def convert_tensor(self, param_name: str, tensor: torch.Tensor) -> torch.Tensor | None:
+        """Layout fix-ups before copying (GPT-2's Conv1D weights are stored transposed); None holds the tensor back
+        until the others it combines with are read (gpt-oss's MXFP4 blocks and scales)."""
         return tensor

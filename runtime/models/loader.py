@@ -73,8 +73,10 @@ def _fill(model: CausalLM, files: list[Path]) -> None:
                         param_name, part = target
                         if param_name not in params:
                             raise ValueError(f"checkpoint tensor {name!r} in {file.name} matches no model parameter")
-                        _copy(model, param_name, part, model.convert_tensor(param_name, f.get_tensor(name)))
-                        loaded[param_name].add(part)
+                        tensor = model.convert_tensor(param_name, f.get_tensor(name))
+                        if tensor is not None:  # None: held until what it combines with is read (gpt_oss.py)
+                            _copy(model, param_name, part, tensor)
+                            loaded[param_name].add(part)
                     bar.update(1)
     missing = [name for name, parts in loaded.items() if not _complete(model, name, parts)]
     if missing:

@@ -58,6 +58,9 @@ def check_supported(spec: ModelSpec) -> None:
         "attn_logit_softcapping": "attention logit softcapping",
         "use_bidirectional_attention": "bidirectional attention",
     }
+    if spec.architecture == "GptOssForCausalLM" and (config.get("quantization_config") or {}).get(
+            "quant_method") == "mxfp4":
+        refused.pop("quantization_config")  # OpenAI's own files: dequantized on load (gpt_oss.py)
     for key, what in refused.items():
         if config.get(key):
             raise UnsupportedArchitectureError(spec.architecture, f"not supported: {what} ({key})")

@@ -346,3 +346,48 @@ def test_tiny_tokenizer_matches_model(models_root: Path) -> None:
     assert tok.decode(tok.encode("Hello, world!")) == "Hello, world!"
     chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """OpenAI's MXFP4 of weight [..., K] (K a multiple of 32): blocks uint8 [..., K/32, 16] (two e2m1 codes a byte,
+    low nibble first) and scales uint8 [..., K/32] (2^(s - 127)); each group's largest value maps to at most 6."""
+    from runtime.models.gpt_oss import FP4_VALUES
+
+    groups = weight.float().unflatten(-1, (-1, 32))
+    exponent = torch.ceil(torch.log2(groups.abs().amax(-1).clamp(min=1e-30) / 6.0)).clamp(-127, 127)
+    scaled = groups / torch.exp2(exponent)[..., None]
+    magnitudes = torch.tensor(FP4_VALUES[:8])
+    codes = (scaled.abs()[..., None] - magnitudes).abs().argmin(-1) | ((scaled < 0).long() << 3)
+    blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+    return blocks, (exponent + 127).to(torch.uint8)
+
+
+async def test_gpt_oss_mxfp4_checkpoint_dequantizes_as_transformers(models_root: Path, tmp_path: Path) -> None:
+    """OpenAI's gpt-oss files hold the experts as MXFP4 blocks and scales: they load to the weights transformers'
+    own dequantization (integrations/mxfp4.py) gives, and the engine serves them with transformers' greedy ids."""
+    from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
+
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    path = build_tiny_model(models_root, "gpt_oss")
+    weights = load_file(path / "model.safetensors")
+    quantized, dequantized = dict(weights), dict(weights)
+    for name in [n for n in weights if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        blocks, scales = _mxfp4(weights[name].transpose(1, 2))  # the files store [E, out, in]
+        del quantized[name]
+        quantized[name + "_blocks"], quantized[name + "_scales"] = blocks, scales
+        dequantized[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)  # transformers' [E, in, out]
+    for folder, tensors, extra in ((tmp_path / "mxfp4", quantized, {"quantization_config": {"quant_method": "mxfp4"}}),
+                                   (tmp_path / "plain", dequantized, {})):
+        shutil.copytree(path, folder)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **extra}))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    ours, reference = (load_model(str(tmp_path / f), torch.float32) for f in ("mxfp4", "plain"))
+    for (name, got), (_, want) in zip(ours.named_parameters(), reference.named_parameters(), strict=True):
+        assert torch.equal(got, want), name
+    assert not torch.equal(ours.model.layers[0].mlp.experts.down_proj, load_model(str(path)).model.layers[0].mlp
+                           .experts.down_proj)  # the 4-bit values really are other values
+    async with running_engine(tmp_path / "mxfp4") as engine:
+        out = await collect(engine, request("mxfp4", PROMPT, 12))
+    assert out.tokens[0] == hf_greedy(load_hf(tmp_path / "plain"), PROMPT, 12)
