@@ -6,13 +6,15 @@ prompts and by generation; MoE steps where every expert gets tokens and steps wh
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from pathlib import Path
 
 import pytest
 import torch
 
-from runtime.models.moe import Experts
+from runtime.models import moe
+from runtime.models.spec import MoeSpec
 from tests.engine_harness import StepRecorder, collect, hf_greedy, load_hf, request, running_engine
 from tests.tiny_models import FAMILIES, SLIDING_WINDOW, build_tiny_model
 
@@ -73,13 +75,14 @@ async def test_moe_steps_with_every_expert_and_with_idle_experts(models, arch: s
     without tokens: both kinds of step happen, and the ids still equal transformers'."""
     path, hf = models[arch]
     tokens_per_expert: list[list[int]] = []
-    forward = Experts.forward
+    route = moe.route
 
-    def counting(self: Experts, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        tokens_per_expert.append(torch.bincount(ids.view(-1), minlength=self.moe.num_experts).tolist())
-        return forward(self, x, weights, ids)
+    def counting(logits: torch.Tensor, spec: MoeSpec) -> tuple[torch.Tensor, torch.Tensor]:
+        weights, ids = route(logits, spec)
+        tokens_per_expert.append(torch.bincount(ids.view(-1).cpu(), minlength=spec.num_experts).tolist())
+        return weights, ids
 
-    monkeypatch.setattr(Experts, "forward", counting)
+    monkeypatch.setattr(moe, "route", counting)  # (the CPU's grouped products and CUDA's fused kernels alike)
     prompt = prompts([40], seed=3)[0]
     async with running_engine(path) as engine:
         out = await collect(engine, request("moe", prompt, 12))
@@ -104,6 +107,8 @@ async def test_cpu_kernels_and_compiled_decode_keep_the_ids(models, arch: str) -
     single-stream float32 decode steps compiled (gpt-oss's experts then run `Experts.gathered`)."""
     from runtime.cpu.compiled_decode import CompiledDecode
 
+    if os.environ.get("ENGINE_TEST_DEVICE", "cpu") != "cpu":
+        pytest.skip("the CPU's kernel and compiled steps")
     path, hf = models[arch]
     prompt = prompts([2 * SLIDING_WINDOW + 1], seed=5)[0]
     async with running_engine(path, cpu_compile=True) as engine:
