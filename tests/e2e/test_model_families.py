@@ -42,7 +42,7 @@ def gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(gpt_oss: Path) -> Iterator[RunningServer]:
-    srv = launch(gpt_oss, "native", max_num_tokens=8)  # prompts prefilled in chunks
+    srv = launch(gpt_oss, "native", max_num_tokens=8, engine_process=True)  # as `serve` runs; prompts in chunks
     yield srv
     srv.stop()
 
