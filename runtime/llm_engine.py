@@ -40,7 +40,7 @@ from runtime.guided import GuidedCompiler, GuideState
 from runtime.kv_cache import num_kv_blocks
 from runtime.lora import LoraManager
 from runtime.model_runner import ModelRunner, PendingStep
-from runtime.models import ModelSpec, kv_cache_bytes_per_token, load_model
+from runtime.models import ModelSpec, check_supported, kv_cache_bytes_per_token, load_model
 from runtime.models.cpu_weights import prepare_cpu_weights
 from runtime.output_text import text_in_front_end
 from runtime.request import GenerationRequest, OutputDelta
@@ -62,6 +62,7 @@ def describe_model(config: EngineConfig) -> tuple[str, ModelSpec, torch.device, 
     """(checkpoint folder, its spec, device, dtype, what the gateway is told) without loading weights."""
     model_path, default_name = resolve_model(config.model, config.dtype)
     spec = ModelSpec.from_pretrained(model_path)
+    check_supported(spec)  # one line at start-up naming what we do not serve, before any weight is read
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device, spec.torch_dtype)
     window = config.max_model_len or spec.max_position_embeddings
@@ -120,7 +121,7 @@ class NativeEngine(Engine):
         self.tokenizer = Tokenizer.from_pretrained(cfg.tokenizer or self.model_path)
         _ = self.tokenizer.byte_pieces  # the detokenizers' table, built at load time, not on the first request
         self.eos_token_ids = list(dict.fromkeys(self.tokenizer.eos_token_ids + self.spec.eos_token_ids))
-        model = load_model(self.model_path, self.dtype, self.device)
+        model = load_model(self.model_path, self.dtype, self.device, self.model_info.context_window)
         if self.device.type == "cpu":
             use_cpu_kernels(cfg.cpu_compile)
             added = prepare_cpu_weights(model, cfg.cpu_quantization)
@@ -150,7 +151,9 @@ class NativeEngine(Engine):
         if cfg.cpu_compile and self.device.type == "cpu" and (cfg.cpu_quantization != "none" or
                                                               self.dtype != torch.bfloat16):
             self.runner.compile_decode(max_blocks)
-        self.block_manager = BlockManager(blocks, cfg.kv_block_size, cfg.enable_prefix_caching)
+        # blocks outside every layer's window are given back, unless a draft model (full attention) reads them
+        sliding = self.spec.sliding_window if cfg.speculative != "draft" else None
+        self.block_manager = BlockManager(blocks, cfg.kv_block_size, cfg.enable_prefix_caching, sliding)
         self.runner.block_tables = self.block_manager.tables
         self.scheduler = Scheduler(
             self.block_manager,

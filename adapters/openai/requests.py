@@ -177,6 +177,9 @@ def _never(_: Any) -> bool:
     return False
 
 
+# apply_chat_template's own arguments, which chat_template_kwargs must not override
+_TEMPLATE_ARGUMENTS = {"messages", "conversation", "tools", "documents", "add_generation_prompt", "tokenize",
+                       "chat_template", "continue_final_message", "return_dict", "return_tensors"}
 _CHAT_UNSUPPORTED = {
     "functions": lambda v: v == [],
     "function_call": lambda v: v == "none",
@@ -203,8 +206,19 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolSpec] | None = None
     tool_choice: ToolChoice | None = None  # None: "auto" when tools are given
     parallel_tool_calls: bool | None = None  # False: at most one call returned; a forced call is always one
+    # vLLM's extension: more variables for the model's chat template (Qwen3's {"enable_thinking": false})
+    chat_template_kwargs: dict[str, Any] | None = None
 
     unsupported_fields = _CHAT_UNSUPPORTED
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        taken = sorted(set(value or {}) & _TEMPLATE_ARGUMENTS)
+        if taken:
+            raise InvalidRequestError(f"chat_template_kwargs may not set {', '.join(taken)} (the request's own "
+                                      "fields decide them)", param="chat_template_kwargs")
+        return value
 
     @model_validator(mode="after")
     def _tools_usable(self) -> ChatCompletionRequest:

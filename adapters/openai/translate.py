@@ -75,7 +75,7 @@ def chat_request(req: ChatCompletionRequest, response_id: str, tokenizer: Tokeni
                  adapter: str | None = None) -> GenerationRequest:
     """The chat prompt (template applied) as one GenerationRequest."""
     prompt = tokenizer.apply_chat_template(chat_messages(req), tools=template_tools(req.tools, req.tool_choice),
-                                           add_generation_prompt=True)
+                                           add_generation_prompt=True, **(req.chat_template_kwargs or {}))
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return GenerationRequest(
         request_id=response_id,

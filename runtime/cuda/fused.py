@@ -29,26 +29,35 @@ from torch import nn
 from runtime.attention_metadata import AttentionMetadata
 from runtime.cuda import paged_attention, pdl
 from runtime.cuda.gemv import gemv
-from runtime.cuda.paged_attention import attend_over_cache, attend_query_tile
+from runtime.cuda.paged_attention import attend_decode_group, attend_over_cache
 from runtime.cuda.pdl import wait_for_previous_kernel
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, eps, N: tl.constexpr, BLOCK: tl.constexpr):
+def _scaled(normed, w_ptr, offs, mask, dtype, OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr):
+    """The normalised float32 row times the norm's weight, as runtime/models/norm.py's RMSNorm rounds it: cast back
+    before the weight (HF Llama), or (OFFSET + weight) in float32 then cast (Gemma, gpt-oss)."""
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    if WEIGHT_F32:
+        return (normed * (OFFSET + w)).to(dtype)
+    return (w * normed.to(dtype).to(tl.float32)).to(dtype)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, eps, N: tl.constexpr, BLOCK: tl.constexpr,
+                     OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
-    h = (x * rstd).to(out_ptr.dtype.element_ty)  # cast back before the weight, as HF Llama
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + row * stride_o + offs, (w.to(tl.float32) * h.to(tl.float32)).to(out_ptr.dtype.element_ty),
-             mask=mask)
+    tl.store(out_ptr + row * stride_o + offs,
+             _scaled(x * rstd, w_ptr, offs, mask, out_ptr.dtype.element_ty, OFFSET, WEIGHT_F32), mask=mask)
 
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, stride_x, stride_r, stride_s, stride_o, eps,
-                         N: tl.constexpr, BLOCK: tl.constexpr):
+                         N: tl.constexpr, BLOCK: tl.constexpr, OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -59,9 +68,8 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, stride_x, stride
     tl.store(sum_ptr + row * stride_s + offs, total, mask=mask)
     t = total.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(t * t, axis=0) / N + eps)
-    h = (t * rstd).to(dtype)
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
-    tl.store(out_ptr + row * stride_o + offs, (w.to(tl.float32) * h.to(tl.float32)).to(dtype), mask=mask)
+    tl.store(out_ptr + row * stride_o + offs, _scaled(t * rstd, w_ptr, offs, mask, dtype, OFFSET, WEIGHT_F32),
+             mask=mask)
 
 
 @triton.jit
@@ -122,9 +130,10 @@ def _rope_store_kv_kernel(
             do_not_specialize_on_alignment=["pos_ptr", "slot_ptr", "tables_ptr", "seq_lens_ptr"])
 def _rope_decode_kernel(
     pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, cache_ptr, out_ptr, slot_ptr, tables_ptr, seq_lens_ptr,
-    scale, v_offset, stride_q, stride_k, stride_v, stride_cache, stride_o, stride_tb,
+    scale, v_offset, stride_q, stride_k, stride_v, stride_cache, stride_o, stride_tb, window, sinks_ptr,
     BLOCK_SIZE: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+    WINDOWED: tl.constexpr, SINKS: tl.constexpr,
 ):
     """_rope_store_kv_kernel then paged_attention's _decode_kernel, for one (sequence, KV head): the new token's
     rotated K and its V of this head go to its slot, its query group is rotated in registers, then attends."""
@@ -150,8 +159,9 @@ def _rope_decode_kernel(
     q = (q.to(tl.float32) * scale).to(cache_ptr.dtype.element_ty)
     tl.debug_barrier()  # this program's K/V stores are seen by its loads below
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
-    out = attend_query_tile(q, offs_g, cache_ptr, tables_ptr + b * stride_tb, kvh, v_offset, seq_len,
-                            BLOCK_G, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, CAUSAL=False)
+    out = attend_decode_group(q, heads, offs_g < GROUP, seq_len, cache_ptr, tables_ptr + b * stride_tb, kvh, v_offset,
+                              window, sinks_ptr, BLOCK_G, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, WINDOWED,
+                              SINKS)
     tl.store(out_ptr + b * stride_o + heads[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
              mask=mask)
 
@@ -167,8 +177,9 @@ def _silu_mul_kernel(x_ptr, out_ptr, stride_x, I: tl.constexpr, BLOCK: tl.conste
     tl.store(out_ptr + row * I + offs, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """weight * (x / rms(x)) over the last dim, float32 inside; x [..., N]."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0,
+             weight_in_float32: bool = False) -> torch.Tensor:
+    """weight * (x / rms(x)) over the last dim, float32 inside; x [..., N] (offset, weight_in_float32: RMSNorm's)."""
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -177,12 +188,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if x2.shape[0]:
         block = triton.next_power_of_2(n)
         _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, x2.stride(0), out.stride(0), eps, N=n, BLOCK=block,
+                                         OFFSET=offset, WEIGHT_F32=weight_in_float32 or offset != 0.0,
                                          num_warps=min(16, max(1, block // 256)))
     return out.view(x.shape)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0,
+                 weight_in_float32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + residual, rms_norm(x + residual)) in one kernel; x and residual [T, N]."""
     total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -190,7 +202,8 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
     if x.shape[0]:
         block = triton.next_power_of_2(n)
         _add_rms_norm_kernel[(x.shape[0],)](x, residual, weight, total, out, x.stride(0), residual.stride(0),
-                                            total.stride(0), out.stride(0), eps, N=n, BLOCK=block,
+                                            total.stride(0), out.stride(0), eps, N=n, BLOCK=block, OFFSET=offset,
+                                            WEIGHT_F32=weight_in_float32 or offset != 0.0,
                                             num_warps=min(16, max(1, block // 256)))
     return total, out
 
@@ -217,7 +230,8 @@ def rope_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 
 def rope_decode_attention(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           cos_cache: torch.Tensor, sin_cache: torch.Tensor, kv_cache: torch.Tensor,
-                          meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                          meta: AttentionMetadata, scale: float, window: int | None = None,
+                          sinks: torch.Tensor | None = None) -> torch.Tensor:
     """rope_store_kv then decode_attention (runtime/cuda/paged_attention.py) in one kernel, for a step of one new
     token per sequence: q [B, Hq*D], k and v [B, Hkv*D] (rows may be strided views) -> [B, Hq*D]."""
     _, num_blocks, block_size, kv_heads, head_dim = kv_cache.shape
@@ -228,11 +242,11 @@ def rope_decode_attention(positions: torch.Tensor, q: torch.Tensor, k: torch.Ten
     _rope_decode_kernel[(batch, kv_heads)](
         positions, cos_cache, sin_cache, q, k, v, kv_cache, out, meta.slot_mapping, tables, meta.seq_lens, scale,
         num_blocks * block_size * kv_heads * head_dim, q.stride(0), k.stride(0), v.stride(0), cos_cache.stride(0),
-        out.stride(0), tables.stride(0),
+        out.stride(0), tables.stride(0), window or 0, q if sinks is None else sinks,
         BLOCK_SIZE=block_size, HKV=kv_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=paged_attention.DECODE_BLOCK_N,
         PRECISION=paged_attention.precision(kv_cache.dtype), num_warps=paged_attention.DECODE_NUM_WARPS,
-        PDL=pdl.ENABLED, **pdl.launch_options(),
+        PDL=pdl.ENABLED, WINDOWED=window is not None, SINKS=sinks is not None, **pdl.launch_options(),
     )
     return out
 
@@ -249,7 +263,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 def _rms_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return rms_norm(x, self.weight, self.eps)
+    return rms_norm(x, self.weight, self.eps, self.offset, self.weight_in_float32)
 
 
 def _llama_attention_forward(self: nn.Module, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor | None,
@@ -263,16 +277,20 @@ def _llama_attention_forward(self: nn.Module, positions: torch.Tensor, x: torch.
 
 def _rope_and_attend(self: nn.Module, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-    """A LlamaAttention's RoPE, KV store and attention over the cache: q [T, Hq*D] -> [T, Hq*D]; one kernel when
-    every sequence brings one token, two otherwise."""
+    """A LlamaAttention's q/k head norms (Qwen3, Gemma 3), RoPE, KV store and attention over the cache (its layer's
+    window and sinks): q [T, Hq*D] -> [T, Hq*D]; one kernel when every sequence brings one token, two otherwise."""
     rotary, attn = self.rotary, self.attn
+    q, k = self.head_norms(q, k)
+    if rotary.rotary_dim != rotary.head_dim:  # partial rotation (Phi-4-mini): the eager RoPE, then the backend
+        q, k = rotary(positions, q, k)
+        return attn(q, k, v, kv_cache, meta, self.sinks)
     if meta.decode is None and meta.is_decode_only:
         return rope_decode_attention(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, kv_cache, meta,
-                                     attn.scale)
+                                     attn.scale, attn.window, self.sinks)
     q = rope_store_kv(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, rotary.head_dim, kv_cache,
                       meta.step_slots())
     return attend_over_cache(q.view(q.shape[0], attn.num_heads, attn.head_dim), kv_cache, meta,
-                             attn.scale).view(q.shape)
+                             attn.scale, attn.window, self.sinks).view(q.shape)
 
 
 def _swiglu_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -284,34 +302,44 @@ def _llama_forward(self: nn.Module, input_ids: torch.Tensor, positions: torch.Te
     """LlamaModel.forward with every residual add inside the next RMSNorm (the decoder layers' own
     forward is the same computation, unfused)."""
     layers = self.layers
-    x = self.embed_tokens(input_ids)
+    x = self.embed(input_ids)
     if x.shape[0] == 1 and kv_caches and one_token_projections(self):
         return _one_token_forward(self, x, positions, kv_caches, meta)
     normed = layers[0].input_layernorm(x)
     for i, layer in enumerate(layers):
         h = layer.self_attn(positions, normed, kv_caches[i] if kv_caches else None, meta)
         post = layer.post_attention_layernorm
-        x, normed = add_rms_norm(x, h, post.weight, post.eps)
+        x, normed = add_rms_norm(x, h, post.weight, post.eps, post.offset, post.weight_in_float32)
         h = layer.mlp(normed)
-        following = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
-        x, normed = add_rms_norm(x, h, following.weight, following.eps)
+        nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
+        x, normed = add_rms_norm(x, h, nxt.weight, nxt.eps, nxt.offset, nxt.weight_in_float32)
     return normed
 
 
 def one_token_projections(model: nn.Module) -> bool:
     """Can a one-token step of this Llama model run its projections as fused GEMVs (runtime/cuda/gemv.py)? In
-    16-bit dtypes (float32 models keep cuBLAS, whose sums the float32 references match), SwiGLU MLPs, no LoRA."""
+    16-bit dtypes (float32 models keep cuBLAS, whose sums the float32 references match), Llama's RMSNorm (the
+    GEMV's prologue), SwiGLU MLPs (or experts, which run their own one-token kernel), no LoRA."""
+    from runtime.models.llama import LlamaMLP
+
     first = model.layers[0]
-    if first.mlp.act is not F.silu or first.mlp.down_proj.weight.dtype not in (torch.bfloat16, torch.float16):
+    norm = first.input_layernorm
+    if norm.weight.dtype not in (torch.bfloat16, torch.float16) or norm.offset or norm.weight_in_float32:
         return False
-    return all(linear.delta is None for layer in model.layers
-               for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
-                              layer.mlp.down_proj))
+    dense = [layer.mlp for layer in model.layers if isinstance(layer.mlp, LlamaMLP)]
+    if any(mlp.act is not F.silu for mlp in dense):
+        return False
+    linears = [linear for layer in model.layers for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj)]
+    return all(linear.delta is None for linear in linears + [m.gate_up_proj for m in dense] +
+               [m.down_proj for m in dense])
 
 
 def _one_token_forward(self: nn.Module, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                        meta: AttentionMetadata) -> torch.Tensor:
-    """_llama_forward for one token: four GEMV kernels a layer carry its RMSNorms, SwiGLU and residual adds."""
+    """_llama_forward for one token: four GEMV kernels a layer carry its RMSNorms, SwiGLU and residual adds (an
+    experts layer: its norm and residual add as kernels of their own around the one-token expert kernels)."""
+    from runtime.models.llama import LlamaMLP
+
     for i, layer in enumerate(self.layers):
         attn, mlp = layer.self_attn, layer.mlp
         norm = layer.input_layernorm
@@ -319,6 +347,9 @@ def _one_token_forward(self: nn.Module, x: torch.Tensor, positions: torch.Tensor
         out = _rope_and_attend(attn, positions, *attn.qkv_proj.split(qkv), kv_caches[i], meta)
         x = gemv(out, attn.o_proj.weight, attn.o_proj.bias, residual=x, pdl=pdl.ENABLED)
         norm = layer.post_attention_layernorm
+        if not isinstance(mlp, LlamaMLP):
+            x = x + mlp(rms_norm(x, norm.weight, norm.eps))
+            continue
         h = gemv(x, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, norm=(norm.weight, norm.eps), pdl=pdl.ENABLED)
         x = gemv(h, mlp.down_proj.weight, mlp.down_proj.bias, silu=True, residual=x, pdl=pdl.ENABLED)
     return rms_norm(x, self.norm.weight, self.norm.eps)
@@ -328,7 +359,8 @@ def _compute_logits(self: nn.Module, hidden: torch.Tensor, out: torch.Tensor | N
     """CausalLM.compute_logits, with one 16-bit row through the GEMV kernel: it writes the float32 logits itself
     (no cast pass) and reads the 128k-row output embedding of a Llama-3 faster than cuBLAS does."""
     weight = self.output_embedding()
-    if hidden.shape[0] != 1 or weight.dtype not in (torch.bfloat16, torch.float16) or hidden.stride(-1) != 1:
+    if (hidden.shape[0] != 1 or weight.dtype not in (torch.bfloat16, torch.float16) or hidden.stride(-1) != 1
+            or self.spec.final_logit_softcap):
         return type(self).compute_logits(self, hidden, out)
     if out is None:
         out = torch.empty((1, weight.shape[0]), dtype=torch.float32, device=weight.device)
@@ -347,8 +379,8 @@ def use_fused_kernels(model: nn.Module) -> int:
     if isinstance(model, CausalLM):
         model.compute_logits = types.MethodType(_compute_logits, model)
     for module in model.modules():
-        if isinstance(module, LlamaModel) and len(module.layers):
-            module.forward = types.MethodType(_llama_forward, module)
+        if isinstance(module, LlamaModel) and len(module.layers) and module.layers[0].pre_feedforward_layernorm is None:
+            module.forward = types.MethodType(_llama_forward, module)  # (not with Gemma's norms around the MLP)
         elif isinstance(module, RMSNorm):
             module.forward = types.MethodType(_rms_norm_forward, module)
         elif isinstance(module, LlamaAttention):

@@ -106,20 +106,7 @@ def write_gguf(hf_folder: Path, out: Path, qtype: str = "F32", *, arch: str = "l
     writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
-
-    vocab: dict[str, int] = tokenizer["model"]["vocab"]
-    special = {t["content"] for t in tokenizer["added_tokens"] if t["special"]}
-    tokens = sorted(vocab, key=vocab.__getitem__)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([TokenType.CONTROL if t in special else TokenType.NORMAL for t in tokens])
-    writer.add_token_merges([" ".join(pair) for pair in tokenizer["model"]["merges"]])
-    writer.add_bos_token_id(config["bos_token_id"])
-    writer.add_eos_token_id(config["eos_token_id"])
-    writer.add_pad_token_id(config["pad_token_id"])
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(CHATML_TEMPLATE)
+    _add_tokenizer(writer, tokenizer, config)
 
     for hf_name, tensor in weights.items():
         if hf_name == "lm_head.weight" and config["tie_word_embeddings"]:
@@ -144,6 +131,23 @@ def write_gguf(hf_folder: Path, out: Path, qtype: str = "F32", *, arch: str = "l
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def _add_tokenizer(writer: GGUFWriter, tokenizer: dict, config: dict) -> None:
+    """The byte-level BPE tokenizer and ChatML template, as llama.cpp writes a "gpt2" tokenizer."""
+    vocab: dict[str, int] = tokenizer["model"]["vocab"]
+    special = {t["content"] for t in tokenizer["added_tokens"] if t["special"]}
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([TokenType.CONTROL if t in special else TokenType.NORMAL for t in tokens])
+    writer.add_token_merges([" ".join(pair) for pair in tokenizer["model"]["merges"]])
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+    writer.add_pad_token_id(config["pad_token_id"])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML_TEMPLATE)
 
 
 @pytest.fixture(scope="module")

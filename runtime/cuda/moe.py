@@ -1,0 +1,209 @@
+"""Fused mixture-of-experts on CUDA (Triton): the experts' products of a step without a Python loop over experts.
+
+`fused_experts(experts, x, weights, ids)` computes what runtime/models/moe.py's `Experts.forward` does:
+
+- steps of more than a few (token, expert) pairs: the pairs are sorted by expert on the device (`align`: counts,
+  prefix sums and one scatter; no host sync, shapes fixed by the token count, so CUDA graphs capture it), each
+  expert's run padded to BLOCK_M rows; then one grouped GEMM kernel over all blocks (each block reads its tokens'
+  rows, gathered, and its expert's weight tiles), the gated activation, and a second grouped GEMM that multiplies by
+  each pair's router weight; each token's sum over its k pairs is one reduction;
+- one-token steps (few pairs): a GEMV kernel whose programs each read one chosen expert's weight rows, so a step
+  reads only the k chosen experts' weights (the floor of a batch-1 decode step), the same activation, and the same
+  weighted sum.
+
+Results round to the activation dtype where the eager code does (after each product, and after weighting), with
+float32 accumulation; float32 models use IEEE dot products.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import triton
+import triton.language as tl
+
+from runtime.models.moe import Experts
+
+BLOCK_M = 16  # rows (pairs) of a GEMM block: a decode step's experts get few tokens each
+GEMV_MAX_PAIRS = 16  # steps of up to this many (token, expert) pairs take the GEMV kernel
+GEMV_BLOCK_N, GEMV_BLOCK_K = 16, 128
+
+
+@triton.jit
+def _grouped_gemm_kernel(
+    a_ptr, w_ptr, bias_ptr, out_ptr, sorted_ptr, block_expert_ptr, pair_weight_ptr, num_sorted_ptr, num_pairs,
+    N, K, stride_a, stride_we, stride_wn, stride_o,
+    TOP_K: tl.constexpr, ROW_PER_TOKEN: tl.constexpr, WEIGHTED: tl.constexpr, BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """out[pair] = (a[row of pair] @ W[expert]^T + bias[expert]) (* pair weight) for the BLOCK_M sorted pairs of
+    this block, all of one expert; a's row is the pair's token (ROW_PER_TOKEN) or the pair itself."""
+    block = tl.program_id(0)
+    if block * BLOCK_M < tl.load(num_sorted_ptr):
+        expert = tl.load(block_expert_ptr + block).to(tl.int64)
+        pairs = tl.load(sorted_ptr + block * BLOCK_M + tl.arange(0, BLOCK_M))
+        valid = pairs < num_pairs  # the padding of each expert's run holds num_pairs
+        rows = (pairs // TOP_K if ROW_PER_TOKEN else pairs).to(tl.int64)
+        offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        n_mask = offs_n < N
+        w_base = w_ptr + expert * stride_we + offs_n[None, :].to(tl.int64) * stride_wn
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k in range(0, K, BLOCK_K):
+            cols = k + offs_k
+            a = tl.load(a_ptr + rows[:, None] * stride_a + cols[None, :], mask=valid[:, None] & (cols < K)[None, :],
+                        other=0.0)
+            w = tl.load(w_base + cols[:, None], mask=(cols < K)[:, None] & n_mask[None, :], other=0.0)
+            acc += tl.dot(a, w, input_precision=PRECISION)
+        dtype = out_ptr.dtype.element_ty
+        if BIAS:  # inside the product's rounding, as F.linear adds it
+            acc += tl.load(bias_ptr + expert * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        if WEIGHTED:
+            acc = acc.to(dtype).to(tl.float32) * tl.load(pair_weight_ptr + pairs, mask=valid, other=0.0)[:, None]
+        tl.store(out_ptr + pairs.to(tl.int64)[:, None] * stride_o + offs_n[None, :], acc.to(dtype),
+                 mask=valid[:, None] & n_mask[None, :])
+
+
+@triton.jit
+def _expert_gemv_kernel(
+    a_ptr, w_ptr, bias_ptr, out_ptr, ids_ptr, pair_weight_ptr, N, K, stride_a, stride_we, stride_wn, stride_o,
+    TOP_K: tl.constexpr, ROW_PER_TOKEN: tl.constexpr, WEIGHTED: tl.constexpr, BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One (pair, BLOCK_N output rows) per program: out[pair, rows] = W[expert of pair, rows] . a[row of pair] (+ bias)
+    (* pair weight). Only the chosen experts' weights are read."""
+    pair = tl.program_id(0)
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    row = pair // TOP_K if ROW_PER_TOKEN else pair
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    w_rows = w_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k in range(0, K, BLOCK_K):
+        cols = k + offs_k
+        x = tl.load(a_ptr + row * stride_a + cols, mask=cols < K, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + cols[None, :], mask=n_mask[:, None] & (cols < K)[None, :], other=0.0)
+        acc += w.to(tl.float32) * x[None, :]
+    out = tl.sum(acc, axis=1)
+    dtype = out_ptr.dtype.element_ty
+    if BIAS:  # inside the product's rounding, as F.linear adds it
+        out += tl.load(bias_ptr + expert * N + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+    if WEIGHTED:
+        out = out.to(dtype).to(tl.float32) * tl.load(pair_weight_ptr + pair)
+    tl.store(out_ptr + pair * stride_o + offs_n, out.to(dtype), mask=n_mask)
+
+
+@triton.jit
+def _gated_activation_kernel(x_ptr, out_ptr, I, alpha, limit, CLAMPED: tl.constexpr, BLOCK: tl.constexpr):
+    """out[p] = act(x[p, :I], x[p, I:]) rounded as the eager ops: silu(gate) * up, or gpt-oss's clamped SwiGLU."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < I
+    dtype = out_ptr.dtype.element_ty
+    gate = tl.load(x_ptr + row * 2 * I + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * 2 * I + I + offs, mask=mask, other=0.0).to(tl.float32)
+    if CLAMPED:
+        gate = tl.minimum(gate, limit)
+        up = tl.minimum(tl.maximum(up, -limit), limit)
+        glu = (gate * (1.0 / (1.0 + tl.exp(-gate * alpha))).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        out = (up + 1.0).to(dtype).to(tl.float32) * glu
+    else:
+        out = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32) * up
+    tl.store(out_ptr + row * I + offs, out.to(dtype), mask=mask)
+
+
+def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The step's (token, expert) pairs (pair p = token * k + j) sorted by expert, each expert's run padded to a
+    multiple of `block_m` with the index `ids.numel()`: (sorted pairs [capacity], expert of each block
+    [capacity / block_m], int32 [1] pairs' length with the padding). Capacity depends only on the shapes."""
+    pairs = ids.numel()
+    flat = ids.reshape(-1)
+    # (not bincount: its output size needs the host to read the largest id, which a CUDA graph capture forbids)
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    ends = torch.cumsum(padded, 0)
+    order = torch.argsort(flat, stable=True)
+    experts = flat[order]
+    rank = torch.arange(pairs, device=ids.device) - (torch.cumsum(counts, 0) - counts)[experts]
+    capacity = -(-(pairs + num_experts * (block_m - 1)) // block_m) * block_m
+    sorted_pairs = torch.full((capacity,), pairs, dtype=torch.int32, device=ids.device)
+    sorted_pairs[(ends - padded)[experts] + rank] = order.to(torch.int32)
+    block_starts = torch.arange(0, capacity, block_m, device=ids.device)
+    block_expert = torch.searchsorted(ends, block_starts, right=True).clamp_(max=num_experts - 1).to(torch.int32)
+    return sorted_pairs, block_expert, ends[-1:].to(torch.int32)
+
+
+def _gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, sorted_pairs: torch.Tensor,
+          block_expert: torch.Tensor, num_sorted: torch.Tensor, pair_weights: torch.Tensor | None, pairs: int,
+          top_k: int, per_token: bool) -> torch.Tensor:
+    n, k = w.shape[1], w.shape[2]
+    out = torch.empty((pairs, n), dtype=a.dtype, device=a.device)
+    block_n = 64 if n >= 64 else triton.next_power_of_2(max(n, 16))
+    block_k = 64 if k >= 64 else triton.next_power_of_2(max(k, 16))
+    grid = (block_expert.shape[0], triton.cdiv(n, block_n))
+    _grouped_gemm_kernel[grid](
+        a, w, w if bias is None else bias, out, sorted_pairs, block_expert,
+        out if pair_weights is None else pair_weights, num_sorted, pairs, n, k, a.stride(0), w.stride(0),
+        w.stride(1), out.stride(0), TOP_K=top_k, ROW_PER_TOKEN=per_token, WEIGHTED=pair_weights is not None,
+        BIAS=bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
+        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+    )
+    return out
+
+
+def _gemv(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, ids: torch.Tensor,
+          pair_weights: torch.Tensor | None, top_k: int, per_token: bool) -> torch.Tensor:
+    pairs = ids.numel()
+    n, k = w.shape[1], w.shape[2]
+    out = torch.empty((pairs, n), dtype=a.dtype, device=a.device)
+    _expert_gemv_kernel[(pairs, triton.cdiv(n, GEMV_BLOCK_N))](
+        a, w, w if bias is None else bias, out, ids, out if pair_weights is None else pair_weights, n, k,
+        a.stride(0), w.stride(0), w.stride(1), out.stride(0), TOP_K=top_k, ROW_PER_TOKEN=per_token,
+        WEIGHTED=pair_weights is not None, BIAS=bias is not None, BLOCK_N=GEMV_BLOCK_N,
+        BLOCK_K=min(GEMV_BLOCK_K, triton.next_power_of_2(k)),
+    )
+    return out
+
+
+def gated_activation(gate_up: torch.Tensor, experts: Experts) -> torch.Tensor:
+    """`Experts.activation` of gate_up [P, 2I] in one kernel."""
+    pairs, width = gate_up.shape
+    inter = width // 2
+    out = torch.empty((pairs, inter), dtype=gate_up.dtype, device=gate_up.device)
+    if pairs:
+        block = min(1024, triton.next_power_of_2(inter))
+        moe = experts.moe
+        _gated_activation_kernel[(pairs, triton.cdiv(inter, block))](
+            gate_up, out, inter, moe.alpha, moe.limit, CLAMPED=moe.activation == "swiglu_clamp", BLOCK=block)
+    return out
+
+
+def fused_experts(experts: Experts, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """`Experts.forward` on CUDA: x [T, H], float32 router weights and int expert ids [T, k] -> [T, H]."""
+    tokens, top_k = ids.shape
+    x = x.contiguous()
+    pair_weights = weights.reshape(-1).float().contiguous()
+    w13, w2, b13, b2 = experts.gate_up_proj, experts.down_proj, experts.gate_up_proj_bias, experts.down_proj_bias
+    if ids.numel() <= GEMV_MAX_PAIRS:
+        flat = ids.reshape(-1).contiguous()
+        h = gated_activation(_gemv(x, w13, b13, flat, None, top_k, per_token=True), experts)
+        y = _gemv(h, w2, b2, flat, pair_weights, top_k, per_token=False)
+    else:
+        sorted_pairs, block_expert, num_sorted = align(ids, experts.moe.num_experts, BLOCK_M)
+        pairs = ids.numel()
+        h = gated_activation(_gemm(x, w13, b13, sorted_pairs, block_expert, num_sorted, None, pairs, top_k,
+                                   per_token=True), experts)
+        y = _gemm(h, w2, b2, sorted_pairs, block_expert, num_sorted, pair_weights, pairs, top_k, per_token=False)
+    return y.view(tokens, top_k, -1).sum(dim=1)
+
+
+def use_fused_experts(model: torch.nn.Module) -> int:
+    """Route every `Experts` module of `model` through `fused_experts`; returns how many."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, Experts):
+            module.forward = types.MethodType(fused_experts, module)
+            count += 1
+    return count
