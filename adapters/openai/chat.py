@@ -7,7 +7,8 @@ from typing import Any
 from adapters.openai.choices import EndpointOutput
 from adapters.openai.logprobs import chat_logprobs
 from adapters.openai.requests import ChatCompletionRequest
-from adapters.openai.tools import ToolCallStream, calls_tools, tool_call_format, with_tool_calls
+from adapters.openai.tool_prompt import tool_format
+from adapters.openai.tools import ToolCallStream, calls_tools, with_tool_calls
 from adapters.openai.responses import (
     ChatChoice,
     ChatChoiceLogprobs,
@@ -34,8 +35,7 @@ class ChatOutput(EndpointOutput):
         super().__init__(req, response_id, model, tokenizer, created)
         # tool calls are parsed out of the text when tools are in play (adapters/openai/tools.py)
         parallel = req.parallel_tool_calls is not False
-        self._tool_format = (tool_call_format(tokenizer.hf.chat_template, parallel)
-                             if calls_tools(req.tools, req.tool_choice) else None)
+        self._tool_format = tool_format(tokenizer, parallel) if calls_tools(req.tools, req.tool_choice) else None
         self._tool_streams: dict[int, ToolCallStream] = {}
         self._logprobs: dict[int, list[ChatTokenLogprob]] = {}
 

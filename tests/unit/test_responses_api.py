@@ -89,7 +89,7 @@ def test_items_become_chat_messages() -> None:
         {"role": "assistant", "content": "Looking.", "tool_calls": [call(1, '{"city":"P"}'), call(2, '{"city":"R"}')]},
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
         {"role": "tool", "tool_call_id": "c2", "content": "rain"},
-        {"role": "assistant", "content": None, "tool_calls": [call(3, "{}")]},
+        {"role": "assistant", "content": "", "tool_calls": [call(3, "{}")]},
     ]
 
 
