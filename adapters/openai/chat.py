@@ -40,9 +40,16 @@ class ChatOutput(EndpointOutput):
         self._logprobs: dict[int, list[ChatTokenLogprob]] = {}
 
     def _logprob_entries(self, delta: OutputDelta) -> list[ChatTokenLogprob] | None:
+        """The delta's logprobs, without the stop token that ended it where the backend delivers it (OpenAI's content
+        has no `<|im_end|>`), unless its text is in the output (include_stop_str_in_output with a stop token id)."""
         if not self.req.logprobs or delta.logprobs is None:
             return None
-        return chat_logprobs(self._tok, self.req.top_logprobs or 0, delta.token_ids, delta.logprobs)
+        ids, entries = delta.token_ids, delta.logprobs
+        if delta.finish_reason == "stop" and ids and not isinstance(delta.stop_reason, str):
+            ended_by = ids[-1] in self._tok.eos_token_ids if delta.stop_reason is None else ids[-1] == delta.stop_reason
+            if ended_by and not (self.req.include_stop_str_in_output and delta.stop_reason is not None):
+                ids, entries = ids[:-1], entries[:-1]
+        return chat_logprobs(self._tok, self.req.top_logprobs or 0, ids, entries)
 
     def _chunk(self, choice: dict[str, Any], not_yet: int = 0) -> dict[str, Any]:
         # OpenAI: every chunk has usage null when usage is requested; vLLM's continuous usage: the counts so far
