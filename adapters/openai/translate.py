@@ -47,8 +47,11 @@ def completion_requests(req: CompletionRequest, response_id: str,
     """One GenerationRequest per prompt (choices are later indexed prompt_index * n + sample)."""
     prompts = req.prompts()
     # Scoring a prompt runs one step (the engine always generates); the output drops that token.
-    sampling = sampling_options(req, max_tokens=1 if req.scores_prompt else req.max_tokens, logprobs=req.logprobs,
+    # best_of > n ranks samples by their tokens' logprobs: asked for (0: the sampled token's) even when not shown
+    logprobs = 0 if req.logprobs is None and req.ranks_samples else req.logprobs
+    sampling = sampling_options(req, max_tokens=1 if req.scores_prompt else req.max_tokens, logprobs=logprobs,
                                 prompt_logprobs=req.logprobs if req.echo else None)
+    sampling.n = req.samples
     out = []
     for rid, prompt in zip(engine_request_ids(response_id, len(prompts)), prompts, strict=True):
         text, ids = (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
