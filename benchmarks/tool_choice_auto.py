@@ -7,8 +7,8 @@ right tool. Greedy (temperature 0), one request at a time, through /v1/chat/comp
 
 Four tools (weather, local time, currency conversion, e-mail), 20 asks that one of them answers (5 each) and 20
 that none does (facts, writing, chat). A call counts as right when its name is the expected tool's and its
-arguments are a JSON object with every required parameter; an ask that needs none counts as called when the reply
-holds any call. `--limit N` runs the first N asks of each list (a quick look, or the CPU smoke test).
+arguments are a JSON object with every required parameter (a call cut off by --max-tokens is not); an ask that needs
+none counts as called when the reply holds any call. `--limit N` runs the first N asks of each list (a quick look, or the CPU smoke test).
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ def measure(client: openai.OpenAI, model: str, limit: int | None, max_tokens: in
         "asks_needing_a_tool": len(need), "asks_needing_none": len(none),
         "auto_right_call": sum(r["auto_right"] for r in need), "auto_any_call": sum(bool(r["auto"]) for r in need),
         "auto_call_when_none_needed": sum(bool(r["auto"]) for r in none),
-        "required_right_call": sum(r["required_right"] for r in need), "rows": rows,
+        "required_right_call": sum(r["required_right"] for r in need),
+        "required_right_name": sum(r["required"] == [r["expected"]] for r in need), "rows": rows,
     }
 
 
@@ -132,7 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     need, none = result["asks_needing_a_tool"], result["asks_needing_none"]
     print(f"{model}: auto called the right tool on {result['auto_right_call']}/{need} asks that need one "
           f"(any tool: {result['auto_any_call']}/{need}), a tool on {result['auto_call_when_none_needed']}/{none} "
-          f"asks that need none; required named the right tool on {result['required_right_call']}/{need}")
+          f"asks that need none; required called the right tool on {result['required_right_call']}/{need} (named it: "
+          f"{result['required_right_name']}/{need})")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -30,7 +30,8 @@ def test_result_json(gateway: RunningServer, tmp_path: Path) -> None:
     assert tool_choice_auto.main(["--url", gateway.url, "--limit", "2", "--max-tokens", "64", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert (result["model"], result["asks_needing_a_tool"], result["asks_needing_none"]) == ("tiny", 2, 2)
-    for key in ("auto_right_call", "auto_any_call", "auto_call_when_none_needed", "required_right_call"):
+    for key in ("auto_right_call", "auto_any_call", "auto_call_when_none_needed", "required_right_call",
+                "required_right_name"):
         assert 0 <= result[key] <= 2
     assert [row["expected"] for row in result["rows"]] == ["get_weather", "get_weather", None, None]
     assert all(len(row["required"]) == 1 for row in result["rows"][:2])  # a forced call: exactly one
