@@ -143,13 +143,15 @@ class City(BaseModel):
     population: int
 
 
-@pytest.mark.parametrize("max_tokens", [100, None])  # the README's example, and without a limit
-def test_sdk_parse_of_an_integer_field_ends(client: openai.OpenAI, max_tokens: int | None) -> None:
+@pytest.mark.parametrize(("ask", "max_tokens"), [
+    ("The capital of France, as JSON.", 100), ("The capital of France, as JSON.", None),  # the README's example
+    ("A city with a population of 1111111111111111111111.", 100)])  # the model copies the digits
+def test_sdk_parse_of_an_integer_field_ends(client: openai.OpenAI, ask: str, max_tokens: int | None) -> None:
     """Regression: the integer ran `1111...` to max_tokens; a number the schema leaves unbounded has at most 19
     digits, so the object closes."""
     out = client.chat.completions.parse(
         model=DEFAULT_MODEL_NAME, max_tokens=max_tokens, temperature=0, response_format=City,
-        messages=[{"role": "user", "content": "The capital of France, as JSON."}])
+        messages=[{"role": "user", "content": ask}])
     choice = out.choices[0]
     assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, City)
     assert len(str(abs(choice.message.parsed.population))) <= 19 and out.usage.completion_tokens < 100
