@@ -8,7 +8,8 @@ right tool. Greedy (temperature 0), one request at a time, through /v1/chat/comp
 Four tools (weather, local time, currency conversion, e-mail), 20 asks that one of them answers (5 each) and 20
 that none does (facts, writing, chat). A call counts as right when its name is the expected tool's and its
 arguments are a JSON object with every required parameter (a call cut off by --max-tokens is not); an ask that needs
-none counts as called when the reply holds any call. `--limit N` runs the first N asks of each list (a quick look, or the CPU smoke test).
+none counts as called when the reply holds any call. `--limit N` runs the first N asks of each list (a quick look,
+or the CPU smoke test).
 """
 
 from __future__ import annotations

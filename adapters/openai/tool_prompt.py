@@ -36,7 +36,8 @@ You have access to the following tools:
 <tools>{tools}</tools>
 
 To call tools, the output MUST strictly adhere to the following format.
-The example format is as follows. Please make sure the parameter type is correct. If no function call is needed, answer in plain text.
+The example format is as follows. Please make sure the parameter type is correct. \
+If no function call is needed, answer in plain text.
 <tool_call>[
 {{"name": "func_name1", "arguments": {{"argument1": "value1", "argument2": "value2"}}}},
 ... (more tool calls as required)

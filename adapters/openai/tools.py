@@ -1,10 +1,10 @@
 """OpenAI tools: schemas, request checks and the decoding constraint for tool_choice.
 
 The chat template renders `tools` into the prompt, or we do where it ignores them (adapters/openai/tool_prompt.py);
-the model answers with calls in that prompt's format (adapters/openai/tool_calls.py reads them, streamed or whole). tool_choice "required" or a named
-function constrains decoding (runtime/guided) to exactly one call whose arguments match the function's
-`parameters` schema; "auto" parses whatever the model wrote (only the first call when
-parallel_tool_calls is false); "none" renders no tools at all.
+the model answers with calls in that prompt's format (adapters/openai/tool_calls.py reads them, streamed or
+whole). tool_choice "required" or a named function constrains decoding (runtime/guided) to exactly one call whose
+arguments match the function's `parameters` schema; "auto" parses whatever the model wrote (only the first call
+when parallel_tool_calls is false); "none" renders no tools at all.
 """
 
 from __future__ import annotations
@@ -116,6 +116,6 @@ def chat_guided(tools: list[ToolSpec] | None, choice: ToolChoice | None, respons
     return from_tools or from_format
 
 
-__all__ = ["HERMES", "LLAMA3_JSON", "MISTRAL", "SMOLLM2", "FunctionSpec", "NamedToolChoice", "ToolCall", "ToolCallFormat",
-           "ToolCallStream", "ToolChoice", "ToolSpec", "calls_tools", "chat_guided", "check_tools", "template_tools",
-           "tool_call_format", "tool_guided", "with_tool_calls"]
+__all__ = ["HERMES", "LLAMA3_JSON", "MISTRAL", "SMOLLM2", "FunctionSpec", "NamedToolChoice", "ToolCall",
+           "ToolCallFormat", "ToolCallStream", "ToolChoice", "ToolSpec", "calls_tools", "chat_guided", "check_tools",
+           "template_tools", "tool_call_format", "tool_guided", "with_tool_calls"]

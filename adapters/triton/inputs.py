@@ -17,8 +17,8 @@ from typing import Any, Literal
 from runtime.errors import InvalidRequestError
 
 Kind = Literal["text", "ids", "lengths", "str", "int", "uint64", "float", "bool", "words", "floats", "ints2d", "floats2d"]
-# "preprocessing" / "postprocessing": the backend's tokenizer models (adapters/triton/tokenizer_models.py), served
-# over infer only; the generate path takes "text" and "ids"
+# "preprocessing" / "postprocessing": the backend's tokenizer models (adapters/triton/tokenizer_models.py),
+# served over infer only; the generate path takes "text" and "ids"
 ModelKind = Literal["text", "ids", "preprocessing", "postprocessing"]
 
 _UINT64_MAX = 2**64 - 1

@@ -179,7 +179,8 @@ def test_unenforceable_parameters_are_a_400() -> None:
         chat(tools=[TOOL, TOOL])
 
 
-SMOLLM2_TEXT = 'Sure. <tool_call>[\n{"name": "f", "arguments": {"x": 1}},\n{"name": "g", "arguments": {}}\n]</tool_call>'
+SMOLLM2_TEXT = ('Sure. <tool_call>[\n{"name": "f", "arguments": {"x": 1}},\n{"name": "g", "arguments": {}}\n]'
+                '</tool_call>')
 
 
 def test_smollm2_calls_are_a_list_between_tags() -> None:

@@ -92,7 +92,8 @@ def test_an_assistant_turn_with_calls_and_no_content_renders(tokenizer: Tokenize
     without = [{k: v for k, v in m.items() if v is not None} for m in CONVERSATION]
     for tok in (smollm2, hermes, concatenates):
         assert prompt(tok, CONVERSATION, tools=TOOLS) == prompt(tok, without, tools=TOOLS)
-    assert prompt(concatenates, CONVERSATION, tools=TOOLS) == "1system:Be brief.user:Weather in Paris?assistant:tool:sunny"
+    assert prompt(concatenates, CONVERSATION, tools=TOOLS) == \
+        "1system:Be brief.user:Weather in Paris?assistant:tool:sunny"
 
 
 def test_a_template_that_renders_tools_gets_arguments_as_objects(hermes: Tokenizer) -> None:
@@ -106,7 +107,8 @@ def test_a_template_that_renders_tools_gets_arguments_as_objects(hermes: Tokeniz
 
 
 def test_a_forced_call_is_constrained_to_smollm2s_format(smollm2: Tokenizer) -> None:
-    req = ChatCompletionRequest.model_validate({"messages": CONVERSATION[:2], "tools": TOOLS, "tool_choice": "required"})
+    req = ChatCompletionRequest.model_validate({"messages": CONVERSATION[:2], "tools": TOOLS,
+                                                "tool_choice": "required"})
     elements = chat_request(req, "r", smollm2).guided.structural_tag["format"]["elements"]
     assert [e.get("value") for e in elements] == ["<tool_call>[", None, "]</tool_call>"]
     assert elements[1]["json_schema"]["properties"]["arguments"] == TOOLS[0]["function"]["parameters"]

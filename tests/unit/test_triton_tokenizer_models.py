@@ -33,7 +33,8 @@ def test_preprocessing_tokenizes_a_batch_as_the_backend_does(tokenizer: Tokenize
     assert out["INPUT_ID"].tolist() == [long, short + [eos] * (len(long) - len(short))]  # right-padded: pad = eos
     assert out["REQUEST_INPUT_LEN"].tolist() == [[len(long)], [len(short)]]
     assert out["OUT_END_ID"].tolist() == out["OUT_PAD_ID"].tolist() == [[eos], [eos]]
-    assert out["DECODER_INPUT_ID"].tolist() == [[eos], [eos]] and out["REQUEST_DECODER_INPUT_LEN"].tolist() == [[1], [1]]
+    assert out["DECODER_INPUT_ID"].tolist() == [[eos], [eos]]
+    assert out["REQUEST_DECODER_INPUT_LEN"].tolist() == [[1], [1]]
     assert out["REQUEST_OUTPUT_LEN"].tolist() == [[5], [5]]
     cat, sat, hi = (tokenizer.encode(w, add_special_tokens=False) for w in ("the cat", "sat", "hi"))
     width = len(cat) + len(sat)
@@ -41,7 +42,8 @@ def test_preprocessing_tokenizes_a_batch_as_the_backend_does(tokenizer: Tokenize
         [cat + sat, [len(cat), width] + [-1] * (width - 2)],
         [hi + [0] * (width - len(hi)), [len(hi)] + [-1] * (width - 1)]]
     assert out["BAD_WORDS_IDS"].shape == (2, 2, 0) and out["EMBEDDING_BIAS"].shape == (2, 0)
-    assert {k: v.dtype for k, v in out.items()} == {**{k: np.dtype(np.int32) for k in out}, "EMBEDDING_BIAS": np.float32}
+    assert {k: v.dtype for k, v in out.items()} == {**dict.fromkeys(out, np.dtype(np.int32)),
+                                                    "EMBEDDING_BIAS": np.float32}
 
 
 def test_preprocessing_takes_given_ids_empty_words_and_a_bias(tokenizer: Tokenizer) -> None:
@@ -92,6 +94,7 @@ def test_metadata_and_config_are_the_backends() -> None:
     assert {"name": "INPUT_ID", "datatype": "INT32", "shape": [-1, -1]} in meta["outputs"]
     assert "IMAGE_URL" not in {i["name"] for i in meta["inputs"]}
     config = model_config("postprocessing", "postprocessing", EngineConfig())
-    assert config["input"][0] == {"name": "TOKENS_BATCH", "data_type": "TYPE_INT32", "dims": [-1, -1], "optional": False}
+    assert config["input"][0] == {"name": "TOKENS_BATCH", "data_type": "TYPE_INT32", "dims": [-1, -1],
+                                  "optional": False}
     assert config["output"] == [{"name": "OUTPUT", "data_type": "TYPE_STRING", "dims": [-1]}]
     assert config["model_transaction_policy"] == {"decoupled": False}
