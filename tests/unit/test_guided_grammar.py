@@ -69,7 +69,7 @@ def test_json_schema_accepts_exactly_valid_compact_json(compiler, tok) -> None:
     assert g.accept_tokens(ids(tok, '{"n": 12')) < len(ids(tok, '{"n": 12'))  # maximum 9
 
 
-def test_numbers_the_schema_leaves_unbounded_take_at_most_19_digits(compiler, tok) -> None:
+def test_numbers_and_whitespace_the_schema_leaves_unbounded_are_bounded(compiler, tok) -> None:
     """An int64's 19 digits for an integer (part), 18 for a fraction or exponent, any json_object value too: a model
     writing `1111...` must come to an end (the README's parse() of an integer field ran to max_tokens)."""
     schema = {"type": "object", "properties": {"i": {"type": "integer"}, "m": {"type": "integer", "minimum": 1},
@@ -86,6 +86,9 @@ def test_numbers_the_schema_leaves_unbounded_take_at_most_19_digits(compiler, to
                  f'{{"i": 1, "m": 1, "x": 1e{nines}}}'):
         assert not accepted(text, json_schema=schema), text
     assert accepted(f'{{"a": [{nines}]}}', json_object=True) and not accepted(f'{{"a": [{more}]}}', json_object=True)
+    # nor inside whitespace: the separators are exactly ", " and ": "
+    assert not accepted('{"a":  [1]}', json_object=True) and not accepted('{"a": [1] }', json_object=True)
+    assert not accepted('{"i": 1,\n "m": 1, "x": 1}', json_schema=schema)
 
 
 def test_json_object_and_structural_tag(compiler, tok) -> None:
