@@ -22,6 +22,9 @@ class EngineConfig:
     dtype: str = "auto"  # "auto" | "bfloat16" | "float16" | "float32"
     seed: int = 0
     max_model_len: int | None = None  # default: the model's context window
+    # a runaway answer without max_tokens (a forced tool call's arguments degenerating) filled the 8192-token context
+    # of the default model in 10 minutes on CPU; OpenAI's own limits are the model's output cap
+    default_max_tokens: int | None = 2048  # most tokens a request without max_tokens generates, within the context window (none: up to its end, as vLLM)
     # batching and KV cache
     max_batch_size: int = 64
     max_num_tokens: int = 2048  # tokens per step (prefill + decode)
