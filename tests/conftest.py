@@ -1,5 +1,6 @@
-"""Shared test setup: the repository root on sys.path (so `pytest` works like `python -m pytest`), and no
-compiled CPU decode steps unless a test asks for them (compiling takes tens of seconds per engine)."""
+"""Shared test setup: the repository root on sys.path (so `pytest` works like `python -m pytest`), no compiled
+CPU decode steps unless a test asks for them (compiling takes tens of seconds per engine), and progress as a line
+per test file. Servers that tests start take their ports from tests/ports.py (distinct per xdist worker)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import sys
 from pathlib import Path
 
 os.environ.setdefault("TRTLLM_GATEWAY_CPU_COMPILE", "false")  # inherited by the servers tests start too
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # one thread per worker process, and per server it starts (an engine's default is all cores but one): workers
+    # run side by side, and torch threads oversubscribing the cores wait on each other
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+pytest_plugins = ["tests.progress"]  # a line per finished test file (tests/progress.py)

@@ -9,7 +9,6 @@ sys.path). Tests that need their own server settings use `start_server(backend, 
 
 from __future__ import annotations
 
-import socket
 import sys
 import threading
 import time
@@ -27,6 +26,7 @@ from gateway.app import create_app
 from gateway.settings import Settings
 from runtime.config import EngineConfig
 from runtime.engine import Engine
+from tests.ports import free_port
 from tests.tiny_models import build_tiny_model
 
 MODEL_NAME = "tiny"
@@ -103,12 +103,6 @@ class RunningServer:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=30)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _SET_UP: set[str] = set()
