@@ -128,7 +128,7 @@ def _scrape(base_url: str) -> dict[str, float]:
             "steps": value("engine_iterations_total"), "eager_steps": value("engine_eager_iterations_total")}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.http_vs_core", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", type=int, default=64)
@@ -146,7 +146,7 @@ def main() -> int:
     parser.add_argument("--out", default="/tmp/http_vs_core")
     parser.add_argument("--work", default="/tmp/gpu_bench_models", help="folder for the random checkpoint")
     parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU, 1 s rounds: proves the code runs")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.device, args.seconds, args.streams = "cpu", min(args.seconds, 1.0), min(args.streams, 8)
         args.rounds, args.consumers, args.api_servers = min(args.rounds, 2), min(args.consumers, 2), min(args.api_servers, 2)

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("TRTLLM_GATEWAY_CPU_COMPILE", "false")  # inherited by the servers tests start too
 if "PYTEST_XDIST_WORKER" in os.environ:
@@ -19,3 +22,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 pytest_plugins = ["tests.progress"]  # a line per finished test file (tests/progress.py)
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads() -> Iterator[None]:
+    """Engines and scripts run in the test process set torch's thread count process-wide (a training script: 2,
+    guided_overhead: 1); put it back, so that it stays one per xdist worker."""
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    yield
+    if torch is not None:
+        torch.set_num_threads(threads)
