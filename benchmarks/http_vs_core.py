@@ -79,7 +79,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         before = _scrape(server.base_url)
                         load = asyncio.ensure_future(asyncio.to_thread(http_load, server, folder, s, args.streams,
                                                                        clients=args.client_processes))
-                        busy = await _busiest(server, load)
+                        busy = await _busiest(server, load, window=min(2.0, s.http_s / 2))
                         summary = await load
                         pair["http_tok_s"] = summary["output_token_throughput"]
                         pair["http_events_s"] = summary["events_per_s"]
@@ -108,7 +108,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _busiest(server: Any, load: asyncio.Future[Any], window: float = 2.0) -> float:
     """The front ends' CPU seconds per wall second over their busiest `window` s while `load` runs (1.0: one
-    core saturated): a figure of the steady part, free of the load generator's start-up and drain."""
+    core saturated): a figure of the steady part, free of the load generator's start-up and drain (shorter than a
+    round: a smoke run's rounds last 1 s)."""
     samples = [(time.perf_counter(), server.front_end_cpu_seconds())]
     while not load.done():
         await asyncio.sleep(0.25)

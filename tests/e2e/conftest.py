@@ -142,15 +142,27 @@ def start_server(tiny_model_dir: Path) -> Iterator[Callable[..., RunningServer]]
         srv.stop()
 
 
-@pytest.fixture(scope="session", params=list(BACKENDS))
-def server(request: pytest.FixtureRequest, tiny_model_dir: Path) -> Iterator[RunningServer]:
-    """The shared server of one backend (default options; the native engine core in its own process)."""
-    srv = launch(tiny_model_dir, request.param, engine_process=True)
-    yield srv
-    srv.stop()
-
-
 @pytest.fixture(scope="session")
+def shared_servers() -> Iterator[dict[str, RunningServer]]:
+    """{backend: its shared server}, each started by `server` on first use and kept until the session ends. (A
+    session fixture parametrized by backend was stopped and started again at each switch of backend, which under
+    pytest-xdist's per-file distribution meant twice per test file: 10-20 s each.)"""
+    started: dict[str, RunningServer] = {}
+    yield started
+    for srv in started.values():
+        srv.stop()
+
+
+@pytest.fixture(params=list(BACKENDS))
+def server(request: pytest.FixtureRequest, tiny_model_dir: Path,
+           shared_servers: dict[str, RunningServer]) -> RunningServer:
+    """The shared server of one backend (default options; the native engine core in its own process)."""
+    if request.param not in shared_servers:
+        shared_servers[request.param] = launch(tiny_model_dir, request.param, engine_process=True)
+    return shared_servers[request.param]
+
+
+@pytest.fixture
 def backend_name(server: RunningServer) -> str:
     return server.settings.engine.backend
 
