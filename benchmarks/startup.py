@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.startup", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cold", action="store_true",
-                        help="empty caches: GGUF conversion, C++ kernel build and torch.compile's, in a temporary folder")
+                        help="empty caches (GGUF conversion, C++ kernel build, torch.compile's) in a temporary folder")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for the server to settle")
     parser.add_argument("serve_args", nargs="*", help="`serve` arguments (after --)")
     args = parser.parse_args(argv)

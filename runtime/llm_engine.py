@@ -133,7 +133,7 @@ class NativeEngine(Engine):
         with phase("loading the weights"):
             model = load_model(self.model_path, self.dtype, self.device)
         if self.device.type == "cpu":
-            use_cpu_kernels(False)  # until the kernel is built (runtime/cpu/warm_up.py), whatever an earlier engine used
+            use_cpu_kernels(False)  # until the kernel is built (runtime/cpu/warm_up.py), whatever engines did before
             added = prepare_cpu_weights(model, cfg.cpu_quantization)
             if added:
                 logger.info("CPU: prepacked%s weights (%.0f MB more)", "" if cfg.cpu_quantization == "none" else

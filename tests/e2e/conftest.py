@@ -222,6 +222,14 @@ def scrape(url: str) -> dict[str, float]:
     return out
 
 
+def loading(url: str) -> bool:
+    """Whether the server at `url` listens and says it is not ready yet (/health 503)."""
+    try:
+        return httpx.get(url + "/health").status_code == 503
+    except httpx.TransportError:
+        return False
+
+
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
     """Poll `predicate` every 20 ms until true; AssertionError naming `what` after `timeout` s."""
     deadline = time.monotonic() + timeout

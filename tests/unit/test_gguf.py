@@ -362,7 +362,7 @@ def test_the_port_answers_while_a_gguf_file_converts(models_root: Path, tmp_path
 
     from gateway.settings import Settings
     from runtime.config import EngineConfig
-    from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, RunningServer, free_port, wait_for
+    from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, RunningServer, free_port, loading, wait_for
 
     path = write_gguf(build_tiny_model(models_root, "llama"), tmp_path / "tiny.gguf")
     gate = threading.Event()
@@ -372,12 +372,7 @@ def test_the_port_answers_while_a_gguf_file_converts(models_root: Path, tmp_path
     server = RunningServer(Settings(grpc_port=None, port=free_port(), drain_timeout=0.0, engine=engine))
     server._thread.start()
     try:
-        def converting() -> bool:
-            try:
-                return httpx.get(server.url + "/health").status_code == 503
-            except httpx.TransportError:
-                return False
-        wait_for(converting, 60, "the server to listen")
+        wait_for(lambda: loading(server.url), 60, "the server to listen")
         assert httpx.get(server.url + "/health").json() == {
             "status": "loading",
             "phase": "converting the GGUF file into a checkpoint (once: it is cached for the next starts)"}
