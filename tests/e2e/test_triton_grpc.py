@@ -278,3 +278,15 @@ def test_beams_and_guided_decoding_take_the_generate_path(client: Any, grpc_serv
              "guided_decoding_guide": np.array([["[0-9]{3}"]]).astype(object)}
     digits = client.infer("ensemble", text_inputs(grpcclient, [PROMPT], 3, **guide)).as_numpy("text_output")[0]
     assert len(digits) == 3 and digits.decode().isdigit()
+
+
+def test_a_taken_grpc_port_fails_the_start_saying_what_to_pass(tiny_model_dir: Any) -> None:
+    """`make serve` on a machine where 8001 is taken once failed with no way out named."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen()
+        with pytest.raises(RuntimeError, match=r"cannot listen for gRPC on 127\.0\.0\.1:\d+ .*--grpc-port N "
+                                               r"\(`make serve GRPC_PORT=N`\), or --grpc-port none"):
+            launch(tiny_model_dir, "native", {"grpc_port": taken.getsockname()[1]})
