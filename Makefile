@@ -25,6 +25,8 @@ lock:
 serve: install
 	$(PYTHON) -m gateway serve --host $(HOST) --port $(PORT) --grpc-port $(GRPC_PORT)
 
-# The whole suite on every core (TEST_WORKERS=N for another number), a line per finished test file.
+# The whole suite on every core (TEST_WORKERS=N for another number), a line per finished test file. A test file
+# per worker at a time (its module fixtures start once), in collection order: benchmarks and e2e files, the ones
+# that start servers, first, so that the last files to run are short.
 test: install
-	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20

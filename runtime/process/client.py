@@ -41,16 +41,16 @@ import zmq
 import zmq.asyncio
 
 from runtime.config import EngineConfig
+from runtime.default_model import gguf_to_convert
 from runtime.delivery import END, Mailbox, read_batches
 from runtime.engine import Engine, EngineStats, ModelInfo, deltas_of
 from runtime.errors import EngineFailedError, EngineNotReadyError, InvalidRequestError
-from runtime.default_model import gguf_to_convert
 from runtime.llm_engine import describe_model
 from runtime.output_text import FrontEndText, text_in_front_end
 from runtime.process.core import Addresses, CoreArgs
 from runtime.process.messages import (
-    Abort, AddRequest, LoraCall, LoraReply, Phase, Ready, Rejected, Shutdown, StartFailed, StepOutputs, ToCore, encoder,
-    rebuild_error, to_front_end,
+    Abort, AddRequest, LoraCall, LoraReply, Phase, Ready, Rejected, Shutdown, StartFailed, StepOutputs, ToCore,
+    encoder, rebuild_error, to_front_end,
 )
 from runtime.request import GenerationRequest, OutputDelta
 from runtime.tokenizer import Tokenizer
