@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import serve
-from tests.benchmarks.smoke import positive, thread_server
+from tests.benchmarks.smoke import positive
 from tests.e2e.conftest import RunningServer
 
 pytestmark = pytest.mark.benchmark_smoke
