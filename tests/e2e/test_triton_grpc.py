@@ -320,3 +320,15 @@ def test_the_backends_end_to_end_script_calls(module: Any, grpc_server: RunningS
     r = httpx.post(grpc_server.url + "/v2/models/preprocessing/generate", json={"QUERY": PROMPT})
     assert (r.status_code, r.json()) == (400, {"error": "model 'preprocessing' answers KServe infer requests "
                                                         "(POST /v2/models/preprocessing/infer), not generate"})
+
+
+def test_a_taken_grpc_port_fails_the_start_saying_what_to_pass(tiny_model_dir: Any) -> None:
+    """`make serve` on a machine where 8001 is taken once failed with no way out named."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen()
+        with pytest.raises(RuntimeError, match=r"cannot listen for gRPC on 127\.0\.0\.1:\d+ .*--grpc-port N "
+                                               r"\(`make serve GRPC_PORT=N`\), or --grpc-port none"):
+            launch(tiny_model_dir, "native", {"grpc_port": taken.getsockname()[1]})
