@@ -24,7 +24,7 @@ class EngineConfig:
     backend: Literal["native", "trtllm"] = "native"  # native: our PyTorch runtime; trtllm: TensorRT-LLM (the trtllm extra)
     engine_process: bool = True  # native backend: run the engine core in its own process (off: in this one)
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
-    dtype: str = "auto"  # "auto" | "bfloat16" | "float16" | "float32"
+    dtype: str = "auto"  # "auto" | "bfloat16" | "float16" | "float32" (auto on CPU: runtime/cpu/defaults.py)
     seed: int = 0  # seed of the sampler's random numbers for requests that give no seed
     max_model_len: int | None = None  # default: the model's context window
     # a runaway answer without max_tokens (a forced tool call's arguments degenerating) filled the 8192-token context
@@ -64,7 +64,9 @@ class EngineConfig:
     speculative_guard: bool = True  # plain steps where measured ones beat speculation (within the concurrency limit)
     # section: CPU execution
     cpu_threads: int | None = None  # torch threads of the native runtime on CPU; default $OMP_NUM_THREADS, else all cores but one
-    cpu_quantization: Literal["none", "int8", "int4"] = "none"  # weight-only int8/int4 copies of the projections for decode steps of few rows (runtime/models/cpu_weights.py); prepacked bf16 serves bigger batches
+    # auto: what the checkpoint already was (the default model's Q4_1 layers: int4; float checkpoints: none), with bf16
+    # activations where the CPU multiplies bf16 (runtime/cpu/defaults.py); logged in one line at start-up
+    cpu_quantization: Literal["auto", "none", "int8", "int4"] = "auto"  # weight-only int4 (every product) or int8 (steps of few rows, beside prepacked bf16) forms of the projections (runtime/models/cpu_weights.py); auto: the checkpoint's own
     # The kernel is runtime/cpu/paged_attention.py, the compiled steps runtime/cpu/compiled_decode.py; both are built
     # in the background while eager steps serve. The default follows $TRTLLM_GATEWAY_CPU_COMPILE, so that a test
     # suite can turn it off for every engine it builds

@@ -30,7 +30,9 @@ import torch
 
 from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig
-from runtime.cpu.paged_attention import use_cpu_kernels
+from runtime.cpu.defaults import CpuFeatures, cpu_dtype, cpu_quantization, log_choice, source_quantization
+from runtime.cpu.native_decode import NativeDecode, supports
+from runtime.cpu.paged_attention import build_kernel, use_cpu_kernels
 from runtime.cpu.warm_up import CpuWarmUp
 from runtime.delivery import Outbox, read_batches
 from runtime.default_model import DEMO, resolve_model
@@ -66,7 +68,10 @@ def describe_model(config: EngineConfig) -> tuple[str, ModelSpec, torch.device, 
     spec = ModelSpec.from_pretrained(model_path)
     check_supported(spec)  # one line at start-up naming what we do not serve, before any weight is read
     device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device, spec.torch_dtype)
+    if device.type == "cpu":
+        dtype = cpu_dtype(config.dtype, spec.torch_dtype, source_quantization(spec.config), CpuFeatures.detect())
+    else:
+        dtype = resolve_dtype(config.dtype, device, spec.torch_dtype)
     window = config.max_model_len or spec.max_position_embeddings
     if window > spec.max_position_embeddings:
         raise ValueError(
@@ -126,19 +131,25 @@ class NativeEngine(Engine):
         phase = self.phases.phase
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_thread_count(cfg.cpu_threads))  # process-wide: the step thread's matmuls
-            logger.info("CPU: %d torch threads", torch.get_num_threads())
         with phase("loading the tokenizer"):
             self.tokenizer = Tokenizer.from_pretrained(cfg.tokenizer or self.model_path)
             _ = self.tokenizer.byte_pieces  # the detokenizers' table, built at load time, not on the first request
         self.eos_token_ids = list(dict.fromkeys(self.tokenizer.eos_token_ids + self.spec.eos_token_ids))
         with phase("loading the weights"):
             model = load_model(self.model_path, self.dtype, self.device, self.model_info.context_window)
+        quantization, cpu_weight_bytes = "none", 0
         if self.device.type == "cpu":
+            quantization = cpu_quantization(cfg.cpu_quantization, source_quantization(self.spec.config))
             use_cpu_kernels(False)  # until the kernel is built (runtime/cpu/warm_up.py), whatever engines did before
-            added = prepare_cpu_weights(model, cfg.cpu_quantization)
-            if added:
-                logger.info("CPU: prepacked%s weights (%.0f MB more)", "" if cfg.cpu_quantization == "none" else
-                            f" and {cfg.cpu_quantization} weight-only", added / 2**20)
+            if quantization != "none":
+                with phase("building the CPU kernels"):  # the quantized products need them (cached after a first start)
+                    if not build_kernel():
+                        logger.warning("CPU: no kernels for --cpu-quantization %s; serving without it", quantization)
+                        quantization = "none"
+            cpu_weight_bytes = prepare_cpu_weights(model, quantization)
+            if cpu_weight_bytes:
+                logger.info("CPU: %s weights (%+.0f MB)", "prepacked" if quantization == "none" else
+                            f"{quantization} weight-only", cpu_weight_bytes / 2**20)
         self.runner = ModelRunner(model, cfg.kv_block_size, Sampler(cfg.seed))
         self.lora = LoraManager(cfg, model, on_ready=self._wake)
         self.runner.lora = self.lora.batch
@@ -152,8 +163,9 @@ class NativeEngine(Engine):
         # a compiled step on CPU pays with --cpu-quantization or float32 (not against the prepacked bf16 products,
         # which inductor cannot call: 45 vs 52 ms a SmolLM2 step on the 2-core box, RESULTS.md); it is warmed up
         # in one more block, which the block manager never hands out
-        compile_steps = self.device.type == "cpu" and cfg.cpu_compile and (cfg.cpu_quantization != "none" or
-                                                                            self.dtype != torch.bfloat16)
+        native = self.device.type == "cpu" and cfg.cpu_compile and supports(model) is None
+        compile_steps = (self.device.type == "cpu" and cfg.cpu_compile and not native and
+                         (quantization != "none" or self.dtype != torch.bfloat16))
         self.runner.allocate_kv_cache(blocks + compile_steps)
         # a speculative step brings 1 + num_draft_tokens rows per sequence
         decode_rows = cfg.max_batch_size * (1 + (cfg.num_draft_tokens if proposer is not None else 0))
@@ -162,9 +174,16 @@ class NativeEngine(Engine):
             self.runner.capture_decode_graphs(decode_rows, max_blocks, lora_version=lambda: self.lora.slots.version)
             self.runner.capture_prefill_graphs(cfg.max_num_tokens, max_blocks,
                                                lora_version=lambda: self.lora.slots.version)
-        if self.device.type == "cpu" and cfg.cpu_compile:
+        if native:  # its kernels are built: it serves from the first step
+            use_cpu_kernels(True)
+            self.runner.graphs = NativeDecode(model, self.runner.kv_caches, cfg.kv_block_size, max_blocks, self.lora.batch)
+        elif self.device.type == "cpu" and cfg.cpu_compile:
             self.cpu_warm_up = CpuWarmUp(self.runner, self.phases, compile_steps, max_blocks, scratch_block=blocks,
                                          stopping=lambda: not self._accepting)
+        if self.device.type == "cpu":
+            steps = ("C++ decode steps" if native else "compiled one-stream steps (built in the background)"
+                     if compile_steps else "eager steps")
+            log_choice(self.dtype, quantization, torch.get_num_threads(), steps, CpuFeatures.detect())
         # blocks outside every layer's window are given back, unless a draft model (full attention) reads them
         sliding = self.spec.sliding_window if cfg.speculative != "draft" else None
         self.block_manager = BlockManager(blocks, cfg.kv_block_size, cfg.enable_prefix_caching, sliding)
@@ -179,7 +198,7 @@ class NativeEngine(Engine):
         if proposer is not None:
             self.speculator = build_speculator(proposer, cfg, self.block_manager, window,
                                                cuda_graphs=self.device.type == "cuda" and self.runner.graphs is not None)
-        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        weights = sum(p.numel() * p.element_size() for p in model.parameters()) + cpu_weight_bytes
         weights += getattr(proposer, "weight_bytes", 0) + getattr(getattr(proposer, "runner", None), "kv_cache_bytes", 0)
         self._memory = {"gpu" if self.device.type == "cuda" else "cpu": weights + self.runner.kv_cache_bytes}
         self._stats.kv_blocks_total = self._stats.kv_blocks_free = blocks

@@ -17,6 +17,8 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "cpu_kernels.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -164,6 +166,10 @@ void dispatch(const float* q, const cache_t* cache, const int32_t* tables, const
   decode<0, 0>(q, cache, tables, seq_lens, out, batch, window, sinks, s);
 }
 
+}  // namespace
+
+namespace trtllm_gateway_cpu {
+
 // q [B, H, D] float32, already scaled; kv_cache [2, N, block_size, Hkv, D]; block_tables int32 [B, >= blocks of
 // the longest row]; seq_lens int32 [B] (>= 1, counting the new token, whose K/V is already in the cache); window:
 // the keys a query sees (0: all); sinks: float32 [H] attention-sink logits, or none. Returns float32 [B, H, D].
@@ -198,10 +204,10 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cach
   return out;
 }
 
-}  // namespace
+}  // namespace trtllm_gateway_cpu
 
-TORCH_LIBRARY(trtllm_gateway_cpu, m) {
+TORCH_LIBRARY_FRAGMENT(trtllm_gateway_cpu, m) {
   m.def("paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, int window, "
         "Tensor? sinks) -> Tensor");
-  m.impl("paged_decode_attention", c10::DispatchKey::CPU, TORCH_FN(paged_decode_attention));
+  m.impl("paged_decode_attention", c10::DispatchKey::CPU, TORCH_FN(trtllm_gateway_cpu::paged_decode_attention));
 }

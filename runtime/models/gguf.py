@@ -82,7 +82,7 @@ _BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")  # Phi-3's LongRoPE, as tensors
 
 # bump when the converted folder's contents change, so older caches are not reused
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2  # 2: config.json names the block types of the layers' matrices (gguf_layer_types)
 
 
 def resolve_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) -> str:
@@ -199,6 +199,10 @@ def _convert(gguf_file: Path, out: Path, dtype: str) -> str:
 
     config.architectures = [_ARCHITECTURES[config.model_type]]
     config.dtype = target
+    # what the file's layers were quantized to: the CPU serves them in the weight-only form that keeps them
+    # (runtime/cpu/defaults.py)
+    config.gguf_layer_types = sorted({t.tensor_type.name for t in reader.tensors
+                                      if len(t.shape) > 1 and t.name.startswith("blk.")})
     config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     generation = GenerationConfig.from_model_config(config)

@@ -1,0 +1,18 @@
+// What the CPU kernels' C++ files call of each other (one extension, built by runtime/cpu/paged_attention.py).
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace trtllm_gateway_cpu {
+
+// runtime/cpu/paged_decode_attention.cpp: q [B, H, D] float32, already scaled -> float32 [B, H, D]
+at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
+                                  const at::Tensor& seq_lens, int64_t window, const c10::optional<at::Tensor>& sinks);
+
+// runtime/cpu/quantized_linear.cpp: x [N, in] (bfloat16 or float32) times a packed int4 / tiled int8 weight ->
+// [N, out] in x's dtype, written into `out`
+void int4_linear_into(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
+                      const at::Tensor& offset, at::Tensor& out);
+void int8_linear_into(const at::Tensor& x, const at::Tensor& tiled, const at::Tensor& scale, at::Tensor& out);
+
+}  // namespace trtllm_gateway_cpu
