@@ -70,9 +70,9 @@ template <typename T>
 at::Tensor step(const at::Tensor& rows, const at::Tensor& tables, at::TensorList w, at::TensorList kv_caches,
                 const at::Tensor& cos_cache, const at::Tensor& sin_cache, double eps, double attn_scale, int64_t heads,
                 int64_t kv_heads, int64_t head_dim) {
-  const int64_t n = rows.size(1), hidden = w[kEmbed].size(1), layers = kv_caches.size();
+  const int64_t vocab = w[kEmbed].size(0), n = rows.size(1), hidden = w[kEmbed].size(1), layers = kv_caches.size();
   const int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim, qkv_size = q_size + 2 * kv_size;
-  const int64_t inter = w[kFirstLayer + kGateUp].size(0) * 16 / 2, half = head_dim / 2;
+  const int64_t inter = w[kFirstLayer + kDown].size(1) * 4, half = head_dim / 2;  // down_proj reads the MLP's width
   const int64_t* ids = rows[kIds].data_ptr<int64_t>();
   const int64_t* positions = rows[kPositions].data_ptr<int64_t>();
   const int64_t* slots = rows[kSlots].data_ptr<int64_t>();
@@ -125,7 +125,7 @@ at::Tensor step(const at::Tensor& rows, const at::Tensor& tables, at::TensorList
     add_into(xp, op, n * hidden);
   }
   rms_norm(xp, w[kFinalNorm].data_ptr<T>(), hp, n, hidden, static_cast<float>(eps));
-  at::Tensor logits = at::empty({n, w[kHead].size(0) * 16}, options);
+  at::Tensor logits = at::empty({n, vocab}, options);
   trtllm_gateway_cpu::int8_linear_into(h, w[kHead], w[kHeadScale], logits);
   return logits.to(at::kFloat);
 }

@@ -75,9 +75,9 @@ def build_kernel() -> bool:
     torch.library.register_fake("trtllm_gateway_cpu::paged_decode_attention")(
         lambda q, kv_cache, block_tables, seq_lens, window, sinks: torch.empty_like(q))
     torch.library.register_fake("trtllm_gateway_cpu::int4_linear")(
-        lambda x, packed, scale, offset: x.new_empty((x.shape[0], packed.shape[0] * 16)))
+        lambda x, packed, scale, offset, out_features: x.new_empty((x.shape[0], out_features)))
     torch.library.register_fake("trtllm_gateway_cpu::int8_linear")(
-        lambda x, tiled, scale: x.new_empty((x.shape[0], tiled.shape[0] * 16)))
+        lambda x, tiled, scale, out_features: x.new_empty((x.shape[0], out_features)))
     logger.info("CPU: paged decode-attention kernel ready in %.1f s", time.perf_counter() - started)
     return True
 

@@ -3,10 +3,11 @@
 // the layouts are made by runtime/models/cpu_weights.py.
 //
 // int4, groups of 32 inputs, weight[o][i] = (q - 8) * scale[g][o] + offset[g][o], q in 0..15:
-//   packed uint8 [out / 16, in / 4, 32]: tiles of 16 output rows; for each quad of inputs 4k..4k+3, byte 2r+e holds
+//   packed uint8 [tiles, in / 4, 32]: tiles of 16 output rows (the last padded with zeros); for each quad of inputs 4k..4k+3, byte 2r+e holds
 //   row r's q of input 4k+e in its low nibble and of input 4k+2+e in its high one. scale and offset
-//   [out / 16, in / 32, 16] in the activations' dtype.
-// int8, weight[o][i] = q * scale[o]: tiled int8 [out / 16, in, 16] (16 output rows of one input side by side).
+//   [tiles, in / 32, 16] in the activations' dtype.
+// int8, weight[o][i] = q * scale[o]: tiled int8 [tiles, in, 16] (16 output rows of one input side by side), scale
+//   [tiles * 16].
 //
 // Why this layout: one 32-byte load gives 64 weights of 16 output rows, which AVX-512 BF16's dot product
 // (vdpbf16ps: 16 lanes, each the sum of two bf16 products) multiplies by two broadcast input pairs with two
@@ -214,12 +215,12 @@ inline int64_t num_blocks(int64_t tiles, int64_t rows) {
   return (tiles + per_block - 1) / per_block;
 }
 
+// y [rows, out] = x [rows, in] times the weight of `tiles` tiles, whose rows past `out` are padding
 template <typename scalar_t>
-void int4_rows(const scalar_t* x, int64_t rows, int64_t in, int64_t out, const uint8_t* packed, const scalar_t* scale,
-               const scalar_t* offset, scalar_t* y) {
+void int4_rows(const scalar_t* x, int64_t rows, int64_t in, int64_t tiles, int64_t out, const uint8_t* packed,
+               const scalar_t* scale, const scalar_t* offset, scalar_t* y) {
   const std::vector<float> sums = group_sums(x, rows, in);
   const int64_t groups = in / kGroup, tile_stride = (in / 2) * kTile, param_stride = groups * kTile;
-  const int64_t tiles = out / kTile;
   at::parallel_for(0, num_blocks(tiles, rows), 1, [&](int64_t begin, int64_t end) {
     vfloat acc[8 * kRowBlock];
     for_blocks(begin, end, tiles, rows, [&](auto tb, auto r, int64_t t, int64_t r0) {
@@ -227,7 +228,8 @@ void int4_rows(const scalar_t* x, int64_t rows, int64_t in, int64_t out, const u
       int4_tiles<TB, R>(packed + t * tile_stride, tile_stride, scale + t * param_stride, offset + t * param_stride,
                         param_stride, x + r0 * in, in, sums.data() + r0 * groups, acc);
       for (int b = 0; b < TB; ++b)
-        for (int j = 0; j < R; ++j) store16(y + (r0 + j) * out + (t + b) * kTile, acc[b * kRowBlock + j], kTile);
+        for (int j = 0; j < R; ++j)
+          store16(y + (r0 + j) * out + (t + b) * kTile, acc[b * kRowBlock + j], std::min(kTile, out - (t + b) * kTile));
     });
   });
 }
@@ -259,11 +261,11 @@ void int8_tiles(const int8_t* tiles, int64_t tile_stride, const float* x, int64_
 }
 
 template <typename scalar_t>
-void int8_rows(const scalar_t* x, int64_t rows, int64_t in, int64_t out, const int8_t* tiled, const scalar_t* scale,
-               scalar_t* y) {
+void int8_rows(const scalar_t* x, int64_t rows, int64_t in, int64_t tiles, int64_t out, const int8_t* tiled,
+               const scalar_t* scale, scalar_t* y) {
   std::vector<float> xf(rows * in);
   for (int64_t j = 0; j < rows * in; ++j) xf[j] = to_float(x[j]);
-  const int64_t tiles = out / kTile, tile_stride = in * kTile;
+  const int64_t tile_stride = in * kTile;
   at::parallel_for(0, num_blocks(tiles, rows), 1, [&](int64_t begin, int64_t end) {
     vfloat acc[8 * kRowBlock];
     for_blocks(begin, end, tiles, rows, [&](auto tb, auto r, int64_t t, int64_t r0) {
@@ -271,7 +273,8 @@ void int8_rows(const scalar_t* x, int64_t rows, int64_t in, int64_t out, const i
       int8_tiles<TB, R>(tiled + t * tile_stride, tile_stride, xf.data() + r0 * in, in, acc);
       for (int b = 0; b < TB; ++b) {
         const vfloat s = load16(scale + (t + b) * kTile);
-        for (int j = 0; j < R; ++j) store16(y + (r0 + j) * out + (t + b) * kTile, acc[b * kRowBlock + j] * s, kTile);
+        for (int j = 0; j < R; ++j)
+          store16(y + (r0 + j) * out + (t + b) * kTile, acc[b * kRowBlock + j] * s, std::min(kTile, out - (t + b) * kTile));
       }
     });
   });
@@ -289,47 +292,49 @@ namespace trtllm_gateway_cpu {
 
 void int4_linear_into(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offset,
                       at::Tensor& out) {
-  const int64_t tiles = packed.size(0), in = packed.size(1) * 4, rows = x.size(0);
+  const int64_t tiles = packed.size(0), in = packed.size(1) * 4, rows = x.size(0), features = out.size(1);
   TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 3 && packed.size(2) == 32 && packed.is_contiguous(),
               "packed: uint8 [out / 16, in / 4, 32]");
   TORCH_CHECK(in % kGroup == 0 && scale.sizes() == offset.sizes() && scale.is_contiguous() && offset.is_contiguous() &&
               scale.size(0) == tiles && scale.size(1) == in / kGroup && scale.size(2) == kTile,
               "scale, offset: [out / 16, in / 32, 16]");
   check_x(x, scale, in);
-  TORCH_CHECK(out.is_contiguous() && out.size(0) == rows && out.size(1) == tiles * kTile &&
+  TORCH_CHECK(out.is_contiguous() && out.size(0) == rows && features > (tiles - 1) * kTile && features <= tiles * kTile &&
               out.scalar_type() == x.scalar_type(), "out: contiguous [N, out] in x's dtype");
   if (x.scalar_type() == at::kFloat)
-    int4_rows(x.data_ptr<float>(), rows, in, tiles * kTile, packed.data_ptr<uint8_t>(), scale.data_ptr<float>(),
+    int4_rows(x.data_ptr<float>(), rows, in, tiles, features, packed.data_ptr<uint8_t>(), scale.data_ptr<float>(),
               offset.data_ptr<float>(), out.data_ptr<float>());
   else
-    int4_rows(x.data_ptr<c10::BFloat16>(), rows, in, tiles * kTile, packed.data_ptr<uint8_t>(),
+    int4_rows(x.data_ptr<c10::BFloat16>(), rows, in, tiles, features, packed.data_ptr<uint8_t>(),
               scale.data_ptr<c10::BFloat16>(), offset.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>());
 }
 
 void int8_linear_into(const at::Tensor& x, const at::Tensor& tiled, const at::Tensor& scale, at::Tensor& out) {
-  const int64_t tiles = tiled.size(0), in = tiled.size(1), rows = x.size(0);
+  const int64_t tiles = tiled.size(0), in = tiled.size(1), rows = x.size(0), features = out.size(1);
   TORCH_CHECK(tiled.scalar_type() == at::kChar && tiled.dim() == 3 && tiled.size(2) == kTile && tiled.is_contiguous(),
               "tiled: int8 [out / 16, in, 16]");
-  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == tiles * kTile && scale.is_contiguous(), "scale: [out]");
+  TORCH_CHECK(scale.dim() == 1 && scale.size(0) == tiles * kTile && scale.is_contiguous(), "scale: [tiles * 16]");
   check_x(x, scale, in);
-  TORCH_CHECK(out.is_contiguous() && out.size(0) == rows && out.size(1) == tiles * kTile &&
+  TORCH_CHECK(out.is_contiguous() && out.size(0) == rows && features > (tiles - 1) * kTile && features <= tiles * kTile &&
               out.scalar_type() == x.scalar_type(), "out: contiguous [N, out] in x's dtype");
   if (x.scalar_type() == at::kFloat)
-    int8_rows(x.data_ptr<float>(), rows, in, tiles * kTile, tiled.data_ptr<int8_t>(), scale.data_ptr<float>(),
+    int8_rows(x.data_ptr<float>(), rows, in, tiles, features, tiled.data_ptr<int8_t>(), scale.data_ptr<float>(),
               out.data_ptr<float>());
   else
-    int8_rows(x.data_ptr<c10::BFloat16>(), rows, in, tiles * kTile, tiled.data_ptr<int8_t>(),
+    int8_rows(x.data_ptr<c10::BFloat16>(), rows, in, tiles, features, tiled.data_ptr<int8_t>(),
               scale.data_ptr<c10::BFloat16>(), out.data_ptr<c10::BFloat16>());
 }
 
-at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offset) {
-  at::Tensor out = at::empty({x.size(0), packed.size(0) * kTile}, x.options());
+// out_features: the weight's rows (its last tile is padded to 16)
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale, const at::Tensor& offset,
+                       int64_t out_features) {
+  at::Tensor out = at::empty({x.size(0), out_features}, x.options());
   int4_linear_into(x, packed, scale, offset, out);
   return out;
 }
 
-at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& tiled, const at::Tensor& scale) {
-  at::Tensor out = at::empty({x.size(0), tiled.size(0) * kTile}, x.options());
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& tiled, const at::Tensor& scale, int64_t out_features) {
+  at::Tensor out = at::empty({x.size(0), out_features}, x.options());
   int8_linear_into(x, tiled, scale, out);
   return out;
 }
@@ -337,8 +342,8 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& tiled, const at::T
 }  // namespace trtllm_gateway_cpu
 
 TORCH_LIBRARY_FRAGMENT(trtllm_gateway_cpu, m) {
-  m.def("int4_linear(Tensor x, Tensor packed, Tensor scale, Tensor offset) -> Tensor");
+  m.def("int4_linear(Tensor x, Tensor packed, Tensor scale, Tensor offset, int out_features) -> Tensor");
   m.impl("int4_linear", c10::DispatchKey::CPU, TORCH_FN(trtllm_gateway_cpu::int4_linear));
-  m.def("int8_linear(Tensor x, Tensor tiled, Tensor scale) -> Tensor");
+  m.def("int8_linear(Tensor x, Tensor tiled, Tensor scale, int out_features) -> Tensor");
   m.impl("int8_linear", c10::DispatchKey::CPU, TORCH_FN(trtllm_gateway_cpu::int8_linear));
 }

@@ -46,19 +46,24 @@ TILE = 16  # output rows side by side in the kernels' layouts (runtime/cpu/quant
 
 @dataclass(frozen=True)
 class Int8Weight:
-    """weight ~= q * scale[:, None], read by runtime/cpu/quantized_linear.cpp: q tiled [out / 16, in, 16] (16 output
-    rows of one input side by side), scale [out] in the activations' dtype."""
+    """weight ~= q * scale[:, None], read by runtime/cpu/quantized_linear.cpp: q tiled [tiles, in, 16] (16 output
+    rows of one input side by side, the last tile padded with zeros), scale [tiles * 16] in the activations' dtype."""
 
     tiled: torch.Tensor  # int8
     scale: torch.Tensor
+    out_features: int
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.trtllm_gateway_cpu.int8_linear(x.contiguous(), self.tiled, self.scale)
+        return torch.ops.trtllm_gateway_cpu.int8_linear(x.contiguous(), self.tiled, self.scale, self.out_features)
+
+    @property
+    def qweight(self) -> torch.Tensor:
+        """q as [out, in]."""
+        tiles, inputs, _ = self.tiled.shape
+        return self.tiled.permute(0, 2, 1).reshape(tiles * TILE, inputs)[: self.out_features]
 
     def dequantize(self) -> torch.Tensor:
-        tiles, inputs, _ = self.tiled.shape
-        q = self.tiled.permute(0, 2, 1).reshape(tiles * TILE, inputs)
-        return (q.float() * self.scale.float()[:, None]).to(self.scale.dtype)
+        return (self.qweight.float() * self.scale[: self.out_features].float()[:, None]).to(self.scale.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -68,15 +73,17 @@ class Int8Weight:
 @dataclass(frozen=True)
 class Int4Weight:
     """weight[o, i] ~= (q[o, i] - 8) * scale + offset of o's group of INT4_GROUP inputs, q in 0..15, read as it is
-    stored by runtime/cpu/quantized_linear.cpp (its comment gives the layout): packed uint8 [out / 16, in / 4, 32],
-    scale and offset [out / 16, in / 32, 16] in the activations' dtype."""
+    stored by runtime/cpu/quantized_linear.cpp (its comment gives the layout): packed uint8 [tiles, in / 4, 32],
+    scale and offset [tiles, in / 32, 16] in the activations' dtype, the last tile padded with zeros."""
 
     packed: torch.Tensor
     scale: torch.Tensor
     offset: torch.Tensor
+    out_features: int
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.trtllm_gateway_cpu.int4_linear(x.contiguous(), self.packed, self.scale, self.offset)
+        return torch.ops.trtllm_gateway_cpu.int4_linear(x.contiguous(), self.packed, self.scale, self.offset,
+                                                         self.out_features)
 
     def dequantize(self) -> torch.Tensor:
         tiles, quads, _ = self.packed.shape
@@ -87,7 +94,8 @@ class Int4Weight:
         def per_input(t: torch.Tensor) -> torch.Tensor:  # [tile, group, row] -> [out, in]
             return t.permute(0, 2, 1).reshape(tiles * TILE, -1).float().repeat_interleave(INT4_GROUP, dim=1)
 
-        return ((q - 8) * per_input(self.scale) + per_input(self.offset)).to(self.scale.dtype)
+        weight = (q - 8) * per_input(self.scale) + per_input(self.offset)
+        return weight[: self.out_features].to(self.scale.dtype)
 
     @property
     def nbytes(self) -> int:
@@ -97,26 +105,31 @@ class Int4Weight:
 QuantizedWeight = Int8Weight | Int4Weight
 
 
-def quantized_fits(weight: torch.Tensor, quantization: Quantization) -> bool:
-    """The kernels' shapes: outputs in tiles of 16, and int4 inputs in whole groups."""
-    out, inputs = weight.shape
-    return out % TILE == 0 and (quantization != "int4" or inputs % INT4_GROUP == 0)
+def _padded(w: torch.Tensor) -> torch.Tensor:
+    """`w` [out, ...] with zero rows up to a whole number of tiles."""
+    return torch.nn.functional.pad(w, (0, 0) * (w.dim() - 1) + (0, -w.shape[0] % TILE))
 
 
 def quantize_int8(weight: torch.Tensor) -> Int8Weight:
     """Symmetric per-output-channel int8 (the largest magnitude of each row maps to 127)."""
-    w = weight.detach().float()
+    w = _padded(weight.detach().float())
     # the scale as the kernel will read it (bf16 for a bf16 model), so rounding to it costs at most half a step
     scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).to(weight.dtype)
     q = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
     out, inputs = q.shape
-    return Int8Weight(q.view(out // TILE, TILE, inputs).permute(0, 2, 1).contiguous(), scale)
+    return Int8Weight(q.view(out // TILE, TILE, inputs).permute(0, 2, 1).contiguous(), scale, weight.shape[0])
+
+
+def int4_fits(weight: torch.Tensor) -> bool:
+    """The int4 kernel's shapes: inputs in whole groups."""
+    return weight.shape[1] % INT4_GROUP == 0
 
 
 def quantize_int4(weight: torch.Tensor) -> Int4Weight:
     """Asymmetric int4 per group of INT4_GROUP inputs: each group's minimum maps to 0, its maximum to 15."""
-    out, inputs = weight.shape
-    w = weight.detach().float().view(out, inputs // INT4_GROUP, INT4_GROUP)
+    w = _padded(weight.detach().float())
+    out, inputs = w.shape
+    w = w.view(out, inputs // INT4_GROUP, INT4_GROUP)
     low, high = w.amin(dim=-1), w.amax(dim=-1)
     scale = ((high - low) / 15).clamp(min=1e-12)
     q = torch.round((w - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8).view(out, inputs)
@@ -128,7 +141,7 @@ def quantize_int4(weight: torch.Tensor) -> Int4Weight:
     def tiled(t: torch.Tensor) -> torch.Tensor:  # [out, group] -> [tile, group, row]
         return t.view(tiles, TILE, -1).permute(0, 2, 1).to(weight.dtype).contiguous()
 
-    return Int4Weight(packed, tiled(scale), tiled(offset))
+    return Int4Weight(packed, tiled(scale), tiled(offset), weight.shape[0])
 
 
 @dataclass
@@ -158,13 +171,13 @@ def cpu_weight(weight: torch.Tensor, quantization: Quantization, head: bool = Fa
     """The CPU forms of `weight`. int4 serves every row count on its own, an output head (`head`) at int8 (see the
     module docstring); int8 serves few rows beside prepacked bf16."""
     form = CpuWeight()
-    if quantization == "int4" and quantized_fits(weight, "int8" if head else "int4"):
+    if quantization == "int4" and (head or int4_fits(weight)):
         form.quantized = quantize_int8(weight) if head else quantize_int4(weight)
         form.max_rows = MAX_ROWS["int4"]
         return form
     if can_prepack(weight):
         form.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
-    if quantization != "none" and quantized_fits(weight, "int8"):
+    if quantization != "none":
         form.quantized, form.max_rows = quantize_int8(weight), MAX_ROWS["int8"]
     return form
 
