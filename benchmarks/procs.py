@@ -82,6 +82,20 @@ class Server:
         """User + system CPU time of the server process (all its threads) so far."""
         return _cpu_seconds(self.server_pid)
 
+    def rss_bytes(self) -> int:
+        """Resident memory now of the process started and all its descendants (a gateway's front ends and engine
+        core), each counted whole (VmRSS)."""
+        total, todo = 0, [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+                total += int(status.split("VmRSS:", 1)[1].split()[0]) * 1024 if "VmRSS:" in status else 0
+                todo += [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+            except (FileNotFoundError, ProcessLookupError):  # it exited meanwhile
+                pass
+        return total
+
     def front_end_cpu_seconds(self) -> float:
         """CPU time so far of the gateway's HTTP front ends: the process started and its descendants, less the
         engine core (`python -m runtime.process.core`) and anything below it."""
