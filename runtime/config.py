@@ -35,8 +35,8 @@ class EngineConfig:
     max_num_tokens: int = 2048  # tokens per step (prefill + decode)
     max_queue_size: int = 1024  # waiting requests; over it: QueueFullError
     kv_block_size: int = 16  # tokens per KV block
-    max_kv_tokens: int | None = None  # KV cache size in tokens; None: from kv_cache_fraction
-    kv_cache_fraction: float = 0.9  # of free device memory after weights (GPU); of a budget on CPU
+    max_kv_tokens: int | None = None  # KV cache size in tokens; None: from kv_cache_fraction (GPU), one context window for the batch (CPU, runtime/kv_cache.py)
+    kv_cache_fraction: float = 0.9  # of free device memory after weights (GPU)
     enable_prefix_caching: bool = True  # reuse the KV blocks of a prompt prefix computed before
     enable_chunked_prefill: bool = True  # split long prompts over several steps, beside running decodes
     scheduler_policy: SchedulerPolicy = "max_utilization"  # max_utilization: admit while blocks are free, preempting when they run out; guaranteed_no_evict: admit only what can finish
