@@ -3,6 +3,9 @@
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
+#include <functional>
+
 namespace trtllm_gateway_cpu {
 
 // runtime/cpu/paged_decode_attention.cpp: q [B, H, D] float32, already scaled -> float32 [B, H, D]
@@ -14,5 +17,10 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cach
 void int4_linear_into(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& scale,
                       const at::Tensor& offset, at::Tensor& out);
 void int8_linear_into(const at::Tensor& x, const at::Tensor& tiled, const at::Tensor& scale, at::Tensor& out);
+
+// runtime/cpu/spread.cpp: fn(begin, end) over [0, tasks), on every usable core when `work` (multiply-adds) is at
+// least kSpreadWork (about 50 us of one core's products), else on the calling thread
+constexpr int64_t kSpreadWork = int64_t(1) << 21;
+void spread(int64_t tasks, int64_t work, const std::function<void(int64_t, int64_t)>& fn);
 
 }  // namespace trtllm_gateway_cpu

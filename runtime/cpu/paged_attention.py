@@ -27,7 +27,7 @@ from runtime.models.attention import register_attention_backend, torch_paged_att
 logger = logging.getLogger(__name__)
 # one extension: the decode-attention kernel, the int4/int8 products and the whole decode step, which calls both
 _SOURCES = [Path(__file__).with_name(name) for name in
-            ("paged_decode_attention.cpp", "quantized_linear.cpp", "decode_step.cpp")]
+            ("paged_decode_attention.cpp", "quantized_linear.cpp", "decode_step.cpp", "spread.cpp")]
 _HEADER = Path(__file__).with_name("cpu_kernels.h")
 STALE_LOCK_S = 600.0  # a build lock this old was left by a process killed mid-build (a build takes about 10 s)
 

@@ -143,7 +143,9 @@ template <int64_t kDim, int64_t kGroup, typename cache_t>
 void decode(const float* q, const cache_t* cache, const int32_t* tables, const int32_t* seq_lens, float* out,
             int64_t batch, int64_t window, const float* sinks, const Shape& s) {
   const int64_t group = s.heads / s.kv_heads;
-  at::parallel_for(0, batch * s.kv_heads, 1, [&](int64_t begin, int64_t end) {
+  int64_t work = 0;  // multiply-adds: (q.k and p.v) x head size x the keys each query head reads
+  for (int64_t b = 0; b < batch; ++b) work += 2 * s.heads * s.head_dim * std::min<int64_t>(seq_lens[b], window > 0 ? window : seq_lens[b]);
+  trtllm_gateway_cpu::spread(batch * s.kv_heads, work, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / s.kv_heads, h = task % s.kv_heads;

@@ -18,16 +18,12 @@
 // up to kRowBlock rows at a time, so a step of many rows still reads each weight once from memory.
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
-
-#include <sched.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -214,32 +210,6 @@ void for_blocks(int64_t begin, int64_t end, int64_t tiles, int64_t rows, Fn&& ti
   }
 }
 
-// Products of at least this many multiply-adds (a prompt's, or a decode step of many rows) run on every core the
-// process may use, in threads of their own that sleep between calls: with one torch thread (the default, which
-// leaves a core to the HTTP front end) a prefill of 16 prompts of SmolLM2 took 6 s of one core. Small products
-// (one stream's) stay on the calling thread: waking a thread costs more than they take.
-constexpr int64_t kSpreadWork = int64_t(1) << 24;
-
-int64_t usable_cores() {
-  static const int64_t cores = [] {
-    cpu_set_t set;
-    return sched_getaffinity(0, sizeof set, &set) == 0 ? std::max(1, CPU_COUNT(&set)) : 1;
-  }();
-  return cores;
-}
-
-// fn(begin, end) over [0, blocks): torch's threads where more than one is configured, else every usable core for
-// large work (kSpreadWork), else this thread.
-template <typename Fn>
-void run_blocks(int64_t blocks, int64_t work, const Fn& fn) {
-  if (at::get_num_threads() > 1) return at::parallel_for(0, blocks, 1, fn);
-  const int64_t workers = work >= kSpreadWork ? std::min(usable_cores(), blocks) : 1;
-  std::vector<std::thread> helpers;
-  for (int64_t w = 1; w < workers; ++w) helpers.emplace_back(fn, blocks * w / workers, blocks * (w + 1) / workers);
-  fn(0, blocks / workers);
-  for (auto& helper : helpers) helper.join();
-}
-
 inline int64_t num_blocks(int64_t tiles, int64_t rows) {
   const int64_t per_block = tiles_per_block(rows);
   return (tiles + per_block - 1) / per_block;
@@ -251,7 +221,7 @@ void int4_rows(const scalar_t* x, int64_t rows, int64_t in, int64_t tiles, int64
                const scalar_t* scale, const scalar_t* offset, scalar_t* y) {
   const std::vector<float> sums = group_sums(x, rows, in);
   const int64_t groups = in / kGroup, tile_stride = (in / 2) * kTile, param_stride = groups * kTile;
-  run_blocks(num_blocks(tiles, rows), rows * in * out, [&](int64_t begin, int64_t end) {
+  trtllm_gateway_cpu::spread(num_blocks(tiles, rows), rows * in * out, [&](int64_t begin, int64_t end) {
     vfloat acc[8 * kRowBlock];
     for_blocks(begin, end, tiles, rows, [&](auto tb, auto r, int64_t t, int64_t r0) {
       constexpr int TB = decltype(tb)::value, R = decltype(r)::value;
@@ -296,7 +266,7 @@ void int8_rows(const scalar_t* x, int64_t rows, int64_t in, int64_t tiles, int64
   std::vector<float> xf(rows * in);
   for (int64_t j = 0; j < rows * in; ++j) xf[j] = to_float(x[j]);
   const int64_t tile_stride = in * kTile;
-  run_blocks(num_blocks(tiles, rows), rows * in * out, [&](int64_t begin, int64_t end) {
+  trtllm_gateway_cpu::spread(num_blocks(tiles, rows), rows * in * out, [&](int64_t begin, int64_t end) {
     vfloat acc[8 * kRowBlock];
     for_blocks(begin, end, tiles, rows, [&](auto tb, auto r, int64_t t, int64_t r0) {
       constexpr int TB = decltype(tb)::value, R = decltype(r)::value;
