@@ -16,6 +16,7 @@ import json
 import os
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from runtime.errors import InvalidRequestError
@@ -106,9 +107,13 @@ class Tokenizer:
     @classmethod
     def from_pretrained(cls, path: str) -> Tokenizer:
         """Load the tokenizer in folder `path`; eos ids merged with generation_config.json/config.json."""
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer, PreTrainedConfig
 
-        hf = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        # the checkpoint's config as a plain PreTrainedConfig: AutoTokenizer only reads its model type, and loading
+        # it as the architecture's own class imports transformers' modeling stack (62 MB more of each process)
+        config_file = Path(path) / "config.json"
+        config = PreTrainedConfig.from_dict(json.loads(config_file.read_text())) if config_file.is_file() else None
+        hf = AutoTokenizer.from_pretrained(path, local_files_only=True, config=config)
         extra = _read_eos_ids(path, "generation_config.json") + _read_eos_ids(path, "config.json")
         return cls(hf, extra)
 
