@@ -7,8 +7,8 @@ keep the model's quality, from what the CPU offers and what the checkpoint holds
 - weight-only quantization: what the checkpoint already was. A GGUF file whose projections are 4-bit blocks is
   served as int4 (requantizing those blocks in groups of 32 recovers their values, up to rounding the scales), one
   with 5- to 8-bit blocks as int8; float checkpoints are not quantized, since nothing measured their loss.
-  For the default model (Q4_1 projections, a Q8_0 head) bf16 + int4 keeps perplexity within 0.2% of bf16 and
-  decodes one stream 3x faster than bf16 (benchmarks/RESULTS.md, 2026-11-28).
+  For the default model (Q4_1 projections, a Q8_0 head) bf16 + int4 scores perplexity -0.03% against bf16 without
+  quantization and decodes one stream about 8x faster (benchmarks/RESULTS.md, 2026-11-28 17:44).
 - threads: runtime/device.py's `cpu_thread_count` (all cores but one: the front end keeps a core).
 - compiled steps: the C++ decode step where the model allows it (runtime/cpu/native_decode.py), else torch.compile's
   one-stream step where it pays (runtime/cpu/compiled_decode.py).
