@@ -60,6 +60,24 @@ def test_int4_bf16_products_match_the_dequantized_product_at_every_row_count() -
         assert ((q.matmul(x).float() - want).abs() <= want.abs() * 2**-8 + 1e-3).all()  # the bf16 output's rounding
 
 
+def test_products_spread_over_the_cores_match_the_dequantized_product() -> None:
+    """With one torch thread, products of over 2M multiply-adds are shared out in chunks with helper threads
+    (runtime/cpu/spread.cpp); repeated, since a chunk lost or taken twice would show only in some calls."""
+    torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        w = torch.randn(1000, 4 * INT4_GROUP)  # 63 tiles, the last ragged
+        q = quantize_int4(w)
+        for rows in (1, 40, 300):
+            x = torch.randn(rows, 4 * INT4_GROUP)
+            want = torch.nn.functional.linear(x, q.dequantize())
+            for _ in range(20):
+                assert torch.allclose(q.matmul(x), want, atol=1e-3)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_int4_keeps_a_q4_1_weight_exactly() -> None:
     """A weight made of GGUF Q4_1 blocks (4-bit values times a scale plus a minimum per 32 inputs, as in the
     default model's projections) comes back unchanged in float32."""
