@@ -343,12 +343,15 @@ class NativeEngine(Engine):
             self._num_waiting += len(inbox)  # still counted against max_queue_size until the next publish
         for state in inbox:
             self._requests[state.request_id] = state
-            if state.request.deadline is not None:
-                self._with_deadline[state.request_id] = state
-            if state.adapter_key is None:
-                self.scheduler.add(state.new_sequence())
-            else:  # waits in the LoRA manager until its adapter sits in a device slot
-                self.lora.enqueue(state.request_id)
+            try:
+                if state.request.deadline is not None:
+                    self._with_deadline[state.request_id] = state
+                if state.adapter_key is None:
+                    self.scheduler.add(state.new_sequence())
+                else:  # waits in the LoRA manager until its adapter sits in a device slot
+                    self.lora.enqueue(state.request_id)
+            except Exception as exc:  # noqa: BLE001 - one request that cannot start fails alone
+                self._fail_request(state, "could not start", exc)
         for request_id in aborts:
             state = self._requests.get(request_id)
             if state is not None:
@@ -358,7 +361,11 @@ class NativeEngine(Engine):
         """Schedule requests whose LoRA adapter is now on the device; fail those whose load failed."""
         ready, failed = self.lora.admit()
         for request_id in ready:
-            self.scheduler.add(self._requests[request_id].new_sequence())
+            state = self._requests[request_id]
+            try:
+                self.scheduler.add(state.new_sequence())
+            except Exception as exc:  # noqa: BLE001
+                self._fail_request(state, "could not start", exc)
         for request_id, error in failed:
             state = self._requests[request_id]
             self._end(state, state.end_all("error", f"EngineFailedError: {error}"))
@@ -388,8 +395,8 @@ class NativeEngine(Engine):
             spec.plan(batch, self._requests)  # drafts for speculating decode entries (runtime/speculative)
             # a step that verifies drafts ends on the host; one where nothing was proposed still runs one ahead
             overlap = overlap and not spec.proposed
-        inputs = self._step_inputs(batch)
-        try:
+        try:  # a step that cannot be built or launched fails its requests, not the engine
+            inputs = self._step_inputs(batch)
             if spec is not None:
                 inputs = spec.patch_inputs(batch, inputs)
             pending = self.runner.launch(inputs, batch.copies)
@@ -478,9 +485,7 @@ class NativeEngine(Engine):
                 produced.setdefault(state.request_id, []).extend(
                     self._postprocess(state, ScheduledSeq(batch, b), results[b]))
             except Exception as exc:  # noqa: BLE001 - a bug in one request's output fails that request only
-                logger.exception("output processing failed for request %s", state.request_id)
-                deltas = produced.pop(state.request_id, []) + state.end_all("error", f"output processing failed: {exc!r}")
-                self._end(state, deltas)
+                self._fail_request(state, "output processing failed", exc, produced.pop(state.request_id, []))
         self._stats.generation_tokens_total += plain_tokens
         for request_id, deltas in produced.items():
             state = self._requests[request_id]
@@ -558,6 +563,12 @@ class NativeEngine(Engine):
         self._with_deadline.pop(state.request_id, None)
         with self._cond:
             self._active_ids.discard(state.request_id)
+
+    def _fail_request(self, state: RequestState, what: str, exc: Exception,
+                      deltas: list[OutputDelta] | None = None) -> None:
+        """End one request with an error (after its `deltas`): what it brought broke a step for it alone."""
+        logger.exception("%s for request %s", what, state.request_id, exc_info=exc)
+        self._end(state, [*(deltas or []), *state.end_all("error", f"EngineFailedError: {what}: {exc!r}")])
 
     def _fail_everything(self, error: str) -> None:
         try:

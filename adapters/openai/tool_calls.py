@@ -147,7 +147,7 @@ def _call_from_json(body: str, args_key: str) -> ToolCall | None:
     """A call from a complete JSON object (keys in any order), keeping the arguments' own text when it is there."""
     try:
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # model output nested past the decoder's stack is no call either
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None

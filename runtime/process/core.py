@@ -2,8 +2,10 @@
 
     python -m runtime.process.core < CoreArgs as msgpack    # started by EngineClient, not by hand
 
-The front end has already tokenized and validated each request; here a request is only handed to the step
-thread (after its grammar compiles, when it has one). The step thread sends each step's deltas itself
+The front end has already tokenized and validated each request; here it is checked again (a message is decoded,
+not trusted) and handed to the step thread (after its grammar compiles, when it has one). Nothing in one message
+ends the core: one it cannot decode, check or compile is refused alone (`Rejected`, an InvalidRequestError naming
+the field, for its front end to answer in its dialect), and one that names no request or front end is dropped. The step thread sends each step's deltas itself
 (SocketOutbox), so per step there is one message and no hop through this process's event loop. This loop
 sends the rest on its own socket: Ready/StartFailed, refusals and LoRA replies.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -33,12 +36,12 @@ from runtime.delivery import Outbox, Pending
 from runtime.engine import EngineStats
 from runtime.llm_engine import NativeEngine
 from runtime.process.messages import (
-    STATS_PERIOD, Abort, AddRequest, LoraCall, LoraReply, Ready, Rejected, Shutdown, StartFailed, StepOutputs,
-    encoder, error_info, to_core,
+    STATS_PERIOD, Abort, AddRequest, ErrorInfo, LoraCall, LoraReply, Ready, Rejected, Shutdown, StartFailed,
+    StepOutputs, encoder, error_info, to_core,
 )
 from runtime.request import OutputDelta
 from runtime.request_state import RequestState
-from runtime.validation import PreparedRequest
+from runtime.validation import PreparedRequest, check_prepared
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +178,12 @@ class CoreServer:
 
     async def _receive(self) -> None:
         while True:
-            msg = to_core.decode(await self._inbox.recv())
+            data = await self._inbox.recv()
+            try:
+                msg = to_core.decode(data)
+            except Exception as exc:  # noqa: BLE001 - wrong types, shapes or extensions: refused, never fatal
+                await self._refuse_malformed(data, exc)
+                continue
             if isinstance(msg, AddRequest):
                 self._spawn(self._add(msg))
             elif isinstance(msg, Abort):
@@ -187,7 +195,8 @@ class CoreServer:
                 self._spawn(self._lora(msg))
             elif isinstance(msg, Shutdown):
                 self._stopping = True
-                await asyncio.gather(*self._tasks)  # requests handed over before the shutdown are served
+                # requests handed over before the shutdown are served (a failed hand-over was answered already)
+                await asyncio.gather(*self._tasks, return_exceptions=True)
                 await self.engine.shutdown(msg.drain_timeout)
                 return
 
@@ -196,13 +205,34 @@ class CoreServer:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _refuse_malformed(self, data: bytes, exc: Exception) -> None:
+        """Refuse a message that does not decode as what it claims to be, to the request and front end it names."""
+        addressee = _addressee(data, len(self._controls))
+        if addressee is None:
+            logger.error("dropped a message that names no request of a front end: %s", _short(exc))
+            return
+        request_id, front_end = addressee
+        match = _FIELD_PATH.search(str(exc))
+        names = re.findall(r"\.(\w+)", match[1]) if match else []
+        param = names[-1] if names else None
+        reason = _FIELD_PATH.sub("", str(exc)) if match else f"{type(exc).__name__}: {exc}"
+        error = ErrorInfo("InvalidRequestError", _short(f"Invalid value for '{param or 'the request'}': {reason}"),
+                          {"param": param})
+        await self._controls[front_end].send(encoder.encode(Rejected(request_id, error)))
+
     async def _add(self, msg: AddRequest) -> None:
         request_id = msg.request.request_id
+        if not 0 <= msg.front_end < len(self._controls):
+            logger.error("dropped request %s of an unknown front end %d", _short(request_id), msg.front_end)
+            return
         self._adding.add(request_id)
         self._owners[request_id] = msg.front_end
         try:
             prepared = PreparedRequest(msg.prompt_token_ids, msg.max_tokens, msg.bad_words_ids)
-            await self.engine.submit(msg.request, prepared)
+            engine = self.engine
+            check_prepared(msg.request, prepared, vocab_size=engine.spec.vocab_size,
+                           context_window=engine.model_info.context_window, config=engine.config)
+            await engine.submit(msg.request, prepared)
         except Exception as exc:  # noqa: BLE001 - every refusal goes back to its caller
             self._owners.pop(request_id, None)
             await self._controls[msg.front_end].send(encoder.encode(Rejected(request_id, error_info(exc))))
@@ -236,6 +266,30 @@ class CoreServer:
         self._inbox.close(linger=0)
         self._step_context.term()
         self._context.term()
+
+
+_FIELD_PATH = re.compile(r" - at `\$((?:\.\w+|\[\d+\])*)[^`]*`")  # where msgspec says the bad value is
+_LOGGED_CHARS = 200
+
+
+def _short(value: object) -> str:
+    """`value` as text of at most _LOGGED_CHARS characters (a message may carry megabytes)."""
+    text = str(value)
+    return text if len(text) <= _LOGGED_CHARS else f"{text[:_LOGGED_CHARS]}... ({len(text)} characters)"
+
+
+def _addressee(data: bytes, front_ends: int) -> tuple[str, int] | None:
+    """(request id, front end) of a malformed AddRequest, read leniently; None when it names neither."""
+    try:
+        raw = msgspec.msgpack.decode(data)  # plain values: extensions stay msgspec.msgpack.Ext
+    except Exception:  # noqa: BLE001 - not even msgpack
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("request"), dict):
+        return None
+    request_id, front_end = raw["request"].get("request_id"), raw.get("front_end", 0)
+    if not isinstance(request_id, str) or type(front_end) is not int or not 0 <= front_end < front_ends:
+        return None
+    return request_id, front_end
 
 
 def exit_when_orphaned(parent_pid: int) -> None:

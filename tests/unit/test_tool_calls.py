@@ -176,3 +176,8 @@ def test_unenforceable_parameters_are_a_400() -> None:
     assert info.value.param == "tools" and "'not' at #" in str(info.value)
     with pytest.raises(InvalidRequestError, match="unique"):
         chat(tools=[TOOL, TOOL])
+
+
+def test_a_call_nested_past_the_json_decoders_stack_is_read_as_text_not_a_crash() -> None:
+    text = '<tool_call>{"arguments": ' + "[" * 100_000 + "]" * 100_000 + ', "name": "f"}</tool_call>'
+    assert HERMES.parse(text) == (text, [])  # was RecursionError: a 500
