@@ -61,6 +61,9 @@ def infer_body(tensors: list[Tensor], kind: ModelKind) -> dict[str, Any]:
     for tensor in tensors:
         if tensor.name in body:
             raise InvalidRequestError(f"input '{tensor.name}' is given twice", param=tensor.name)
+        if tensor.array.ndim and tensor.array.shape[0] == 0:
+            raise InvalidRequestError(f"input '{tensor.name}' has shape {tensor.shape}: its first dimension is the "
+                                      "batch size, which must be at least 1", param=tensor.name)
         spec = specs.get(tensor.name)
         body[tensor.name] = _value(tensor, spec.kind if spec is not None else None)
     body.pop("stop", None)  # false: an ordinary request (true is a stop signal, handled before)

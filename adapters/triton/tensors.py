@@ -43,14 +43,20 @@ class Tensor:
 
 
 def _checked_shape(name: str, datatype: str, shape: Any) -> tuple[tuple[int, ...], int]:
-    if datatype not in DTYPES:
+    if not isinstance(datatype, str) or datatype not in DTYPES:
         raise InvalidRequestError(
-            f"input '{name}' has datatype '{datatype}'; expected one of {', '.join(DTYPES)}", param=name)
+            f"input '{name}' has datatype {_brief(datatype)}; expected one of {', '.join(DTYPES)}", param=name)
     if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
                                                        for d in shape):
         raise InvalidRequestError(f"input '{name}' must have a shape of non-negative integers, got {shape!r}",
                                   param=name)
     return tuple(shape), math.prod(shape)
+
+
+def _brief(value: Any) -> str:
+    """`value` as quoted in an error: short, whatever was sent."""
+    text = f"'{value}'" if isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
 
 
 def _flat_json(name: str, data: Any) -> list[Any]:

@@ -278,3 +278,68 @@ def test_beams_and_guided_decoding_take_the_generate_path(client: Any, grpc_serv
              "guided_decoding_guide": np.array([["[0-9]{3}"]]).astype(object)}
     digits = client.infer("ensemble", text_inputs(grpcclient, [PROMPT], 3, **guide)).as_numpy("text_output")[0]
     assert len(digits) == 3 and digits.decode().isdigit()
+
+
+def test_a_schema_that_is_valid_json_but_no_object_is_a_400_on_every_path(client: Any, grpc_server: RunningServer) -> None:
+    """The probe's critical case: `guided_decoding: "1"` reached the engine core, which died, and the server with it."""
+    url = grpc_server.url + "/v2/models/ensemble"
+    for value in ("1", "[]", "true", '"s"', "[" * 100_000):
+        r = httpx.post(url + "/generate", json={"text_input": "x", "max_tokens": 2, "guided_decoding": value}, timeout=60)
+        assert r.status_code == 400 and "input 'guided_decoding'" in r.json()["error"], r.text
+    r = httpx.post(url + "/infer", timeout=60, json={"inputs": [
+        {"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": ["x"]},
+        {"name": "max_tokens", "datatype": "INT32", "shape": [1, 1], "data": [2]},
+        {"name": "guided_decoding", "datatype": "BYTES", "shape": [1, 1], "data": ["1"]}]})
+    assert r.status_code == 400 and "must be a JSON schema object" in r.json()["error"]
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("ensemble", text_inputs(grpcclient, [PROMPT], 2, guided_decoding=np.array([["1"]]).astype(object)))
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "JSON schema object" in err.value.message()
+    assert client.is_server_ready() and grpc_server.engine.ready
+    assert generate_text(grpc_server, PROMPT, 2)  # still serving
+
+
+def test_an_empty_batch_and_a_datatype_that_is_no_string_are_400s(client: Any, grpc_server: RunningServer) -> None:
+    """Both were 500s (INTERNAL over gRPC)."""
+    empty = [tensor(grpcclient, "text_input", np.empty((0, 1), dtype=object)),
+             tensor(grpcclient, "max_tokens", np.empty((0, 1), dtype=np.int32))]
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("ensemble", empty)
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "batch size" in err.value.message()
+    url = grpc_server.url + "/v2/models/ensemble/infer"
+    r = httpx.post(url, json={"inputs": [{"name": "text_input", "shape": [0, 1], "datatype": "BYTES", "data": []},
+                                         {"name": "max_tokens", "shape": [0, 1], "datatype": "INT32", "data": []}]})
+    assert r.status_code == 400 and "batch size" in r.json()["error"]
+    for datatype in (["BYTES"], {"a": 1}):
+        r = httpx.post(url, json={"inputs": [{"name": "text_input", "shape": [1, 1], "datatype": datatype,
+                                              "data": ["x"]}]})
+        assert r.status_code == 400 and "input 'text_input' has datatype" in r.json()["error"]
+
+
+def test_a_malformed_message_is_answered_on_a_stream_and_unary(grpc_server: RunningServer) -> None:
+    """A message that is no ModelInferRequest left a stream open for ever (unary: UNKNOWN)."""
+    import grpc
+
+    with grpc.insecure_channel(grpc_url(grpc_server)) as channel:
+        raw = {"request_serializer": lambda b: b, "response_deserializer": lambda b: b}
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer", **raw)
+        responses = list(stream(iter([b"\xff\xff\xff not protobuf"]), timeout=30))
+        from tritonclient.grpc import service_pb2 as pb
+
+        (only,) = [pb.ModelStreamInferResponse.FromString(r) for r in responses]
+        assert only.error_message.startswith("the message is not a valid ModelInferRequest")
+        with pytest.raises(grpc.RpcError) as err:
+            channel.unary_unary("/inference.GRPCInferenceService/ModelInfer", **raw)(b"\xff\xff", timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_grpc_errors_are_logged_with_the_calls_request_id(client: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """They were logged as 'request None'."""
+    bad = text_inputs(grpcclient, [PROMPT], 4)
+    bad[1] = tensor(grpcclient, "max_tokens", np.array([[4.5]], dtype=np.float32))
+    with caplog.at_level("INFO", logger="gateway.errors"):
+        with pytest.raises(InferenceServerException):
+            client.infer("ensemble", bad, headers={"x-request-id": "probe-42"})
+        with pytest.raises(InferenceServerException):
+            client.infer("ensemble", bad)
+    lines = [r.getMessage() for r in caplog.records if "rejected with 400" in r.getMessage()]
+    assert lines[0].startswith("request probe-42 rejected") and "None" not in lines[1]
