@@ -41,6 +41,7 @@ from gateway.logs import request_id_var
 from gateway.middleware import REQUEST_ID_HEADER
 from gateway.triton_infer import InferAnswer, InferCall, infer_stream, infer_unary, model_configuration, \
     model_statistics, resolve_model, served_model_names, serving
+from gateway.triton_stops import Caller
 from runtime.errors import InvalidRequestError
 
 log = logging.getLogger("gateway.grpc")
@@ -113,6 +114,11 @@ def _metadata(pairs: Iterable[tuple[str, str | bytes]] | None) -> list[tuple[byt
     return [(k.encode(), v.encode() if isinstance(v, str) else v) for k, v in pairs or ()]
 
 
+def _token(context: grpc.aio.ServicerContext) -> bytes | None:
+    """The call's bearer token (`authorization` metadata)."""
+    return bearer_token(_metadata(context.invocation_metadata()))
+
+
 @contextlib.contextmanager
 def _logged_as(context: grpc.aio.ServicerContext) -> Iterator[str]:
     """The call's request id (the client's x-request-id, else a fresh one), set for the log lines it writes."""
@@ -125,9 +131,10 @@ def _logged_as(context: grpc.aio.ServicerContext) -> Iterator[str]:
         request_id_var.reset(token)
 
 
-def _call(request: pb.ModelInferRequest) -> InferCall:
+def _call(request: pb.ModelInferRequest, caller: Caller) -> InferCall:
     requested = [o.name for o in request.outputs] or None
-    return InferCall(request.model_name, request.model_version, request.id, input_tensors(request), requested)
+    return InferCall(request.model_name, request.model_version, request.id, input_tensors(request), requested,
+                     caller)
 
 
 def _response(answer: InferAnswer, final: bool | None = None) -> pb.ModelInferResponse:
@@ -163,7 +170,12 @@ class TritonGrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         limits: KeyLimits | None = self.state.key_limits
         if limits is None:
             return contextlib.nullcontext()
-        return limits.admit(bearer_token(_metadata(context.invocation_metadata())))
+        return limits.admit(_token(context))
+
+    def _caller(self, context: grpc.aio.ServicerContext, stream: object = None) -> Caller:
+        """Whose requests the call's stop signals may end: its key's, and on a stream that stream's."""
+        auth: AuthPolicy = self.state.auth
+        return Caller(auth.identity(_token(context)), stream)
 
     async def ServerLive(self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -209,7 +221,7 @@ class TritonGrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
             if isinstance(request, MalformedRequest):
                 raise request
             with self._lease(context):
-                return _response(await infer_unary(self.state, _call(request)))
+                return _response(await infer_unary(self.state, _call(request, self._caller(context))))
         return await self._unary(context, answer)
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
@@ -217,6 +229,7 @@ class TritonGrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
         """Every request of the stream runs at once; responses go out as they come."""
         queue: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
+        caller = self._caller(context, stream=object())  # a stop on this stream reaches this stream's requests only
 
         async def serve(request: pb.ModelInferRequest | MalformedRequest) -> None:
             with _logged_as(context) as request_id:
@@ -224,7 +237,7 @@ class TritonGrpcService(service_pb2_grpc.GRPCInferenceServiceServicer):
                     if isinstance(request, MalformedRequest):
                         raise request
                     with self._lease(context):
-                        async for answer in infer_stream(self.state, _call(request)):
+                        async for answer in infer_stream(self.state, _call(request, caller)):
                             queue.put_nowait(pb.ModelStreamInferResponse(
                                 infer_response=_response(answer, answer.final)))
                 except asyncio.CancelledError:

@@ -6,8 +6,8 @@ The prompt inputs (`text_input`, `input_ids`, `input_lengths`) give one runtime 
 other input is shared by the batch, so its rows must agree. The tensors become the same values a
 generate body holds and go through `parse_generate`, so both dialects reach the engine identically.
 
-A stop signal is the backend's: a request whose `stop` input is true ends the running requests that
-carry the same request id (tensorrt_llm's `inflight_batcher_llm_client.py --stop-after-ms`).
+A stop signal is the backend's: a request whose `stop` input is true ends the caller's running requests that
+carry the same request id (tensorrt_llm's `inflight_batcher_llm_client.py --stop-after-ms`; gateway/triton_stops.py).
 """
 
 from __future__ import annotations

@@ -343,3 +343,62 @@ def test_grpc_errors_are_logged_with_the_calls_request_id(client: Any, caplog: p
             client.infer("ensemble", bad)
     lines = [r.getMessage() for r in caplog.records if "rejected with 400" in r.getMessage()]
     assert lines[0].startswith("request probe-42 rejected") and "None" not in lines[1]
+
+
+def ids_inputs(server: RunningServer, asked: int, streaming: bool = True) -> list[Any]:
+    """inflight_batcher_llm_client.py's inputs for PROMPT, `asked` tokens."""
+    ids = np.array([server.engine.tokenizer.encode(PROMPT)], dtype=np.int32)
+    return [tensor(grpcclient, "input_ids", ids),
+            tensor(grpcclient, "input_lengths", np.array([[ids.shape[1]]], dtype=np.int32)),
+            tensor(grpcclient, "request_output_len", np.array([[asked]], dtype=np.uint32)),
+            tensor(grpcclient, "end_id", np.array([[-1]], dtype=np.int32)),
+            tensor(grpcclient, "streaming", np.array([[streaming]]))]
+
+
+STOP = [tensor(grpcclient, "input_ids", np.empty([1, 1], dtype=np.int32)),
+        tensor(grpcclient, "input_lengths", np.zeros([1, 1], dtype=np.int32)),
+        tensor(grpcclient, "request_output_len", np.array([[0]], dtype=np.uint32)),
+        tensor(grpcclient, "stop", np.array([[True]]))]
+
+
+def generated_tokens(results: list[Any]) -> int:
+    assert all(not isinstance(r, Exception) for r in results), [str(r) for r in results]
+    return sum(r.as_numpy("output_ids").size for r in results if r.as_numpy("output_ids") is not None)
+
+
+def test_a_stop_sent_before_the_first_token_still_stops_the_request(client: Any, grpc_server: RunningServer) -> None:
+    """--stop-after-ms 20 ran to the full length: the request was stoppable only after its first token."""
+    asked = grpc_server.engine.model_info.context_window - len(grpc_server.engine.tokenizer.encode(PROMPT))
+    stream = Stream(client)
+    client.async_stream_infer("tensorrt_llm", ids_inputs(grpc_server, asked), request_id="early")
+    client.async_stream_infer("tensorrt_llm", STOP, request_id="early")  # before the request is even parsed
+    assert generated_tokens(stream.close()) < asked // 2
+
+
+def test_a_stop_reaches_neither_another_stream_nor_requests_without_an_id(tiny_model_dir: Any) -> None:
+    """Any connection could stop another's request by its id, and a stop with the empty id (tritonclient's
+    default) ended every id-less request of the model."""
+    srv = launch(tiny_model_dir, "native", {"grpc_port": free_port()})
+    asked = 60
+    try:
+        with grpcclient.InferenceServerClient(grpc_url(srv)) as mine, \
+                grpcclient.InferenceServerClient(grpc_url(srv)) as theirs:
+            first_seen = threading.Event()
+            results: list[Any] = []
+
+            def callback(result: Any, error: Any) -> None:
+                results.append(error or result)
+                first_seen.set()
+
+            mine.start_stream(callback=callback)
+            mine.async_stream_infer("tensorrt_llm", ids_inputs(srv, asked), request_id="shared-id")
+            mine.async_stream_infer("tensorrt_llm", ids_inputs(srv, asked))  # no id
+            assert first_seen.wait(60)
+            other = Stream(theirs)
+            theirs.async_stream_infer("tensorrt_llm", STOP, request_id="shared-id")  # another client's stream
+            other.close()
+            mine.async_stream_infer("tensorrt_llm", STOP)  # the empty id, on the same stream
+            mine.stop_stream()
+        assert generated_tokens(results) == 2 * asked
+    finally:
+        srv.stop()
