@@ -204,7 +204,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
         max_logit_bias=settings.max_logit_bias,
         max_messages=settings.max_messages, max_prompts=settings.max_prompts)
     app.state.prepare = WorkerPool("parse")  # parsing and translating large bodies, off the event loop
-    app.state.responses = ResponseStore(settings.responses_store_size, settings.responses_store_ttl)
+    app.state.responses = ResponseStore(settings.responses_store_size, settings.responses_store_ttl,
+                                        settings.responses_store_bytes)
     app.state.startup_error = None
     app.state.fatal_error = None
     app.state.created = int(time.time())  # /v1/models' "created"

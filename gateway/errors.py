@@ -182,12 +182,13 @@ def log_error(exc: BaseException, request_id: str | None) -> None:
 def openai_error_body(exc: BaseException, request_id: str | None = None) -> dict[str, Any]:
     """OpenAI's error object, e.g. {"error": {"message": ..., "type": "invalid_request_error", ...}}."""
     kind = error_kind(exc)
+    code = getattr(exc, "code", None)  # some 400s name OpenAI's own code (adapters.openai.validation)
     return {
         "error": {
             "message": error_message(exc, request_id),
             "type": kind.type,
             "param": getattr(exc, "param", None),
-            "code": kind.code,
+            "code": code if isinstance(code, str) else kind.code,
         }
     }
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adapters.openai.requests import SamplingFields, UnsupportedFieldError
 from adapters.openai.response_format import JsonSchemaFormat, ResponseFormat
 from adapters.openai.tools import FunctionSpec, NamedToolChoice, ToolChoice, ToolSpec, check_tools
+from adapters.openai.validation import check_metadata
 from runtime.schema_check import check_schema
 
 _ITEM_TYPES = ("message", "function_call", "function_call_output")
@@ -169,6 +170,12 @@ class ResponsesRequest(SamplingFields):
     safety_identifier: str | None = None
 
     unsupported_fields = _RESPONSES_UNSUPPORTED
+
+    @field_validator("metadata", mode="before")
+    @classmethod
+    def _metadata_limits(cls, value: Any) -> Any:
+        check_metadata(value)  # it is stored and echoed: 16 pairs of bounded strings, as OpenAI takes
+        return value
 
     @model_validator(mode="before")
     @classmethod
