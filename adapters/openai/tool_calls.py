@@ -57,9 +57,9 @@ class ToolCallFormat:
 
     def call_structure(self, fn: Any) -> dict[str, Any]:
         """A structural-tag format element matching exactly one call of `fn` (a FunctionSpec)."""
-        body = {"type": "object", "properties": {"name": {"const": fn.name},
-                                                 self.args_key: fn.parameters or _EMPTY_PARAMETERS},
-                "required": ["name", self.args_key], "additionalProperties": False}
+        arguments, definitions = _nested(fn.parameters or _EMPTY_PARAMETERS, f"#/properties/{self.args_key}")
+        body = {"type": "object", "properties": {"name": {"const": fn.name}, self.args_key: arguments},
+                "required": ["name", self.args_key], "additionalProperties": False, **definitions}
         elements: list[dict[str, Any]] = [{"type": "json_schema", "json_schema": body}]
         if self.layout == "tags":
             elements = [{"type": "const_string", "value": self.begin + "\n"}, *elements,
@@ -100,6 +100,38 @@ def tool_call_format(chat_template: Any, parallel: bool = True) -> ToolCallForma
 # ---- reading JSON as it arrives ------------------------------------------------------------------------------
 
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*', re.S)
+
+
+_DEFINITIONS = ("$defs", "definitions")
+_DATA = ("enum", "const", "default", "examples")  # JSON values, not schemas: their "$ref" keys are no references
+_NAME_MAPS = ("properties", "patternProperties", *_DEFINITIONS)  # keyword -> {name: schema}
+
+
+def _nested(schema: dict[str, Any], at: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`schema` made to sit at JSON pointer `at` of a larger schema: (it without its definitions, those
+    definitions for the larger schema's root). Its local references keep working: `#/$defs/...` ones find the
+    definitions at the new root, others (`#`, `#/properties/...`) are moved under `at`. Pydantic writes
+    nested models as `$defs` and `$ref`; left where they were, the grammar cannot resolve them."""
+    moved = {key: dict(schema[key]) for key in _DEFINITIONS if isinstance(schema.get(key), dict)}
+    root = {key: value for key, value in schema.items() if key not in moved}
+    # (a copied node, whether its keys are names rather than keywords)
+    stack: list[tuple[Any, bool]] = [(root, False), *((definitions, True) for definitions in moved.values())]
+    while stack:  # iterative: a deep schema must not exhaust the recursion limit
+        node, names = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in list(items):
+            if names or isinstance(key, int):
+                pass
+            elif key == "$ref" and isinstance(value, str) and value.startswith("#") and \
+                    not value.startswith(tuple(f"#/{d}/" for d in _DEFINITIONS)):
+                node[key] = at + value[1:]
+                continue
+            elif key in _DATA:
+                continue
+            if isinstance(value, (dict, list)):
+                node[key] = copy = dict(value) if isinstance(value, dict) else list(value)
+                stack.append((copy, key in _NAME_MAPS and not names and isinstance(value, dict)))
+    return root, moved
 
 
 def _value_end(text: str, start: int) -> int | None:
