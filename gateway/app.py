@@ -36,7 +36,7 @@ from gateway.auth import ApiKeyMiddleware, AuthPolicy
 from gateway.errors import MethodNotAllowedError, RouteNotFoundError, render_for_path
 from gateway.key_limits import KeyLimitsMiddleware, key_limits
 from gateway.limits import BodySizeLimitMiddleware
-from gateway.lora_routes import check_adapter_names, lora_routes
+from gateway.lora_routes import check_adapter_names, lora_roots, lora_routes
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestContextMiddleware, request_id_of
 from gateway.openai_routes import openai_routes
@@ -168,6 +168,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
     metrics = GatewayMetrics()
     metrics.watch_engine(engine)
     admin = lora_routes()  # run-time LoRA loading: guarded by --admin-api-key when one is set
+    if settings.enable_lora_loading:
+        log.info("run-time LoRA loading on: adapters load from %s", ", ".join(lora_roots(settings.lora_root)))
     routes = [*openai_routes(), *responses_routes(), *admin, *ops_routes(), *openapi_routes(),
               *_triton_routes(metrics, engine)]
     auth = AuthPolicy.from_settings(settings, admin_paths=[getattr(r, "path", "") for r in admin])

@@ -25,6 +25,7 @@ from gguf import GGUFReader, Keys
 from gguf.quants import dequantize
 from tqdm.auto import tqdm
 
+from runtime.cache import cache_folder
 from runtime.device import DTYPES
 
 logger = logging.getLogger(__name__)
@@ -149,8 +150,7 @@ def _gguf_file(path: Path) -> Path | None:
 
 
 def _default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "trtllm-gateway" / "gguf"
+    return cache_folder("gguf")
 
 
 def _convert(gguf_file: Path, out: Path, dtype: str) -> str:
