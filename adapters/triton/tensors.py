@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.errors import InvalidRequestError
+from runtime.errors import InvalidRequestError, brief
 
 # KServe datatype -> little-endian numpy dtype (BYTES: Python bytes objects).
 DTYPES: dict[str, np.dtype] = {
@@ -55,8 +55,7 @@ def _checked_shape(name: str, datatype: str, shape: Any) -> tuple[tuple[int, ...
 
 def _brief(value: Any) -> str:
     """`value` as quoted in an error: short, whatever was sent."""
-    text = f"'{value}'" if isinstance(value, str) else repr(value)
-    return text if len(text) <= 40 else text[:40] + "..."
+    return brief(f"'{value}'" if isinstance(value, str) else repr(value), 40)
 
 
 def _flat_json(name: str, data: Any) -> list[Any]:

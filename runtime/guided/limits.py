@@ -26,7 +26,7 @@ import math
 import re
 from typing import Any
 
-from runtime.errors import InvalidRequestError
+from runtime.errors import InvalidRequestError, brief
 from runtime.guided.grammars import guided_kind
 from runtime.request import GuidedDecoding
 
@@ -170,8 +170,7 @@ def _not_json(param: str, what: str) -> InvalidRequestError:
 
 
 def _brief(value: Any) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text[:40]}{'...' if len(text) > 40 else ''}"
+    return f"{type(value).__name__} {brief(repr(value), 40)}"
 
 
 def _too_large(param: str, what: str) -> InvalidRequestError:

@@ -34,6 +34,7 @@ import zmq.asyncio
 from runtime.config import EngineConfig
 from runtime.delivery import Outbox, Pending
 from runtime.engine import EngineStats
+from runtime.errors import brief
 from runtime.llm_engine import NativeEngine
 from runtime.process.messages import (
     STATS_PERIOD, Abort, AddRequest, ErrorInfo, LoraCall, LoraReply, Ready, Rejected, Shutdown, StartFailed,
@@ -209,21 +210,21 @@ class CoreServer:
         """Refuse a message that does not decode as what it claims to be, to the request and front end it names."""
         addressee = _addressee(data, len(self._controls))
         if addressee is None:
-            logger.error("dropped a message that names no request of a front end: %s", _short(exc))
+            logger.error("dropped a message that names no request of a front end: %s", brief(exc))
             return
         request_id, front_end = addressee
         match = _FIELD_PATH.search(str(exc))
         names = re.findall(r"\.(\w+)", match[1]) if match else []
         param = names[-1] if names else None
         reason = _FIELD_PATH.sub("", str(exc)) if match else f"{type(exc).__name__}: {exc}"
-        error = ErrorInfo("InvalidRequestError", _short(f"Invalid value for '{param or 'the request'}': {reason}"),
+        error = ErrorInfo("InvalidRequestError", brief(f"Invalid value for '{param or 'the request'}': {reason}"),
                           {"param": param})
         await self._controls[front_end].send(encoder.encode(Rejected(request_id, error)))
 
     async def _add(self, msg: AddRequest) -> None:
         request_id = msg.request.request_id
         if not 0 <= msg.front_end < len(self._controls):
-            logger.error("dropped request %s of an unknown front end %d", _short(request_id), msg.front_end)
+            logger.error("dropped request %s of an unknown front end %d", brief(request_id), msg.front_end)
             return
         self._adding.add(request_id)
         self._owners[request_id] = msg.front_end
@@ -269,15 +270,6 @@ class CoreServer:
 
 
 _FIELD_PATH = re.compile(r" - at `\$((?:\.\w+|\[\d+\])*)[^`]*`")  # where msgspec says the bad value is
-_LOGGED_CHARS = 200
-
-
-def _short(value: object) -> str:
-    """`value` as text of at most _LOGGED_CHARS characters (a message may carry megabytes)."""
-    text = str(value)
-    return text if len(text) <= _LOGGED_CHARS else f"{text[:_LOGGED_CHARS]}... ({len(text)} characters)"
-
-
 def _addressee(data: bytes, front_ends: int) -> tuple[str, int] | None:
     """(request id, front end) of a malformed AddRequest, read leniently; None when it names neither."""
     try:
