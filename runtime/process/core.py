@@ -37,8 +37,8 @@ from runtime.engine import EngineStats
 from runtime.errors import brief
 from runtime.llm_engine import NativeEngine
 from runtime.process.messages import (
-    STATS_PERIOD, Abort, AddRequest, ErrorInfo, LoraCall, LoraReply, Ready, Rejected, Shutdown, StartFailed,
-    StepOutputs, encoder, error_info, to_core,
+    STATS_PERIOD, Abort, AddRequest, Attach, ErrorInfo, LoraCall, LoraReply, Ready, Rejected, Shutdown,
+    StartFailed, StepOutputs, encoder, error_info, to_core,
 )
 from runtime.request import OutputDelta
 from runtime.request_state import RequestState
@@ -123,7 +123,10 @@ class SocketOutbox(Outbox):
             owned_requests, owned_ids = columns.get(index, ([], []))
             if deltas or owned_requests or stats is not None:
                 message = StepOutputs(deltas, stats, owned_requests, owned_ids, now)
-                socket.send(encoder.encode(message), copy=False)
+                try:
+                    socket.send(encoder.encode(message), zmq.NOBLOCK, copy=False)
+                except zmq.Again:  # a dead front end's queue is full: never block the step thread for it
+                    pass
 
 
 class CoreServer:
@@ -155,8 +158,18 @@ class CoreServer:
 
     async def _tell_all(self, msg: object) -> None:
         data = encoder.encode(msg)
-        for control in self._controls:
-            await control.send(data)
+        for index in range(len(self._controls)):
+            await self._tell(index, data)
+
+    async def _tell(self, front_end: int, data: bytes) -> None:
+        """Send to one front end; dropped when its queue is full (a dead front end's, until it is restarted)."""
+        try:
+            await self._controls[front_end].send(data, zmq.NOBLOCK)
+        except zmq.Again:
+            logger.warning("front end %d is not reading; a message to it was dropped", front_end)
+
+    def _ready(self) -> Ready:
+        return Ready(self.engine.lora_adapters() or {}, self.engine.stats(), os.getpid())
 
     async def serve(self) -> int:
         """Start the engine, then serve until Shutdown (0) or the engine dies (1)."""
@@ -166,7 +179,7 @@ class CoreServer:
             logger.exception("engine failed to start")
             await self._tell_all(StartFailed(f"{type(exc).__name__}: {exc}"))
             return 1
-        await self._tell_all(Ready(self.engine.lora_adapters() or {}, self.engine.stats(), os.getpid()))
+        await self._tell_all(self._ready())
         watcher = asyncio.create_task(self._watch_engine())
         receiver = asyncio.create_task(self._receive())
         done, _ = await asyncio.wait({watcher, receiver}, return_when=asyncio.FIRST_COMPLETED)
@@ -194,12 +207,28 @@ class CoreServer:
                     self.engine.abort(request_id)
             elif isinstance(msg, LoraCall):
                 self._spawn(self._lora(msg))
+            elif isinstance(msg, Attach):
+                self._attach(msg.front_end)
             elif isinstance(msg, Shutdown):
                 self._stopping = True
                 # requests handed over before the shutdown are served (a failed hand-over was answered already)
                 await asyncio.gather(*self._tasks, return_exceptions=True)
                 await self.engine.shutdown(msg.drain_timeout)
                 return
+
+    def _attach(self, front_end: int) -> None:
+        """A front end (re)starts: abort what its earlier process left running, and say Ready to it."""
+        if not 0 <= front_end < len(self._controls):
+            return
+        left = [request_id for request_id, owner in list(self._owners.items()) if owner == front_end]
+        for request_id in left:
+            if request_id in self._adding:
+                self._aborted_while_adding.add(request_id)
+            self.engine.abort(request_id)
+        if left:
+            logger.warning("front end %d restarted: aborted the %d requests its earlier process left", front_end,
+                           len(left))
+        self._spawn(self._tell(front_end, encoder.encode(self._ready())))
 
     def _spawn(self, coro: object) -> None:
         task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
@@ -219,7 +248,7 @@ class CoreServer:
         reason = _FIELD_PATH.sub("", str(exc)) if match else f"{type(exc).__name__}: {exc}"
         error = ErrorInfo("InvalidRequestError", brief(f"Invalid value for '{param or 'the request'}': {reason}"),
                           {"param": param})
-        await self._controls[front_end].send(encoder.encode(Rejected(request_id, error)))
+        await self._tell(front_end, encoder.encode(Rejected(request_id, error)))
 
     async def _add(self, msg: AddRequest) -> None:
         request_id = msg.request.request_id
@@ -236,7 +265,7 @@ class CoreServer:
             await engine.submit(msg.request, prepared)
         except Exception as exc:  # noqa: BLE001 - every refusal goes back to its caller
             self._owners.pop(request_id, None)
-            await self._controls[msg.front_end].send(encoder.encode(Rejected(request_id, error_info(exc))))
+            await self._tell(msg.front_end, encoder.encode(Rejected(request_id, error_info(exc))))
             return
         finally:
             self._adding.discard(request_id)

@@ -27,7 +27,9 @@ from hypothesis import strategies as st
 from runtime.config import EngineConfig
 from runtime.process.client import _with_our_packages
 from runtime.process.core import Addresses, CoreArgs
-from runtime.process.messages import AddRequest, ErrorInfo, Ready, Rejected, StepOutputs, _with_header, to_front_end
+from runtime.process.messages import (
+    AddRequest, Attach, ErrorInfo, Ready, Rejected, StepOutputs, _with_header, to_front_end,
+)
 from runtime.request import GenerationRequest, GuidedDecoding, LoraTask, SamplingOptions
 from tests.tiny_models import build_tiny_model
 
@@ -55,6 +57,7 @@ class CoreDriver:
         self.process.stdin.close()
         self.outcomes: dict[str, Any] = {}  # request id -> ErrorInfo (refused) or its deltas' finish reasons
         self.tokens: dict[str, list[int]] = {}
+        self.readies = 0
         assert isinstance(self._next(120.0), Ready)
 
     def _next(self, timeout: float) -> Any:
@@ -67,10 +70,17 @@ class CoreDriver:
 
     def outcome(self, request_id: str, timeout: float = 30.0) -> Any:
         """The request's refusal (ErrorInfo) or the finish reasons of its samples; None past `timeout`."""
+        self.wait(lambda: request_id in self.outcomes, timeout)
+        return self.outcomes.get(request_id)
+
+    def wait(self, done: Any, timeout: float = 30.0) -> bool:
+        """Read the core's messages until `done()` (True) or `timeout` (False)."""
         deadline = time.monotonic() + timeout
-        while request_id not in self.outcomes and time.monotonic() < deadline:
+        while not done() and time.monotonic() < deadline:
             msg = self._next(max(0.0, deadline - time.monotonic()))
-            if isinstance(msg, Rejected):
+            if isinstance(msg, Ready):
+                self.readies += 1
+            elif isinstance(msg, Rejected):
                 self.outcomes[msg.request_id] = msg.error
             elif isinstance(msg, StepOutputs):
                 for rid, token_id in zip(msg.token_requests, msg.token_ids):
@@ -82,7 +92,7 @@ class CoreDriver:
                     self.outcomes.setdefault(f"{rid} reasons", []).extend(reasons)
                     if final:
                         self.outcomes[rid] = self.outcomes.pop(f"{rid} reasons")
-        return self.outcomes.get(request_id)
+        return done()
 
     def close(self) -> None:
         self.process.kill()
@@ -210,6 +220,21 @@ def test_messages_naming_no_request_or_no_front_end_are_dropped(core: CoreDriver
     core.send(broken("plain", ("front_end",), -1, "negative-front-end"))
     check_still_serving(core, "after-unaddressed", want)
     assert "unknown-front-end" not in core.outcomes and "negative-front-end" not in core.outcomes
+
+
+def test_a_front_end_attaching_again_gets_ready_and_what_its_earlier_process_left_is_aborted(
+        core: CoreDriver) -> None:
+    """A restarted front end (--api-servers) attaches under the index of the dead one."""
+    want = reference(core)
+    left = good("left-behind")
+    left["max_tokens"] = left["request"]["sampling"]["max_tokens"] = 100
+    core.send(msgspec.msgpack.encode(left))
+    assert core.wait(lambda: len(core.tokens.get("left-behind", [])) >= 2)  # running
+    readies = core.readies
+    core.send(msgspec.msgpack.encode(Attach(0)))
+    assert core.outcome("left-behind") == ["abort"] and len(core.tokens["left-behind"]) < 100
+    assert core.wait(lambda: core.readies == readies + 1)
+    check_still_serving(core, "after-attach", want)
 
 
 _counter = iter(range(10**9))
