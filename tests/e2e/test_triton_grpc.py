@@ -76,7 +76,12 @@ class Stream:
     def __init__(self, client: Any) -> None:
         self.results: queue.Queue[Any] = queue.Queue()
         self.client = client
-        client.start_stream(callback=lambda result, error: self.results.put(error or result))
+        self.answered = threading.Event()  # set by the first response
+        client.start_stream(callback=self._add)
+
+    def _add(self, result: Any, error: Any) -> None:
+        self.results.put(error or result)
+        self.answered.set()
 
     def close(self) -> list[Any]:
         self.client.stop_stream()  # waits until the server ends the stream
@@ -123,32 +128,36 @@ def test_stream_text_to_the_ensemble_matches_generate(client: Any, grpc_server: 
     assert {r.get_response().id for r in results} == {"7"}
 
 
+def ids_inputs(server: RunningServer, asked: int, streaming: bool = True) -> list[Any]:
+    """inflight_batcher_llm_client.py's inputs for PROMPT, `asked` tokens."""
+    ids = np.array([server.engine.tokenizer.encode(PROMPT)], dtype=np.int32)
+    return [tensor(grpcclient, "input_ids", ids),
+            tensor(grpcclient, "input_lengths", np.array([[ids.shape[1]]], dtype=np.int32)),
+            tensor(grpcclient, "request_output_len", np.array([[asked]], dtype=np.uint32)),
+            tensor(grpcclient, "end_id", np.array([[-1]], dtype=np.int32)),
+            tensor(grpcclient, "streaming", np.array([[streaming]]))]
+
+
+STOP = [tensor(grpcclient, "input_ids", np.empty([1, 1], dtype=np.int32)),
+        tensor(grpcclient, "input_lengths", np.zeros([1, 1], dtype=np.int32)),
+        tensor(grpcclient, "request_output_len", np.array([[0]], dtype=np.uint32)),
+        tensor(grpcclient, "stop", np.array([[True]]))]
+
+
+def generated_tokens(results: list[Any]) -> int:
+    assert all(not isinstance(r, Exception) for r in results), [str(r) for r in results]
+    return sum(r.as_numpy("output_ids").size for r in results if r.as_numpy("output_ids") is not None)
+
+
 def test_token_ids_to_tensorrt_llm_with_a_stop_signal(client: Any, grpc_server: RunningServer) -> None:
     """inflight_batcher_llm_client.py --streaming --stop-after-ms: the stop request ends the first early."""
-    tok = grpc_server.engine.tokenizer
-    ids = np.array([tok.encode(PROMPT)], dtype=np.int32)
-    asked = grpc_server.engine.model_info.context_window - ids.shape[1]  # far more than the time to stop takes
-    inputs = [tensor(grpcclient, "input_ids", ids),
-              tensor(grpcclient, "input_lengths", np.array([[ids.shape[1]]], dtype=np.int32)),
-              tensor(grpcclient, "request_output_len", np.array([[asked]], dtype=np.uint32)),
-              tensor(grpcclient, "end_id", np.array([[-1]], dtype=np.int32)),
-              tensor(grpcclient, "streaming", np.array([[True]]))]
-    first_seen = threading.Event()
-    results: list[Any] = []
-
-    def callback(result: Any, error: Any) -> None:
-        results.append(error or result)
-        first_seen.set()
-
-    client.start_stream(callback=callback)
-    client.async_stream_infer("tensorrt_llm", inputs, request_id="12345")
-    assert first_seen.wait(60)
-    stop = [tensor(grpcclient, "input_ids", np.empty([1, 1], dtype=np.int32)),
-            tensor(grpcclient, "input_lengths", np.zeros([1, 1], dtype=np.int32)),
-            tensor(grpcclient, "request_output_len", np.array([[0]], dtype=np.uint32)),
-            tensor(grpcclient, "stop", np.array([[True]]))]
-    client.async_stream_infer("tensorrt_llm", stop, request_id="12345")
-    client.stop_stream()
+    # far more than the time to stop takes
+    asked = grpc_server.engine.model_info.context_window - len(grpc_server.engine.tokenizer.encode(PROMPT))
+    stream = Stream(client)
+    client.async_stream_infer("tensorrt_llm", ids_inputs(grpc_server, asked), request_id="12345")
+    assert stream.answered.wait(60)
+    client.async_stream_infer("tensorrt_llm", STOP, request_id="12345")
+    results = stream.close()
     assert all(not isinstance(r, Exception) for r in results), [str(r) for r in results]
     generated = [r for r in results if r.as_numpy("output_ids") is not None]
     cancel = [r for r in results if r.as_numpy("output_ids") is None]
@@ -345,27 +354,6 @@ def test_grpc_errors_are_logged_with_the_calls_request_id(client: Any, caplog: p
     assert lines[0].startswith("request probe-42 rejected") and "None" not in lines[1]
 
 
-def ids_inputs(server: RunningServer, asked: int, streaming: bool = True) -> list[Any]:
-    """inflight_batcher_llm_client.py's inputs for PROMPT, `asked` tokens."""
-    ids = np.array([server.engine.tokenizer.encode(PROMPT)], dtype=np.int32)
-    return [tensor(grpcclient, "input_ids", ids),
-            tensor(grpcclient, "input_lengths", np.array([[ids.shape[1]]], dtype=np.int32)),
-            tensor(grpcclient, "request_output_len", np.array([[asked]], dtype=np.uint32)),
-            tensor(grpcclient, "end_id", np.array([[-1]], dtype=np.int32)),
-            tensor(grpcclient, "streaming", np.array([[streaming]]))]
-
-
-STOP = [tensor(grpcclient, "input_ids", np.empty([1, 1], dtype=np.int32)),
-        tensor(grpcclient, "input_lengths", np.zeros([1, 1], dtype=np.int32)),
-        tensor(grpcclient, "request_output_len", np.array([[0]], dtype=np.uint32)),
-        tensor(grpcclient, "stop", np.array([[True]]))]
-
-
-def generated_tokens(results: list[Any]) -> int:
-    assert all(not isinstance(r, Exception) for r in results), [str(r) for r in results]
-    return sum(r.as_numpy("output_ids").size for r in results if r.as_numpy("output_ids") is not None)
-
-
 def test_a_stop_sent_before_the_first_token_still_stops_the_request(client: Any, grpc_server: RunningServer) -> None:
     """--stop-after-ms 20 ran to the full length: the request was stoppable only after its first token."""
     asked = grpc_server.engine.model_info.context_window - len(grpc_server.engine.tokenizer.encode(PROMPT))
@@ -383,22 +371,15 @@ def test_a_stop_reaches_neither_another_stream_nor_requests_without_an_id(tiny_m
     try:
         with grpcclient.InferenceServerClient(grpc_url(srv)) as mine, \
                 grpcclient.InferenceServerClient(grpc_url(srv)) as theirs:
-            first_seen = threading.Event()
-            results: list[Any] = []
-
-            def callback(result: Any, error: Any) -> None:
-                results.append(error or result)
-                first_seen.set()
-
-            mine.start_stream(callback=callback)
+            stream = Stream(mine)
             mine.async_stream_infer("tensorrt_llm", ids_inputs(srv, asked), request_id="shared-id")
             mine.async_stream_infer("tensorrt_llm", ids_inputs(srv, asked))  # no id
-            assert first_seen.wait(60)
+            assert stream.answered.wait(60)
             other = Stream(theirs)
             theirs.async_stream_infer("tensorrt_llm", STOP, request_id="shared-id")  # another client's stream
             other.close()
             mine.async_stream_infer("tensorrt_llm", STOP)  # the empty id, on the same stream
-            mine.stop_stream()
+            results = stream.close()
         assert generated_tokens(results) == 2 * asked
     finally:
         srv.stop()
