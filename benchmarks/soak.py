@@ -9,7 +9,8 @@ request has exactly the tokens it asked for (ignore_eos); the server answered no
 the server holds no KV blocks and no requests (read from /metrics); the server's resident memory grew
 less than 10% from the end of the warm-up to the end (psutil: the server's process and its engine core); and SIGTERM then
 drains the idle server and it exits 0. `--hostile` mixes in benchmarks.hostile's requests, HTTP and gRPC (any
-answer but a 5xx or a gRPC server error is right for those) and reports the non-streamed p99 per third of the run. `--append-results` adds a dated section to benchmarks/RESULTS.md.
+answer but a 5xx or a gRPC server error is right for those) and reports the non-streamed p99 per third of the
+run. `--append-results` adds a dated section to benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations

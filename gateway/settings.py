@@ -60,7 +60,7 @@ class Settings:
     max_prompts: int = 256  # most prompts in one /v1/completions request or Triton batch
     # LoRA
     enable_lora_loading: bool = False  # allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter
-    lora_root: list[str] = field(default_factory=list)  # folders run-time adapters load from (none: the cache's lora folder)
+    lora_root: list[str] = field(default_factory=list)  # folders run-time adapters load from (none: the cache's lora/)
     # Responses API
     responses_store_size: int = 1000  # most responses kept for GET /v1/responses/{id} and previous_response_id; the oldest go first (0: none)
     responses_store_ttl: float | None = 3600.0  # seconds a stored response is kept (none: until the size limit drops it)

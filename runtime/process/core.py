@@ -5,9 +5,10 @@
 The front end has already tokenized and validated each request; here it is checked again (a message is decoded,
 not trusted) and handed to the step thread (after its grammar compiles, when it has one). Nothing in one message
 ends the core: one it cannot decode, check or compile is refused alone (`Rejected`, an InvalidRequestError naming
-the field, for its front end to answer in its dialect), and one that names no request or front end is dropped. The step thread sends each step's deltas itself
-(SocketOutbox), so per step there is one message and no hop through this process's event loop. This loop
-sends the rest on its own socket: Ready/StartFailed, refusals and LoRA replies.
+the field, for its front end to answer in its dialect), and one that names no request or front end is dropped.
+The step thread sends each step's deltas itself (SocketOutbox), so per step there is one message and no hop
+through this process's event loop. This loop sends the rest on its own socket: Ready/StartFailed, refusals and
+LoRA replies.
 
 Signals: SIGINT and SIGTERM are ignored. The front end drains first and then sends Shutdown; Ctrl-C or a
 group-wide SIGTERM reaches both processes, and the core must keep serving while the front end drains. If the

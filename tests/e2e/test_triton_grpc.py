@@ -289,11 +289,13 @@ def test_beams_and_guided_decoding_take_the_generate_path(client: Any, grpc_serv
     assert len(digits) == 3 and digits.decode().isdigit()
 
 
-def test_a_schema_that_is_valid_json_but_no_object_is_a_400_on_every_path(client: Any, grpc_server: RunningServer) -> None:
+def test_a_schema_that_is_valid_json_but_no_object_is_a_400_on_every_path(client: Any,
+                                                                          grpc_server: RunningServer) -> None:
     """The probe's critical case: `guided_decoding: "1"` reached the engine core, which died, and the server with it."""
     url = grpc_server.url + "/v2/models/ensemble"
     for value in ("1", "[]", "true", '"s"', "[" * 100_000):
-        r = httpx.post(url + "/generate", json={"text_input": "x", "max_tokens": 2, "guided_decoding": value}, timeout=60)
+        r = httpx.post(url + "/generate", json={"text_input": "x", "max_tokens": 2, "guided_decoding": value},
+                       timeout=60)
         assert r.status_code == 400 and "input 'guided_decoding'" in r.json()["error"], r.text
     r = httpx.post(url + "/infer", timeout=60, json={"inputs": [
         {"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": ["x"]},
