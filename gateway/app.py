@@ -8,10 +8,10 @@ loaded, 200 after) and shuts it down on exit. app.state holds `engine`, `setting
 (gateway.metrics.GatewayMetrics; its `.registry` is what /metrics exposes), `auth`
 (gateway.auth.AuthPolicy), `key_limits` (gateway.key_limits.KeyLimits or None), `drain`
 (gateway.shutdown.Drain), `limits` (RequestLimits), `prepare` (runtime.workers.WorkerPool for large bodies),
-`responses` (gateway.response_store.ResponseStore: stored Responses API responses), `startup_error` and `fatal_error` (the engine died while serving). The server
-may set `on_ready` (called once the engine has started), `on_fatal` (called when it fails to start or
-dies), `before_engine_shutdown` (awaited before the engine shuts down) and `serve_when_ready` (start
-serving only once the engine has started).
+`responses` (gateway.response_store.ResponseStore: stored Responses API responses), `startup_error` and
+`fatal_error` (the engine died while serving). The server may set `on_ready` (called once the engine has
+started), `on_fatal` (called when it fails to start or dies), `before_engine_shutdown` (awaited before the engine
+shuts down) and `serve_when_ready` (start serving only once the engine has started).
 """
 
 from __future__ import annotations
