@@ -29,6 +29,7 @@ from torch import nn
 from runtime.attention_metadata import AttentionMetadata
 from runtime.cuda import paged_attention, pdl
 from runtime.cuda.gemv import gemv
+from runtime.cuda.one_token_moe import one_token_moe
 from runtime.cuda.paged_attention import attend_decode_group, attend_over_cache
 from runtime.cuda.pdl import wait_for_previous_kernel
 
@@ -44,15 +45,38 @@ def _scaled(normed, w_ptr, offs, mask, dtype, OFFSET: tl.constexpr, WEIGHT_F32: 
 
 
 @triton.jit
+def _rms_norm_row(x_ptr, w_ptr, out_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr, OFFSET: tl.constexpr,
+                  WEIGHT_F32: tl.constexpr):
+    """out[:N] = RMSNorm(x[:N]) for one row (the kernels below: one row per program)."""
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
+    tl.store(out_ptr + offs, _scaled(x * rstd, w_ptr, offs, mask, out_ptr.dtype.element_ty, OFFSET, WEIGHT_F32),
+             mask=mask)
+
+
+@triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, eps, N: tl.constexpr, BLOCK: tl.constexpr,
                      OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr):
     row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < N
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
-    tl.store(out_ptr + row * stride_o + offs,
-             _scaled(x * rstd, w_ptr, offs, mask, out_ptr.dtype.element_ty, OFFSET, WEIGHT_F32), mask=mask)
+    _rms_norm_row(x_ptr + row * stride_x, w_ptr, out_ptr + row * stride_o, eps, N, BLOCK, OFFSET, WEIGHT_F32)
+
+
+@triton.jit
+def _head_norms_kernel(q_ptr, k_ptr, q_norm_ptr, k_norm_ptr, out_ptr, stride_q, stride_k, q_eps, k_eps,
+                       HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
+                       OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr, PDL: tl.constexpr):
+    """Program (t, h): token t's head h of q (h < HQ, q_norm) or head h - HQ of k (k_norm), RMS-normalised into
+    out [T, (HQ + HK) * D], each head as _rms_norm_kernel normalises a row (the same bits)."""
+    wait_for_previous_kernel(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    out = out_ptr + (t * (HQ + HK) + h) * D
+    if h < HQ:
+        _rms_norm_row(q_ptr + t * stride_q + h * D, q_norm_ptr, out, q_eps, D, BLOCK, OFFSET, WEIGHT_F32)
+    else:
+        _rms_norm_row(k_ptr + t * stride_k + (h - HQ) * D, k_norm_ptr, out, k_eps, D, BLOCK, OFFSET, WEIGHT_F32)
 
 
 @triton.jit
@@ -193,6 +217,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
     return out.view(x.shape)
 
 
+def head_norms(attn: nn.Module, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """LlamaAttention.head_norms (Qwen3, Gemma 3: every head of q and k RMS-normalised) in one kernel: q [T, HQ*D]
+    and k [T, HK*D] (rows may be strided views) -> views of one [T, (HQ + HK) * D] tensor."""
+    q_norm, k_norm = attn.q_norm, attn.k_norm
+    if q_norm is None or k_norm is None:
+        return q, k
+    head_dim, q_width = attn.attn.head_dim, q.shape[1]
+    out = torch.empty((q.shape[0], q_width + k.shape[1]), dtype=q.dtype, device=q.device)
+    if q.shape[0]:
+        block = triton.next_power_of_2(head_dim)
+        _head_norms_kernel[(q.shape[0], out.shape[1] // head_dim)](
+            q, k, q_norm.weight, k_norm.weight, out, q.stride(0), k.stride(0), q_norm.eps, k_norm.eps,
+            HQ=q_width // head_dim, HK=k.shape[1] // head_dim, D=head_dim, BLOCK=block, OFFSET=q_norm.offset,
+            WEIGHT_F32=q_norm.weight_in_float32 or q_norm.offset != 0.0, PDL=pdl.ENABLED,
+            num_warps=min(16, max(1, block // 256)), **pdl.launch_options())  # rms_norm's warps: its bits
+    return out[:, :q_width], out[:, q_width:]
+
+
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0,
                  weight_in_float32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + residual, rms_norm(x + residual)) in one kernel; x and residual [T, N]."""
@@ -280,7 +322,7 @@ def _rope_and_attend(self: nn.Module, positions: torch.Tensor, q: torch.Tensor, 
     """A LlamaAttention's q/k head norms (Qwen3, Gemma 3), RoPE, KV store and attention over the cache (its layer's
     window and sinks): q [T, Hq*D] -> [T, Hq*D]; one kernel when every sequence brings one token, two otherwise."""
     rotary, attn = self.rotary, self.attn
-    q, k = self.head_norms(q, k)
+    q, k = head_norms(self, q, k)
     if rotary.rotary_dim != rotary.head_dim:  # partial rotation (Phi-4-mini): the eager RoPE, then the backend
         q, k = rotary(positions, q, k)
         return attn(q, k, v, kv_cache, meta, self.sinks)
@@ -337,7 +379,7 @@ def one_token_projections(model: nn.Module) -> bool:
 def _one_token_forward(self: nn.Module, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                        meta: AttentionMetadata) -> torch.Tensor:
     """_llama_forward for one token: four GEMV kernels a layer carry its RMSNorms, SwiGLU and residual adds (an
-    experts layer: its norm and residual add as kernels of their own around the one-token expert kernels)."""
+    experts layer: the router's GEMV and two expert kernels, runtime/cuda/one_token_moe.py)."""
     from runtime.models.llama import LlamaMLP
 
     for i, layer in enumerate(self.layers):
@@ -348,7 +390,7 @@ def _one_token_forward(self: nn.Module, x: torch.Tensor, positions: torch.Tensor
         x = gemv(out, attn.o_proj.weight, attn.o_proj.bias, residual=x, pdl=pdl.ENABLED)
         norm = layer.post_attention_layernorm
         if not isinstance(mlp, LlamaMLP):
-            x = x + mlp(rms_norm(x, norm.weight, norm.eps))
+            x = one_token_moe(mlp, x, norm)
             continue
         h = gemv(x, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, norm=(norm.weight, norm.eps), pdl=pdl.ENABLED)
         x = gemv(h, mlp.down_proj.weight, mlp.down_proj.bias, silu=True, residual=x, pdl=pdl.ENABLED)

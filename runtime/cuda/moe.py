@@ -25,9 +25,17 @@ import triton.language as tl
 
 from runtime.models.moe import Experts
 
-BLOCK_M = 16  # rows (pairs) of a GEMM block: a decode step's experts get few tokens each
 GEMV_MAX_PAIRS = 16  # steps of up to this many (token, expert) pairs take the GEMV kernel
 GEMV_BLOCK_N, GEMV_BLOCK_K = 16, 128
+# The grouped GEMMs' tiles by the step's token count, the first whose bound holds: (BLOCK_M rows (pairs) of a block,
+# BLOCK_N, BLOCK_K, num_warps, num_stages). From vLLM's table for its own fused-MoE kernel (the same blocks of
+# expert-sorted pairs) tuned on the H200 for 128 experts of 768, the Qwen3-30B-A3B shape
+# (fused_moe/configs/E=128,N=768,device_name=NVIDIA_H200.json); decode batches give each expert few rows, prefill
+# chunks hundreds. The tiles were 16 x 64 x 64 for every step before: 7.1k output tok/s at 256 x 128/128 on the H200.
+GEMM_TILES: tuple[tuple[int, tuple[int, int, int, int, int]], ...] = (
+    (40, (16, 64, 128, 4, 3)), (192, (16, 128, 128, 4, 2)), (384, (32, 256, 128, 4, 2)), (768, (64, 128, 64, 4, 3)),
+    (1 << 62, (128, 256, 64, 8, 4)))
+FLOAT32_MAX_TILE = (64, 64, 3)  # float32 (test models): BLOCK_N, BLOCK_K, num_stages at most (shared memory)
 
 
 @triton.jit
@@ -96,14 +104,9 @@ def _expert_gemv_kernel(
 
 
 @triton.jit
-def _gated_activation_kernel(x_ptr, out_ptr, I, alpha, limit, CLAMPED: tl.constexpr, BLOCK: tl.constexpr):
-    """out[p] = act(x[p, :I], x[p, I:]) rounded as the eager ops: silu(gate) * up, or gpt-oss's clamped SwiGLU."""
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < I
-    dtype = out_ptr.dtype.element_ty
-    gate = tl.load(x_ptr + row * 2 * I + offs, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * 2 * I + I + offs, mask=mask, other=0.0).to(tl.float32)
+def gated(gate, up, alpha, limit, dtype, CLAMPED: tl.constexpr):
+    """act(gate, up) of float32 values already rounded to `dtype`, rounded as the eager ops: silu(gate) * up, or
+    gpt-oss's clamped SwiGLU (runtime/models/moe.py)."""
     if CLAMPED:
         gate = tl.minimum(gate, limit)
         up = tl.minimum(tl.maximum(up, -limit), limit)
@@ -111,7 +114,19 @@ def _gated_activation_kernel(x_ptr, out_ptr, I, alpha, limit, CLAMPED: tl.conste
         out = (up + 1.0).to(dtype).to(tl.float32) * glu
     else:
         out = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32) * up
-    tl.store(out_ptr + row * I + offs, out.to(dtype), mask=mask)
+    return out.to(dtype)
+
+
+@triton.jit
+def _gated_activation_kernel(x_ptr, out_ptr, I, alpha, limit, CLAMPED: tl.constexpr, BLOCK: tl.constexpr):
+    """out[p] = act(x[p, :I], x[p, I:]) (`gated`)."""
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < I
+    dtype = out_ptr.dtype.element_ty
+    gate = tl.load(x_ptr + row * 2 * I + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * 2 * I + I + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * I + offs, gated(gate, up, alpha, limit, dtype, CLAMPED), mask=mask)
 
 
 def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -135,20 +150,30 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
     return sorted_pairs, block_expert, ends[-1:].to(torch.int32)
 
 
+def gemm_tile(tokens: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    """The grouped GEMMs' (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for a step of `tokens` (GEMM_TILES)."""
+    block_m, block_n, block_k, warps, stages = next(tile for bound, tile in GEMM_TILES if tokens <= bound)
+    if dtype == torch.float32:
+        max_n, max_k, max_stages = FLOAT32_MAX_TILE
+        block_n, block_k, stages = min(block_n, max_n), min(block_k, max_k), min(stages, max_stages)
+    return block_m, block_n, block_k, warps, stages
+
+
 def _gemm(a: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, sorted_pairs: torch.Tensor,
           block_expert: torch.Tensor, num_sorted: torch.Tensor, pair_weights: torch.Tensor | None, pairs: int,
-          top_k: int, per_token: bool) -> torch.Tensor:
+          top_k: int, per_token: bool, tile: tuple[int, int, int, int, int]) -> torch.Tensor:
     n, k = w.shape[1], w.shape[2]
     out = torch.empty((pairs, n), dtype=a.dtype, device=a.device)
-    block_n = 64 if n >= 64 else triton.next_power_of_2(max(n, 16))
-    block_k = 64 if k >= 64 else triton.next_power_of_2(max(k, 16))
+    block_m, block_n, block_k, warps, stages = tile
+    block_n = min(block_n, triton.next_power_of_2(max(n, 16)))
+    block_k = min(block_k, triton.next_power_of_2(max(k, 16)))
     grid = (block_expert.shape[0], triton.cdiv(n, block_n))
     _grouped_gemm_kernel[grid](
         a, w, w if bias is None else bias, out, sorted_pairs, block_expert,
         out if pair_weights is None else pair_weights, num_sorted, pairs, n, k, a.stride(0), w.stride(0),
         w.stride(1), out.stride(0), TOP_K=top_k, ROW_PER_TOKEN=per_token, WEIGHTED=pair_weights is not None,
-        BIAS=bias is not None, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k,
-        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        PRECISION="ieee" if a.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages,
     )
     return out
 
@@ -191,11 +216,13 @@ def fused_experts(experts: Experts, x: torch.Tensor, weights: torch.Tensor, ids:
         h = gated_activation(_gemv(x, w13, b13, flat, None, top_k, per_token=True), experts)
         y = _gemv(h, w2, b2, flat, pair_weights, top_k, per_token=False)
     else:
-        sorted_pairs, block_expert, num_sorted = align(ids, experts.moe.num_experts, BLOCK_M)
+        tile = gemm_tile(tokens, x.dtype)
+        sorted_pairs, block_expert, num_sorted = align(ids, experts.moe.num_experts, tile[0])
         pairs = ids.numel()
         h = gated_activation(_gemm(x, w13, b13, sorted_pairs, block_expert, num_sorted, None, pairs, top_k,
-                                   per_token=True), experts)
-        y = _gemm(h, w2, b2, sorted_pairs, block_expert, num_sorted, pair_weights, pairs, top_k, per_token=False)
+                                   per_token=True, tile=tile), experts)
+        y = _gemm(h, w2, b2, sorted_pairs, block_expert, num_sorted, pair_weights, pairs, top_k, per_token=False,
+                  tile=tile)
     return y.view(tokens, top_k, -1).sum(dim=1)
 
 

@@ -25,7 +25,7 @@ if RUN_HERE:
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=25)
+    run_in_interpreter(__file__, passed=29)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -363,3 +363,26 @@ def test_norm_kernels_follow_gemma_and_gpt_oss_conventions(dtype: torch.dtype) -
                                    atol=tol + 1e-6)
         _, normed = add_rms_norm(x, residual, norm.weight, norm.eps, offset, in_float32)
         torch.testing.assert_close(normed, norm(x + residual), rtol=tol, atol=tol + 1e-6)
+
+
+@kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_head_norms_in_one_kernel_give_the_bits_of_the_norm_kernel_per_head(dtype: torch.dtype, offset: float) -> None:
+    """q's and k's head norms (Qwen3's convention, and Gemma's (1 + weight) in float32) in one launch, from strided
+    views of a fused q/k/v output: each head the same bits as rms_norm gives it, the path a step took before."""
+    from types import SimpleNamespace
+
+    g = torch.Generator().manual_seed(17)
+    qkv = torch.randn(3, (H + 2 * HKV) * D, generator=g).to(DEVICE, dtype)
+    q, k = qkv[:, : H * D], qkv[:, H * D : (H + HKV) * D]
+    norms = [RMSNorm(D, eps, dtype=dtype, offset=offset).to(DEVICE) for eps in (1e-6, 1e-5)]
+    for norm in norms:
+        norm.weight.data = torch.randn(D, generator=g).to(DEVICE, dtype)
+    attn = SimpleNamespace(q_norm=norms[0], k_norm=norms[1], attn=SimpleNamespace(head_dim=D))
+    got_q, got_k = fused.head_norms(attn, q, k)
+    for got, x, norm in ((got_q, q, norms[0]), (got_k, k, norms[1])):
+        want = rms_norm(x.reshape(-1, D), norm.weight, norm.eps, norm.offset, norm.weight_in_float32)
+        assert torch.equal(got.reshape(-1, D), want)
+    same_q, same_k = fused.head_norms(SimpleNamespace(q_norm=None, k_norm=None), q, k)
+    assert same_q is q and same_k is k  # a model without head norms
