@@ -2,12 +2,14 @@
 
 Why: at decode batch sizes a layer's matmuls take microseconds, and eager RMSNorm (8 kernels),
 RoPE (18) and SwiGLU (2) launches cost as much again, even inside a CUDA graph. Each becomes one
-kernel here, and each residual add joins the RMSNorm after it (Llama models run `_llama_forward`: two
+kernel here (the norms, and q/k head norms of both in one, in runtime/cuda/norms.py), and each
+residual add joins the RMSNorm after it (Llama models run `_llama_forward`: two
 kernels fewer per layer, 32 of a batch-1 step's 213 on the 1B shape, 1.2 us each on an H100), and RoPE
 writes the rotated K and the V of each new token straight into its KV cache slot (one kernel fewer per
 layer); in a step of one-token rows it does so inside the decode-attention kernel (one more fewer). A
 16-bit one-token step goes further: its projections are GEMVs that carry the norms, SwiGLU and residual
-adds (runtime/cuda/gemv.py), four kernels a layer besides attention. They round intermediates to the
+adds (runtime/cuda/gemv.py), four kernels a layer besides attention (an experts layer:
+runtime/cuda/one_token_moe.py). They round intermediates to the
 activation dtype where the eager code does, so results match the eager modules (runtime/models/norm.py,
 rotary_embedding.py, llama.py) up to the last bit of the transcendental functions and the order of a
 dot product's sums.
@@ -29,71 +31,10 @@ from torch import nn
 from runtime.attention_metadata import AttentionMetadata
 from runtime.cuda import paged_attention, pdl
 from runtime.cuda.gemv import gemv
+from runtime.cuda.norms import add_rms_norm, head_norms, rms_norm
 from runtime.cuda.one_token_moe import one_token_moe
 from runtime.cuda.paged_attention import attend_decode_group, attend_over_cache
 from runtime.cuda.pdl import wait_for_previous_kernel
-
-
-@triton.jit
-def _scaled(normed, w_ptr, offs, mask, dtype, OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr):
-    """The normalised float32 row times the norm's weight, as runtime/models/norm.py's RMSNorm rounds it: cast back
-    before the weight (HF Llama), or (OFFSET + weight) in float32 then cast (Gemma, gpt-oss)."""
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if WEIGHT_F32:
-        return (normed * (OFFSET + w)).to(dtype)
-    return (w * normed.to(dtype).to(tl.float32)).to(dtype)
-
-
-@triton.jit
-def _rms_norm_row(x_ptr, w_ptr, out_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr, OFFSET: tl.constexpr,
-                  WEIGHT_F32: tl.constexpr):
-    """out[:N] = RMSNorm(x[:N]) for one row (the kernels below: one row per program)."""
-    offs = tl.arange(0, BLOCK)
-    mask = offs < N
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
-    tl.store(out_ptr + offs, _scaled(x * rstd, w_ptr, offs, mask, out_ptr.dtype.element_ty, OFFSET, WEIGHT_F32),
-             mask=mask)
-
-
-@triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, eps, N: tl.constexpr, BLOCK: tl.constexpr,
-                     OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr):
-    row = tl.program_id(0)
-    _rms_norm_row(x_ptr + row * stride_x, w_ptr, out_ptr + row * stride_o, eps, N, BLOCK, OFFSET, WEIGHT_F32)
-
-
-@triton.jit
-def _head_norms_kernel(q_ptr, k_ptr, q_norm_ptr, k_norm_ptr, out_ptr, stride_q, stride_k, q_eps, k_eps,
-                       HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                       OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr, PDL: tl.constexpr):
-    """Program (t, h): token t's head h of q (h < HQ, q_norm) or head h - HQ of k (k_norm), RMS-normalised into
-    out [T, (HQ + HK) * D], each head as _rms_norm_kernel normalises a row (the same bits)."""
-    wait_for_previous_kernel(PDL)
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    out = out_ptr + (t * (HQ + HK) + h) * D
-    if h < HQ:
-        _rms_norm_row(q_ptr + t * stride_q + h * D, q_norm_ptr, out, q_eps, D, BLOCK, OFFSET, WEIGHT_F32)
-    else:
-        _rms_norm_row(k_ptr + t * stride_k + (h - HQ) * D, k_norm_ptr, out, k_eps, D, BLOCK, OFFSET, WEIGHT_F32)
-
-
-@triton.jit
-def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, stride_x, stride_r, stride_s, stride_o, eps,
-                         N: tl.constexpr, BLOCK: tl.constexpr, OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr):
-    row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < N
-    dtype = sum_ptr.dtype.element_ty
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    r = tl.load(r_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
-    total = (x + r).to(dtype)  # the residual stream, rounded as the eager add rounds it
-    tl.store(sum_ptr + row * stride_s + offs, total, mask=mask)
-    t = total.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(t * t, axis=0) / N + eps)
-    tl.store(out_ptr + row * stride_o + offs, _scaled(t * rstd, w_ptr, offs, mask, dtype, OFFSET, WEIGHT_F32),
-             mask=mask)
 
 
 @triton.jit
@@ -199,55 +140,6 @@ def _silu_mul_kernel(x_ptr, out_ptr, stride_x, I: tl.constexpr, BLOCK: tl.conste
     up = tl.load(x_ptr + row * stride_x + I + offs, mask=mask, other=0.0).to(tl.float32)
     act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + row * I + offs, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0,
-             weight_in_float32: bool = False) -> torch.Tensor:
-    """weight * (x / rms(x)) over the last dim, float32 inside; x [..., N] (offset, weight_in_float32: RMSNorm's)."""
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    n = x2.shape[-1]
-    if x2.shape[0]:
-        block = triton.next_power_of_2(n)
-        _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, x2.stride(0), out.stride(0), eps, N=n, BLOCK=block,
-                                         OFFSET=offset, WEIGHT_F32=weight_in_float32 or offset != 0.0,
-                                         num_warps=min(16, max(1, block // 256)))
-    return out.view(x.shape)
-
-
-def head_norms(attn: nn.Module, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """LlamaAttention.head_norms (Qwen3, Gemma 3: every head of q and k RMS-normalised) in one kernel: q [T, HQ*D]
-    and k [T, HK*D] (rows may be strided views) -> views of one [T, (HQ + HK) * D] tensor."""
-    q_norm, k_norm = attn.q_norm, attn.k_norm
-    if q_norm is None or k_norm is None:
-        return q, k
-    head_dim, q_width = attn.attn.head_dim, q.shape[1]
-    out = torch.empty((q.shape[0], q_width + k.shape[1]), dtype=q.dtype, device=q.device)
-    if q.shape[0]:
-        block = triton.next_power_of_2(head_dim)
-        _head_norms_kernel[(q.shape[0], out.shape[1] // head_dim)](
-            q, k, q_norm.weight, k_norm.weight, out, q.stride(0), k.stride(0), q_norm.eps, k_norm.eps,
-            HQ=q_width // head_dim, HK=k.shape[1] // head_dim, D=head_dim, BLOCK=block, OFFSET=q_norm.offset,
-            WEIGHT_F32=q_norm.weight_in_float32 or q_norm.offset != 0.0, PDL=pdl.ENABLED,
-            num_warps=min(16, max(1, block // 256)), **pdl.launch_options())  # rms_norm's warps: its bits
-    return out[:, :q_width], out[:, q_width:]
-
-
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0,
-                 weight_in_float32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + residual, rms_norm(x + residual)) in one kernel; x and residual [T, N]."""
-    total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    n = x.shape[-1]
-    if x.shape[0]:
-        block = triton.next_power_of_2(n)
-        _add_rms_norm_kernel[(x.shape[0],)](x, residual, weight, total, out, x.stride(0), residual.stride(0),
-                                            total.stride(0), out.stride(0), eps, N=n, BLOCK=block, OFFSET=offset,
-                                            WEIGHT_F32=weight_in_float32 or offset != 0.0,
-                                            num_warps=min(16, max(1, block // 256)))
-    return total, out
 
 
 def rope_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -2,14 +2,14 @@
 
 `fused_experts(experts, x, weights, ids)` computes what runtime/models/moe.py's `Experts.forward` does:
 
-- steps of more than a few (token, expert) pairs: the pairs are sorted by expert on the device (`align`: counts,
-  prefix sums and one scatter; no host sync, shapes fixed by the token count, so CUDA graphs capture it), each
-  expert's run padded to BLOCK_M rows; then one grouped GEMM kernel over all blocks (each block reads its tokens'
-  rows, gathered, and its expert's weight tiles), the gated activation, and a second grouped GEMM that multiplies by
-  each pair's router weight; each token's sum over its k pairs is one reduction;
-- one-token steps (few pairs): a GEMV kernel whose programs each read one chosen expert's weight rows, so a step
-  reads only the k chosen experts' weights (the floor of a batch-1 decode step), the same activation, and the same
-  weighted sum.
+- steps of more than a few (token, expert) pairs: the pairs are grouped by expert on the device (`align`: counts,
+  runs and placement by atomic adds; no host sync, shapes fixed by the token count, so CUDA graphs capture it), each
+  expert's run padded to BLOCK_M rows (GEMM_TILES: by the token count); then one grouped GEMM kernel over all blocks
+  (each block reads its tokens' rows, gathered, and its expert's weight tiles), the gated activation, and a second
+  grouped GEMM that multiplies by each pair's router weight; each token's sum over its k pairs is one reduction;
+- steps of few pairs: a GEMV kernel whose programs each read one chosen expert's weight rows, so a step reads only
+  the k chosen experts' weights, the same activation, and the same weighted sum. (A 16-bit model's batch-1 decode
+  step runs its MoE layers through runtime/cuda/one_token_moe.py instead: router and experts in three kernels.)
 
 Results round to the activation dtype where the eager code does (after each product, and after weighting), with
 float32 accumulation; float32 models use IEEE dot products.
@@ -129,25 +129,70 @@ def _gated_activation_kernel(x_ptr, out_ptr, I, alpha, limit, CLAMPED: tl.conste
     tl.store(out_ptr + row * I + offs, gated(gate, up, alpha, limit, dtype, CLAMPED), mask=mask)
 
 
+@triton.jit
+def _count_kernel(ids_ptr, counts_ptr, P, BLOCK: tl.constexpr):
+    """counts[e] += the pairs of this block that go to expert e."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < P
+    tl.atomic_add(counts_ptr + tl.load(ids_ptr + offs, mask=mask, other=0), 1, mask=mask)
+
+
+@triton.jit
+def _runs_kernel(counts_ptr, cursor_ptr, sorted_ptr, block_expert_ptr, num_sorted_ptr, P, capacity,
+                 E: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK: tl.constexpr,
+                 BLOCK_B: tl.constexpr):
+    """One program: each expert's run (its count padded to BLOCK_M) in expert order, its start into `cursor`, the
+    padded length, the expert of every BLOCK_M block (the last expert for blocks past the runs), and every slot of
+    `sorted` set to padding (P) for _place_kernel to fill."""
+    offs_e = tl.arange(0, BLOCK_E)
+    real = offs_e < E
+    padded = (tl.load(counts_ptr + offs_e, mask=real, other=0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, axis=0)
+    tl.store(cursor_ptr + offs_e, ends - padded, mask=real)
+    tl.store(num_sorted_ptr, tl.sum(padded, axis=0))
+    for b0 in range(0, capacity // BLOCK_M, BLOCK_B):
+        blocks = b0 + tl.arange(0, BLOCK_B)
+        ended = (ends[None, :] <= (blocks * BLOCK_M)[:, None]) & real[None, :]  # runs wholly before the block
+        expert = tl.minimum(tl.sum(ended.to(tl.int32), axis=1), E - 1)
+        tl.store(block_expert_ptr + blocks, expert, mask=blocks < capacity // BLOCK_M)
+    for s0 in range(0, capacity, BLOCK):
+        slots = s0 + tl.arange(0, BLOCK)
+        tl.store(sorted_ptr + slots, tl.zeros([BLOCK], tl.int32) + P, mask=slots < capacity)
+
+
+@triton.jit
+def _place_kernel(ids_ptr, cursor_ptr, sorted_ptr, P, BLOCK: tl.constexpr):
+    """Each pair of this block into the next free slot of its expert's run."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < P
+    slot = tl.atomic_add(cursor_ptr + tl.load(ids_ptr + offs, mask=mask, other=0), 1, mask=mask)
+    tl.store(sorted_ptr + slot, offs, mask=mask)
+
+
 def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The step's (token, expert) pairs (pair p = token * k + j) sorted by expert, each expert's run padded to a
     multiple of `block_m` with the index `ids.numel()`: (sorted pairs [capacity], expert of each block
-    [capacity / block_m], int32 [1] pairs' length with the padding). Capacity depends only on the shapes."""
+    [capacity / block_m], int32 [1] pairs' length with the padding). Capacity depends only on the shapes.
+
+    Three kernels after a zeroed count (were 35 torch ops, a sort among them: 1.6k kernels in a 256-row decode step of
+    Qwen3-30B-A3B): counts by atomic adds, the runs, then each pair placed by an atomic add on its run's cursor, so
+    the order within a run varies from step to step; no result does (a GEMM row's products do not depend on the
+    row's place in its block)."""
     pairs = ids.numel()
     flat = ids.reshape(-1)
-    # (not bincount: its output size needs the host to read the largest id, which a CUDA graph capture forbids)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device).scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block_m - 1) // block_m * block_m
-    ends = torch.cumsum(padded, 0)
-    order = torch.argsort(flat, stable=True)
-    experts = flat[order]
-    rank = torch.arange(pairs, device=ids.device) - (torch.cumsum(counts, 0) - counts)[experts]
     capacity = -(-(pairs + num_experts * (block_m - 1)) // block_m) * block_m
-    sorted_pairs = torch.full((capacity,), pairs, dtype=torch.int32, device=ids.device)
-    sorted_pairs[(ends - padded)[experts] + rank] = order.to(torch.int32)
-    block_starts = torch.arange(0, capacity, block_m, device=ids.device)
-    block_expert = torch.searchsorted(ends, block_starts, right=True).clamp_(max=num_experts - 1).to(torch.int32)
-    return sorted_pairs, block_expert, ends[-1:].to(torch.int32)
+    counts = torch.zeros(2 * num_experts, dtype=torch.int32, device=ids.device)  # the counts, then the cursors
+    sorted_pairs = torch.empty(capacity, dtype=torch.int32, device=ids.device)
+    block_expert = torch.empty(capacity // block_m, dtype=torch.int32, device=ids.device)
+    num_sorted = torch.empty(1, dtype=torch.int32, device=ids.device)
+    block = 1024
+    grid = (triton.cdiv(pairs, block),)
+    _count_kernel[grid](flat, counts, pairs, BLOCK=block)
+    _runs_kernel[(1,)](counts, counts[num_experts:], sorted_pairs, block_expert, num_sorted, pairs, capacity,
+                       E=num_experts, BLOCK_E=triton.next_power_of_2(num_experts), BLOCK_M=block_m, BLOCK=block,
+                       BLOCK_B=max(16, 8192 // triton.next_power_of_2(num_experts)))
+    _place_kernel[grid](flat, counts[num_experts:], sorted_pairs, pairs, BLOCK=block)
+    return sorted_pairs, block_expert, num_sorted
 
 
 def gemm_tile(tokens: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:

@@ -19,7 +19,8 @@ from runtime.models.rotary_embedding import RopeConfig, RotaryEmbedding  # noqa:
 
 if RUN_HERE:
     from runtime.cuda import fused
-    from runtime.cuda.fused import add_rms_norm, rms_norm, rope_decode_attention, rope_store_kv, silu_and_mul
+    from runtime.cuda.fused import rope_decode_attention, rope_store_kv, silu_and_mul
+    from runtime.cuda.norms import add_rms_norm, head_norms, rms_norm
     from runtime.cuda.gemv import gemv
     from runtime.cuda.paged_attention import decode_attention, prefill_tiles, store_kv, triton_paged_attention
 
@@ -380,9 +381,9 @@ def test_head_norms_in_one_kernel_give_the_bits_of_the_norm_kernel_per_head(dtyp
     for norm in norms:
         norm.weight.data = torch.randn(D, generator=g).to(DEVICE, dtype)
     attn = SimpleNamespace(q_norm=norms[0], k_norm=norms[1], attn=SimpleNamespace(head_dim=D))
-    got_q, got_k = fused.head_norms(attn, q, k)
+    got_q, got_k = head_norms(attn, q, k)
     for got, x, norm in ((got_q, q, norms[0]), (got_k, k, norms[1])):
         want = rms_norm(x.reshape(-1, D), norm.weight, norm.eps, norm.offset, norm.weight_in_float32)
         assert torch.equal(got.reshape(-1, D), want)
-    same_q, same_k = fused.head_norms(SimpleNamespace(q_norm=None, k_norm=None), q, k)
+    same_q, same_k = head_norms(SimpleNamespace(q_norm=None, k_norm=None), q, k)
     assert same_q is q and same_k is k  # a model without head norms

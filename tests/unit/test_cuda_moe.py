@@ -23,7 +23,7 @@ if RUN_HERE:
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=16)
+    run_in_interpreter(__file__, passed=19)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -133,3 +133,28 @@ def test_one_token_moe_layer_equals_the_eager_layer(kind: str, dtype: torch.dtyp
         want = (x + moe(norm(x))).float()
         got = one_token_moe(moe, x, norm).float()
         assert ((got - want).norm() / want.norm()).item() < (1e-5 if dtype == torch.float32 else 1e-3), seed
+
+
+@kernels
+@pytest.mark.parametrize(("experts", "top_k", "tokens", "block_m"),
+                         [(128, 8, 256, 32), (6, 3, 300, 128), (128, 8, 1, 16)])
+def test_align_puts_each_experts_pairs_in_its_padded_run(experts: int, top_k: int, tokens: int, block_m: int) -> None:
+    """Qwen3-30B-A3B's 256-row decode step, a prefill-sized block and a single token: every expert's run starts at
+    the padded lengths of the runs before it and holds exactly its pairs (in any order), then padding; each block
+    names the expert whose run it is in."""
+    g = torch.Generator().manual_seed(40)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)]).to(DEVICE)
+    sorted_pairs, block_expert, num_sorted = cuda_moe.align(ids, experts, block_m)
+    counts = torch.bincount(ids.view(-1).cpu(), minlength=experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    starts = (torch.cumsum(padded, 0) - padded).tolist()
+    assert int(num_sorted) == int(padded.sum())
+    runs = sorted_pairs.cpu()
+    flat = ids.view(-1).cpu()
+    for e in range(experts):
+        run = runs[starts[e] : starts[e] + int(padded[e])]
+        assert sorted(run[: int(counts[e])].tolist()) == torch.nonzero(flat == e).view(-1).tolist(), e
+        assert (run[int(counts[e]) :] == ids.numel()).all(), e
+        assert (block_expert.cpu()[starts[e] // block_m : (starts[e] + int(padded[e])) // block_m] == e).all(), e
+    assert (runs[int(num_sorted) :] == ids.numel()).all()
+    assert (block_expert.cpu()[int(num_sorted) // block_m :] == experts - 1).all()  # blocks past the runs
