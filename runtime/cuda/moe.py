@@ -17,6 +17,7 @@ float32 accumulation; float32 models use IEEE dot products.
 
 from __future__ import annotations
 
+import functools
 import types
 
 import torch
@@ -36,6 +37,7 @@ GEMM_TILES: tuple[tuple[int, tuple[int, int, int, int, int]], ...] = (
     (40, (16, 64, 128, 4, 3)), (192, (16, 128, 128, 4, 2)), (384, (32, 256, 128, 4, 2)), (768, (64, 128, 64, 4, 3)),
     (1 << 62, (128, 256, 64, 8, 4)))
 FLOAT32_MAX_TILE = (64, 64, 3)  # float32 (test models): BLOCK_N, BLOCK_K, num_stages at most (shared memory)
+SHARED_MEMORY_SLACK = 16 * 1024  # what a kernel may need beyond its pipelined tiles (epilogue, barriers)
 
 
 @triton.jit
@@ -195,12 +197,28 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tens
     return sorted_pairs, block_expert, num_sorted
 
 
-def gemm_tile(tokens: int, dtype: torch.dtype) -> tuple[int, int, int, int, int]:
-    """The grouped GEMMs' (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for a step of `tokens` (GEMM_TILES)."""
+@functools.cache
+def shared_memory_bytes(device_index: int) -> int:
+    """The shared memory one program may use on a GPU (its opt-in limit: 227 KB on an H200, 99 KB on an L40S)."""
+    return triton.runtime.driver.active.utils.get_device_properties(device_index)["max_shared_mem"]
+
+
+def gemm_tile(tokens: int, dtype: torch.dtype, shared_memory: int | None = None) -> tuple[int, int, int, int, int]:
+    """The grouped GEMMs' (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for a step of `tokens` (GEMM_TILES),
+    with fewer stages, then narrower tiles, where the pipelined tiles would not fit `shared_memory` bytes (the H200's
+    tiles on a smaller GPU); None: no limit (Triton's interpreter)."""
     block_m, block_n, block_k, warps, stages = next(tile for bound, tile in GEMM_TILES if tokens <= bound)
     if dtype == torch.float32:
         max_n, max_k, max_stages = FLOAT32_MAX_TILE
         block_n, block_k, stages = min(block_n, max_n), min(block_k, max_k), min(stages, max_stages)
+    if shared_memory is not None:
+        def needed() -> int:
+            return stages * (block_m + block_n) * block_k * torch.finfo(dtype).bits // 8 + SHARED_MEMORY_SLACK
+
+        while needed() > shared_memory and stages > 2:
+            stages -= 1
+        while needed() > shared_memory and block_n > 32:
+            block_n //= 2
     return block_m, block_n, block_k, warps, stages
 
 
@@ -261,7 +279,7 @@ def fused_experts(experts: Experts, x: torch.Tensor, weights: torch.Tensor, ids:
         h = gated_activation(_gemv(x, w13, b13, flat, None, top_k, per_token=True), experts)
         y = _gemv(h, w2, b2, flat, pair_weights, top_k, per_token=False)
     else:
-        tile = gemm_tile(tokens, x.dtype)
+        tile = gemm_tile(tokens, x.dtype, shared_memory_bytes(x.device.index) if x.is_cuda else None)
         sorted_pairs, block_expert, num_sorted = align(ids, experts.moe.num_experts, tile[0])
         pairs = ids.numel()
         h = gated_activation(_gemm(x, w13, b13, sorted_pairs, block_expert, num_sorted, None, pairs, top_k,

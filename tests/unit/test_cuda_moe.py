@@ -23,7 +23,7 @@ if RUN_HERE:
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=19)
+    run_in_interpreter(__file__, passed=22)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -97,7 +97,7 @@ def test_every_tile_of_the_grouped_gemms_gives_the_eager_result(monkeypatch: pyt
     x, weights, ids = _routed(spec, 40, seed=21)
     want = Experts.forward(experts, x, weights, ids)
     for _, tile in cuda_moe.GEMM_TILES:
-        monkeypatch.setattr(cuda_moe, "gemm_tile", lambda tokens, dtype, tile=tile: tile)
+        monkeypatch.setattr(cuda_moe, "gemm_tile", lambda tokens, dtype, shared_memory, tile=tile: tile)
         got = cuda_moe.fused_experts(experts, x, weights, ids)
         assert ((got - want).norm() / want.norm()).item() < 1e-5, tile
 
@@ -158,3 +158,19 @@ def test_align_puts_each_experts_pairs_in_its_padded_run(experts: int, top_k: in
         assert (block_expert.cpu()[starts[e] // block_m : (starts[e] + int(padded[e])) // block_m] == e).all(), e
     assert (runs[int(num_sorted) :] == ids.numel()).all()
     assert (block_expert.cpu()[int(num_sorted) // block_m :] == experts - 1).all()  # blocks past the runs
+
+
+@pytest.mark.parametrize(("shared_memory", "tile"), [
+    (232448, (128, 256, 64, 8, 4)),  # H200 (and H100): the table's tile
+    (166912, (128, 256, 64, 8, 3)),  # A100: a stage fewer
+    (101376, (128, 128, 64, 8, 2)),  # L40S: two stages and half as wide
+])
+def test_grouped_gemm_tiles_fit_the_gpus_shared_memory(shared_memory: int, tile: tuple[int, ...]) -> None:
+    """A prefill chunk's bf16 tile on GPUs with less shared memory than the H200 it was tuned on."""
+    from runtime.cuda.moe import SHARED_MEMORY_SLACK, gemm_tile
+
+    got = gemm_tile(4096, torch.bfloat16, shared_memory)
+    assert got == tile
+    block_m, block_n, block_k, _, stages = got
+    assert stages * (block_m + block_n) * block_k * 2 + SHARED_MEMORY_SLACK <= shared_memory
+    assert gemm_tile(4096, torch.bfloat16) == gemm_tile(4096, torch.bfloat16, 232448)  # no limit: the table's
