@@ -19,6 +19,9 @@ is recorded with its traceback, the others still run, and the run exits 1):
                   memory, as a step does): us per layer on one_token_moe and on the general path, against the bytes
                   the layer must read (router and the k chosen experts) over the bandwidth; its kernels' split; then
                   one_token_moe's alternative tiles (gate/up, down, the router's GEMV)
+  moe_256         the experts of a 256-row decode step (runtime/cuda/moe.py's fused_experts after `route`, random
+                  tokens), each layer's weights in turn from one graph: us per layer against the bytes of the
+                  experts that got tokens over the bandwidth, on GEMM_TILES' tile and on GEMM_256_TILES
   check           one_token_moe against the eager layer (router, `route`, `Experts.forward`, add) on random tokens
                   in bf16: the largest relative error, and the smallest gap between a chosen and an unchosen logit
                   (a near tie may route the two differently)
@@ -40,8 +43,11 @@ import torch
 
 # (BLOCK_N, BLOCK_K, num_warps) alternatives timed in moe_layer
 GATE_UP_TILES = ((2, 2048, 4), (4, 512, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
-DOWN_TILES = ((2, 1024, 4), (4, 256, 4), (8, 1024, 8), (16, 256, 4))
+DOWN_TILES = ((2, 1024, 4), (4, 256, 4), (8, 1024, 8), (8, 512, 4))
 ROUTER_TILES = ((1, 2048, 4), (2, 2048, 4), (4, 1024, 4), (8, 512, 4))
+# grouped-GEMM tiles (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) timed in moe_256: the tiles every step had
+# before GEMM_TILES, then alternatives to GEMM_TILES' choice for 256 tokens
+GEMM_256_TILES = ((16, 64, 64, 4, 3), (16, 128, 128, 4, 2), (32, 128, 128, 4, 3), (64, 128, 64, 4, 3))
 
 
 def timed(fn: Callable[[int], Any], calls: int, cuda: bool, repeats: int = 5) -> float:
@@ -225,6 +231,37 @@ def moe_layer_figures(model: Any, bandwidth: float, cuda: bool, tiles: int) -> d
     return res
 
 
+def moe_256_figures(model: Any, bandwidth: float, cuda: bool, rows: int, tiles: int) -> dict[str, Any]:
+    """The moe_256 phase (module docstring), on `rows` tokens and the first `tiles` of GEMM_256_TILES."""
+    from runtime.cuda import moe as cuda_moe
+    from runtime.models.moe import MoE, route
+
+    layers = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, MoE)]
+    spec, hidden = layers[0].moe, model.spec.hidden_size
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(rows, hidden, generator=g).to(model.model.norm.weight)
+    with torch.inference_mode():
+        routed = [route(layer.gate(x), spec) for layer in layers]
+        used = sum(int(torch.bincount(ids.view(-1), minlength=spec.num_experts).gt(0).sum()) for _, ids in routed)
+        expert_bytes = 3 * spec.intermediate_size * hidden * x.element_size()
+        res: dict[str, Any] = {"rows": rows, "experts_used_per_layer": used / len(layers),
+                               "floor_us": used / len(layers) * expert_bytes / (bandwidth * 1e6)}
+
+        def experts(i: int) -> torch.Tensor:
+            return layers[i].experts(x, *routed[i])
+
+        res["table_tile"] = "x".join(map(str, cuda_moe.gemm_tile(rows, x.dtype)))
+        res["table_us"] = timed(experts, len(layers), cuda)
+        kept = cuda_moe.gemm_tile
+        try:
+            for tile in GEMM_256_TILES[:tiles]:
+                cuda_moe.gemm_tile = lambda tokens, dtype, shared_memory=None, tile=tile: tile
+                res[f"tile_{'x'.join(map(str, tile))}_us"] = timed(experts, len(layers), cuda)
+        finally:
+            cuda_moe.gemm_tile = kept
+    return res
+
+
 def check(model: Any, tokens: int) -> dict[str, float]:
     """The check phase (module docstring)."""
     import torch.nn.functional as F
@@ -319,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
             record("kernels", lambda: {"eager_step": True, **kernel_table(step.eager, profile_steps, cuda)})
     if isinstance(bandwidth, float):
         record("moe_layer", lambda: moe_layer_figures(model, bandwidth, cuda, len(GATE_UP_TILES) if cuda else 1))
+        record("moe_256", lambda: moe_256_figures(model, bandwidth, cuda, 256 if cuda else 24,
+                                                  len(GEMM_256_TILES) if cuda else 1))
     record("check", lambda: check(model, args.check_tokens if cuda else 1))
     return 1 if failed else 0
 

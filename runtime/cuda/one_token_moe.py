@@ -47,19 +47,26 @@ def _top_k(logits_ptr, E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constex
     """One token's experts as runtime/models/moe.py's `route` picks them from its E router logits: ([BLOCK_TOPK]
     expert ids, [BLOCK_TOPK] float32 weights), slot j the j-th largest logit (ties: the lower id); slots from TOP_K
     on hold id 0 and weight 0. SOFTMAX_FIRST: softmax over all E, the chosen ones' probabilities (divided by their
-    sum when RENORMALIZE); else the softmax of the chosen logits."""
+    sum when RENORMALIZE); else the softmax of the chosen logits.
+
+    Each pick is one max over int64 keys, the logit's bits ordered as the floats above the id reversed: one
+    reduction where a max then the lowest id holding it took two (their barriers came before any weight load)."""
     offs = tl.arange(0, BLOCK_E)
     logits = tl.load(logits_ptr + offs, mask=offs < E, other=float("-inf")).to(tl.float32)
+    bits = logits.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative floats' bits count down
+    keys = (ordered.to(tl.int64) << 32) | (BLOCK_E - 1 - offs).to(tl.int64)
     slots = tl.arange(0, BLOCK_TOPK)
     ids = tl.zeros([BLOCK_TOPK], tl.int32)
     top = tl.full([BLOCK_TOPK], float("-inf"), tl.float32)
-    rest = logits
     for j in tl.static_range(TOP_K):
-        best = tl.max(rest, axis=0)
-        pick = tl.min(tl.where(rest == best, offs, BLOCK_E), axis=0)
+        best = tl.max(keys, axis=0)
+        pick = BLOCK_E - 1 - (best & 0xFFFFFFFF).to(tl.int32)
+        best_ordered = (best >> 32).to(tl.int32)
+        value = tl.where(best_ordered < 0, best_ordered ^ 0x7FFFFFFF, best_ordered).to(tl.float32, bitcast=True)
         ids = tl.where(slots == j, pick, ids)
-        top = tl.where(slots == j, best, top)
-        rest = tl.where(offs == pick, float("-inf"), rest)
+        top = tl.where(slots == j, value, top)
+        keys = tl.where(offs == pick, -(2**63), keys)
     largest = tl.max(top, axis=0)
     if SOFTMAX_FIRST:
         weights = tl.exp(top - largest) / tl.sum(tl.exp(logits - largest), axis=0)
@@ -72,9 +79,9 @@ def _top_k(logits_ptr, E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constex
 
 
 @triton.jit
-def _slot(values, j):
+def _slot(values, j, BLOCK_TOPK: tl.constexpr):
     """values[j] of a [BLOCK_TOPK] vector, j a program id or a loop index."""
-    return tl.sum(tl.where(tl.arange(0, values.shape[0]) == j, values, 0), axis=0)
+    return tl.sum(tl.where(tl.arange(0, BLOCK_TOPK) == j, values, 0), axis=0)
 
 
 @triton.jit
@@ -88,17 +95,22 @@ def _gate_up_kernel(
     wait_for_previous_kernel(PDL)  # the logits (and x, before them) are earlier kernels' outputs
     j = tl.program_id(0)
     ids, _ = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TOPK, SOFTMAX_FIRST, RENORMALIZE)
-    expert = _slot(ids, j).to(tl.int64)
+    expert = _slot(ids, j, BLOCK_TOPK).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < I
     gate_rows = w_ptr + expert * stride_we + rows.to(tl.int64)[:, None] * H
     up_rows = gate_rows + I * H
     dtype = w_ptr.dtype.element_ty
-    rstd = input_rstd(x_ptr, eps, H, BLOCK_K)
     offs = tl.arange(0, BLOCK_K)
-    acc_gate = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k in range(0, H, BLOCK_K):
+    mask = row_mask[:, None] & (offs < H)[None, :]
+    # the first weight tiles are in flight while the norm's scale is computed (x is read from L2)
+    w_gate = tl.load(gate_rows + offs[None, :], mask=mask, other=0.0)
+    w_up = tl.load(up_rows + offs[None, :], mask=mask, other=0.0)
+    rstd = input_rstd(x_ptr, eps, H, BLOCK_K)
+    normed = input_tile(x_ptr, norm_ptr, offs, offs < H, rstd, H, dtype, True, False)[None, :]
+    acc_gate = w_gate.to(tl.float32) * normed
+    acc_up = w_up.to(tl.float32) * normed
+    for k in range(BLOCK_K, H, BLOCK_K):
         cols = k + offs
         col_mask = cols < H
         normed = input_tile(x_ptr, norm_ptr, cols, col_mask, rstd, H, dtype, True, False)[None, :]
@@ -131,7 +143,7 @@ def _down_kernel(
     dtype = w_ptr.dtype.element_ty
     total = tl.zeros([BLOCK_N], tl.float32)
     for j in tl.static_range(TOP_K):
-        expert = _slot(ids, j).to(tl.int64)
+        expert = _slot(ids, j, BLOCK_TOPK).to(tl.int64)
         w_rows = w_ptr + expert * stride_we + rows.to(tl.int64)[:, None] * I
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
         for k in range(0, I, BLOCK_K):
@@ -143,7 +155,7 @@ def _down_kernel(
         y = tl.sum(acc, axis=1)
         if BIAS:
             y += tl.load(bias_ptr + expert * H + rows, mask=row_mask, other=0.0).to(tl.float32)
-        total += (y.to(dtype).to(tl.float32) * _slot(weights, j)).to(dtype).to(tl.float32)
+        total += (y.to(dtype).to(tl.float32) * _slot(weights, j, BLOCK_TOPK)).to(dtype).to(tl.float32)
     out = total.to(dtype).to(tl.float32) + tl.load(res_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, out.to(dtype), mask=row_mask)
 

@@ -23,6 +23,9 @@ def test_every_phase_runs_and_writes_its_figures(tmp_path: Path) -> None:
     assert positive(layer["floor_us"], layer["one_token_us"], layer["general_us"])
     assert [key for key in layer if key.startswith(("gate_up_tile_", "down_tile_", "router_"))] == [
         "gate_up_tile_2x2048x4_us", "down_tile_2x1024x4_us", "router_4x1024x4_us", "router_1x2048x4_us"]
+    wide = result["moe_256"]
+    assert positive(wide["floor_us"], wide["table_us"], wide["tile_16x64x64x4x3_us"])
+    assert wide["table_tile"] == "16x64x128x4x3"  # 24 rows: GEMM_TILES' first
     table = result["kernels"]
     assert table["launches_per_step"] > 0 and table["top"][0]["us_per_step"] >= table["top"][-1]["us_per_step"]
     # one_token_moe against the eager layer: bf16 in the interpreter (which truncates), so within a few roundings
