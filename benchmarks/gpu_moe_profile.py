@@ -30,11 +30,9 @@ is recorded with its traceback, the others still run, and the run exits 1):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -303,29 +301,15 @@ def main(argv: list[str] | None = None) -> int:
     if not cuda:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
     from benchmarks.gpu_bench import bandwidth_tb_s
-    from benchmarks.gpu_families import SHAPES, SMOKE_SHAPES, floor_bytes, random_model, write_config
+    from benchmarks.gpu_families import SHAPES, SMOKE_SHAPES, Phases, floor_bytes, random_model, write_config
     from runtime.cuda import enable_cuda_kernels
     from runtime.cuda import fused as fused_module
 
     device = "cuda" if cuda else "cpu"
-    args.out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"device": torch.cuda.get_device_name() if cuda else "cpu",
-                               "date": time.strftime("%Y-%m-%d"), "context": args.context}
-    failed = False
-
-    def record(key: str, run: Callable[[], Any]) -> Any:
-        nonlocal failed
-        t = time.perf_counter()
-        try:
-            results[key] = run()
-        except Exception:  # noqa: BLE001 - a phase's failure is recorded, the later phases still run
-            failed = True
-            results[key] = {"error": traceback.format_exc()}
-            print(results[key]["error"], file=sys.stderr)
-        print(f"gpu_moe_profile: {key} {time.perf_counter() - t:.1f}s: {json.dumps(results[key])[:2000]}", flush=True)
-        (args.out / "gpu_moe_profile.json").write_text(json.dumps(results, indent=2) + "\n")
-        return results[key]
-
+    phases = Phases(args.out / "gpu_moe_profile.json", {"device": torch.cuda.get_device_name() if cuda else "cpu",
+                                                         "date": time.strftime("%Y-%m-%d"), "context": args.context},
+                    printed=2000)
+    record = phases.record
     bandwidth = record("bandwidth_tb_s", lambda: bandwidth_tb_s(1.0 if cuda else 1 / 64, device))
     model_type, shape = (SHAPES if cuda else SMOKE_SHAPES)["qwen3-30b-a3b"]
     folder = write_config(args.out / "qwen3-30b-a3b", model_type, shape)
@@ -359,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         record("moe_256", lambda: moe_256_figures(model, bandwidth, cuda, 256 if cuda else 24,
                                                   len(GEMM_256_TILES) if cuda else 1))
     record("check", lambda: check(model, args.check_tokens if cuda else 1))
-    return 1 if failed else 0
+    return 1 if phases.failed else 0
 
 
 if __name__ == "__main__":
