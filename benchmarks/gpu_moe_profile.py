@@ -253,7 +253,7 @@ def moe_256_figures(model: Any, bandwidth: float, cuda: bool, rows: int, tiles: 
         kept = cuda_moe.gemm_tile
         try:
             for tile in GEMM_256_TILES[:tiles]:
-                cuda_moe.gemm_tile = lambda tokens, dtype, shared_memory=None, tile=tile: tile
+                cuda_moe.gemm_tile = lambda tokens, dtype, memory, tile=tile: cuda_moe.fit_tile(tile, dtype, memory)
                 res[f"tile_{'x'.join(map(str, tile))}_us"] = timed(experts, len(layers), cuda)
         finally:
             cuda_moe.gemm_tile = kept

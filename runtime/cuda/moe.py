@@ -204,10 +204,16 @@ def shared_memory_bytes(device_index: int) -> int:
 
 
 def gemm_tile(tokens: int, dtype: torch.dtype, shared_memory: int | None = None) -> tuple[int, int, int, int, int]:
-    """The grouped GEMMs' (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for a step of `tokens` (GEMM_TILES),
-    with fewer stages, then narrower tiles, where the pipelined tiles would not fit `shared_memory` bytes (the H200's
-    tiles on a smaller GPU); None: no limit (Triton's interpreter)."""
-    block_m, block_n, block_k, warps, stages = next(tile for bound, tile in GEMM_TILES if tokens <= bound)
+    """The grouped GEMMs' (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for a step of `tokens`: GEMM_TILES',
+    fitted (`fit_tile`)."""
+    return fit_tile(next(tile for bound, tile in GEMM_TILES if tokens <= bound), dtype, shared_memory)
+
+
+def fit_tile(tile: tuple[int, int, int, int, int], dtype: torch.dtype,
+             shared_memory: int | None) -> tuple[int, int, int, int, int]:
+    """`tile` within FLOAT32_MAX_TILE for float32, and with fewer stages, then narrower, where its pipelined tiles
+    would not fit `shared_memory` bytes (the H200's tiles on a smaller GPU); None: no limit (Triton's interpreter)."""
+    block_m, block_n, block_k, warps, stages = tile
     if dtype == torch.float32:
         max_n, max_k, max_stages = FLOAT32_MAX_TILE
         block_n, block_k, stages = min(block_n, max_n), min(block_k, max_k), min(stages, max_stages)
