@@ -1,7 +1,7 @@
-"""RMSNorm kernels for CUDA (Triton): a row's norm, the residual add joined to the norm after it, and the per-head
-q/k norms of Qwen3 and Gemma 3 in one launch. They follow runtime/models/norm.py's roundings and conventions (HF
-Llama's cast before the weight; Gemma's (1 + weight) and gpt-oss's weight in float32), so results match the eager
-module up to the order of the mean's float32 sums; runtime/cuda/fused.py routes the modules through them.
+"""RMSNorm kernels for CUDA (Triton): a row's norm, and the residual add joined to the norm after it. They follow
+runtime/models/norm.py's roundings and conventions (HF Llama's cast before the weight; Gemma's (1 + weight) and
+gpt-oss's weight in float32), so results match the eager module up to the order of the mean's float32 sums;
+runtime/cuda/fused.py routes the modules through them, and its RoPE kernels normalise q/k heads with `scaled_norm`.
 """
 
 from __future__ import annotations
@@ -9,14 +9,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from torch import nn
-
-from runtime.cuda import pdl
-from runtime.cuda.pdl import wait_for_previous_kernel
 
 
 @triton.jit
-def _scaled(normed, w_ptr, offs, mask, dtype, OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr):
+def scaled_norm(normed, w_ptr, offs, mask, dtype, OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr):
     """The normalised float32 row times the norm's weight, as runtime/models/norm.py's RMSNorm rounds it: cast back
     before the weight (HF Llama), or (OFFSET + weight) in float32 then cast (Gemma, gpt-oss)."""
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
@@ -26,38 +22,15 @@ def _scaled(normed, w_ptr, offs, mask, dtype, OFFSET: tl.constexpr, WEIGHT_F32: 
 
 
 @triton.jit
-def _rms_norm_row(x_ptr, w_ptr, out_ptr, eps, N: tl.constexpr, BLOCK: tl.constexpr, OFFSET: tl.constexpr,
-                  WEIGHT_F32: tl.constexpr):
-    """out[:N] = RMSNorm(x[:N]) for one row (the kernels below: one row per program)."""
-    offs = tl.arange(0, BLOCK)
-    mask = offs < N
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
-    tl.store(out_ptr + offs, _scaled(x * rstd, w_ptr, offs, mask, out_ptr.dtype.element_ty, OFFSET, WEIGHT_F32),
-             mask=mask)
-
-
-@triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, eps, N: tl.constexpr, BLOCK: tl.constexpr,
                      OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr):
     row = tl.program_id(0)
-    _rms_norm_row(x_ptr + row * stride_x, w_ptr, out_ptr + row * stride_o, eps, N, BLOCK, OFFSET, WEIGHT_F32)
-
-
-@triton.jit
-def _head_norms_kernel(q_ptr, k_ptr, q_norm_ptr, k_norm_ptr, out_ptr, stride_q, stride_k, q_eps, k_eps,
-                       HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr,
-                       OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr, PDL: tl.constexpr):
-    """Program (t, h): token t's head h of q (h < HQ, q_norm) or head h - HQ of k (k_norm), RMS-normalised into
-    out [T, (HQ + HK) * D], each head as _rms_norm_kernel normalises a row (the same bits)."""
-    wait_for_previous_kernel(PDL)
-    t = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1)
-    out = out_ptr + (t * (HQ + HK) + h) * D
-    if h < HQ:
-        _rms_norm_row(q_ptr + t * stride_q + h * D, q_norm_ptr, out, q_eps, D, BLOCK, OFFSET, WEIGHT_F32)
-    else:
-        _rms_norm_row(k_ptr + t * stride_k + (h - HQ) * D, k_norm_ptr, out, k_eps, D, BLOCK, OFFSET, WEIGHT_F32)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < N
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
+    tl.store(out_ptr + row * stride_o + offs,
+             scaled_norm(x * rstd, w_ptr, offs, mask, out_ptr.dtype.element_ty, OFFSET, WEIGHT_F32), mask=mask)
 
 
 @triton.jit
@@ -73,7 +46,7 @@ def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, stride_x, stride
     tl.store(sum_ptr + row * stride_s + offs, total, mask=mask)
     t = total.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(t * t, axis=0) / N + eps)
-    tl.store(out_ptr + row * stride_o + offs, _scaled(t * rstd, w_ptr, offs, mask, dtype, OFFSET, WEIGHT_F32),
+    tl.store(out_ptr + row * stride_o + offs, scaled_norm(t * rstd, w_ptr, offs, mask, dtype, OFFSET, WEIGHT_F32),
              mask=mask)
 
 
@@ -91,24 +64,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
                                          OFFSET=offset, WEIGHT_F32=weight_in_float32 or offset != 0.0,
                                          num_warps=min(16, max(1, block // 256)))
     return out.view(x.shape)
-
-
-def head_norms(attn: nn.Module, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """LlamaAttention.head_norms (Qwen3, Gemma 3: every head of q and k RMS-normalised) in one kernel: q [T, HQ*D]
-    and k [T, HK*D] (rows may be strided views) -> views of one [T, (HQ + HK) * D] tensor."""
-    q_norm, k_norm = attn.q_norm, attn.k_norm
-    if q_norm is None or k_norm is None:
-        return q, k
-    head_dim, q_width = attn.attn.head_dim, q.shape[1]
-    out = torch.empty((q.shape[0], q_width + k.shape[1]), dtype=q.dtype, device=q.device)
-    if q.shape[0]:
-        block = triton.next_power_of_2(head_dim)
-        _head_norms_kernel[(q.shape[0], out.shape[1] // head_dim)](
-            q, k, q_norm.weight, k_norm.weight, out, q.stride(0), k.stride(0), q_norm.eps, k_norm.eps,
-            HQ=q_width // head_dim, HK=k.shape[1] // head_dim, D=head_dim, BLOCK=block, OFFSET=q_norm.offset,
-            WEIGHT_F32=q_norm.weight_in_float32 or q_norm.offset != 0.0, PDL=pdl.ENABLED,
-            num_warps=min(16, max(1, block // 256)), **pdl.launch_options())  # rms_norm's warps: its bits
-    return out[:, :q_width], out[:, q_width:]
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0,
