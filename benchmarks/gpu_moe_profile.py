@@ -130,13 +130,12 @@ class DecodeStep:
         slot = context - 1  # blocks in order: the new token's K/V go to the last position
         if cuda:
             from runtime.cuda.graphs import DecodeGraphs
-            from runtime.decode_rows import IDS, LENGTHS, POSITIONS, PREV, SLOTS
+            from runtime.decode_rows import IDS, LENGTHS, PADDING, POSITIONS, SLOTS
 
             self.graphs = DecodeGraphs(model, self.kv, block_size, max_rows=1, max_blocks_per_seq=blocks)
             packed, tables = self.graphs.host_views(0)
-            packed[:, 0] = 0
+            packed[:, 0] = PADDING  # no adapter, no pending token
             packed[IDS, 0], packed[POSITIONS, 0], packed[SLOTS, 0], packed[LENGTHS, 0] = 1, slot, slot, context
-            packed[PREV, 0] = -1
             tables[0, :] = range(blocks)
             self.graph = self.graphs.base[0][1]
             self.graph.replay()  # the graph's buffers now hold the step's inputs, which `eager` reads

@@ -8,11 +8,10 @@ kernels fewer per layer, 32 of a batch-1 step's 213 on the 1B shape, 1.2 us each
 writes the rotated K and the V of each new token straight into its KV cache slot (one kernel fewer per
 layer); in a step of one-token rows it does so inside the decode-attention kernel (one more fewer). A
 16-bit one-token step goes further: its projections are GEMVs that carry the norms, SwiGLU and residual
-adds (runtime/cuda/gemv.py), four kernels a layer besides attention (an experts layer:
-runtime/cuda/one_token_moe.py). They round intermediates to the
-activation dtype where the eager code does, so results match the eager modules (runtime/models/norm.py,
-rotary_embedding.py, llama.py) up to the last bit of the transcendental functions and the order of a
-dot product's sums.
+adds (runtime/cuda/gemv.py), four kernels a layer besides attention (an experts layer's MLP: three,
+runtime/cuda/one_token_moe.py). They round intermediates to the activation dtype where the eager code
+does, so results match the eager modules (runtime/models/norm.py, rotary_embedding.py, llama.py) up to
+the last bit of the transcendental functions and the order of a dot product's sums.
 
 `use_fused_kernels(model)` swaps the `forward` of the matching module instances; model files stay
 device-agnostic and the CPU path is untouched.
@@ -63,9 +62,9 @@ def _rotate(rows, mask, cos, sin, partner, sign, dtype, norm_ptr, eps, D: tl.con
     kernel's bf16 K differed from the eager module's in the last bit on about 1 element in 3 on an H100.)
 
     NORM: each head RMS-normalised first (Qwen3's and Gemma 3's q/k norms; `norm_ptr` its weight, OFFSET and
-    WEIGHT_F32 as runtime/cuda/norms.py's), its squares summed in float64: exact for 16-bit heads (and all but
-    exact for float32 ones) whatever the order of the sum, so both kernels get the same bits from their tiles of
-    different shapes. (Its own kernel before: two launches a layer, 3-4 us each in a batch-1 step.)"""
+    WEIGHT_F32 as runtime/cuda/norms.py's), its squares summed in float64, where the order of the sum (which
+    differs between the kernels' tiles) almost never reaches the float32 result: the kernels agree bit for bit.
+    (Head norms were two kernels of their own a layer before.)"""
     offs_d = tl.arange(0, cos.shape[0])
     x = tl.load(rows + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
     x_partner = tl.load(rows + partner[None, :], mask=mask, other=0.0).to(tl.float32)
