@@ -19,12 +19,12 @@ is recorded with its traceback, the others still run, and the run exits 1):
                   memory, as a step does): us per layer on one_token_moe and on the general path, against the bytes
                   the layer must read (router and the k chosen experts) over the bandwidth; its kernels' split; then
                   one_token_moe's alternative tiles (gate/up, down, the router's GEMV)
-  moe_256         the experts of a 256-row decode step (runtime/cuda/moe.py's fused_experts after `route`, random
-                  tokens), each layer's weights in turn from one graph: us per layer against the bytes of the
-                  experts that got tokens over the bandwidth, on GEMM_TILES' tile and on GEMM_256_TILES
   check           one_token_moe against the eager layer (router, `route`, `Experts.forward`, add) on random tokens
                   in bf16: the largest relative error, and the smallest gap between a chosen and an unchosen logit
                   (a near tie may route the two differently)
+  moe_256         the experts of a 256-row decode step (runtime/cuda/moe.py's fused_experts after `route`, random
+                  tokens), each layer's weights in turn from one graph: us per layer against the bytes of the
+                  experts that got tokens over the bandwidth, on GEMM_TILES' tile and on GEMM_256_TILES
 """
 
 from __future__ import annotations
@@ -339,9 +339,10 @@ def main(argv: list[str] | None = None) -> int:
             record("kernels", lambda: {"eager_step": True, **kernel_table(step.eager, profile_steps, cuda)})
     if isinstance(bandwidth, float):
         record("moe_layer", lambda: moe_layer_figures(model, bandwidth, cuda, len(GATE_UP_TILES) if cuda else 1))
+    record("check", lambda: check(model, args.check_tokens if cuda else 1))
+    if isinstance(bandwidth, float):
         record("moe_256", lambda: moe_256_figures(model, bandwidth, cuda, 256 if cuda else 24,
                                                   len(GEMM_256_TILES) if cuda else 1))
-    record("check", lambda: check(model, args.check_tokens if cuda else 1))
     return 1 if phases.failed else 0
 
 
