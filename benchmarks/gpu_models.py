@@ -39,8 +39,7 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
 def make_checkpoint(folder: Path, shape: dict[str, Any], dtype: torch.dtype, *, init_std: float = 0.02,
                     max_positions: int = 8192, seed: int = 0) -> Path:
     """Save a random Llama of `shape` and a byte-level tokenizer to `folder` (skipped when present)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     if (folder / "config.json").exists():
         return folder
@@ -53,7 +52,19 @@ def make_checkpoint(folder: Path, shape: dict[str, Any], dtype: torch.dtype, *, 
         model = LlamaForCausalLM(config).to(dtype)
     model.generation_config.eos_token_id = eos
     model.save_pretrained(folder)
-    # byte-level, as Llama 3's: the 256 byte pieces, then " w<i>" words ("Ġ" is the space byte's piece)
+    write_tokenizer(folder, vocab)
+    del model
+    torch.cuda.empty_cache()
+    return folder
+
+
+def write_tokenizer(folder: Path, vocab: int) -> None:
+    """A word-level tokenizer over the whole vocabulary, byte-level as Llama 3's: the 256 byte pieces, then " w<i>"
+    words ("Ġ" is the space byte's piece); the last id is eos."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    eos = vocab - 1
     byte_chars = list(bytes_to_unicode().values())
     pieces = byte_chars + [f"\u0120w{i}" for i in range(vocab - 1 - len(byte_chars))]
     words = {piece: i for i, piece in enumerate(pieces)} | {"<|endoftext|>": eos}
@@ -62,9 +73,6 @@ def make_checkpoint(folder: Path, shape: dict[str, Any], dtype: torch.dtype, *, 
     tok.decoder = decoders.ByteLevel()
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
                             pad_token="<|endoftext|>", unk_token="<|endoftext|>").save_pretrained(folder)
-    del model
-    torch.cuda.empty_cache()
-    return folder
 
 
 def random_prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
@@ -89,7 +97,14 @@ def synchronize(device: str) -> None:
 def hf_generate(folder: Path, dtype: torch.dtype, batch1_tokens: int, batch: int, prompt_len: int,
                 new_tokens: int, device: str = "cuda") -> dict[str, float]:
     """transformers generate, greedy, exact lengths: ms per decode step at batch 1, and output tok/s at `batch`."""
-    model = _hf_model(folder, dtype, device)
+    return hf_generate_model(_hf_model(folder, dtype, device), batch1_tokens, batch, prompt_len, new_tokens, device)
+
+
+@torch.inference_mode()
+def hf_generate_model(model: Any, batch1_tokens: int, batch: int, prompt_len: int, new_tokens: int,
+                      device: str = "cuda") -> dict[str, float]:
+    """`hf_generate` on a transformers model already on `device` (it is deleted after; batch1_tokens 0: the batch
+    figure only)."""
     vocab = model.config.vocab_size
 
     def run(prompts: list[list[int]], n: int) -> float:
@@ -101,16 +116,18 @@ def hf_generate(folder: Path, dtype: torch.dtype, batch1_tokens: int, batch: int
         synchronize(device)
         return time.perf_counter() - t0
 
-    one = random_prompts(1, prompt_len, vocab, 1)
-    run(one, 4)  # warm-up
-    t_long, t_short = run(one, batch1_tokens + 1), run(one, 1)
+    res: dict[str, float] = {}
+    if batch1_tokens:
+        one = random_prompts(1, prompt_len, vocab, 1)
+        run(one, 4)  # warm-up
+        t_long, t_short = run(one, batch1_tokens + 1), run(one, 1)
+        res["batch1_step_ms"] = (t_long - t_short) / batch1_tokens * 1e3
     many = random_prompts(batch, prompt_len, vocab, 2)
     run(many, 2)
-    t_batch = run(many, new_tokens)
+    res[f"batch{batch}_output_tok_s"] = batch * new_tokens / run(many, new_tokens)
     del model
     torch.cuda.empty_cache()
-    return {"batch1_step_ms": (t_long - t_short) / batch1_tokens * 1e3,
-            f"batch{batch}_output_tok_s": batch * new_tokens / t_batch}
+    return res
 
 
 @torch.inference_mode()

@@ -16,6 +16,12 @@ copies before the step's forward pass.
 
 Every change to a sequence's block table is also written, as a diff, into `tables` (runtime/block_tables.py), from
 which the model runner gathers a step's tables without converting the Python lists again.
+
+Sliding windows: when every layer of the model slides (`window`: the keys a query sees), a sequence's leading blocks
+that lie wholly before its next token's window are given back as it advances (`release_outside_window`; they stay in
+the prefix cache where registered). Their ids stay in the table, stale (attention never reads them), and the first
+`seq.num_released_blocks` entries are skipped wherever references are counted. With global layers too (Gemma 3,
+gpt-oss) every block stays: those layers read them; the sliding layers' kernels read only their window's blocks.
 """
 
 from __future__ import annotations
@@ -34,12 +40,14 @@ class NoFreeBlocksError(RuntimeError):
 class BlockManager:
     """Allocate, share, cache and free KV blocks with reference counts."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 window: int | None = None) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need at least one block of at least one token (got {num_blocks} x {block_size})")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.window = window  # every layer's sliding window (None: some layer reads every key)
         self.ref_counts = [0] * num_blocks
         self._hash: list[int | None] = [None] * num_blocks
         self._key: list[tuple[int, tuple[int, ...]] | None] = [None] * num_blocks  # exact (prev, tokens)
@@ -160,18 +168,30 @@ class BlockManager:
 
     def fork(self, child: Sequence) -> None:
         """`child` (from Sequence.fork) now references its parent's blocks too."""
-        for block in child.block_table:
+        for block in child.block_table[child.num_released_blocks :]:
             self._acquire(block)
         self.tables.write(child)
+
+    def release_outside_window(self, seq: Sequence) -> None:
+        """Give back `seq`'s committed leading blocks that lie wholly before the window of its next token (every
+        layer sliding: `window`)."""
+        if self.window is None:
+            return
+        first_seen = max(0, seq.num_computed_tokens - self.window + 1)  # the next query's first key
+        end = min(first_seen // self.block_size, seq.num_committed_blocks)
+        for i in range(seq.num_released_blocks, end):
+            self._release(seq.block_table[i])
+        seq.num_released_blocks = max(seq.num_released_blocks, end)
 
     def free(self, seq: Sequence) -> None:
         """Drop `seq`'s references; its cache content is forgotten (recomputed if it runs again)."""
         # Tail blocks first, so their cached copies are evicted before the (more shareable) head's.
-        for block in reversed(seq.block_table):
+        for block in reversed(seq.block_table[seq.num_released_blocks :]):
             self._release(block)
         seq.block_table = []
         seq.num_computed_tokens = 0
         seq.num_committed_blocks = 0
+        seq.num_released_blocks = 0
         self.tables.release(seq)
 
     def _needs_copy(self, seq: Sequence, start: int) -> bool:
@@ -211,7 +231,7 @@ class BlockManager:
         """Raise AssertionError unless every block is accounted for exactly once (tests, debugging)."""
         refs = [0] * self.num_blocks
         for seq in live:
-            for block in seq.block_table:
+            for block in seq.block_table[seq.num_released_blocks :]:
                 refs[block] += 1
             assert self.tables.row(seq) == seq.block_table, f"{seq}'s resident block table is stale"
         assert self.tables.rows_in_use == sum(seq.table_row >= 0 for seq in live), "a resident table row leaked"

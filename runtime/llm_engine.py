@@ -31,6 +31,7 @@ import torch
 from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig
 from runtime.cpu.paged_attention import use_cpu_kernels
+from runtime.cpu.warm_up import CpuWarmUp
 from runtime.delivery import Outbox, read_batches
 from runtime.default_model import DEMO, resolve_model
 from runtime.device import cpu_thread_count, dtype_name, resolve_device, resolve_dtype
@@ -40,7 +41,7 @@ from runtime.guided import GuidedCompiler, GuideState
 from runtime.kv_cache import num_kv_blocks
 from runtime.lora import LoraManager
 from runtime.model_runner import ModelRunner, PendingStep
-from runtime.models import ModelSpec, kv_cache_bytes_per_token, load_model
+from runtime.models import ModelSpec, check_supported, kv_cache_bytes_per_token, load_model
 from runtime.models.cpu_weights import prepare_cpu_weights
 from runtime.output_text import text_in_front_end
 from runtime.request import GenerationRequest, OutputDelta
@@ -49,6 +50,7 @@ from runtime.sampler import Sampler
 from runtime.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
 from runtime.sequence import PENDING_TOKEN, SequenceStatus
 from runtime.speculative import Speculator, build_speculator, load_proposer
+from runtime.startup import StartupPhases
 from runtime.step_inputs import NO_SAMPLES, StepInputs
 from runtime.step_results import StepResult, StepResults
 from runtime.tokenizer import Tokenizer
@@ -62,6 +64,7 @@ def describe_model(config: EngineConfig) -> tuple[str, ModelSpec, torch.device, 
     """(checkpoint folder, its spec, device, dtype, what the gateway is told) without loading weights."""
     model_path, default_name = resolve_model(config.model, config.dtype)
     spec = ModelSpec.from_pretrained(model_path)
+    check_supported(spec)  # one line at start-up naming what we do not serve, before any weight is read
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device, spec.torch_dtype)
     window = config.max_model_len or spec.max_position_embeddings
@@ -107,6 +110,12 @@ class NativeEngine(Engine):
         self._inflight: tuple[ScheduledBatch, PendingStep] | None = None  # launched, tokens not collected yet
         self._inflight_rows: dict[int, int] = {}  # seq_id -> its row in the in-flight step's sampled ids
         self._prepare = WorkerPool("prepare")  # tokenizing large prompts and bad words, off the event loop
+        self.phases = StartupPhases()
+        self.cpu_warm_up: CpuWarmUp | None = None  # the CPU's kernel and compiled steps, built while serving
+
+    @property
+    def phase(self) -> str | None:
+        return self.phases.current
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def load(self) -> None:
@@ -114,15 +123,18 @@ class NativeEngine(Engine):
         if self._loaded:
             return
         cfg = self.config
+        phase = self.phases.phase
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_thread_count(cfg.cpu_threads))  # process-wide: the step thread's matmuls
             logger.info("CPU: %d torch threads", torch.get_num_threads())
-        self.tokenizer = Tokenizer.from_pretrained(cfg.tokenizer or self.model_path)
-        _ = self.tokenizer.byte_pieces  # the detokenizers' table, built at load time, not on the first request
+        with phase("loading the tokenizer"):
+            self.tokenizer = Tokenizer.from_pretrained(cfg.tokenizer or self.model_path)
+            _ = self.tokenizer.byte_pieces  # the detokenizers' table, built at load time, not on the first request
         self.eos_token_ids = list(dict.fromkeys(self.tokenizer.eos_token_ids + self.spec.eos_token_ids))
-        model = load_model(self.model_path, self.dtype, self.device)
+        with phase("loading the weights"):
+            model = load_model(self.model_path, self.dtype, self.device, self.model_info.context_window)
         if self.device.type == "cpu":
-            use_cpu_kernels(cfg.cpu_compile)
+            use_cpu_kernels(False)  # until the kernel is built (runtime/cpu/warm_up.py), whatever engines did before
             added = prepare_cpu_weights(model, cfg.cpu_quantization)
             if added:
                 logger.info("CPU: prepacked%s weights (%.0f MB more)", "" if cfg.cpu_quantization == "none" else
@@ -137,7 +149,12 @@ class NativeEngine(Engine):
         bytes_per_token = kv_cache_bytes_per_token(self.spec, self.dtype)
         bytes_per_token += getattr(proposer, "kv_bytes_per_token", 0)  # a draft model's cache gets as many blocks
         blocks = num_kv_blocks(cfg, bytes_per_token, window, self.device, activations)
-        self.runner.allocate_kv_cache(blocks)
+        # a compiled step on CPU pays with --cpu-quantization or float32 (not against the prepacked bf16 products,
+        # which inductor cannot call: 45 vs 52 ms a SmolLM2 step on the 2-core box, RESULTS.md); it is warmed up
+        # in one more block, which the block manager never hands out
+        compile_steps = self.device.type == "cpu" and cfg.cpu_compile and (cfg.cpu_quantization != "none" or
+                                                                            self.dtype != torch.bfloat16)
+        self.runner.allocate_kv_cache(blocks + compile_steps)
         # a speculative step brings 1 + num_draft_tokens rows per sequence
         decode_rows = cfg.max_batch_size * (1 + (cfg.num_draft_tokens if proposer is not None else 0))
         max_blocks = -(-window // cfg.kv_block_size)
@@ -145,12 +162,12 @@ class NativeEngine(Engine):
             self.runner.capture_decode_graphs(decode_rows, max_blocks, lora_version=lambda: self.lora.slots.version)
             self.runner.capture_prefill_graphs(cfg.max_num_tokens, max_blocks,
                                                lora_version=lambda: self.lora.slots.version)
-        # a compiled step cannot call the prepacked bf16 products (inductor takes only its own), which lost more than
-        # compiling gained for bf16 without quantization (45 vs 52 ms a SmolLM2 step on the 2-core box, RESULTS.md)
-        if cfg.cpu_compile and self.device.type == "cpu" and (cfg.cpu_quantization != "none" or
-                                                              self.dtype != torch.bfloat16):
-            self.runner.compile_decode(max_blocks)
-        self.block_manager = BlockManager(blocks, cfg.kv_block_size, cfg.enable_prefix_caching)
+        if self.device.type == "cpu" and cfg.cpu_compile:
+            self.cpu_warm_up = CpuWarmUp(self.runner, self.phases, compile_steps, max_blocks, scratch_block=blocks,
+                                         stopping=lambda: not self._accepting)
+        # blocks outside every layer's window are given back, unless a draft model (full attention) reads them
+        sliding = self.spec.sliding_window if cfg.speculative != "draft" else None
+        self.block_manager = BlockManager(blocks, cfg.kv_block_size, cfg.enable_prefix_caching, sliding)
         self.runner.block_tables = self.block_manager.tables
         self.scheduler = Scheduler(
             self.block_manager,
@@ -183,6 +200,8 @@ class NativeEngine(Engine):
         self._thread = threading.Thread(target=self._run, name="native-engine", daemon=True)
         self._accepting = True
         self._thread.start()
+        if self.cpu_warm_up is not None:
+            self.cpu_warm_up.start()
 
     async def shutdown(self, drain_timeout: float = 0.0) -> None:
         self._accepting = False

@@ -227,6 +227,7 @@ class Scheduler:
             seq.num_computed_tokens += num_new
             if seq.num_computed_tokens >= (seq.num_committed_blocks + 1) * bs:  # a block filled up (else a no-op)
                 bm.commit(seq)
+                bm.release_outside_window(seq)
 
     def _schedule(self, seq: Sequence, num_new: int, batch: ScheduledBatch, scheduled: set[int]) -> int:
         samples = num_new == seq.num_uncomputed_tokens

@@ -71,6 +71,9 @@ class Sequence:
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
         self.num_cached_tokens = 0  # prefix-cache hits at the first admission (usage.cached_tokens)
         self.num_committed_blocks = 0  # leading full blocks already offered to the prefix cache
+        # leading blocks given back as outside every layer's sliding window (BlockManager.release_outside_window):
+        # their ids stay in the table, stale, and are never read
+        self.num_released_blocks = 0
         self.block_hashes: list[int] = []  # chained hash per full block, filled lazily
         self.num_preemptions = 0
 

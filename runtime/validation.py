@@ -47,7 +47,7 @@ def validate_request(
     if not ids:
         raise InvalidRequestError("The prompt is empty", param="prompt")
     opts = request.sampling
-    max_tokens = opts.max_tokens if opts.max_tokens is not None else context_window - len(ids)
+    max_tokens = opts.output_limit(context_window - len(ids), config.default_max_tokens)
     _check_lengths(len(ids), max_tokens, opts, context_window, config)
     bad_words = tokenizer.bad_words_ids(opts.bad_words) if opts.bad_words else []
     return PreparedRequest(prompt_token_ids=ids, max_tokens=max_tokens, bad_words_ids=bad_words)

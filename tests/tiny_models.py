@@ -14,6 +14,9 @@ from typing import Any
 import torch
 
 TINY_ARCHITECTURES = ("llama", "llama3", "llama-untied", "mistral", "qwen2", "gpt2")
+# the families of issue 43, each as its own transformers config class builds it (_family_config)
+FAMILIES = ("qwen3", "gemma3", "phi3", "mixtral", "qwen3_moe", "gpt_oss")
+SLIDING_WINDOW = 8  # tiny windows, so that prompts and generations cross them
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 TOKENIZER_VOCAB_SIZE = 300  # 256 byte symbols + 3 specials + 41 merges
@@ -66,11 +69,63 @@ def build_tiny_tokenizer(folder: Path) -> Any:
     return hf
 
 
+def bannable_token(tokenizer: Any, ids: list[int]) -> tuple[int, str]:
+    """The first of `ids` that bad_words=[its text] bans (a runtime.tokenizer.Tokenizer), and that text."""
+    for token in ids:
+        word = tokenizer.decode([token]).strip()
+        if word and [token] in tokenizer.bad_words_ids([word]):
+            return token, word
+    raise ValueError(f"no token of {ids} is banned by its own text")
+
+
+def _family_config(arch: str, vocab_size: int, ids: dict[str, int], overrides: dict[str, Any]) -> Any:
+    """A tiny config of one of FAMILIES: hidden 64, 4 heads over 2 KV heads of 16 dims, 2-3 layers."""
+    from transformers import Gemma3TextConfig, GptOssConfig, MixtralConfig, Phi3Config, Qwen3Config, Qwen3MoeConfig
+
+    common = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256, **ids)
+    if arch == "qwen3":
+        kwargs: dict[str, Any] = dict(tie_word_embeddings=True)
+        cls: Any = Qwen3Config
+    elif arch == "gemma3":  # two sliding layers, then a global one, as Gemma 3's 5:1 pattern in short
+        kwargs = dict(num_hidden_layers=3, query_pre_attn_scalar=16, sliding_window=SLIDING_WINDOW,
+                      layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                      final_logit_softcapping=30.0, hidden_activation="gelu_pytorch_tanh")
+        cls = Gemma3TextConfig
+    elif arch == "phi3":  # Phi-4-mini's shape in small: LongRoPE, a quarter of each head not rotated
+        rotary_half = 6  # 16 dims * 0.75 / 2
+        kwargs = dict(tie_word_embeddings=False, original_max_position_embeddings=64,
+                      rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+                                       "short_factor": [1.0 + 0.1 * i for i in range(rotary_half)],
+                                       "long_factor": [2.0 + 0.5 * i for i in range(rotary_half)],
+                                       "original_max_position_embeddings": 64})
+        cls = Phi3Config
+    elif arch == "mixtral":
+        kwargs = dict(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=None,
+                      tie_word_embeddings=False)
+        cls = MixtralConfig
+    elif arch == "qwen3_moe":  # 8 experts of 32, the second layer dense (mlp_only_layers)
+        kwargs = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                      mlp_only_layers=[1], tie_word_embeddings=False)
+        cls = Qwen3MoeConfig
+    elif arch == "gpt_oss":  # sliding and full layers alternating, YaRN, sinks, 4 experts with biases
+        kwargs = dict(intermediate_size=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=SLIDING_WINDOW,
+                      rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0,
+                                       "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 64},
+                      tie_word_embeddings=False)
+        cls = GptOssConfig
+    else:
+        raise ValueError(arch)
+    return cls(**{**common, **kwargs, **overrides})
+
+
 def _config(arch: str, vocab_size: int, special: dict[str, int], overrides: dict[str, Any]) -> Any:
     from transformers import GPT2Config, LlamaConfig, MistralConfig, Qwen2Config
 
     ids = {"bos_token_id": special["<|endoftext|>"], "eos_token_id": special["<|endoftext|>"],
            "pad_token_id": special["<|endoftext|>"]}
+    if arch in FAMILIES:
+        return _family_config(arch, vocab_size, ids, overrides)
     if arch == "gpt2":
         kwargs = dict(n_embd=64, n_layer=2, n_head=4, n_positions=256, **ids)
         return GPT2Config(vocab_size=vocab_size, **{**kwargs, **overrides})
@@ -99,12 +154,12 @@ def build_tiny_model(
 
     dtype: the weights' dtype on disk; shard: split the weights into several files with an index;
     overrides: config fields (e.g. num_hidden_layers=1, head_dim=32). vocab_size always equals the
-    tokenizer's size (300).
+    tokenizer's size (300). FAMILIES are accepted too.
     """
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    if arch not in TINY_ARCHITECTURES:
-        raise ValueError(f"unknown tiny architecture {arch!r}; choose from {TINY_ARCHITECTURES}")
+    if arch not in TINY_ARCHITECTURES + FAMILIES:
+        raise ValueError(f"unknown tiny architecture {arch!r}; choose from {TINY_ARCHITECTURES + FAMILIES}")
     key = (str(root), arch, dtype, shard, seed, json.dumps(overrides, sort_keys=True, default=str))
     if key in _BUILT and _BUILT[key].exists():
         return _BUILT[key]

@@ -12,6 +12,7 @@ prefill, chunked prefill and speculative scoring steps keep the reference backen
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import os
 import sys
@@ -54,8 +55,10 @@ def build_kernel() -> bool:
     logger.info("CPU: building the paged decode-attention kernel (cached after the first start)")
     name = "trtllm_gateway_cpu"
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root())
-    # our own folder, so that its lock is known; one per Python and torch build, as torch's default folders are
-    build_dir = root / f"{name}-py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}"
+    # our own folder, so that its lock is known; one per Python and torch build, as torch's default folders are, and
+    # per source: two checkouts whose kernels differ (another signature) never rebuild over each other's
+    source = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    build_dir = root / f"{name}-py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}-{source}"
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
         clear_stale_lock(build_dir)
@@ -67,7 +70,7 @@ def build_kernel() -> bool:
         return False
     # its output's shape for torch.compile, which calls it from a compiled one-row step (runtime/cpu/compiled_decode.py)
     torch.library.register_fake("trtllm_gateway_cpu::paged_decode_attention")(
-        lambda q, kv_cache, block_tables, seq_lens: torch.empty_like(q))
+        lambda q, kv_cache, block_tables, seq_lens, window, sinks: torch.empty_like(q))
     logger.info("CPU: paged decode-attention kernel ready in %.1f s", time.perf_counter() - started)
     return True
 
@@ -79,14 +82,16 @@ def cpu_paged_attention(
     kv_cache: torch.Tensor | None,
     meta: AttentionMetadata,
     scale: float,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The kernel for decode-only steps; the reference backend for everything else."""
     if kv_cache is None or not meta.is_decode_only or not kernel_fits(q, k):
-        return torch_paged_attention(q, k, v, kv_cache, meta, scale)
+        return torch_paged_attention(q, k, v, kv_cache, meta, scale, window, sinks)
     write_kv(k, v, kv_cache, meta.slot_mapping)
     out = torch.ops.trtllm_gateway_cpu.paged_decode_attention(  # (a compiled step's lengths are int64)
         (q.float() * scale).contiguous(), kv_cache, meta.block_tables.contiguous(),
-        meta.seq_lens.to(torch.int32).contiguous())
+        meta.seq_lens.to(torch.int32).contiguous(), window or 0, None if sinks is None else sinks.float().contiguous())
     return out.to(q.dtype)
 
 

@@ -4,6 +4,8 @@
 //
 // Cache layout per layer (runtime/kv_cache.py): [2, num_blocks, block_size, kv_heads, head_dim], K then V.
 // One task per (sequence, KV head): the group of query heads sharing that KV head reads each cached row once.
+// A sliding window starts each row at its first visible key (the blocks before it are not read); attention sinks
+// (gpt-oss) add one logit per query head to the softmax's denominator.
 // Two passes: the scores and their maximum, then the softmax-weighted sum of V, all in float32. The loops
 // use 16-lane vectors (GCC/Clang vector extensions: AVX-512 registers where the CPU has them, pairs of AVX2
 // or four NEON registers elsewhere); with the head size and group size known at compile time the query and
@@ -70,34 +72,37 @@ struct Shape {
 // One (sequence, KV head) task. kDim and kGroup: head size and query heads per KV head as compile-time
 // constants, or 0 for any (up to kMaxChunks * kLanes and kMaxGroup).
 template <int64_t kDim, int64_t kGroup, typename cache_t>
-void attend(const float* q, const cache_t* cache, const int32_t* table, int64_t length, int64_t h,
-            const Shape& s, std::vector<float>& scores, float* out) {
+void attend(const float* q, const cache_t* cache, const int32_t* table, int64_t begin, int64_t length, int64_t h,
+            const float* sinks, const Shape& s, std::vector<float>& scores, float* out) {
   const int64_t chunks = (kDim ? kDim : s.head_dim) / kLanes, group = kGroup ? kGroup : s.heads / s.kv_heads;
   const int64_t dim = chunks * kLanes, row_stride = s.kv_heads * dim;
   const int64_t half = s.cache_blocks * s.block_size * row_stride;  // where V starts
   const auto block_rows = [&](int64_t first) {  // this head's part of the rows of the block holding `first`
     return cache + int64_t(table[first / s.block_size]) * s.block_size * row_stride + h * dim;
   };
-  // every cached row of this head, block by block: `visit(t, row)`. Blocks lie anywhere in the cache, so the
-  // hardware cannot guess the next one: row j of the next block is fetched while row j of this one is read
+  // every cached row begin .. length-1 of this head, block by block: `visit(t, row)` with t counted from `begin`.
+  // Blocks lie anywhere in the cache, so the hardware cannot guess the next one: row j of the next block is fetched
+  // while row j of this one is read
   const auto for_each_row = [&](int64_t offset, auto&& visit) {
-    for (int64_t first = 0; first < length; first += s.block_size) {
-      const cache_t* rows = block_rows(first) + offset;
-      const cache_t* next = first + s.block_size < length ? block_rows(first + s.block_size) + offset : nullptr;
-      const int64_t count = std::min(s.block_size, length - first);
+    for (int64_t first = begin; first < length; first = (first / s.block_size + 1) * s.block_size) {
+      const cache_t* rows = block_rows(first) + offset + (first % s.block_size) * row_stride;
+      const int64_t block_end = (first / s.block_size + 1) * s.block_size;
+      const cache_t* next = block_end < length ? block_rows(block_end) + offset : nullptr;
+      const int64_t count = std::min(block_end, length) - first;
       for (int64_t j = 0; j < count; ++j) {
         if (next != nullptr) prefetch(next + j * row_stride, dim * sizeof(cache_t));
-        visit(first + j, rows + j * row_stride);
+        visit(first - begin + j, rows + j * row_stride);
       }
     }
   };
+  const int64_t seen = length - begin;
 
   vfloat qv[kGroup ? kGroup : kMaxGroup][kDim ? kDim / kLanes : kMaxChunks];
   for (int64_t g = 0; g < group; ++g)
     for (int64_t c = 0; c < chunks; ++c) qv[g][c] = load(q + g * dim + c * kLanes);
-  scores.resize(group * length);
+  scores.resize(group * seen);
   float top[kMaxGroup], total[kMaxGroup];
-  std::fill(top, top + group, -INFINITY);
+  for (int64_t g = 0; g < group; ++g) top[g] = sinks != nullptr ? sinks[g] : -INFINITY;
   for_each_row(0, [&](int64_t t, const cache_t* row) {
     vfloat k[kDim ? kDim / kLanes : kMaxChunks];
     for (int64_t c = 0; c < chunks; ++c) k[c] = load(row + c * kLanes);
@@ -105,14 +110,14 @@ void attend(const float* q, const cache_t* cache, const int32_t* table, int64_t 
       vfloat dot = qv[g][0] * k[0];
       for (int64_t c = 1; c < chunks; ++c) dot += qv[g][c] * k[c];
       const float score = lane_sum(dot);
-      scores[g * length + t] = score;
+      scores[g * seen + t] = score;
       top[g] = std::max(top[g], score);
     }
   });
   for (int64_t g = 0; g < group; ++g) {
-    float* sg = scores.data() + g * length;
-    float sum = 0.0f;
-    for (int64_t t = 0; t < length; ++t) sum += (sg[t] = std::exp(sg[t] - top[g]));
+    float* sg = scores.data() + g * seen;
+    float sum = sinks != nullptr ? std::exp(sinks[g] - top[g]) : 0.0f;
+    for (int64_t t = 0; t < seen; ++t) sum += (sg[t] = std::exp(sg[t] - top[g]));
     total[g] = sum;
   }
 
@@ -121,7 +126,7 @@ void attend(const float* q, const cache_t* cache, const int32_t* table, int64_t 
     vfloat v[kDim ? kDim / kLanes : kMaxChunks];
     for (int64_t c = 0; c < chunks; ++c) v[c] = load(row + c * kLanes);
     for (int64_t g = 0; g < group; ++g) {
-      const float p = scores[g * length + t];
+      const float p = scores[g * seen + t];
       for (int64_t c = 0; c < chunks; ++c) acc[g][c] += p * v[c];
     }
   });
@@ -134,34 +139,36 @@ void attend(const float* q, const cache_t* cache, const int32_t* table, int64_t 
 
 template <int64_t kDim, int64_t kGroup, typename cache_t>
 void decode(const float* q, const cache_t* cache, const int32_t* tables, const int32_t* seq_lens, float* out,
-            int64_t batch, const Shape& s) {
+            int64_t batch, int64_t window, const float* sinks, const Shape& s) {
   const int64_t group = s.heads / s.kv_heads;
   at::parallel_for(0, batch * s.kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / s.kv_heads, h = task % s.kv_heads;
       const int64_t at = (b * s.heads + h * group) * s.head_dim;  // the group's query heads
-      attend<kDim, kGroup>(q + at, cache, tables + b * s.table_width, seq_lens[b], h, s, scores, out + at);
+      const int64_t length = seq_lens[b], first = window > 0 ? std::max<int64_t>(0, length - window) : 0;
+      attend<kDim, kGroup>(q + at, cache, tables + b * s.table_width, first, length, h,
+                           sinks != nullptr ? sinks + h * group : nullptr, s, scores, out + at);
     }
   });
 }
 
 template <typename cache_t>
 void dispatch(const float* q, const cache_t* cache, const int32_t* tables, const int32_t* seq_lens, float* out,
-              int64_t batch, const Shape& s) {
+              int64_t batch, int64_t window, const float* sinks, const Shape& s) {
   const int64_t group = s.heads / s.kv_heads;
   // the shapes of the models we serve most (SmolLM2: 64/3, the demo: 32/4, Llama 3 and Mistral: 128/4)
-  if (s.head_dim == 64 && group == 3) return decode<64, 3>(q, cache, tables, seq_lens, out, batch, s);
-  if (s.head_dim == 32 && group == 4) return decode<32, 4>(q, cache, tables, seq_lens, out, batch, s);
-  if (s.head_dim == 128 && group == 4) return decode<128, 4>(q, cache, tables, seq_lens, out, batch, s);
-  decode<0, 0>(q, cache, tables, seq_lens, out, batch, s);
+  if (s.head_dim == 64 && group == 3) return decode<64, 3>(q, cache, tables, seq_lens, out, batch, window, sinks, s);
+  if (s.head_dim == 32 && group == 4) return decode<32, 4>(q, cache, tables, seq_lens, out, batch, window, sinks, s);
+  if (s.head_dim == 128 && group == 4) return decode<128, 4>(q, cache, tables, seq_lens, out, batch, window, sinks, s);
+  decode<0, 0>(q, cache, tables, seq_lens, out, batch, window, sinks, s);
 }
 
 // q [B, H, D] float32, already scaled; kv_cache [2, N, block_size, Hkv, D]; block_tables int32 [B, >= blocks of
-// the longest row]; seq_lens int32 [B] (>= 1, counting the new token, whose K/V is already in the cache).
-// Returns float32 [B, H, D].
+// the longest row]; seq_lens int32 [B] (>= 1, counting the new token, whose K/V is already in the cache); window:
+// the keys a query sees (0: all); sinks: float32 [H] attention-sink logits, or none. Returns float32 [B, H, D].
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cache, const at::Tensor& block_tables,
-                                  const at::Tensor& seq_lens) {
+                                  const at::Tensor& seq_lens, int64_t window, const c10::optional<at::Tensor>& sinks) {
   TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "q: contiguous float32 [B, H, D]");
   TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2 && kv_cache.is_contiguous(),
               "kv_cache: contiguous [2, blocks, block_size, kv_heads, head_dim]");
@@ -173,10 +180,14 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cach
   TORCH_CHECK(s.head_dim % kLanes == 0 && s.head_dim <= kMaxChunks * kLanes && s.heads / s.kv_heads <= kMaxGroup,
               "head size: a multiple of 16 up to 256, and up to 16 query heads per KV head");
   TORCH_CHECK(block_tables.size(0) == batch && seq_lens.size(0) == batch, "one table and length per row");
+  const bool has_sinks = sinks.has_value() && sinks->defined();
+  TORCH_CHECK(!has_sinks || (sinks->scalar_type() == at::kFloat && sinks->is_contiguous() && sinks->numel() == s.heads),
+              "sinks: contiguous float32 [H]");
+  const float* sink_logits = has_sinks ? sinks->data_ptr<float>() : nullptr;
   auto out = at::empty_like(q);
   const auto run = [&](const auto* cache) {
     dispatch(q.data_ptr<float>(), cache, block_tables.data_ptr<int32_t>(), seq_lens.data_ptr<int32_t>(),
-             out.data_ptr<float>(), batch, s);
+             out.data_ptr<float>(), batch, window, sink_logits, s);
   };
   switch (kv_cache.scalar_type()) {
     case at::kFloat: run(kv_cache.data_ptr<float>()); break;
@@ -190,6 +201,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cach
 }  // namespace
 
 TORCH_LIBRARY(trtllm_gateway_cpu, m) {
-  m.def("paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor seq_lens) -> Tensor");
+  m.def("paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, int window, "
+        "Tensor? sinks) -> Tensor");
   m.impl("paged_decode_attention", c10::DispatchKey::CPU, TORCH_FN(paged_decode_attention));
 }

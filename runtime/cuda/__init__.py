@@ -15,9 +15,10 @@ logger = logging.getLogger(__name__)
 def enable_cuda_kernels(model: nn.Module) -> None:
     """Route attention on CUDA tensors through the Triton backend and fuse `model`'s elementwise layers."""
     from runtime.cuda.fused import use_fused_kernels
+    from runtime.cuda.moe import use_fused_experts
     from runtime.cuda.paged_attention import triton_paged_attention
     from runtime.models.attention import register_attention_backend
 
     register_attention_backend("cuda", triton_paged_attention)
-    fused = use_fused_kernels(model)
+    fused = use_fused_kernels(model) + use_fused_experts(model)
     logger.info("CUDA kernels: Triton paged attention, %d modules on fused Triton kernels", fused)

@@ -15,6 +15,11 @@ so a token's K (or V) for all KV heads is one contiguous row at `slot = block_id
   past the sequence's new tokens (a prefill graph's padding, runtime/cuda/prefill_graphs.py) does nothing.
 Both kernels accumulate in float32; float32 models use IEEE (not TF32) dot products so greedy decoding
 matches an fp32 reference.
+
+Sliding windows (WINDOWED, `window` keys a query sees) start a row's loop at the key tile holding its first visible
+key, so blocks before the window are not read; tiles stay aligned to multiples of BLOCK_N in both kernels (a row's
+online softmax takes the same steps in either). Attention sinks (SINKS, gpt-oss: a logit per head) join the softmax
+after the last tile.
 """
 
 from __future__ import annotations
@@ -63,21 +68,35 @@ def _store_kv_kernel(
 
 
 @triton.jit
+def first_key_tile(lowest_pos, window, BLOCK_N: tl.constexpr, WINDOWED: tl.constexpr):
+    """Where a loop over keys starts for queries at `lowest_pos` and later: 0, or with a window the tile (aligned to
+    BLOCK_N) holding the first key the lowest query sees."""
+    # one return of one type: Triton 3.6 refuses a constexpr branch that returns early with another type
+    if WINDOWED:
+        start = tl.maximum(lowest_pos - window + 1, 0) // BLOCK_N * BLOCK_N
+    else:
+        start = lowest_pos * 0
+    return start
+
+
+@triton.jit
 def attend_query_tile(
-    q, q_pos, cache_ptr, table_ptr, kvh, v_offset, end,
+    q, q_pos, cache_ptr, table_ptr, kvh, v_offset, begin, end, window, sinks,
     ROWS: tl.constexpr, BLOCK_SIZE: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, CAUSAL: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, CAUSAL: tl.constexpr, WINDOWED: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     """Online-softmax attention of the query tile `q` [ROWS, BLOCK_D] (pre-scaled) over positions
-    0 .. end-1 of one sequence's paged cache (`table_ptr`: its block table), KV head `kvh`; CAUSAL rows
-    see only positions <= their q_pos. Returns the normalised float32 output [ROWS, BLOCK_D]."""
+    begin .. end-1 of one sequence's paged cache (`table_ptr`: its block table), KV head `kvh`; CAUSAL rows
+    see only positions <= their q_pos, WINDOWED rows only positions > q_pos - window; SINKS: `sinks` [ROWS] join
+    each row's softmax. Returns the normalised float32 output [ROWS, BLOCK_D]."""
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
     d_mask = offs_d < D
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
-    for start in range(0, end, BLOCK_N):
+    for start in range(begin, end, BLOCK_N):
         pos = start + offs_n
         n_mask = pos < end
         block = tl.load(table_ptr + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
@@ -85,26 +104,53 @@ def attend_query_tile(
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(cache_ptr + row[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        seen = n_mask[None, :]
         if CAUSAL:
-            s = tl.where((pos[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
-        else:
-            s = tl.where(n_mask[None, :], s, float("-inf"))
+            seen = seen & (pos[None, :] <= q_pos[:, None])
+        if WINDOWED:
+            seen = seen & (pos[None, :] > q_pos[:, None] - window)
+        s = tl.where(seen, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key in this tile yet (a window's)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(cache_ptr + v_offset + row[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
+    if SINKS:
+        m_new = tl.maximum(m_i, sinks)
+        alpha = tl.exp(m_i - m_new)
+        l_i = l_i * alpha + tl.exp(sinks - m_new)
+        acc = acc * alpha[:, None]
     return acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+
+
+@triton.jit
+def attend_decode_group(
+    q, heads, group_mask, seq_len, cache_ptr, table_ptr, kvh, v_offset, window, sinks_ptr,
+    BLOCK_G: tl.constexpr, BLOCK_SIZE: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, WINDOWED: tl.constexpr, SINKS: tl.constexpr,
+):
+    """One decode row's query group `q` [BLOCK_G, BLOCK_D] (pre-scaled; query heads `heads`) over its sequence's
+    `seq_len` cached keys, the last `window` of them when WINDOWED, with the heads' sinks when SINKS."""
+    q_pos = tl.zeros([BLOCK_G], tl.int32) + seq_len - 1
+    sinks = tl.zeros([BLOCK_G], tl.float32)  # read only with SINKS
+    if SINKS:
+        sinks = tl.load(sinks_ptr + heads, mask=group_mask, other=0.0).to(tl.float32)
+    return attend_query_tile(q, q_pos, cache_ptr, table_ptr, kvh, v_offset,
+                             first_key_tile(seq_len - 1, window, BLOCK_N, WINDOWED), seq_len, window, sinks,
+                             BLOCK_G, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, CAUSAL=False,
+                             WINDOWED=WINDOWED, SINKS=SINKS)
 
 
 @triton.jit(do_not_specialize=["stride_tb"], do_not_specialize_on_alignment=["tables_ptr", "seq_lens_ptr"])
 def _decode_kernel(
     q_ptr, cache_ptr, out_ptr, tables_ptr, seq_lens_ptr, scale, v_offset,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_tb, window, sinks_ptr,
     BLOCK_SIZE: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+    WINDOWED: tl.constexpr, SINKS: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
     b = tl.program_id(0)
@@ -116,8 +162,9 @@ def _decode_kernel(
     heads = kvh * GROUP + offs_g
     q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :], mask=mask, other=0.0)
     q = (q.to(tl.float32) * scale).to(cache_ptr.dtype.element_ty)
-    out = attend_query_tile(q, offs_g, cache_ptr, tables_ptr + b * stride_tb, kvh, v_offset, seq_len,
-                             BLOCK_G, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, CAUSAL=False)
+    out = attend_decode_group(q, heads, offs_g < GROUP, seq_len, cache_ptr, tables_ptr + b * stride_tb, kvh, v_offset,
+                              window, sinks_ptr, BLOCK_G, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, WINDOWED,
+                              SINKS)
     tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -128,10 +175,10 @@ def _decode_kernel(
 def _prefill_kernel(
     q_ptr, cache_ptr, out_ptr, tables_ptr, query_start_ptr, context_lens_ptr, seq_lens_ptr,
     tile_seq_ptr, tile_offset_ptr, scale, v_offset,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_tb,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_tb, window, sinks_ptr,
     BLOCK_SIZE: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, WINDOWED: tl.constexpr, SINKS: tl.constexpr,
 ):
     tile = tl.program_id(0)
     h = tl.program_id(1)
@@ -149,8 +196,13 @@ def _prefill_kernel(
     q_pos = context + offs_m  # absolute positions: query i sees keys 0 .. q_pos[i]
     end = tl.minimum(seq_len, context + q_offset + BLOCK_M)
     end = tl.where(q_offset < seq_len - context, end, 0)  # a tile past the new tokens (graph padding) reads nothing
-    out = attend_query_tile(q, q_pos, cache_ptr, tables_ptr + b * stride_tb, h // GROUP, v_offset, end,
-                             BLOCK_M, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, CAUSAL=True)
+    sinks = tl.zeros([BLOCK_M], tl.float32)  # read only with SINKS
+    if SINKS:
+        sinks += tl.load(sinks_ptr + h).to(tl.float32)
+    out = attend_query_tile(q, q_pos, cache_ptr, tables_ptr + b * stride_tb, h // GROUP, v_offset,
+                            first_key_tile(context + q_offset, window, BLOCK_N, WINDOWED), end, window, sinks,
+                            BLOCK_M, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, CAUSAL=True,
+                            WINDOWED=WINDOWED, SINKS=SINKS)
     tl.store(out_ptr + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
              out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -172,7 +224,8 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
     )
 
 
-def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                     window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """One query token per sequence: q [B, H, D] -> [B, H, D]."""
     batch, heads, head_dim = q.shape
     _, num_blocks, block_size, kv_heads, _ = kv_cache.shape
@@ -181,10 +234,12 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
     tables = meta.block_tables
     _decode_kernel[(batch, kv_heads)](
         q, kv_cache, out, tables, meta.seq_lens, scale, num_blocks * block_size * kv_heads * head_dim,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0), window or 0,
+        q if sinks is None else sinks,
         BLOCK_SIZE=block_size, HKV=kv_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=DECODE_BLOCK_N,
-        PRECISION=precision(kv_cache.dtype), num_warps=DECODE_NUM_WARPS, PDL=pdl.ENABLED, **pdl.launch_options(),
+        PRECISION=precision(kv_cache.dtype), num_warps=DECODE_NUM_WARPS, PDL=pdl.ENABLED,
+        WINDOWED=window is not None, SINKS=sinks is not None, **pdl.launch_options(),
     )
     return out
 
@@ -200,7 +255,8 @@ def prefill_tiles(query_lens: list[int], block_m: int) -> tuple[list[int], list[
     return seqs, offsets
 
 
-def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                      window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Packed queries of any lengths, q [T, H, D] -> [T, H, D], over keys already in the cache."""
     tokens, heads, head_dim = q.shape
     _, num_blocks, block_size, kv_heads, _ = kv_cache.shape
@@ -215,11 +271,12 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMe
     _prefill_kernel[(tiles.shape[1], heads)](
         q, kv_cache, out, tables, meta.query_start_loc, meta.context_lens, meta.seq_lens, tiles[0], tiles[1],
         scale, num_blocks * block_size * kv_heads * head_dim,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0),
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0), window or 0,
+        q if sinks is None else sinks,
         BLOCK_SIZE=block_size, HKV=kv_heads, GROUP=heads // kv_heads,
         D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=PREFILL_BLOCK_N, PRECISION=precision(kv_cache.dtype),
-        num_warps=4, num_stages=2,
+        WINDOWED=window is not None, SINKS=sinks is not None, num_warps=4, num_stages=2,
     )
     return out
 
@@ -231,22 +288,26 @@ def triton_paged_attention(
     kv_cache: torch.Tensor | None,
     meta: AttentionMetadata,
     scale: float,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The "cuda" attention backend (runtime/models/attention.py's AttentionBackend)."""
     if kv_cache is None:  # cache-less warm-up / profiling pass: the reference path handles it
         from runtime.models.attention import torch_paged_attention
 
-        return torch_paged_attention(q, k, v, kv_cache, meta, scale)
+        return torch_paged_attention(q, k, v, kv_cache, meta, scale, window, sinks)
     store_kv(k, v, kv_cache, meta.slot_mapping)
-    return attend_over_cache(q, kv_cache, meta, scale)
+    return attend_over_cache(q, kv_cache, meta, scale, window, sinks)
 
 
-def attend_over_cache(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Attention of q [T, H, D] over the cache, once the step's new K/V are stored there."""
+def attend_over_cache(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                      window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention of q [T, H, D] over the cache, once the step's new K/V are stored there (a sliding `window`,
+    float32 `sinks` [H]: see the module docstring)."""
     if meta.decode is not None:  # a mixed step: its decode-shaped rows first (runtime/cuda/mixed_graphs.py)
         rows = meta.decode_rows
-        return torch.cat((decode_attention(q[:rows], kv_cache, meta.decode, scale),
-                          prefill_attention(q[rows:], kv_cache, meta, scale)))
+        return torch.cat((decode_attention(q[:rows], kv_cache, meta.decode, scale, window, sinks),
+                          prefill_attention(q[rows:], kv_cache, meta, scale, window, sinks)))
     if meta.is_decode_only:
-        return decode_attention(q, kv_cache, meta, scale)
-    return prefill_attention(q, kv_cache, meta, scale)
+        return decode_attention(q, kv_cache, meta, scale, window, sinks)
+    return prefill_attention(q, kv_cache, meta, scale, window, sinks)

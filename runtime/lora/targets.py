@@ -83,6 +83,9 @@ class LoraTargets:
                 param="lora_config")
         local, part = self._trtllm[module_id]
         module = f"{self.layer_prefix}{layer}.{local}"
+        if module not in self.modules:  # e.g. an MLP id on a mixture-of-experts layer (its experts are not adaptable)
+            raise InvalidRequestError(f"lora_config: module id {module_id} has no projection in layer {layer} of this "
+                                      f"model (adaptable: {self.describe()})", param="lora_config")
         start, size = self.rows(module, part)
         return module, start, size
 

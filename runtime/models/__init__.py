@@ -11,7 +11,7 @@ Public surface (used by the engine's model runner):
 from runtime.models.base import CausalLM
 from runtime.models.kv_cache import allocate_kv_cache, kv_cache_bytes_per_token
 from runtime.models.loader import load_model
-from runtime.models.registry import SUPPORTED_ARCHITECTURES, UnsupportedArchitectureError
+from runtime.models.registry import SUPPORTED_ARCHITECTURES, UnsupportedArchitectureError, check_supported
 from runtime.models.spec import ModelSpec
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "ModelSpec",
     "UnsupportedArchitectureError",
     "allocate_kv_cache",
+    "check_supported",
     "kv_cache_bytes_per_token",
     "load_model",
 ]

@@ -48,6 +48,9 @@ class CausalLM(nn.Module):
             logits = head.linear(hidden, self.output_embedding(), None)
         else:
             logits = torch.nn.functional.linear(hidden, self.output_embedding())
+        cap = self.spec.final_logit_softcap
+        if cap:  # Gemma's final softcapping, in the logits' dtype as transformers does it
+            logits = torch.tanh(logits / cap) * cap
         return logits.float() if out is None else out.copy_(logits)
 
     def checkpoint_target(self, name: str) -> tuple[str, str | None] | None:
@@ -60,6 +63,7 @@ class CausalLM(nn.Module):
                 return name.replace(token, f".{ours}."), part
         return name, None
 
-    def convert_tensor(self, param_name: str, tensor: torch.Tensor) -> torch.Tensor:
-        """Layout fix-ups before copying (GPT-2's Conv1D weights are stored transposed)."""
+    def convert_tensor(self, param_name: str, tensor: torch.Tensor) -> torch.Tensor | None:
+        """Layout fix-ups before copying (GPT-2's Conv1D weights are stored transposed); None holds the tensor back
+        until the others it combines with are read (gpt-oss's MXFP4 blocks and scales)."""
         return tensor

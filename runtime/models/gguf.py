@@ -6,7 +6,10 @@ folder (config.json, model.safetensors, generation_config.json, tokenizer files 
 is cached under $XDG_CACHE_HOME/trtllm-gateway/gguf/, keyed by the file's path, size and mtime and the
 requested dtype: SmolLM2-135M Q4_1 converts in 26-33 s on a shared 2-core CPU, and the next start finds
 it with one stat. Config, tokenizer and chat template come from the file's metadata through transformers
-(`gguf_file=`); the `gguf` package dequantizes the weights; llama.cpp's Q/K row permutation is undone here.
+(`gguf_file=`); the `gguf` package dequantizes the weights; llama.cpp's Q/K row permutation is undone here, as are
+its other changes: Gemma's norm weights stored plus one, Qwen3-MoE's experts stacked per layer (kept stacked, as
+transformers 5 holds them), and the config facts transformers does not read from the metadata (Phi-3's LongRoPE
+factors, stored as tensors; its sliding window; Gemma 3's RoPE scaling; Qwen3-MoE's expert width).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from gguf import GGUFReader, Keys
@@ -32,13 +36,18 @@ logger = logging.getLogger(__name__)
 
 # GGUF general.architecture -> does llama.cpp's converter permute the Q/K rows of that architecture.
 # Mistral checkpoints are converted as "llama".
-_PERMUTES_QK: dict[str, bool] = {"llama": True, "qwen2": False}
+_PERMUTES_QK: dict[str, bool] = {"llama": True, "qwen2": False, "qwen3": False, "qwen3moe": False, "gemma3": False,
+                                 "phi3": False}
 
 # transformers' model_type (as read from the file) -> our registry's architecture name
 _ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 
 # the float and block types whose dequantization is tested in tests/unit/test_gguf.py
@@ -57,8 +66,21 @@ _IN_BLOCK: dict[str, str] = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",  # joined with ffn_up_exps into gate_up_proj (_join_experts)
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+}
+# where an architecture's names differ from the Llama layout's (gguf's tensor_mapping.py)
+_IN_BLOCK_OF: dict[str, dict[str, str]] = {
+    "gemma3": {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"},
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
 }
 _BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+_ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")  # Phi-3's LongRoPE, as tensors
 
 # bump when the converted folder's contents change, so older caches are not reused
 _FORMAT_VERSION = 1
@@ -74,23 +96,17 @@ def resolve_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) 
     gguf_file = _gguf_file(Path(path))
     if gguf_file is None:
         return path
-    if dtype != "auto" and dtype not in DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r} (use auto, {', '.join(DTYPES)})")
     root = cache_dir or _default_cache_dir()
-    stat = gguf_file.stat()
-    key = hashlib.sha256(
-        f"{gguf_file.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{dtype}\0{_FORMAT_VERSION}".encode()
-    ).hexdigest()[:16]
+    done = _converted(gguf_file, dtype, root)
     name = gguf_file.stem  # the served model name defaults to the checkpoint folder's name
-    done = root / key
     if done.is_dir():
         logger.debug("GGUF %s: using the checkpoint converted before, cached in %s", gguf_file, done / name)
         return str(done / name)
     needed = _converted_bytes(gguf_file, dtype)
+    _check_room(root, needed)
     try:
-        _check_room(root, needed)
         # written into a temporary folder and renamed, so a crash or a concurrent start never sees half a folder
-        work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
+        work = Path(tempfile.mkdtemp(prefix=f".{done.name}-", dir=root))
         try:
             started = time.perf_counter()
             stored = _convert(gguf_file, work / name, dtype)
@@ -118,13 +134,16 @@ class CacheFolderError(ValueError):
 
 
 def _check_room(root: Path, needed: int) -> None:
-    """OSError when `root` cannot be made or holds less than `needed` bytes free."""
-    root.mkdir(parents=True, exist_ok=True)
-    if not os.access(root, os.W_OK | os.X_OK):
-        raise PermissionError(13, "Permission denied")
-    free = shutil.disk_usage(root).free
-    if free < needed:
-        raise OSError(28, f"only {free // 2**20} MiB free")
+    """CacheFolderError when `root` cannot be made or holds less than `needed` bytes free."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+        free = shutil.disk_usage(root).free
+        if free < needed:
+            raise OSError(28, f"only {free // 2**20} MiB free")
+    except OSError as exc:
+        raise CacheFolderError(root, needed, exc.strerror or str(exc)) from None
 
 
 def _converted_bytes(gguf_file: Path, dtype: str) -> int:
@@ -133,6 +152,28 @@ def _converted_bytes(gguf_file: Path, dtype: str) -> int:
     target = DTYPES[dtype] if dtype != "auto" else _exact_dtype(reader)
     weights = sum(int(t.n_elements) for t in reader.tensors) * target.itemsize
     return weights + gguf_file.stat().st_size // 10 + 16 * 2**20  # tokenizer files, config
+
+
+def unconverted_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) -> Path | None:
+    """The GGUF file resolve_gguf(path, dtype) would convert (none converted before is cached); else None.
+    CacheFolderError when the cache cannot take the conversion: said at once, before the port opens."""
+    gguf_file = _gguf_file(Path(path))
+    root = cache_dir or _default_cache_dir()
+    if gguf_file is None or _converted(gguf_file, dtype, root).is_dir():
+        return None
+    _check_room(root, _converted_bytes(gguf_file, dtype))
+    return gguf_file
+
+
+def _converted(gguf_file: Path, dtype: str, root: Path) -> Path:
+    """The cache folder of `gguf_file` converted to `dtype`, keyed by the file's path, size and mtime."""
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r} (use auto, {', '.join(DTYPES)})")
+    stat = gguf_file.stat()
+    key = hashlib.sha256(
+        f"{gguf_file.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{dtype}\0{_FORMAT_VERSION}".encode()
+    ).hexdigest()[:16]
+    return root / key
 
 
 def _gguf_file(path: Path) -> Path | None:
@@ -172,8 +213,12 @@ def _convert(gguf_file: Path, out: Path, dtype: str) -> str:
     target = DTYPES[dtype] if dtype != "auto" else _exact_dtype(reader)
 
     tensors: dict[str, torch.Tensor] = {}
+    rope_factors: dict[str, list[float]] = {}
     for tensor in tqdm(reader.tensors, desc=f"Converting {gguf_file.name}", unit="tensor"):
-        hf_name = _hf_name(tensor.name)
+        if tensor.name in _ROPE_FACTORS:
+            rope_factors[tensor.name] = dequantize(tensor.data, tensor.tensor_type).reshape(-1).tolist()
+            continue
+        hf_name = _hf_name(tensor.name, architecture)
         if hf_name is None:
             raise ValueError(f"{gguf_file}: tensor {tensor.name} has no counterpart in the {architecture} "
                              "checkpoints we load")
@@ -181,7 +226,11 @@ def _convert(gguf_file: Path, out: Path, dtype: str) -> str:
         kind = tensor.name.split(".")[-2]  # "attn_q" in "blk.3.attn_q.weight"; biases are permuted too
         if _PERMUTES_QK[architecture] and kind in ("attn_q", "attn_k"):
             weight = _unpermute(weight, config.num_attention_heads if kind == "attn_q" else config.num_key_value_heads)
+        if architecture == "gemma3" and "norm" in kind:
+            weight = weight - 1  # llama.cpp stores Gemma's norm weights as the (1 + weight) they scale by
         tensors[hf_name] = weight
+    _join_experts(tensors)
+    _fix_config(reader, architecture, config, rope_factors)
     out.mkdir(parents=True)
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
@@ -205,14 +254,64 @@ def _exact_dtype(reader: GGUFReader) -> torch.dtype:
     return torch.float32
 
 
-def _hf_name(gguf_name: str) -> str | None:
+def _hf_name(gguf_name: str, architecture: str) -> str | None:
     base, _, suffix = gguf_name.rpartition(".")
     if base in _TOP_LEVEL:
         return f"{_TOP_LEVEL[base]}.{suffix}"
     match = _BLOCK_TENSOR.fullmatch(gguf_name)
-    if match and match[2] in _IN_BLOCK:
-        return f"model.layers.{match[1]}.{_IN_BLOCK[match[2]]}.{match[3]}"
+    names = {**_IN_BLOCK, **_IN_BLOCK_OF.get(architecture, {})}
+    if match and match[2] in names:
+        return f"model.layers.{match[1]}.{names[match[2]]}.{match[3]}"
     return None
+
+
+def _join_experts(tensors: dict[str, torch.Tensor]) -> None:
+    """Stacked experts as transformers 5 (and our loader) name them: gate and up [E, I, H] joined into
+    experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I], without ".weight"."""
+    for name in [n for n in tensors if ".mlp.experts.gate_proj." in n]:
+        prefix = name.removesuffix("gate_proj.weight")
+        tensors[prefix + "gate_up_proj"] = torch.cat((tensors.pop(name), tensors.pop(prefix + "up_proj.weight")), 1)
+        tensors[prefix + "down_proj"] = tensors.pop(prefix + "down_proj.weight")
+
+
+def _field(reader: GGUFReader, key: str, architecture: str) -> Any:
+    """The value of a metadata key ("{arch}.rope.scaling.type" templates filled with `architecture`), if present."""
+    found = reader.fields.get(key.format(arch=architecture))
+    return None if found is None else found.contents()
+
+
+def _fix_config(reader: GGUFReader, architecture: str, config: Any, rope_factors: dict[str, list[float]]) -> None:
+    """Set the config facts llama.cpp writes but transformers' GGUF reading skips (module docstring)."""
+    key_length = _field(reader, Keys.Attention.KEY_LENGTH, architecture)
+    if key_length and architecture != "phi3":  # an explicit head size (Qwen3's 128 is not hidden / heads)
+        config.head_dim = int(key_length)
+    if architecture == "qwen3moe":
+        width = _field(reader, Keys.LLM.EXPERT_FEED_FORWARD_LENGTH, architecture)
+        if width:
+            config.moe_intermediate_size = int(width)
+    if architecture == "phi3":
+        window = _field(reader, Keys.Attention.SLIDING_WINDOW, architecture)
+        config.sliding_window = int(window) if window else None
+        head_dim = config.hidden_size // config.num_attention_heads
+        rotary = _field(reader, Keys.Rope.DIMENSION_COUNT, architecture) or head_dim
+        rope = {"rope_type": "default", "rope_theta": config.rope_parameters["rope_theta"],
+                "partial_rotary_factor": int(rotary) / head_dim}
+        if rope_factors:
+            original = _field(reader, Keys.Rope.SCALING_ORIG_CTX_LEN, architecture) or config.max_position_embeddings
+            rope |= {"rope_type": "longrope", "long_factor": rope_factors["rope_factors_long.weight"],
+                     "short_factor": rope_factors["rope_factors_short.weight"],
+                     "original_max_position_embeddings": int(original)}
+            attn_factor = _field(reader, Keys.Rope.SCALING_ATTN_FACTOR, architecture)
+            if attn_factor is not None:
+                rope["attention_factor"] = float(attn_factor)
+        config.rope_parameters = rope
+    if architecture == "gemma3":
+        # llama.cpp's query scale: 1/sqrt(head_dim), but 1/sqrt(hidden/heads) for the 62-layer 27B
+        wide = config.num_hidden_layers == 62
+        config.query_pre_attn_scalar = config.hidden_size // config.num_attention_heads if wide else config.head_dim
+        if _field(reader, Keys.Rope.SCALING_TYPE, architecture) == "linear":
+            factor = float(_field(reader, Keys.Rope.SCALING_FACTOR, architecture))
+            config.rope_parameters["full_attention"].update(rope_type="linear", factor=factor)
 
 
 def _unpermute(weight: torch.Tensor, heads: int) -> torch.Tensor:

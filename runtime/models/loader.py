@@ -11,19 +11,24 @@ from tqdm.auto import tqdm
 
 from runtime.models.base import CausalLM
 from runtime.models.linear import Linear
-from runtime.models.registry import UnsupportedArchitectureError, model_class
+from runtime.models.moe import Experts
+from runtime.models.registry import UnsupportedArchitectureError, check_supported, model_class
 from runtime.models.spec import ModelSpec
 
 
-def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu") -> CausalLM:
+def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
+               context_window: int | None = None) -> CausalLM:
     """Our CausalLM for the folder `path` (config.json + model.safetensors or sharded with an index).
 
     dtype None keeps the checkpoint's dtype (float32 if config.json names none). Tensors are
-    converted and moved as they are copied in; a progress bar counts them. Raises
-    UnsupportedArchitectureError for architectures or options we do not implement.
+    converted and moved as they are copied in; a progress bar counts them. `context_window`: the served
+    context (max_model_len), which picks LongRoPE's factors. Raises UnsupportedArchitectureError for
+    architectures or options we do not implement.
     """
     folder = Path(path)
     spec = ModelSpec.from_pretrained(folder)
+    spec.context_window = context_window or spec.context_window
+    check_supported(spec)
     cls = model_class(spec.architecture)
     dtype = dtype or spec.torch_dtype
     try:
@@ -68,10 +73,12 @@ def _fill(model: CausalLM, files: list[Path]) -> None:
                         param_name, part = target
                         if param_name not in params:
                             raise ValueError(f"checkpoint tensor {name!r} in {file.name} matches no model parameter")
-                        _copy(model, param_name, part, model.convert_tensor(param_name, f.get_tensor(name)))
-                        loaded[param_name].add(part)
+                        tensor = model.convert_tensor(param_name, f.get_tensor(name))
+                        if tensor is not None:  # None: held until what it combines with is read (gpt_oss.py)
+                            _copy(model, param_name, part, tensor)
+                            loaded[param_name].add(part)
                     bar.update(1)
-    missing = [name for name, parts in loaded.items() if parts != _expected_parts(model, name)]
+    missing = [name for name, parts in loaded.items() if not _complete(model, name, parts)]
     if missing:
         raise ValueError(f"checkpoint is missing weights for: {', '.join(missing)}")
 
@@ -81,16 +88,22 @@ def _owner(model: CausalLM, param_name: str) -> tuple[torch.nn.Module, str]:
     return model.get_submodule(module_name), attr
 
 
-def _expected_parts(model: CausalLM, param_name: str) -> set[str | None]:
-    module, _ = _owner(model, param_name)
-    if isinstance(module, Linear) and len(module.part_names) > 1:
-        return set(module.part_names)
-    return {None}
+def _complete(model: CausalLM, param_name: str, parts: set[str | None]) -> bool:
+    """Whether the checkpoint filled the parameter: whole (fused in the checkpoint too: Phi-3's qkv_proj, stacked
+    experts) or every part of it."""
+    module, attr = _owner(model, param_name)
+    if parts == {None}:
+        return True
+    if isinstance(module, Linear):
+        return parts == set(module.part_names)
+    if isinstance(module, Experts):
+        return parts == module.expected_parts(attr)
+    return False
 
 
 def _copy(model: CausalLM, param_name: str, part: str | None, tensor: torch.Tensor) -> None:
     module, attr = _owner(model, param_name)
-    if isinstance(module, Linear):
+    if isinstance(module, Linear | Experts):
         module.load(attr, tensor, part)
         return
     target = getattr(module, attr).data

@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from runtime.models.activation import get_activation
 from runtime.models.base import CausalLM
 from runtime.models.gpt2 import GPT2LMHeadModel
+from runtime.models.gpt_oss import GptOssForCausalLM
 from runtime.models.llama import LlamaForCausalLM
+from runtime.models.rotary_embedding import LAYER_TYPES, RopeConfig
+from runtime.models.spec import ModelSpec
 
+# every Llama-family architecture runs llama.py's decoder; what sets each apart is in its ModelSpec (spec.py)
 _MODELS: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,  # Llama layers; sliding window unused (see llama.py)
-    "Qwen2ForCausalLM": LlamaForCausalLM,  # Llama layers with q/k/v bias
+    "MistralForCausalLM": LlamaForCausalLM,
+    "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen3ForCausalLM": LlamaForCausalLM,
+    "Gemma3ForCausalLM": LlamaForCausalLM,
+    "Gemma3ForConditionalGeneration": LlamaForCausalLM,  # its text model
+    "Phi3ForCausalLM": LlamaForCausalLM,
+    "MixtralForCausalLM": LlamaForCausalLM,
+    "Qwen3MoeForCausalLM": LlamaForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
     "GPT2LMHeadModel": GPT2LMHeadModel,
 }
 
@@ -34,3 +46,27 @@ def model_class(architecture: str) -> type[CausalLM]:
         return _MODELS[architecture]
     except KeyError:
         raise UnsupportedArchitectureError(architecture) from None
+
+
+def check_supported(spec: ModelSpec) -> None:
+    """UnsupportedArchitectureError, before any weight is read, for an architecture or an option of its config
+    that we do not implement."""
+    model_class(spec.architecture)
+    config = spec.config
+    refused = {
+        "quantization_config": "quantized checkpoints",
+        "attn_logit_softcapping": "attention logit softcapping",
+        "use_bidirectional_attention": "bidirectional attention",
+    }
+    if spec.architecture == "GptOssForCausalLM" and (config.get("quantization_config") or {}).get(
+            "quant_method") == "mxfp4":
+        refused.pop("quantization_config")  # OpenAI's own files: dequantized on load (gpt_oss.py)
+    for key, what in refused.items():
+        if config.get(key):
+            raise UnsupportedArchitectureError(spec.architecture, f"not supported: {what} ({key})")
+    try:
+        for layer_type in LAYER_TYPES:
+            RopeConfig.from_config(config, layer_type).check()
+        get_activation(spec.hidden_act)
+    except ValueError as exc:
+        raise UnsupportedArchitectureError(spec.architecture, str(exc)) from exc

@@ -22,7 +22,26 @@ _DEFAULT_ARCHITECTURE = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
     "gpt2": "GPT2LMHeadModel",
+}
+
+# The facts of an architecture that its config does not state (the rest is read from the config).
+_QWEN3 = {"qk_norm": True}
+_GEMMA3 = {"qk_norm": True, "norm_offset": 1.0, "norm_weight_in_float32": True, "sandwich_norms": True,
+           "embedding_scaled": True}
+_ARCHITECTURE_FACTS: dict[str, dict[str, Any]] = {
+    "Qwen2ForCausalLM": {"qkv_bias": True},
+    "Qwen3ForCausalLM": _QWEN3,
+    "Qwen3MoeForCausalLM": _QWEN3,
+    "Gemma3ForCausalLM": _GEMMA3,
+    "Gemma3ForConditionalGeneration": _GEMMA3,
+    "GptOssForCausalLM": {"norm_weight_in_float32": True, "attention_sinks": True},
 }
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -42,8 +61,70 @@ def _as_id_list(value: Any) -> list[int]:
 
 
 @dataclass
+class MoeSpec:
+    """A mixture-of-experts MLP: each token runs `top_k` of `num_experts` SwiGLU experts, weighted by its router.
+
+    routing "softmax_topk": softmax over all experts, the top k, renormalised when `renormalize` (Mixtral, Qwen3-MoE);
+    "topk_softmax": the top k logits, softmax over those (gpt-oss). activation "silu": silu(gate) * up; "swiglu_clamp":
+    gpt-oss's gate and up clamped to `limit`, (up + 1) * gate * sigmoid(alpha * gate)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    routing: str = "softmax_topk"
+    renormalize: bool = True
+    router_bias: bool = False
+    expert_bias: bool = False
+    activation: str = "silu"
+    alpha: float = 1.702
+    limit: float = 7.0
+    sparse_layers: list[bool] = field(default_factory=list)  # per layer: experts (True) or the dense MLP
+
+    @classmethod
+    def from_config(cls, architecture: str, config: dict[str, Any], num_layers: int) -> MoeSpec | None:
+        experts = int(config.get("num_local_experts") or config.get("num_experts") or 0)
+        if not experts:
+            return None
+        top_k = int(config["num_experts_per_tok"])
+        if architecture == "GptOssForCausalLM":
+            return cls(experts, top_k, int(config["intermediate_size"]), routing="topk_softmax", router_bias=True,
+                       expert_bias=True, activation="swiglu_clamp", alpha=float(config.get("swiglu_alpha", 1.702)),
+                       limit=float(config.get("swiglu_limit", 7.0)), sparse_layers=[True] * num_layers)
+        dense = set(config.get("mlp_only_layers") or [])
+        step = int(config.get("decoder_sparse_step") or 1)
+        return cls(experts, top_k, int(config.get("moe_intermediate_size") or config["intermediate_size"]),
+                   renormalize=bool(config.get("norm_topk_prob", True)),
+                   sparse_layers=[i not in dense and (i + 1) % step == 0 for i in range(num_layers)])
+
+
+def _layer_windows(architecture: str, config: dict[str, Any], num_layers: int) -> list[int | None]:
+    """Per layer, how many keys (itself included) a query attends to: the sliding window, or None for all of them.
+
+    Configs that name layer types (Gemma 3, gpt-oss, transformers>=5's Qwen) say which layers slide; Qwen's older
+    configs slide from `max_window_layers` on when `use_sliding_window`; Mistral, Mixtral and Phi-3 slide everywhere
+    when `sliding_window` is set, as transformers applies it."""
+    window = config.get("sliding_window")
+    types = config.get("layer_types")
+    if not types and architecture.startswith("Gemma3"):
+        pattern = int(config.get("sliding_window_pattern", 6))
+        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+    if not types and architecture.startswith("Qwen"):
+        start = int(config.get("max_window_layers", num_layers))
+        slide = bool(config.get("use_sliding_window")) and window
+        types = ["sliding_attention" if slide and i >= start else "full_attention" for i in range(num_layers)]
+    if not types:
+        types = ["sliding_attention" if window else "full_attention"] * num_layers
+    if len(types) < num_layers or not set(types) <= {"full_attention", "sliding_attention"}:
+        raise ValueError(f"layer_types {types} are not {num_layers} of full_attention / sliding_attention")
+    if "sliding_attention" in types and not window:
+        raise ValueError("sliding layers without a sliding_window")
+    return [int(window) if t == "sliding_attention" else None for t in types[:num_layers]]
+
+
+@dataclass
 class ModelSpec:
-    """What the engine needs to know about a model: shapes, context window, special token ids."""
+    """What the engine needs to know about a model: shapes, context window, special token ids, and what sets its
+    layers apart from Llama's (one field per difference, read from the config or `_ARCHITECTURE_FACTS`)."""
 
     architecture: str
     vocab_size: int
@@ -57,6 +138,31 @@ class ModelSpec:
     bos_token_id: int | None
     torch_dtype: torch.dtype = torch.float32  # the checkpoint's dtype (config "torch_dtype"/"dtype")
     config: dict[str, Any] = field(default_factory=dict, repr=False)  # raw config.json, for model builders
+    layer_windows: list[int | None] = field(default_factory=list)  # per layer: sliding window (None: full)
+    qkv_bias: bool = False  # q/k/v projections have a bias (Qwen2, gpt-oss, "attention_bias")
+    o_bias: bool = False  # the output projection has one ("attention_bias")
+    qk_norm: bool = False  # RMSNorm of each query and key head before RoPE (Qwen3, Gemma 3)
+    norm_offset: float = 0.0  # RMSNorm scales by (offset + weight): Gemma's 1
+    norm_weight_in_float32: bool = False  # RMSNorm multiplies by its weight before casting back (Gemma, gpt-oss)
+    sandwich_norms: bool = False  # norms after attention and the MLP too (Gemma 3)
+    embedding_scaled: bool = False  # embeddings times sqrt(hidden_size) (Gemma)
+    attention_scale: float = 0.0  # query scale (0: head_dim ** -0.5; Gemma: query_pre_attn_scalar ** -0.5)
+    attention_sinks: bool = False  # a learned logit per head in every softmax (gpt-oss)
+    final_logit_softcap: float | None = None  # logits = cap * tanh(logits / cap) (Gemma)
+    hidden_act: str = "silu"
+    moe: MoeSpec | None = None
+    context_window: int = 0  # the served context (max_model_len; 0: max_position_embeddings), for LongRoPE
+
+    def __post_init__(self) -> None:
+        self.attention_scale = self.attention_scale or self.head_dim**-0.5
+        self.context_window = self.context_window or self.max_position_embeddings
+        self.layer_windows = self.layer_windows or [None] * self.num_layers
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The widest window when every layer slides (blocks older than it are never read again), else None."""
+        windows = set(self.layer_windows)
+        return None if None in windows else max(windows)  # type: ignore[type-var]
 
     @classmethod
     def from_config(cls, config: dict[str, Any], generation_config: dict[str, Any] | None = None) -> "ModelSpec":
@@ -65,6 +171,9 @@ class ModelSpec:
         architecture = archs[0] if archs else _DEFAULT_ARCHITECTURE.get(config.get("model_type", ""), "")
         if not architecture:
             architecture = str(config.get("model_type") or "<unknown>")
+        if architecture == "Gemma3ForConditionalGeneration":  # served as its text model (its images are not)
+            config = {**config["text_config"], "architectures": [architecture],
+                      "eos_token_id": config.get("eos_token_id", config["text_config"].get("eos_token_id"))}
         hidden = int(_first(config, "hidden_size"))
         heads = int(_first(config, "num_heads"))
         kv_heads = int(config.get("num_key_value_heads") or heads)
@@ -75,11 +184,15 @@ class ModelSpec:
                 eos.append(token_id)
         bos = config.get("bos_token_id")
         dtype_name = config.get("torch_dtype") or config.get("dtype") or "float32"
+        layers = int(_first(config, "num_layers"))
+        facts = _ARCHITECTURE_FACTS.get(architecture, {})
+        attention_bias = bool(config.get("attention_bias", False))
+        pre_attn_scalar = config.get("query_pre_attn_scalar") if architecture.startswith("Gemma3") else None
         return cls(
             architecture=architecture,
             vocab_size=int(config["vocab_size"]),
             hidden_size=hidden,
-            num_layers=int(_first(config, "num_layers")),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
@@ -88,6 +201,21 @@ class ModelSpec:
             bos_token_id=int(bos) if isinstance(bos, int) else None,
             torch_dtype=_DTYPES.get(str(dtype_name), torch.float32),
             config=config,
+            layer_windows=_layer_windows(architecture, config, layers),
+            qkv_bias=attention_bias or facts.get("qkv_bias", False),
+            o_bias=attention_bias,
+            qk_norm=facts.get("qk_norm", False),
+            norm_offset=facts.get("norm_offset", 0.0),
+            norm_weight_in_float32=facts.get("norm_weight_in_float32", False),
+            sandwich_norms=facts.get("sandwich_norms", False),
+            embedding_scaled=facts.get("embedding_scaled", False),
+            attention_scale=float(pre_attn_scalar) ** -0.5 if pre_attn_scalar else 0.0,
+            attention_sinks=facts.get("attention_sinks", False),
+            # (transformers' multimodal Gemma 3 applies none, whatever its text config says)
+            final_logit_softcap=None if architecture == "Gemma3ForConditionalGeneration"
+            else config.get("final_logit_softcapping"),
+            hidden_act=str(config.get("hidden_activation") or config.get("hidden_act") or "silu"),
+            moe=MoeSpec.from_config(architecture, config, layers),
         )
 
     @classmethod

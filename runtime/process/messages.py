@@ -6,7 +6,8 @@ restarted, says it is there: the core answers `Ready`).
 With --api-servers N there are N front ends; each request's outputs go back to the one that sent it.
 Core -> front end: `Ready` (or `StartFailed`) once, then `StepOutputs` (one per engine step that produced
 anything: every request's new deltas or token ids, and the engine's stats at most every STATS_PERIOD s),
-`Rejected` (a request the core refused after it was handed over: queue full, grammar, adapter), `LoraReply`.
+`Rejected` (a request the core refused after it was handed over: queue full, grammar, adapter), `LoraReply`,
+`Phase` (what a starting or warming core is doing, for /health).
 
 The request/delta dataclasses of runtime.request travel as they are (msgspec encodes dataclasses); tensors
 (context/generation logits) and numpy arrays (Triton LoRA weights) travel as msgpack extensions.
@@ -70,6 +71,13 @@ class Ready(msgspec.Struct, tag="ready"):
     adapters: dict[str, str]
     stats: EngineStats
     pid: int = 0  # the core's process id (front ends that did not start it watch it by this)
+    phase: str | None = None  # what it builds in the background while it serves (later changes: Phase)
+
+
+class Phase(msgspec.Struct, tag="phase"):
+    """What the core is doing while it starts or warms up (runtime/startup.py); None: done."""
+
+    text: str | None
 
 
 class StartFailed(msgspec.Struct, tag="start_failed"):
@@ -101,7 +109,7 @@ class LoraReply(msgspec.Struct, tag="lora_reply"):
 
 
 ToCore = Union[AddRequest, Abort, LoraCall, Shutdown, Attach]
-ToFrontEnd = Union[Ready, StartFailed, StepOutputs, Rejected, LoraReply]
+ToFrontEnd = Union[Ready, StartFailed, StepOutputs, Rejected, LoraReply, Phase]
 
 
 def _enc_hook(obj: Any) -> Any:

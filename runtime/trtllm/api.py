@@ -4,6 +4,9 @@ Import paths as in tensorrt-llm 1.2 (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/__i
 5ca85aff65b2c7d0ba06fb6c7d7c015ed78886f8): the PyTorch-backend `LLM` and the config classes from
 `tensorrt_llm.llmapi`, the TensorRT-engine `LLM` from `tensorrt_llm._tensorrt_engine`, `LoraConfig` from
 `tensorrt_llm.lora_helper` (tensorrt_llm/lora_helper.py @ 585c756579dc4d01f21fc13c2f604cdb461ac4f0).
+The speculative decoding configs are looked up by name: the 1.3 line no longer exports some of them
+(Medusa, Lookahead) from `tensorrt_llm.llmapi`, so a missing one is taken from `tensorrt_llm.llmapi.llm_args`,
+or left None (the backend then starts, and refuses only that kind of speculation).
 """
 
 from __future__ import annotations
@@ -36,13 +39,29 @@ class TrtllmApi:
     SchedulerConfig: Any
     CapacitySchedulerPolicy: Any
     CudaGraphConfig: Any
-    DraftTargetDecodingConfig: Any
+    DraftTargetDecodingConfig: Any  # each speculative config: None when this release has none
     NGramDecodingConfig: Any
     EagleDecodingConfig: Any
     MedusaDecodingConfig: Any
     LookaheadDecodingConfig: Any
     MTPDecodingConfig: Any
     version: str
+
+
+SPECULATIVE_CONFIGS = ("DraftTargetDecodingConfig", "NGramDecodingConfig", "EagleDecodingConfig",
+                       "MedusaDecodingConfig", "LookaheadDecodingConfig", "MTPDecodingConfig")
+
+
+def _speculative_config_class(llmapi: Any, name: str) -> Any:
+    """`tensorrt_llm.llmapi.<name>`, else `tensorrt_llm.llmapi.llm_args.<name>` (1.3), else None."""
+    found = getattr(llmapi, name, None)
+    if found is None:
+        try:
+            from tensorrt_llm.llmapi import llm_args
+        except ImportError:
+            return None
+        found = getattr(llm_args, name, None)
+    return found
 
 
 def load_api() -> TrtllmApi:
@@ -63,10 +82,6 @@ def load_api() -> TrtllmApi:
         LoraConfig=LoraConfig, KvCacheConfig=llmapi.KvCacheConfig,
         SchedulerConfig=llmapi.SchedulerConfig, CapacitySchedulerPolicy=llmapi.CapacitySchedulerPolicy,
         CudaGraphConfig=llmapi.CudaGraphConfig,
-        DraftTargetDecodingConfig=llmapi.DraftTargetDecodingConfig,
-        NGramDecodingConfig=llmapi.NGramDecodingConfig, EagleDecodingConfig=llmapi.EagleDecodingConfig,
-        MedusaDecodingConfig=llmapi.MedusaDecodingConfig,
-        LookaheadDecodingConfig=llmapi.LookaheadDecodingConfig,
-        MTPDecodingConfig=llmapi.MTPDecodingConfig,
+        **{name: _speculative_config_class(llmapi, name) for name in SPECULATIVE_CONFIGS},
         version=str(getattr(tensorrt_llm, "__version__", "unknown")),
     )

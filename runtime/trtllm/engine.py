@@ -2,11 +2,13 @@
 
 Every request runs as `LLM.generate_async(prompt_token_ids, sampling_params=..., lora_request=...,
 streaming=True)` (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm.py @ 4c05a74891e4df8066f08ed4ce14b0972abe4e25);
-the result is iterated once per runtime iteration and its CompletionOutput diffs become OutputDeltas.
+the result is iterated once per runtime response and the tokens each CompletionOutput gained become
+OutputDeltas (runtime/trtllm/output.py).
 Prompts are tokenised (and chat templates applied, by the adapters) with our runtime.tokenizer, so both
 backends count the same prompt tokens. `result.abort()` cancels: on abort(), a closed iterator (client
-gone), a stop string, a deadline, or shutdown. Iteration stats come from `LLM.get_stats_async`, polled
-by a background task.
+gone), a stop string, a deadline, or shutdown. Iteration stats come from `LLM.get_stats_async`, read by a
+background task from the first request on. Errors TensorRT-LLM raises while taking a request (ValueError from
+SamplingParams, LoRARequest or its argument checks) are InvalidRequestError.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 
 from runtime.config import EngineConfig
 from runtime.engine import Engine, EngineStats, ModelInfo
-from runtime.errors import EngineFailedError, EngineNotReadyError, InvalidRequestError, QueueFullError
+from runtime.errors import (EngineError, EngineFailedError, EngineNotReadyError, InvalidRequestError,
+                            QueueFullError)
 from runtime.request import GenerationRequest, OutputDelta, Usage
 from runtime.default_model import resolve_model
 from runtime.tokenizer import Tokenizer
@@ -63,14 +66,17 @@ class TrtllmEngine(Engine):
         self._sampling_ctx = SamplingContext(
             context_window=self.folder.context_window, vocab_size=self.folder.vocab_size,
             eos_token_ids=tuple(self.tokenizer.eos_token_ids), default_seed=config.seed,
+            default_max_tokens=config.default_max_tokens,
             max_beam_width=config.max_beam_width, speculative="speculative_config" in self.llm_kwargs,
-            num_draft_tokens=_draft_len(self.llm_kwargs.get("speculative_config")))
+            num_draft_tokens=_draft_len(self.llm_kwargs.get("speculative_config")),
+            context_logits=self.folder.context_logits)
         self._stats = StatsCollector(config.max_batch_size, config.max_num_tokens)
         self.llm: Any = None
         self._results: dict[str, Any] = {}  # request id -> TRT-LLM result, while running
         self._ready = False
         self._prepare = WorkerPool("prepare")  # tokenizing large prompts, off the event loop
         self._poller: asyncio.Task | None = None
+        self._submitted = asyncio.Event()  # a request reached TensorRT-LLM since the stats poller last looked
 
     # -- lifecycle -----------------------------------------------------------------------------------
 
@@ -119,17 +125,22 @@ class TrtllmEngine(Engine):
             result.abort()
 
     async def _poll_stats(self) -> None:
+        """Read iteration stats as they come. TensorRT-LLM's get_stats_async hands out one shared result
+        that exists only after the first request (before it, every call prints a warning) and that, once a
+        read times out, stays ended until the next request is submitted; so wait for a submission, then read
+        without a timeout: the stream never ends on its own, and a long request keeps its stats."""
         while self._ready:
+            await self._submitted.wait()
+            self._submitted.clear()
             try:
-                async for stat in self.llm.get_stats_async(timeout=_STATS_POLL_S):
+                async for stat in self.llm.get_stats_async(timeout=None):
                     self._stats.absorb(stat)
                     if not self._ready:
                         return
             except asyncio.CancelledError:
                 raise
-            except Exception:  # stats are best effort; a failing poll must not stop serving
-                pass
-            await asyncio.sleep(_STATS_POLL_S)
+            except Exception:  # stats are best effort; a failing read must not stop serving
+                await asyncio.sleep(_STATS_POLL_S)
 
     # -- generation ----------------------------------------------------------------------------------
 
@@ -156,18 +167,21 @@ class TrtllmEngine(Engine):
             raise EngineNotReadyError("The engine is not ready.")
         if len(self._results) >= self.config.max_batch_size + self.config.max_queue_size:
             raise QueueFullError(f"The request queue is full ({self.config.max_queue_size} waiting).")
-        lora = self.adapters.request(self._api, request.adapter, request.lora_task)
-        params = build_sampling_params(self._api, request, len(prompt), self._sampling_ctx)
         if request.request_id in self._results:
             raise InvalidRequestError(f"request id {request.request_id} is already running", "request_id")
-        try:
+        try:  # LoRARequest, SamplingParams and generate_async check their arguments with ValueError
+            lora = self.adapters.request(self._api, request.adapter, request.lora_task)
+            params = build_sampling_params(self._api, request, len(prompt), self._sampling_ctx)
             result = self.llm.generate_async(prompt, sampling_params=params, lora_request=lora,
                                              streaming=True)
+        except EngineError:
+            raise
         except (ValueError, TypeError) as exc:  # TRT-LLM's own argument checks
             raise InvalidRequestError(str(exc)) from exc
         except Exception as exc:
             raise EngineFailedError(f"TensorRT-LLM rejected the request: {exc}") from exc
         self._results[request.request_id] = result
+        self._submitted.set()
         self._stats.count_request(len(prompt), lora.lora_name if lora is not None else None)
         return result
 
@@ -215,9 +229,9 @@ class TrtllmEngine(Engine):
     @staticmethod
     def _first(delta: OutputDelta, prompt: list[int], result: Any, prompt_logprobs: int | None) -> None:
         delta.prompt_token_ids = prompt
-        if prompt_logprobs is not None:
-            entries = result.outputs[0].prompt_logprobs if result.outputs else None
-            delta.prompt_logprobs = convert_prompt_logprobs(prompt, entries, prompt_logprobs)
+        if prompt_logprobs is not None:  # on the outputs a response has updated (one per response)
+            rows = next((out.prompt_logprobs for out in result.outputs if out.prompt_logprobs), None)
+            delta.prompt_logprobs = convert_prompt_logprobs(prompt, rows, prompt_logprobs)
 
     def _deltas(self, result: Any, seqs: list[SequenceStream], beam: bool) -> list[OutputDelta]:
         outputs = result.outputs
@@ -236,6 +250,8 @@ class TrtllmEngine(Engine):
             self._stats.count_generated(sum(len(d.token_ids) for d in deltas))
             return deltas
         deltas = [d for seq, out in zip(seqs, outputs) if (d := seq.update(out)) is not None]
+        if result.finished:  # sequences that ended before the last response carry no finish reason
+            deltas += [d for seq in seqs if (d := seq.close(result.sampling_params.max_tokens)) is not None]
         self._stats.count_generated(sum(len(d.token_ids) for d in deltas))
         return deltas
 

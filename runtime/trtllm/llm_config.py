@@ -20,8 +20,10 @@ tests/fakes/trtllm_api_snapshot.json for the stored version read).
 | speculative=ngram, num_draft_tokens, ngram_max, speculative_max_concurrency | NGramDecodingConfig(max_draft_len, max_matching_ngram_size, max_concurrency) |
 | enable_cuda_graphs=false | `cuda_graph_config=None` (checkpoints) |
 | trtllm_extra | passed through; `speculative_config` may be a dict with `decoding_type` Eagle/Medusa/Lookahead/MTP/... |
-| device=cpu, ngram_min != 1 | rejected (UnsupportedOptionError) |
-Always set: `enable_iter_perf_stats=True` (checkpoints; feeds /metrics), `guided_decoding_backend="xgrammar"`.
+| device=cpu, ngram_min != 1, speculation the folder's flow cannot run (draft, ngram: checkpoints only) | refused |
+Always set: `guided_decoding_backend="xgrammar"`; checkpoints: `enable_iter_perf_stats=True` (feeds /metrics;
+TrtLlmArgs has no such field, an engine's runtime reports iteration stats anyway); engine folders:
+`gather_generation_logits=True` (TensorRT-LLM refuses logprobs without it).
 """
 
 from __future__ import annotations
@@ -45,10 +47,15 @@ def _speculative_model_field(config_cls: Any) -> str:
     return "speculative_model" if "speculative_model" in fields else "speculative_model_dir"
 
 
-def speculative_config(api: TrtllmApi, config: EngineConfig) -> Any:
+def speculative_config(api: TrtllmApi, config: EngineConfig, folder: ModelFolder) -> Any:
     """The speculative decoding config for `config.speculative` (None when off)."""
     if config.speculative == "none":
         return None
+    if folder.is_engine:  # TensorRT-LLM's DraftTarget and NGram configs support its PyTorch flow only
+        raise UnsupportedOptionError(
+            "speculative", BACKEND, f"'{config.speculative}' speculation runs on TensorRT-LLM's PyTorch flow only "
+            "(a Hugging Face checkpoint folder); a TensorRT engine folder speculates with the heads it was built "
+            "with (--trtllm-extra '{\"speculative_config\": {\"decoding_type\": \"Medusa\", ...}}')")
     if config.speculative == "draft":
         if not config.draft_model:
             raise InvalidRequestError("--speculative draft needs --draft-model", param="draft_model")
@@ -75,7 +82,21 @@ def _extra_speculative(api: TrtllmApi, value: Any) -> Any:
         raise InvalidRequestError(
             f"trtllm_extra.speculative_config.decoding_type must be one of {sorted(classes)}, got {kind!r}",
             param="trtllm_extra")
+    if classes[kind] is None:
+        raise UnsupportedOptionError("trtllm_extra", BACKEND, f"TensorRT-LLM {api.version} has no {kind} speculative "
+                                     "decoding config")
     return classes[kind](**data)
+
+
+def _check_speculation_runs(spec: Any, folder: ModelFolder) -> None:
+    """Refuse at start-up a config TensorRT-LLM would refuse when building the LLM (its supports_backend:
+    the PyTorch flow runs checkpoints, backend "pytorch"; the TensorRT flow runs engines, backend None)."""
+    supports = getattr(spec, "supports_backend", None)
+    if supports is not None and not supports(None if folder.is_engine else "pytorch"):
+        kind = getattr(spec, "decoding_type", type(spec).__name__)
+        where = "a TensorRT engine folder" if folder.is_engine else "a Hugging Face checkpoint folder (PyTorch flow)"
+        raise UnsupportedOptionError("trtllm_extra", BACKEND, f"TensorRT-LLM's {kind} speculation does not run on "
+                                     f"{where}")
 
 
 def llm_arguments(api: TrtllmApi, config: EngineConfig, folder: ModelFolder,
@@ -109,12 +130,13 @@ def llm_arguments(api: TrtllmApi, config: EngineConfig, folder: ModelFolder,
                 sched = merged
             else:
                 lora = merged
-    spec = speculative_config(api, config)
+    spec = speculative_config(api, config, folder)
     if "speculative_config" in extra:
         if spec is not None:
             raise InvalidRequestError("give either --speculative or trtllm_extra.speculative_config",
                                       param="trtllm_extra")
         spec = _extra_speculative(api, extra.pop("speculative_config"))
+        _check_speculation_runs(spec, folder)
 
     kwargs: dict[str, Any] = dict(
         model=folder.path, tokenizer=folder.tokenizer_path, dtype=config.dtype,
@@ -137,7 +159,9 @@ def llm_arguments(api: TrtllmApi, config: EngineConfig, folder: ModelFolder,
             raise UnsupportedOptionError("stream_interval", BACKEND,
                                          "a TensorRT engine folder streams every token; the PyTorch flow takes it")
         kwargs["stream_interval"] = config.stream_interval
-    if not folder.is_engine:
+    if folder.is_engine:
+        kwargs["gather_generation_logits"] = True  # TensorRT-LLM computes the engine's logprobs from them
+    else:
         kwargs["enable_iter_perf_stats"] = True
         if not config.enable_cuda_graphs:
             kwargs["cuda_graph_config"] = None

@@ -29,9 +29,11 @@ class SamplingContext:
     vocab_size: int  # logits width, for embedding_bias
     eos_token_ids: tuple[int, ...]
     default_seed: int  # EngineConfig.seed, used when the request gives none
+    default_max_tokens: int | None  # EngineConfig.default_max_tokens, used when the request gives none
     max_beam_width: int
     speculative: bool  # a speculative decoding config is active
     num_draft_tokens: int = 0  # its draft length (fixed when the LLM is built)
+    context_logits: bool = True  # the model folder returns context logits (ModelFolder.context_logits)
 
 
 def check_supported(request: GenerationRequest, ctx: SamplingContext) -> None:
@@ -49,6 +51,10 @@ def check_supported(request: GenerationRequest, ctx: SamplingContext) -> None:
         raise UnsupportedOptionError(name, BACKEND, "not available with speculative decoding")
     if s.beam_width > 1 and (s.logprobs is not None or s.prompt_logprobs is not None):
         raise UnsupportedOptionError("logprobs", BACKEND, "not returned for beam search")
+    if not ctx.context_logits and (s.prompt_logprobs is not None or s.return_context_logits):
+        name = "prompt_logprobs" if s.prompt_logprobs is not None else "return_context_logits"
+        raise UnsupportedOptionError(name, BACKEND, "this TensorRT engine was built without context logits "
+                                     "(rebuild it with `trtllm-build --gather_context_logits`)")
     if request.guided is not None:
         check_guided_can_end(request, ctx)
 
@@ -86,16 +92,17 @@ def sampling_kwargs(request: GenerationRequest, prompt_len: int, ctx: SamplingCo
     """The SamplingParams keyword arguments for `request` (values only; no tensorrt_llm needed)."""
     s = request.sampling
     check_supported(request, ctx)
-    room = ctx.context_window - prompt_len
-    max_tokens = room if s.max_tokens is None else s.max_tokens
+    max_tokens = s.output_limit(ctx.context_window - prompt_len, ctx.default_max_tokens)
     if max_tokens < 1 or prompt_len + max_tokens > ctx.context_window:
         raise PromptTooLongError(prompt_len, max(max_tokens, 1), ctx.context_window)
+    # No end_id: TensorRT-LLM then takes the tokenizer's eos id (our eos_token_ids[0], from the same
+    # tokenizer) and only then tokenizes the bad words (LLM._prepare_sampling_params calls
+    # SamplingParams._setup only when end_id is None; the worker refuses untokenized bad words).
     kw: dict[str, Any] = dict(
         max_tokens=max_tokens,
         # Always explicit: TRT-LLM samples greedily when no sampling knob is given at all.
         temperature=s.temperature,
         seed=ctx.default_seed if s.seed is None else s.seed,
-        end_id=ctx.eos_token_ids[0] if ctx.eos_token_ids else None,
         ignore_eos=s.ignore_eos,
         skip_special_tokens=s.skip_special_tokens,
         detokenize=False,
@@ -117,7 +124,7 @@ def sampling_kwargs(request: GenerationRequest, prompt_len: int, ctx: SamplingCo
         kw["frequency_penalty"] = s.frequency_penalty
     if s.min_tokens:
         kw["min_tokens"] = s.min_tokens
-    # Further eos ids (e.g. Llama 3's <|eot_id|>) stop like end_id does; the backend reports them as eos.
+    # Further eos ids (e.g. Llama 3's <|eot_id|>) stop like the end id does; the backend reports them as eos.
     stop_ids = list(s.stop_token_ids)
     if not s.ignore_eos:
         stop_ids += [t for t in ctx.eos_token_ids[1:] if t not in stop_ids]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import openai
 import pytest
 
@@ -75,10 +76,17 @@ def test_logprobs_match_transformers(client: openai.OpenAI, server: RunningServe
     assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(4)]
 
 
-def test_echo_with_logprobs_includes_the_prompt(client: openai.OpenAI, server: RunningServer) -> None:
-    prompt = "Hello there"
-    ids = encode(server, prompt)
-    out = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=2, temperature=0, echo=True,
+def model_written_prompt(server: RunningServer, hf_model, n: int) -> list[int]:
+    """A prompt the model would write itself (its greedy continuation of one token): each token tops its
+    position's distribution, so TensorRT-LLM 1.2's top-k prompt logprobs hold it too."""
+    first = encode(server, "The")[:1]
+    return first + reference_greedy(hf_model, first, n - 1)[0]
+
+
+def test_echo_with_logprobs_includes_the_prompt(client: openai.OpenAI, server: RunningServer, hf_model) -> None:
+    ids = model_written_prompt(server, hf_model, 4)
+    prompt = server.engine.tokenizer.decode(ids, skip_special_tokens=False)
+    out = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=2, temperature=0, echo=True,
                                     logprobs=1, extra_body={"ignore_eos": True})
     choice = out.choices[0]
     assert choice.text.startswith(prompt)
@@ -88,16 +96,17 @@ def test_echo_with_logprobs_includes_the_prompt(client: openai.OpenAI, server: R
 
 
 def test_echo_with_max_tokens_0_scores_the_prompt(client: openai.OpenAI, server: RunningServer, hf_model) -> None:
-    """lm-evaluation-harness's loglikelihood request: the prompt's logprobs (the first null), nothing generated."""
+    """lm-evaluation-harness's loglikelihood request: the prompt's logprobs (the first null), nothing generated.
+    (A prompt the model would not write: see test_backend_behaviours.py for TensorRT-LLM 1.2's nulls there.)"""
     import torch
 
-    prompt = "The quick brown fox jumps"
-    ids = encode(server, prompt)
+    ids = model_written_prompt(server, hf_model, 6)
+    prompt = server.engine.tokenizer.decode(ids, skip_special_tokens=False)
     with torch.no_grad():
         ref = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), dim=-1)
     want = [ref[i - 1, ids[i]].item() for i in range(1, len(ids))]
     for stream in (False, True):
-        args = dict(model=MODEL_NAME, prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+        args = dict(model=MODEL_NAME, prompt=ids, max_tokens=0, echo=True, logprobs=1)
         if stream:
             chunks = list(client.completions.create(**args, stream=True, stream_options={"include_usage": True}))
             text = "".join(c.choices[0].text for c in chunks if c.choices)
@@ -126,8 +135,10 @@ def test_stop_string_cuts_the_text(client: openai.OpenAI) -> None:
     assert cut.text == full[: full.index(stop)] and cut.finish_reason == "stop"
 
 
-def test_list_of_prompts_and_n_index_choices(client: openai.OpenAI) -> None:
+def test_list_of_prompts_and_n_index_choices(client: openai.OpenAI, backend_name: str) -> None:
     prompts = ["the dog", "hello hello"]
+    if backend_name == "trtllm":  # several greedy samples: refused (test_backend_behaviours.py)
+        pytest.skip("TensorRT-LLM refuses n > 1 with greedy decoding")
     out = client.completions.create(model=MODEL_NAME, prompt=prompts, n=2, max_tokens=3, temperature=0,
                                     extra_body={"ignore_eos": True})
     assert sorted(c.index for c in out.choices) == [0, 1, 2, 3]
@@ -146,6 +157,31 @@ def test_seed_reproducible_and_n_samples_differ(client: openai.OpenAI) -> None:
     b = client.completions.create(**args)
     assert [c.text for c in a.choices] == [c.text for c in b.choices]
     assert a.choices[0].text != a.choices[1].text
+
+
+def test_best_of_returns_the_samples_of_highest_cumulative_logprob(client: openai.OpenAI, http: httpx.Client) -> None:
+    """best_of samples are generated (and billed), the n of highest summed token logprob returned best first, with
+    logprobs only when asked; the same seed's n=best_of request shows every sample and its logprobs."""
+    args = dict(model=MODEL_NAME, prompt=["A tiny model", "the cat"], max_tokens=6, temperature=1.0, seed=99,
+                extra_body={"ignore_eos": True})
+    every = client.completions.create(**args, n=4, logprobs=0)
+    score = {c.index: sum(c.logprobs.token_logprobs) for c in every.choices}
+    best = client.completions.create(**args, n=2, best_of=4)
+    ranked = [sorted(range(4 * p, 4 * p + 4), key=lambda i: -score[i]) for p in (0, 1)]
+    expected = [every.choices[i].text for best_of_prompt in ranked for i in best_of_prompt[:2]]
+    assert [c.text for c in best.choices] == expected and [c.index for c in best.choices] == [0, 1, 2, 3]
+    assert all(c.logprobs is None for c in best.choices)
+    assert best.usage.completion_tokens == every.usage.completion_tokens == 2 * 4 * 6
+    shown = client.completions.create(**args, n=1, best_of=4, logprobs=1)
+    assert [c.text for c in shown.choices] == [expected[0], expected[2]]
+    assert [sum(c.logprobs.token_logprobs) for c in shown.choices] == pytest.approx(
+        [max(score[i] for i in range(4 * p, 4 * p + 4)) for p in (0, 1)], abs=1e-4)
+    for body, message in (({"n": 3, "best_of": 2}, "best_of (2) must be at least n (3)"),
+                          ({"best_of": 2, "stream": True},
+                           "best_of greater than n cannot be streamed: the best are known at the end")):
+        r = http.post("/v1/completions", json={"model": MODEL_NAME, "prompt": "hi", **body})
+        assert r.status_code == 400 and r.json()["error"]["message"] == message
+        assert r.json()["error"]["param"] == "best_of"
 
 
 async def test_async_client_concurrent_streams(aclient: openai.AsyncOpenAI) -> None:

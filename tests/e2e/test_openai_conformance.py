@@ -79,7 +79,7 @@ def test_openapi_documents_retrieve(http: httpx.Client) -> None:
 # ----- refusal: null -----
 
 def test_chat_message_has_refusal_null(http: httpx.Client, client: openai.OpenAI) -> None:
-    body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 3, "temperature": 0, "n": 2,
+    body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 3, "temperature": 1.0, "seed": 5, "n": 2,
             "ignore_eos": True}
     r = http.post("/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text

@@ -22,8 +22,14 @@ def run_prefill(bm: BlockManager, seq: Sequence) -> list[tuple[int, int]]:
     bm.attach_prefix(seq, bm.find_cached_prefix(seq))
     copies = bm.append_slots(seq, seq.num_uncomputed_tokens)
     seq.num_computed_tokens = seq.num_tokens
-    bm.commit(seq)
+    advance(bm, seq)
     return copies
+
+
+def advance(bm: BlockManager, seq: Sequence) -> None:
+    """What Scheduler.advance does once a step computed `seq`'s tokens."""
+    bm.commit(seq)
+    bm.release_outside_window(seq)
 
 
 def decode(bm: BlockManager, seq: Sequence, token: int) -> list[tuple[int, int]]:
@@ -180,13 +186,15 @@ def test_blocks_needed_counts_copy_on_write_and_revived_cache_blocks() -> None:
 OPS = ["new", "decode", "speculate", "fork", "free", "preempt", "resume"]
 
 
+@pytest.mark.parametrize("window", [None, 6])
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 10**6)), max_size=60))
-def test_conservation_under_random_operations(ops: list[tuple[str, int]]) -> None:
+def test_conservation_under_random_operations(window: int | None, ops: list[tuple[str, int]]) -> None:
     """Whatever happens (allocate, decode, speculate, fork, free, preempt, resume), every block is free, evictable or
     referenced exactly as often as it is used, a preempted sequence holds none, and every live sequence's resident
-    block table (runtime/block_tables.py) equals its list (check_invariants)."""
-    bm = BlockManager(24, BS)
+    block table (runtime/block_tables.py) equals its list (check_invariants); with a sliding window (every layer's)
+    too, as blocks behind it are given back."""
+    bm = BlockManager(24, BS, window=window)
     live: list[Sequence] = []
     paused: list[Sequence] = []  # preempted as the scheduler does: blocks freed, tokens kept
     for op, r in ops:
@@ -204,7 +212,7 @@ def test_conservation_under_random_operations(ops: list[tuple[str, int]]) -> Non
             if bm.can_append(seq, 1):
                 bm.append_slots(seq, 1)
                 seq.num_computed_tokens += 1
-                bm.commit(seq)
+                advance(bm, seq)
             else:
                 seq.token_ids.pop()
         elif op == "speculate" and live:  # room for 1 + k tokens, then only the verified ones keep theirs
@@ -216,7 +224,7 @@ def test_conservation_under_random_operations(ops: list[tuple[str, int]]) -> Non
                 seq.token_ids.extend([r % 3] * accepted)
                 bm.trim(seq, seq.num_computed_tokens + 1 + accepted)
                 seq.num_computed_tokens += 1 + accepted
-                bm.commit(seq)
+                advance(bm, seq)
             else:
                 seq.token_ids.pop()
         elif op == "fork" and live:
@@ -239,12 +247,31 @@ def test_conservation_under_random_operations(ops: list[tuple[str, int]]) -> Non
                 paused.remove(seq)
                 live.append(seq)
         bm.check_invariants(live)
-        assert bm.num_used_blocks == len({b for s in live for b in s.block_table})
+        assert bm.num_used_blocks == len({b for s in live for b in s.block_table[s.num_released_blocks :]})
         assert all(not s.block_table for s in paused)
     for seq in live:
         bm.free(seq)
     bm.check_invariants([])
     assert bm.num_free_blocks == 24
+
+
+def test_blocks_behind_the_window_are_given_back_and_stay_cached() -> None:
+    """Every layer sliding with a window of 6: after 14 tokens the next one sees tokens 9..14, so blocks 0 and 1
+    (tokens 0..7) go back, into the prefix cache; a fork shares only the kept blocks; free gives back the rest."""
+    bm = BlockManager(16, BS, window=6)
+    seq = make_seq(list(range(14)))
+    run_prefill(bm, seq)
+    assert seq.num_released_blocks == 2 and bm.num_used_blocks == 2  # blocks 2 and 3 (tokens 8..13)
+    assert bm.num_cached_blocks == 3  # the three full blocks, released ones included
+    child = seq.fork(1)
+    bm.fork(child)
+    bm.check_invariants([seq, child])
+    again = make_seq(list(range(14)))
+    assert bm.find_cached_prefix(again) == seq.block_table[:3]  # released blocks still serve a new request
+    for s in (seq, child):
+        bm.free(s)
+    bm.check_invariants([])
+    assert bm.num_free_blocks == 16
 
 
 def test_invariant_checker_detects_a_leak() -> None:

@@ -30,16 +30,22 @@ def kernel() -> None:
     use_cpu_kernels(False)  # later tests in this process get the reference backend, as the suite configures
 
 
-def exact_attention(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Float64 attention of each row over its first seq_len cached tokens."""
+def exact_attention(q: torch.Tensor, cache: torch.Tensor, meta: AttentionMetadata, scale: float,
+                    window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Float64 attention of each row over its first seq_len cached tokens (the last `window` of them), with
+    `sinks` [H] as one more logit of each head's softmax."""
     out = []
     for b, n in enumerate(meta.seq_lens_host):
         block = meta.block_size
-        slots = [int(meta.block_tables[b, t // block]) * block + t % block for t in range(n)]
+        first = 0 if window is None else max(0, n - window)
+        slots = [int(meta.block_tables[b, t // block]) * block + t % block for t in range(first, n)]
         keys, values = (cache[i].flatten(0, 1)[slots].double() for i in (0, 1))  # [n, Hkv, D]
         group = q.shape[1] // keys.shape[1]
         keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)
-        weights = torch.softmax(torch.einsum("hd,thd->ht", q[b].double() * scale, keys), dim=-1)
+        logits = torch.einsum("hd,thd->ht", q[b].double() * scale, keys)
+        if sinks is not None:
+            logits = torch.cat((logits, sinks.double()[:, None]), dim=1)
+        weights = torch.softmax(logits, dim=-1)[:, : len(slots)]
         out.append(torch.einsum("ht,thd->hd", weights, values))
     return torch.stack(out)
 
@@ -61,6 +67,22 @@ def test_kernel_gives_exact_attention_and_writes_the_cache(heads: int, kv_heads:
     tolerance = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
     assert out.dtype == dtype and torch.allclose(out.double(), exact, atol=tolerance, rtol=0)
     assert (out.double() - exact).abs().max() <= (reference.double() - exact).abs().max() + tolerance / 8
+
+
+@pytest.mark.parametrize("window,with_sinks", [(16, False), (5, True), (None, True), (200, False)])
+def test_sliding_window_and_sinks_give_exact_attention(window: int | None, with_sinks: bool) -> None:
+    """A window reads only each row's last `window` keys (16: one block's worth at block size 16, 5: inside a block,
+    200: longer than every row); sinks join each head's softmax. The reference backend agrees."""
+    q, k, v, cache, meta = decode_step(LENGTHS, 8, 2, 32, torch.float32)
+    sinks = torch.randn(8, generator=torch.Generator().manual_seed(3)) if with_sinks else None
+    reference_cache = cache.clone()
+    reference = torch_paged_attention(q, k, v, reference_cache, meta, 0.2, window, sinks)
+    out = cpu_paged_attention(q, k, v, cache, meta, 0.2, window, sinks)
+    exact = exact_attention(q, cache, meta, 0.2, window, sinks)
+    assert torch.allclose(out.double(), exact, atol=1e-5, rtol=0)
+    assert torch.allclose(reference.double(), exact, atol=1e-5, rtol=0)
+    if window is not None and window < max(LENGTHS):
+        assert not torch.allclose(out.double(), exact_attention(q, cache, meta, 0.2, None, sinks), atol=1e-3)
 
 
 def test_shapes_the_kernel_does_not_take_use_the_reference() -> None:

@@ -13,18 +13,20 @@ pytest.importorskip("triton")
 from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter  # noqa: E402
 
 from runtime.attention_metadata import AttentionMetadata  # noqa: E402
+from runtime.models.attention import torch_paged_attention  # noqa: E402
 from runtime.models.norm import RMSNorm  # noqa: E402
 from runtime.models.rotary_embedding import RopeConfig, RotaryEmbedding  # noqa: E402
 
 if RUN_HERE:
     from runtime.cuda import fused
-    from runtime.cuda.fused import add_rms_norm, rms_norm, rope_decode_attention, rope_store_kv, silu_and_mul
+    from runtime.cuda.fused import rope_decode_attention, rope_store_kv, silu_and_mul
+    from runtime.cuda.norms import add_rms_norm, rms_norm
     from runtime.cuda.gemv import gemv
     from runtime.cuda.paged_attention import decode_attention, prefill_tiles, store_kv, triton_paged_attention
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=15)
+    run_in_interpreter(__file__, passed=31)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -266,12 +268,18 @@ def test_a_one_token_step_through_fused_projections_equals_the_unfused_step(tmp_
 
 @kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_and_decode_attention_in_one_kernel_equal_the_two_kernels(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("head_norms", [False, True])
+def test_rope_and_decode_attention_in_one_kernel_equal_the_two_kernels(dtype: torch.dtype, head_norms: bool) -> None:
     """rope_decode_attention: the same bits, in the output and in the cache, as rope_store_kv then
     decode_attention, over several key tiles (plain decoding goes through the first, speculation's verified tokens
-    through the second); a padded row (slot -1, length 0) stores nothing and gives zeros; in bf16 on a GPU, the
-    stored K is the eager module's."""
+    through the second), with and without q/k head norms in them; a padded row (slot -1, length 0) stores nothing
+    and gives zeros; in bf16 on a GPU, the stored K is the eager module's."""
     g = torch.Generator().manual_seed(6)
+    norms = None
+    if head_norms:
+        norms = (RMSNorm(D, 1e-6, dtype=dtype).to(DEVICE), RMSNorm(D, 1e-6, dtype=dtype).to(DEVICE))
+        for norm in norms:
+            norm.weight.data = torch.randn(D, generator=g).to(DEVICE, dtype)
     query_lens, context_lens = [1, 1, 1], [150, 7, 0]
     _, _, _, cache, meta = _case(query_lens, context_lens, seed=6, num_blocks=128)
     cache = cache.to(dtype)
@@ -281,13 +289,114 @@ def test_rope_and_decode_attention_in_one_kernel_equal_the_two_kernels(dtype: to
     q, k, v = qkv.split([H * D, HKV * D, HKV * D], dim=-1)  # strided views, as the fused projection gives
     positions = torch.tensor(context_lens, device=DEVICE)
     want_cache = cache.clone()
-    rotated = rope_store_kv(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, D, want_cache, meta.slot_mapping)
+    rotated = rope_store_kv(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, D, want_cache, meta.slot_mapping,
+                            norms)
     want = decode_attention(rotated.view(3, H, D), want_cache, meta, D**-0.5).view(3, H * D)
     got_cache = cache.clone()
-    got = rope_decode_attention(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, got_cache, meta, D**-0.5)
+    got = rope_decode_attention(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, got_cache, meta, D**-0.5,
+                                norms=norms)
     assert torch.equal(got_cache, want_cache)
     assert torch.equal(got, want)
     assert torch.count_nonzero(got[2]) == 0
-    if torch.cuda.is_available() and dtype == torch.bfloat16:  # the interpreter casts to bf16 by truncation
+    if torch.cuda.is_available() and dtype == torch.bfloat16 and not head_norms:  # the interpreter truncates bf16
         _, eager_k = rotary(positions, q, k)  # the eager module's K, bit for bit
         assert torch.equal(got_cache[0].view(-1, HKV * D)[meta.slot_mapping[:2]], eager_k[:2])
+
+
+@kernels
+@pytest.mark.parametrize("window", [6, 130])
+@pytest.mark.parametrize(
+    ("query_lens", "context_lens"),
+    [([5, 1, 70, 3], [0, 9, 2, 13]), ([1, 1, 1], [0, 17, 300]), ([3, 1, 6], [140, 200, 0])],
+    ids=["prefill-mixed", "decode", "verify-rows"],
+)
+def test_sliding_windows_and_sinks_match_the_reference_backend(query_lens: list[int], context_lens: list[int],
+                                                              window: int) -> None:
+    """A sliding window (6: inside one key tile; 130: across tiles) and attention sinks (gpt-oss), in the decode and
+    the prefill kernel alike, equal the reference backend (runtime/models/attention.py)."""
+    q, k, v, cache, meta = _case(query_lens, context_lens, seed=11, num_blocks=256)
+    sinks = torch.randn(H, generator=torch.Generator().manual_seed(12)).to(DEVICE)
+    ref = torch_paged_attention(q, k, v, cache.clone(), meta, D**-0.5, window, sinks)
+    out = triton_paged_attention(q, k, v, cache.clone(), meta, D**-0.5, window, sinks)
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-5
+
+
+@kernels
+def test_a_windowed_row_gets_the_same_bits_from_either_kernel() -> None:
+    """As test_a_row_gets_the_same_bits_from_the_prefill_kernel_as_from_the_decode_kernel, with a window that
+    starts inside a key tile and sinks: both kernels start a row at the same aligned tile."""
+    query_lens, context_lens = [1, 4, 1], [299, 250, 130]
+    q, k, v, cache, meta = _case(query_lens, context_lens, seed=13, num_blocks=256)
+    sinks = torch.randn(H, generator=torch.Generator().manual_seed(14)).to(DEVICE)
+    out = triton_paged_attention(q, k, v, cache, meta, D**-0.5, 100, sinks)
+    row = 0
+    for b, (n, context) in enumerate(zip(query_lens, context_lens)):
+        table = meta.block_tables[b].tolist()
+        for i in range(n):
+            alone = _meta([1], [context + i], [table])
+            got = decode_attention(q[row : row + 1], cache, alone, D**-0.5, 100, sinks)
+            assert torch.equal(got, out[row : row + 1]), (b, i)
+            row += 1
+
+
+@kernels
+def test_rope_decode_kernel_takes_windows_and_sinks() -> None:
+    """rope_decode_attention with a window and sinks: the bits of rope_store_kv then decode_attention."""
+    g = torch.Generator().manual_seed(15)
+    query_lens, context_lens = [1, 1], [150, 7]
+    _, _, _, cache, meta = _case(query_lens, context_lens, seed=15, num_blocks=128)
+    rotary = RotaryEmbedding(D, 256, RopeConfig(10000.0, "default", {})).to(DEVICE)
+    q, k, v = torch.randn(2, (H + 2 * HKV) * D, generator=g).to(DEVICE).split([H * D, HKV * D, HKV * D], dim=-1)
+    sinks = torch.randn(H, generator=g).to(DEVICE)
+    positions = torch.tensor(context_lens, device=DEVICE)
+    want_cache = cache.clone()
+    rotated = rope_store_kv(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, D, want_cache, meta.slot_mapping)
+    want = decode_attention(rotated.view(2, H, D), want_cache, meta, D**-0.5, 20, sinks).view(2, H * D)
+    got = rope_decode_attention(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, cache.clone(), meta,
+                                D**-0.5, 20, sinks)
+    assert torch.equal(got, want)
+
+
+@kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_kernels_follow_gemma_and_gpt_oss_conventions(dtype: torch.dtype) -> None:
+    """(1 + weight) in float32 (Gemma) and weight before the cast back (gpt-oss), as RMSNorm computes them."""
+    g = torch.Generator().manual_seed(16)
+    tol = 1e-6 if dtype == torch.float32 else 3e-2  # float32: the mean's sums in another order
+    x = torch.randn(5, 96, generator=g).to(DEVICE, dtype)
+    residual = torch.randn(5, 96, generator=g).to(DEVICE, dtype)
+    for offset, in_float32 in ((1.0, True), (0.0, True)):
+        norm = RMSNorm(96, 1e-6, dtype=dtype, offset=offset, weight_in_float32=in_float32).to(DEVICE)
+        norm.weight.data = torch.randn(96, generator=g).to(DEVICE, dtype)
+        torch.testing.assert_close(rms_norm(x, norm.weight, norm.eps, offset, in_float32), norm(x), rtol=tol,
+                                   atol=tol + 1e-6)
+        _, normed = add_rms_norm(x, residual, norm.weight, norm.eps, offset, in_float32)
+        torch.testing.assert_close(normed, norm(x + residual), rtol=tol, atol=tol + 1e-6)
+
+
+@kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rope_kernel_norms_each_head_first(dtype: torch.dtype, offset: float) -> None:
+    """rope_store_kv with q/k head norms (Qwen3's convention, and Gemma's (1 + weight) in float32) from strided views
+    of a fused q/k/v output: the eager modules' norms then RoPE, in q and in the cache's K, within a rounding step
+    (the norm's sum of squares in another order)."""
+    g = torch.Generator().manual_seed(17)
+    rotary = RotaryEmbedding(D, 128, RopeConfig(10000.0, "default", {})).to(DEVICE)
+    qkv = torch.randn(3, (H + 2 * HKV) * D, generator=g).to(DEVICE, dtype)
+    q, k, v = qkv.split([H * D, HKV * D, HKV * D], dim=-1)
+    norms = [RMSNorm(D, eps, dtype=dtype, offset=offset).to(DEVICE) for eps in (1e-6, 1e-5)]
+    for norm in norms:
+        norm.weight.data = torch.randn(D, generator=g).to(DEVICE, dtype)
+    positions, slots = torch.tensor([0, 5, 100], device=DEVICE), torch.tensor([3, 40, 77], device=DEVICE)
+    cache = torch.zeros(2, NUM_BLOCKS, BS, HKV, D, device=DEVICE, dtype=dtype)
+    got_q = rope_store_kv(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, D, cache, slots,
+                          (norms[0], norms[1]))
+    want_q, want_k = rotary(positions, norms[0](q.reshape(3, H, D)).view(3, -1),
+                            norms[1](k.reshape(3, HKV, D)).view(3, -1))
+    got_k = cache[0].view(-1, HKV * D)[slots]
+    for got, want in ((got_q, want_q), (got_k, want_k)):
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+        else:
+            assert _bf16_close(got, want)

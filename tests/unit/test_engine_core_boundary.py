@@ -58,7 +58,9 @@ class CoreDriver:
         self.outcomes: dict[str, Any] = {}  # request id -> ErrorInfo (refused) or its deltas' finish reasons
         self.tokens: dict[str, list[int]] = {}
         self.readies = 0
-        assert isinstance(self._next(120.0), Ready)
+        if not self.wait(lambda: self.readies == 1, 120.0):  # (start-up Phase messages come first)
+            self.close()
+            raise AssertionError("the core did not say Ready")
 
     def _next(self, timeout: float) -> Any:
         if not self._receiver.poll(int(timeout * 1000)):

@@ -106,20 +106,7 @@ def write_gguf(hf_folder: Path, out: Path, qtype: str = "F32", *, arch: str = "l
     writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
-
-    vocab: dict[str, int] = tokenizer["model"]["vocab"]
-    special = {t["content"] for t in tokenizer["added_tokens"] if t["special"]}
-    tokens = sorted(vocab, key=vocab.__getitem__)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([TokenType.CONTROL if t in special else TokenType.NORMAL for t in tokens])
-    writer.add_token_merges([" ".join(pair) for pair in tokenizer["model"]["merges"]])
-    writer.add_bos_token_id(config["bos_token_id"])
-    writer.add_eos_token_id(config["eos_token_id"])
-    writer.add_pad_token_id(config["pad_token_id"])
-    writer.add_add_bos_token(False)
-    writer.add_chat_template(CHATML_TEMPLATE)
+    _add_tokenizer(writer, tokenizer, config)
 
     for hf_name, tensor in weights.items():
         if hf_name == "lm_head.weight" and config["tie_word_embeddings"]:
@@ -144,6 +131,23 @@ def write_gguf(hf_folder: Path, out: Path, qtype: str = "F32", *, arch: str = "l
     writer.write_tensors_to_file()
     writer.close()
     return out
+
+
+def _add_tokenizer(writer: GGUFWriter, tokenizer: dict, config: dict) -> None:
+    """The byte-level BPE tokenizer and ChatML template, as llama.cpp writes a "gpt2" tokenizer."""
+    vocab: dict[str, int] = tokenizer["model"]["vocab"]
+    special = {t["content"] for t in tokenizer["added_tokens"] if t["special"]}
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([TokenType.CONTROL if t in special else TokenType.NORMAL for t in tokens])
+    writer.add_token_merges([" ".join(pair) for pair in tokenizer["model"]["merges"]])
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+    writer.add_pad_token_id(config["pad_token_id"])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML_TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -386,6 +390,7 @@ def test_a_start_on_an_unwritable_cache_folder_says_so_in_one_line(tmp_path: Pat
     import sys
 
     from runtime.default_model import default_model_file
+    from tests.ports import free_port
 
     try:
         default_model_file()
@@ -394,9 +399,44 @@ def test_a_start_on_an_unwritable_cache_folder_says_so_in_one_line(tmp_path: Pat
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     env = {**os.environ, "XDG_CACHE_HOME": str(blocker)}
-    out = subprocess.run([sys.executable, "-m", "gateway", "serve", "--grpc-port", "none"], capture_output=True,
-                         text=True, timeout=300, env=env, cwd=Path(__file__).resolve().parents[2])
+    command = [sys.executable, "-m", "gateway", "serve", "--port", str(free_port()), "--grpc-port", "none"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env,
+                         cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 1
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith(f"trtllm-gateway: error: cannot write the converted GGUF checkpoint to {blocker}") and \
         "XDG_CACHE_HOME" in line
+
+
+def test_the_port_answers_while_a_gguf_file_converts(models_root: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway listens before a GGUF file is converted (SmolLM2's first start kept the port closed 25 s):
+    /health is 503 naming the phase meanwhile, then the engine serves the converted checkpoint."""
+    import threading
+
+    import httpx
+
+    from gateway.settings import Settings
+    from runtime.config import EngineConfig
+    from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, RunningServer, free_port, loading, wait_for
+
+    path = write_gguf(build_tiny_model(models_root, "llama"), tmp_path / "tiny.gguf")
+    gate = threading.Event()
+    convert = gguf_module._convert
+    monkeypatch.setattr(gguf_module, "_convert", lambda *args: (gate.wait(60), convert(*args))[1])
+    engine = EngineConfig(**{**DEFAULT_ENGINE_OPTIONS, "model": str(path), "engine_process": True})
+    server = RunningServer(Settings(grpc_port=None, port=free_port(), drain_timeout=0.0, engine=engine))
+    server._thread.start()
+    try:
+        wait_for(lambda: loading(server.url), 60, "the server to listen")
+        assert httpx.get(server.url + "/health").json() == {
+            "status": "loading",
+            "phase": "converting the GGUF file into a checkpoint (once: it is cached for the next starts)"}
+        gate.set()
+        wait_for(lambda: httpx.get(server.url + "/health").status_code == 200, 120, "readiness")
+        r = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": [5, 9, 17], "max_tokens": 4,
+                                                             "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    finally:
+        gate.set()
+        server.stop()

@@ -22,7 +22,7 @@ from runtime.models import (
     load_model,
 )
 from runtime.models.rotary_embedding import RopeConfig
-from tests.tiny_models import TINY_ARCHITECTURES, build_tiny_model
+from tests.tiny_models import FAMILIES, TINY_ARCHITECTURES, build_tiny_model
 
 BLOCK_SIZE = 4
 PROMPT = [5, 77, 123, 9, 250, 31, 64, 200, 17, 42, 99, 3, 150]
@@ -30,12 +30,14 @@ OTHER_PROMPT = [11, 12, 260, 14, 15, 80, 7]
 
 
 class PagedRunner:
-    """A minimal model runner: packs steps into AttentionMetadata over blocks handed out out of order."""
+    """A minimal model runner: packs steps into AttentionMetadata over blocks handed out out of order; the cache, ids
+    and metadata on the model's device (a CUDA model's kernels index with them)."""
 
     def __init__(self, model: CausalLM, num_blocks: int = 64, seed: int = 0) -> None:
         self.model = model
-        dtype = next(model.parameters()).dtype
-        self.kv_caches = allocate_kv_cache(model.spec, num_blocks, BLOCK_SIZE, dtype, "cpu")
+        weight = next(model.parameters())
+        self.device = weight.device
+        self.kv_caches = allocate_kv_cache(model.spec, num_blocks, BLOCK_SIZE, weight.dtype, self.device)
         self.free = list(range(num_blocks))
         random.Random(seed).shuffle(self.free)  # sequences get scattered, non-contiguous blocks
         self.tables: dict[str, list[int]] = {}
@@ -64,12 +66,16 @@ class PagedRunner:
         starts = [0]
         for q in query_lens:
             starts.append(starts[-1] + q)
+
+        def tensor(values: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=self.device)
+
         meta = AttentionMetadata(
-            query_start_loc=torch.tensor(starts, dtype=torch.int32),
-            context_lens=torch.tensor(context_lens, dtype=torch.int32),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            query_start_loc=tensor(starts, torch.int32),
+            context_lens=tensor(context_lens, torch.int32),
+            seq_lens=tensor(seq_lens, torch.int32),
+            block_tables=tensor([t + [0] * (width - len(t)) for t in tables], torch.int32),
+            slot_mapping=tensor(slots),
             block_size=BLOCK_SIZE,
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
@@ -77,7 +83,7 @@ class PagedRunner:
             seq_lens_host=seq_lens,
         )
         with torch.inference_mode():
-            hidden = self.model(torch.tensor(ids), torch.tensor(positions), self.kv_caches, meta)
+            hidden = self.model(tensor(ids), tensor(positions), self.kv_caches, meta)
             logits = self.model.compute_logits(hidden)
         return list(logits.split(query_lens))
 
@@ -104,14 +110,16 @@ def _hf_logits(path: Path, tokens: list[int]) -> torch.Tensor:
         return _hf(path)(torch.tensor([tokens])).logits[0].float()
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHITECTURES)
+@pytest.mark.parametrize("arch", TINY_ARCHITECTURES + FAMILIES)
 def test_prefill_logits_match_transformers(models_root: Path, arch: str) -> None:
     path = build_tiny_model(models_root, arch)
-    model = load_model(str(path), None, torch.device("cpu"))
-    (logits,) = PagedRunner(model).step([("a", PROMPT)])
+    # Phi-3's LongRoPE: short factors for a context within its original window (test_model_families.py: long ones)
+    model = load_model(str(path), None, torch.device("cpu"), 64 if arch == "phi3" else None)
+    prompt = PROMPT + OTHER_PROMPT  # 20 tokens: longer than the families' sliding window (8)
+    (logits,) = PagedRunner(model).step([("a", prompt)])
     assert logits.dtype == torch.float32
-    assert logits.shape == (len(PROMPT), 300)
-    torch.testing.assert_close(logits, _hf_logits(path, PROMPT), atol=1e-4, rtol=1e-4)
+    assert logits.shape == (len(prompt), 300)
+    torch.testing.assert_close(logits, _hf_logits(path, prompt), atol=1e-4, rtol=1e-4)
 
 
 def test_rope_scaling_variants_match_transformers(models_root: Path) -> None:
@@ -171,7 +179,7 @@ def test_mixed_step_equals_separate_runs(models_root: Path, arch: str) -> None:
     torch.testing.assert_close(prefill, prefill_alone, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("arch", ["llama3", "qwen2", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama3", "qwen2", "gpt2", "gemma3", "gpt_oss"])
 def test_chunked_prefill_equals_single_prefill(models_root: Path, arch: str) -> None:
     """A prompt fed in chunks (query_len > 1 over cached context, as speculative scoring does) changes nothing."""
     model = load_model(str(build_tiny_model(models_root, arch)), None, "cpu")
@@ -185,6 +193,47 @@ def test_chunked_prefill_equals_single_prefill(models_root: Path, arch: str) -> 
     reference = PagedRunner(model, seed=6)
     reference.step([("a", PROMPT)])
     torch.testing.assert_close(batched[0], reference.step([("a", [1])])[0], atol=1e-4, rtol=1e-4)
+
+
+def test_experts_stacked_as_transformers_5_holds_them_load_too(models_root: Path, tmp_path: Path) -> None:
+    """Hub checkpoints give Mixtral's and Qwen3-MoE's experts one tensor each; transformers 5's own state dict stacks
+    them (experts.gate_up_proj [E, 2I, H], experts.down_proj [E, H, I]): both load to the same model."""
+    path = build_tiny_model(models_root, "qwen3_moe")
+    stacked = tmp_path / "stacked"
+    shutil.copytree(path, stacked)
+    state = {name: t.contiguous() for name, t in _hf(path).state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    (stacked / "model.safetensors").unlink()
+    save_file(state, str(stacked / "model.safetensors"))
+    per_expert, fused = (load_model(str(p), None, "cpu") for p in (path, stacked))
+    for (name, a), (_, b) in zip(per_expert.named_parameters(), fused.named_parameters()):
+        assert torch.equal(a, b), name
+
+
+def test_gemma3_multimodal_checkpoint_serves_its_text_model(tmp_path: Path) -> None:
+    """Gemma 3 4B and larger ship as Gemma3ForConditionalGeneration: its text model (under language_model) loads
+    and gives transformers' logits for text; the vision tower's weights are skipped."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+
+    from tests.tiny_models import _family_config
+
+    text = _family_config("gemma3", 300, {"bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}, {})
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14)
+    config = Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                          image_token_index=299, boi_token_index=297, eoi_token_index=298)
+    torch.manual_seed(0)
+    hf = Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 1.0 if "emb" in name else 0.2)
+    hf.save_pretrained(tmp_path / "gemma3-mm")
+    ours = load_model(str(tmp_path / "gemma3-mm"), torch.float32)
+    prompt = PROMPT + OTHER_PROMPT
+    with torch.inference_mode():
+        expected = hf(input_ids=torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(PagedRunner(ours).step([("a", prompt)])[0], expected, atol=1e-4, rtol=1e-4)
 
 
 def test_sharded_bf16_checkpoint_loads(models_root: Path) -> None:
@@ -228,15 +277,20 @@ def test_unsupported_architecture_names_supported_ones(models_root: Path, tmp_pa
         load_model(str(target), None, "cpu")
     assert str(info.value) == (
         "Unsupported model architecture 'FalconForCausalLM'. Supported architectures: "
-        "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GPT2LMHeadModel."
+        "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, "
+        "Gemma3ForConditionalGeneration, Phi3ForCausalLM, MixtralForCausalLM, Qwen3MoeForCausalLM, "
+        "GptOssForCausalLM, GPT2LMHeadModel."
     )
     assert isinstance(info.value, ValueError)
-    assert set(SUPPORTED_ARCHITECTURES) == {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                            "GPT2LMHeadModel"}
     config["architectures"] = ["LlamaForCausalLM"]
-    config["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
+    config["rope_parameters"] = {"rope_type": "mrope", "rope_theta": 10000.0}
     (target / "config.json").write_text(json.dumps(config))
-    with pytest.raises(UnsupportedArchitectureError, match="rope type 'yarn' is not supported"):
+    with pytest.raises(UnsupportedArchitectureError, match="rope type 'mrope' is not supported"):
+        load_model(str(target), None, "cpu")
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0}
+    config["quantization_config"] = {"quant_method": "mxfp4"}
+    (target / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitectureError, match=r"not supported: quantized checkpoints"):
         load_model(str(target), None, "cpu")
 
 
@@ -298,3 +352,48 @@ def test_tiny_tokenizer_matches_model(models_root: Path) -> None:
     assert tok.decode(tok.encode("Hello, world!")) == "Hello, world!"
     chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
     assert chat == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def _mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """OpenAI's MXFP4 of weight [..., K] (K a multiple of 32): blocks uint8 [..., K/32, 16] (two e2m1 codes a byte,
+    low nibble first) and scales uint8 [..., K/32] (2^(s - 127)); each group's largest value maps to at most 6."""
+    from runtime.models.gpt_oss import FP4_VALUES
+
+    groups = weight.float().unflatten(-1, (-1, 32))
+    exponent = torch.ceil(torch.log2(groups.abs().amax(-1).clamp(min=1e-30) / 6.0)).clamp(-127, 127)
+    scaled = groups / torch.exp2(exponent)[..., None]
+    magnitudes = torch.tensor(FP4_VALUES[:8])
+    codes = (scaled.abs()[..., None] - magnitudes).abs().argmin(-1) | ((scaled < 0).long() << 3)
+    blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+    return blocks, (exponent + 127).to(torch.uint8)
+
+
+async def test_gpt_oss_mxfp4_checkpoint_dequantizes_as_transformers(models_root: Path, tmp_path: Path) -> None:
+    """OpenAI's gpt-oss files hold the experts as MXFP4 blocks and scales: they load to the weights transformers'
+    own dequantization (integrations/mxfp4.py) gives, and the engine serves them with transformers' greedy ids."""
+    from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
+
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    path = build_tiny_model(models_root, "gpt_oss")
+    weights = load_file(path / "model.safetensors")
+    quantized, dequantized = dict(weights), dict(weights)
+    for name in [n for n in weights if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        blocks, scales = _mxfp4(weights[name].transpose(1, 2))  # the files store [E, out, in]
+        del quantized[name]
+        quantized[name + "_blocks"], quantized[name + "_scales"] = blocks, scales
+        dequantized[name] = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)  # transformers' [E, in, out]
+    for folder, tensors, extra in ((tmp_path / "mxfp4", quantized, {"quantization_config": {"quant_method": "mxfp4"}}),
+                                   (tmp_path / "plain", dequantized, {})):
+        shutil.copytree(path, folder)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **extra}))
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
+    ours, reference = (load_model(str(tmp_path / f), torch.float32) for f in ("mxfp4", "plain"))
+    for (name, got), (_, want) in zip(ours.named_parameters(), reference.named_parameters(), strict=True):
+        assert torch.equal(got, want), name
+    assert not torch.equal(ours.model.layers[0].mlp.experts.down_proj, load_model(str(path)).model.layers[0].mlp
+                           .experts.down_proj)  # the 4-bit values really are other values
+    async with running_engine(tmp_path / "mxfp4") as engine:
+        out = await collect(engine, request("mxfp4", PROMPT, 12))
+    assert out.tokens[0] == hf_greedy(load_hf(tmp_path / "plain"), PROMPT, 12)

@@ -7,21 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-from runtime.config import EngineConfig
 from runtime.errors import (InvalidRequestError, PromptTooLongError, UnknownAdapterError,
                             UnsupportedOptionError)
 from runtime.errors import UnknownLoraTaskError
-from runtime.request import GenerationRequest, GuidedDecoding, LoraTask, OutputDelta, SamplingOptions
+from runtime.request import GenerationRequest, LoraTask, OutputDelta, SamplingOptions
 from tests.engine_harness import hf_greedy, load_hf
-from tests.fakes.trtllm import fake_trtllm  # noqa: F401  (fixture)
+from tests.fakes.trtllm import collect, drained, fake_trtllm, make_config, recording, running  # noqa: F401
 from tests.tiny_models import build_tiny_model
 
 
@@ -35,50 +31,6 @@ def adapter_dir(root: Path, name: str, modules: list[str]) -> str:
     folder.mkdir()
     (folder / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8, "target_modules": modules}))
     return str(folder)
-
-
-def make_config(model_dir: Path, **kw: Any) -> EngineConfig:
-    return EngineConfig(**{"model": str(model_dir), "backend": "trtllm", "max_batch_size": 4,
-                           "max_kv_tokens": 1024, "kv_block_size": 16, **kw})
-
-
-@asynccontextmanager
-async def running(config: EngineConfig) -> AsyncIterator[Any]:
-    """A started TrtllmEngine, shut down on the way out."""
-    from runtime.trtllm.engine import TrtllmEngine
-
-    engine = TrtllmEngine(config)
-    await engine.start()
-    try:
-        yield engine
-    finally:
-        await engine.shutdown()
-
-
-def recording(engine: Any) -> list[dict[str, Any]]:
-    """Record every generate_async call's keyword arguments (the SamplingParams, the LoRARequest)."""
-    calls: list[dict[str, Any]] = []
-    real = engine.llm.generate_async
-
-    def spy(inputs, **kwargs):
-        calls.append({"inputs": inputs, **kwargs})
-        return real(inputs, **kwargs)
-
-    engine.llm.generate_async = spy
-    return calls
-
-
-async def drained(engine: Any) -> bool:
-    """True once the fake LLM holds no request (aborts take effect at its next iteration)."""
-    for _ in range(200):
-        if not engine.llm._requests:
-            return True
-        await asyncio.sleep(0.01)
-    return False
-
-
-async def collect(engine: Any, request: GenerationRequest) -> list[OutputDelta]:
-    return [d async for d in engine.generate(request)]
 
 
 async def test_greedy_tokens_match_transformers_with_usage(fake_trtllm, model_dir):
@@ -125,6 +77,14 @@ async def test_every_sampling_option_reaches_sampling_params(fake_trtllm, model_
         assert torch.equal(sp.embedding_bias, bias)
 
 
+async def test_requests_without_max_tokens_get_the_default_within_the_window(fake_trtllm, model_dir):
+    async with running(make_config(model_dir, max_model_len=64, default_max_tokens=12)) as engine:
+        calls = recording(engine)
+        for prompt in ([5] * 10, [5] * 60):
+            await collect(engine, GenerationRequest(f"d{len(prompt)}", prompt_token_ids=prompt))
+        assert [c["sampling_params"].max_tokens for c in calls] == [12, 4]
+
+
 @pytest.mark.parametrize("request_kw, option", [
     ({"num_draft_tokens": 3}, "num_draft_tokens"),
     ({"use_draft_logits": True}, "use_draft_logits"),
@@ -137,7 +97,7 @@ async def test_unsupported_options_are_rejected_by_name(fake_trtllm, model_dir, 
             await collect(engine, GenerationRequest("u", prompt="hi", **request_kw))
         assert info.value.param == option
         assert info.value.message.startswith(f"'{option}' is not supported by the trtllm backend")
-        assert not engine.llm._requests  # nothing reached TensorRT-LLM
+        assert not engine.llm._executor._results  # nothing reached TensorRT-LLM
 
 
 async def test_prompt_too_long_and_bad_token_ids(fake_trtllm, model_dir):

@@ -3,7 +3,6 @@ value, on the fake tensorrt_llm (whose config classes have the real field names 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from runtime.trtllm.api import load_api
 from runtime.trtllm.llm_config import llm_arguments
 from runtime.trtllm.lora import TrtllmAdapters
 from runtime.trtllm.model_folder import ModelFolder
-from tests.fakes.trtllm import fake_trtllm  # noqa: F401  (fixture)
+from tests.fakes.trtllm import engine_folder, fake_trtllm  # noqa: F401  (fixture)
 from tests.tiny_models import build_tiny_model
 
 
@@ -64,40 +63,80 @@ def test_engine_folder_takes_the_tensorrt_engine_class_and_needs_a_tokenizer(fak
                                                                              tmp_path) -> None:
     """A trtllm-build output (config.json with pretrained_config + build_config): the TensorRT `LLM`, the
     tokenizer from --tokenizer (as Triton's tokenizer_dir), the engine's max_seq_len, no checkpoint-only knobs."""
-    engine = tmp_path / "engine"
-    engine.mkdir()
-    (engine / "config.json").write_text(json.dumps({
-        "pretrained_config": {"architecture": "LlamaForCausalLM", "vocab_size": 300, "dtype": "float16"},
-        "build_config": {"max_seq_len": 96, "max_batch_size": 8}}))
-    config = EngineConfig(model=str(engine), backend="trtllm", lora_modules={})
+    engine = engine_folder(tmp_path)
+    config = EngineConfig(model=engine, backend="trtllm", lora_modules={})
     with pytest.raises(InvalidRequestError, match="name its tokenizer folder with --tokenizer"):
         arguments(config)
     cls, kw = arguments(config, tokenizer=str(model_dir))
     assert cls is load_api().TrtLLM
-    assert (kw["model"], kw["tokenizer"], kw["max_seq_len"]) == (str(engine), str(model_dir), 96)
+    assert (kw["model"], kw["tokenizer"], kw["max_seq_len"]) == (engine, str(model_dir), 96)
     assert "tokens_per_block" not in kw["kv_cache_config"].model_fields_set
+    # TrtLlmArgs has no enable_iter_perf_stats; TensorRT-LLM refuses logprobs without gather_generation_logits
     assert "enable_iter_perf_stats" not in kw and "cuda_graph_config" not in kw
+    assert kw["gather_generation_logits"] is True
     with pytest.raises(UnsupportedOptionError) as info:  # TrtLlmArgs has no stream_interval
-        arguments(EngineConfig(model=str(engine), backend="trtllm", stream_interval=2), tokenizer=str(model_dir))
+        arguments(EngineConfig(model=engine, backend="trtllm", stream_interval=2), tokenizer=str(model_dir))
     assert info.value.param == "stream_interval"
 
 
-@pytest.mark.parametrize("kind,extra,cls_name", [
-    ("Eagle", {"max_draft_len": 3, "speculative_model_dir": "/eagle", "num_eagle_layers": 1}, "EagleDecodingConfig"),
-    ("Medusa", {"max_draft_len": 4, "num_medusa_heads": 4}, "MedusaDecodingConfig"),
+@pytest.mark.parametrize("kind,extra,cls_name,on_engine", [
+    ("Eagle", {"max_draft_len": 3, "speculative_model": "/eagle", "num_eagle_layers": 3}, "EagleDecodingConfig",
+     False),
+    ("Medusa", {"max_draft_len": 4, "num_medusa_heads": 4}, "MedusaDecodingConfig", True),
     ("Lookahead", {"max_window_size": 4, "max_ngram_size": 3, "max_verification_set_size": 4},
-     "LookaheadDecodingConfig"),
+     "LookaheadDecodingConfig", True),
 ])
-def test_extra_speculative_configs_pass_through(fake_trtllm, model_dir, kind, extra, cls_name) -> None:
-    config = EngineConfig(model=str(model_dir), backend="trtllm",
+def test_extra_speculative_configs_pass_through(fake_trtllm, model_dir, tmp_path, kind, extra, cls_name,
+                                                on_engine) -> None:
+    model = engine_folder(tmp_path) if on_engine else str(model_dir)
+    config = EngineConfig(model=model, backend="trtllm",
                           trtllm_extra={"speculative_config": {"decoding_type": kind, **extra},
                                         "kv_cache_config": {"host_cache_size": 1 << 20}})
-    _, kw = arguments(config)
+    _, kw = arguments(config, tokenizer=str(model_dir))
     spec = kw["speculative_config"]
     assert type(spec) is getattr(load_api(), cls_name)
     assert {k: getattr(spec, k) for k in extra} == extra
     kv = kw["kv_cache_config"]  # a dict in trtllm_extra is merged over ours
     assert (kv.host_cache_size, kv.free_gpu_memory_fraction) == (1 << 20, 0.9)
+
+
+def test_speculation_the_folder_cannot_run_is_refused_at_start_up(fake_trtllm, model_dir, tmp_path) -> None:
+    """TensorRT-LLM's DraftTarget and NGram configs support its PyTorch flow only, Medusa and Lookahead its
+    TensorRT flow only (supports_backend): refused naming the option, before TensorRT-LLM starts."""
+    engine = engine_folder(tmp_path)
+    for speculative in ("draft", "ngram"):
+        with pytest.raises(UnsupportedOptionError) as info:
+            arguments(EngineConfig(model=engine, backend="trtllm", speculative=speculative, draft_model=str(model_dir),
+                                   num_draft_tokens=3), tokenizer=str(model_dir))
+        assert info.value.param == "speculative" and "PyTorch flow only" in info.value.message
+    with pytest.raises(UnsupportedOptionError) as info:
+        arguments(EngineConfig(model=str(model_dir), backend="trtllm", trtllm_extra={
+            "speculative_config": {"decoding_type": "Medusa", "max_draft_len": 4}}))
+    assert info.value.param == "trtllm_extra"
+    assert "Medusa speculation does not run on a Hugging Face" in info.value.message
+
+
+def test_one_three_line_config_lookups(fake_trtllm, monkeypatch, model_dir, tmp_path) -> None:
+    """The 1.3 line no longer exports Medusa/Lookahead configs from tensorrt_llm.llmapi: they are taken from
+    tensorrt_llm.llmapi.llm_args, and where neither has one the backend still starts and refuses only that."""
+    import tensorrt_llm.llmapi as llmapi
+    from tensorrt_llm.llmapi import llm_args
+
+    for name in ("MedusaDecodingConfig", "LookaheadDecodingConfig"):
+        monkeypatch.delattr(llmapi, name)
+    api = load_api()
+    assert (api.MedusaDecodingConfig, api.LookaheadDecodingConfig) == (llm_args.MedusaDecodingConfig,
+                                                                       llm_args.LookaheadDecodingConfig)
+    monkeypatch.delattr(llm_args, "MedusaDecodingConfig")
+    api = load_api()
+    assert api.MedusaDecodingConfig is None and api.EagleDecodingConfig is llmapi.EagleDecodingConfig
+    config = EngineConfig(model=engine_folder(tmp_path), backend="trtllm",
+                          trtllm_extra={"speculative_config": {"decoding_type": "Medusa", "max_draft_len": 4}})
+    folder = ModelFolder.inspect(config.model, str(model_dir), None)
+    with pytest.raises(UnsupportedOptionError, match="has no Medusa speculative decoding config"):
+        llm_arguments(api, config, folder, TrtllmAdapters({}, 8))
+    cls, _ = llm_arguments(api, EngineConfig(model=config.model, backend="trtllm"), folder, TrtllmAdapters({}, 8))
+    assert cls is api.TrtLLM
 
 
 def test_options_the_llm_api_cannot_take_are_refused_by_name(fake_trtllm, model_dir) -> None:

@@ -1,4 +1,9 @@
-"""The fake's token choice: the SamplingParams knobs applied to one row of logits with torch."""
+"""The fake's token choice: the SamplingParams knobs applied to one row of logits with torch.
+
+It stands in for the runtime's sampling layers (C++ / the PyTorch sampler), which have no Python source to
+follow; greedy is decided as SamplingParams.params_imply_greedy_decoding decides it (sampling_params.py @
+a98a9061d72f6fd39f5d055ebdd2c6878a100e2c).
+"""
 
 from __future__ import annotations
 
@@ -7,17 +12,15 @@ from collections.abc import Sequence
 import torch
 
 
-def processed_logits(logits: torch.Tensor, sp, prompt: Sequence[int], out: Sequence[int],
-                     eos_blocked: Sequence[int]) -> torch.Tensor:
-    """Apply bias, bans, min_tokens and penalties (not temperature/top-k/top-p) to float32 logits."""
+def processed_logits(logits: torch.Tensor, sp, bad_words: Sequence[Sequence[int]], prompt: Sequence[int],
+                     out: Sequence[int], eos_blocked: Sequence[int]) -> torch.Tensor:
+    """Apply bias, bad words (token sequences), min_tokens and penalties (not temperature/top-k/top-p)."""
     x = logits.clone()
     if sp.embedding_bias is not None:
         x += sp.embedding_bias.to(x.dtype)
-    for word in sp._bad_word_ids or []:
-        if word and list(out[len(out) - len(word) + 1:]) == list(word[:-1]) and len(out) >= len(word) - 1:
+    for word in bad_words:
+        if word and len(out) >= len(word) - 1 and list(out[len(out) - len(word) + 1:]) == list(word[:-1]):
             x[word[-1]] = float("-inf")
-    for t in sp.bad_token_ids or []:
-        x[t] = float("-inf")
     for t in eos_blocked:
         x[t] = float("-inf")
     seen = torch.tensor(list(prompt) + list(out), dtype=torch.long)
@@ -31,10 +34,8 @@ def processed_logits(logits: torch.Tensor, sp, prompt: Sequence[int], out: Seque
 
 
 def is_greedy(sp) -> bool:
-    """Greedy as the real runtime decides it: temperature 0, top_k 1, or no sampling knob given."""
-    if sp.temperature is None and sp.top_k is None and sp.top_p is None:
-        return True
-    return sp.temperature == 0.0 or sp.top_k == 1
+    """Greedy as the real runtime decides it: temperature 0, top_k 1, top_p 0, or no sampling knob given."""
+    return sp.params_imply_greedy_decoding(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k)
 
 
 def choose(x: torch.Tensor, sp, generator: torch.Generator) -> int:

@@ -1,17 +1,34 @@
-"""CompletionOutput, GenerationResult, IterationResult (real: NVIDIA/TensorRT-LLM
+"""CompletionOutput, GenerationResult, IterationResult, compute_logprobs (real: NVIDIA/TensorRT-LLM
 tensorrt_llm/executor/result.py @ a678b91aafbeff265cd0b764abb59d7def624ac2).
 
-GenerationResult, as in the real one, is both awaitable (the final result) and async-iterable (one
-update per runtime iteration when streaming, one at the end otherwise). Each update sets the
-`_last_*_len` markers first, so `token_ids_diff` / `text_diff` / `logprobs_diff` are what it added.
+Behaviour kept from the real file:
+- GenerationResult is awaitable (the final result) and async-iterable (one step per response). Each
+  response belongs to ONE sequence (`sequence_index`): only `outputs[sequence_index]` moves its
+  `_last_token_ids_len` / `_last_logprobs_len` markers and extends its tokens, so with n > 1 the other
+  outputs keep their previous `token_ids_diff` / `logprobs_diff`.
+- Finish reasons are set only when the whole request is done (`_done`, the response's is_final), and only
+  for the sequence that response belongs to; there a STOP_WORDS finish names the stop word and cuts it from
+  token_ids unless include_stop_str_in_output. A sequence that finished on an earlier response keeps no
+  finish reason and keeps its stop word. CANCELLED marks the output 'cancelled' at once.
+- An error response raises RequestError in the consumer (the background error handler).
+- `outputs` picks the n best of best_of by cumulative logprob when n < best_of.
+- IterationResult: one shared instance per executor; a timeout without a stat marks it done, and it stays
+  done (ends every later iteration at once) until the next request is submitted (mark_undone).
+- compute_logprobs: top-k rows of log_softmax(logits); with `tokens` the sampled token is added to its row.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Literal, Optional, Union
+from typing import Any, Dict, List, Literal, NamedTuple, Optional, Union
+
+import torch
+
+from tensorrt_llm.bindings.executor import FinishReason, Response
+from tensorrt_llm.executor.utils import ErrorResponse, RequestError
+from tensorrt_llm.llmapi.utils import AsyncQueue
 
 
 @dataclass(slots=True)
@@ -23,6 +40,21 @@ class Logprob:
 
 
 TokenLogprobs = List[Dict[int, Logprob]]
+
+
+class LogProbsResult(NamedTuple):
+    """Optional log probability outputs computed post runtime."""
+
+    prompt: Optional[TokenLogprobs] = None
+    generation: Optional[TokenLogprobs] = None
+
+
+class ResponseWrapper:
+    """A runtime response with the logprobs the worker computed after the runtime."""
+
+    def __init__(self, response: Response, logprobs: Optional[LogProbsResult] = None) -> None:
+        self._response = response
+        self.logprobs = logprobs
 
 
 @dataclass(slots=True)
@@ -66,25 +98,24 @@ class CompletionOutput:
         return self.logprobs[self._last_logprobs_len:]
 
 
-Update = Callable[["GenerationResult"], None]  # applied by the result when the consumer reads it
-
-
 class GenerationResult:
-    """The handle generate_async returns. The fake's executor pushes `Update`s into its queue."""
+    """The handle generate_async returns; the executor puts the worker's responses into `aqueue`."""
 
-    def __init__(self, request_id: int, prompt_token_ids: List[int], sampling_params: Any,
-                 streaming: bool, abort_fn: Callable[[int], None]) -> None:
-        self.id = request_id  # GenerationResultBase.id; request_id is a property, as in the real class
-        self._prompt_token_ids = list(prompt_token_ids)
+    def __init__(self, request_id: int, prompt_token_ids: List[int], sampling_params: Any, streaming: bool,
+                 executor: Any, tokenizer: Any = None) -> None:
+        self.id = request_id
         self.sampling_params = sampling_params
+        self._prompt_token_ids = list(prompt_token_ids)
         self._streaming = streaming
-        self._abort_fn = abort_fn
+        self._executor = executor
+        self.tokenizer = tokenizer
         self._outputs = [CompletionOutput(i) for i in range(sampling_params.best_of)]
         self._context_logits: Any = None
         self._done = False
         self._aborted = False
+        self.decoding_iter = 0
         self.cached_tokens = 0
-        self.queue: asyncio.Queue[Update] = asyncio.Queue()
+        self.aqueue: asyncio.Queue = asyncio.Queue()
 
     @property
     def request_id(self) -> int:
@@ -96,7 +127,14 @@ class GenerationResult:
 
     @property
     def outputs(self) -> List[CompletionOutput]:
-        return self._outputs[: self.sampling_params.n]
+        sp = self.sampling_params
+        if sp.use_beam_search or sp.n == sp.best_of:
+            return self._outputs[: sp.n]
+        ranked = sorted(self._outputs, key=lambda x: x.cumulative_logprob if x.cumulative_logprob is not None
+                        else float("-inf"), reverse=True)
+        for i, out in enumerate(ranked):
+            out.index = i
+        return ranked[: sp.n]
 
     @property
     def context_logits(self) -> Any:
@@ -107,24 +145,90 @@ class GenerationResult:
         return self._done
 
     def abort(self) -> None:
-        """Abort the generation request (the final update then carries finish_reason 'cancelled')."""
-        self._abort_fn(self.request_id)
+        """Abort the generation request."""
+        self._executor.abort_request(self.request_id)
         self._aborted = True
 
     def aborted(self) -> bool:
         return self._aborted
 
-    async def _step(self) -> None:
-        update = await self.queue.get()
-        for out in self._outputs:
-            out._last_token_ids_len = len(out.token_ids)
+    def _handle_sequence(self, finish_reasons: List[FinishReason], result: Any, sequence_index: int,
+                         logprobs_result: Optional[LogProbsResult]) -> None:
+        sp = self.sampling_params
+        src = sequence_index if sp.use_beam_search else 0
+        output = self._outputs[sequence_index]
+        output._last_token_ids_len = len(output.token_ids)
+        if sp.use_beam_search:
+            output.token_ids = result.output_token_ids[src]
+        else:
+            output.token_ids.extend(result.output_token_ids[src])
+        if result.cum_log_probs is not None:
+            output.cumulative_logprob = result.cum_log_probs[src]
+        if logprobs_result and logprobs_result.prompt is not None:
+            output.prompt_logprobs = logprobs_result.prompt
+        if result.log_probs is not None:  # PyTorch backend: the sampler's list grows with every response
+            output._last_logprobs_len = len(output.logprobs)
+            output.logprobs += result.log_probs[src][output._last_logprobs_len:]
+            if finish_reasons[src] != FinishReason.CANCELLED and len(output.logprobs) > output.length:
+                output.logprobs = output.logprobs[: output.length]
+        if result.generation_logits is not None:
+            output.generation_logits = result.generation_logits[src, : output.length]
+        if finish_reasons and finish_reasons[src] == FinishReason.CANCELLED:
+            output.finish_reason = "cancelled"
+        if self._done:
+            reason = finish_reasons[src]
+            if reason == FinishReason.END_ID:
+                output.finish_reason = "stop"
+            elif reason == FinishReason.STOP_WORDS:
+                output.finish_reason = "stop"
+                for stop_reason, stop_ids in sp._get_stop_reasons_and_words():
+                    if output.token_ids[-len(stop_ids):] == stop_ids:
+                        output.stop_reason = stop_reason
+                        if not sp.include_stop_str_in_output:
+                            output.token_ids = output.token_ids[: -len(stop_ids)]
+                        break
+            elif reason == FinishReason.LENGTH:
+                output.finish_reason = "length"
+            elif reason == FinishReason.TIMED_OUT:
+                output.finish_reason = "timeout"
+            elif reason != FinishReason.CANCELLED:
+                raise ValueError(f"Unknown finish reason: {reason}")
+
+    def _handle_response(self, response: Union[Response, ResponseWrapper, ErrorResponse]) -> None:
+        logprobs_result = None
+        if isinstance(response, ResponseWrapper):
+            logprobs_result = response.logprobs
+            response = response._response
+        if isinstance(response, ErrorResponse) or response.has_error():
+            raise RequestError(response.error_msg)  # GenerationExecutor._handle_background_error(str)
+        result = response.result
+        self._done = result.is_final
+        self.decoding_iter = result.decoding_iter
+        self.cached_tokens = result.cached_tokens
+        if self.sampling_params.use_beam_search:
+            for beam in range(len(result.output_token_ids)):
+                self._handle_sequence(result.finish_reasons, result, beam, logprobs_result)
+        else:
+            self._handle_sequence(result.finish_reasons, result, result.sequence_index, logprobs_result)
+        if result.context_logits is not None:
+            self._context_logits = result.context_logits
+        self._detokenize()
+
+    def _detokenize(self) -> None:
+        """DetokenizedGenerationResultBase (RequestOutput): the text of every output, when detokenize."""
+        sp = self.sampling_params
+        if not sp.detokenize or self.tokenizer is None:
+            return
+        for out in self.outputs:
             out._last_text_len = len(out.text)
-            out._last_logprobs_len = len(out.logprobs)
-        update(self)
+            out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=sp.skip_special_tokens)
+
+    async def _aresult_step(self) -> None:
+        self._handle_response(await self.aqueue.get())
 
     async def aresult(self) -> "GenerationResult":
         while not self._done:
-            await self._step()
+            await self._aresult_step()
         return self
 
     def __await__(self):
@@ -136,25 +240,75 @@ class GenerationResult:
     async def __anext__(self) -> "GenerationResult":
         if self._done:
             raise StopAsyncIteration
-        if self._streaming:
-            await self._step()
-        else:
-            await self.aresult()
+        await self._aresult_step()
         return self
 
 
 class IterationResult:
-    """Async iterator over queued iteration-stats dicts; ends when none arrives within `timeout`."""
+    """Runtime results (iteration stats as JSON strings) for all available iterations."""
 
-    def __init__(self, queue: "asyncio.Queue[dict]", timeout: Optional[float]) -> None:
-        self._queue = queue
+    def __init__(self) -> None:
+        self._done = False
+        self._timeout: Optional[float] = 2
+        self.aqueue = AsyncQueue()
+
+    def set_timeout(self, timeout: Optional[float]) -> None:
         self._timeout = timeout
+
+    def mark_undone(self) -> None:
+        # should be called when new prompts are submitted
+        self._done = False
+
+    def get_results(self) -> List[dict]:
+        """Every result queued now (the real sync queue waits `timeout` for the next; the fake's
+        producers run on the caller's event loop, so there is nothing to wait for)."""
+        results = []
+        while not self._done:
+            try:
+                results.append(json.loads(self.aqueue.get_nowait()))
+            except asyncio.QueueEmpty:
+                self._done = True
+        return results
 
     def __aiter__(self) -> "IterationResult":
         return self
 
     async def __anext__(self) -> dict:
+        if self._done:
+            raise StopAsyncIteration
         try:
-            return await asyncio.wait_for(self._queue.get(), self._timeout)
+            data = await self.aqueue.get(timeout=self._timeout)
+            return json.loads(data)
         except asyncio.TimeoutError:
-            raise StopAsyncIteration from None
+            self._done = True
+            raise StopAsyncIteration
+
+
+def compute_logprobs(k_prompt_logprobs: Optional[int], k_logprobs: Optional[int], context_logits: Any,
+                     generation_logits: Any, output_token_ids: Optional[List[int]]) -> LogProbsResult:
+    """Top-k logprob rows from logits. Row t of the prompt rows is the distribution after prompt token t, so
+    it describes token t + 1 (the last row: the first generated token); without `tokens` a row holds the top
+    k only, whatever the token that followed."""
+
+    def topk_rows(logits: torch.Tensor, top_k: int, tokens: Optional[List[int]]) -> TokenLogprobs:
+        if logits.dim() == 3:
+            logits = logits.squeeze(0)
+        if tokens is not None and logits.size(0) > len(tokens):
+            logits = logits[: len(tokens)]
+        logprobs = torch.log_softmax(logits.to(dtype=torch.float32), dim=-1)
+        values, indices = torch.topk(logprobs, k=top_k, dim=-1)
+        rows: TokenLogprobs = []
+        for t in range(logprobs.size(0)):
+            row = {int(i): Logprob(logprob=float(v), rank=r + 1)
+                   for r, (v, i) in enumerate(zip(values[t], indices[t]))}
+            if tokens is not None and tokens[t] not in row:
+                value = float(logprobs[t, tokens[t]])
+                row[tokens[t]] = Logprob(logprob=value, rank=int((logprobs[t] > value).sum()) + 1)
+            rows.append(row)
+        return rows
+
+    prompt = (topk_rows(context_logits, k_prompt_logprobs, None)
+              if k_prompt_logprobs and context_logits is not None else None)
+    generation = (topk_rows(generation_logits, k_logprobs, output_token_ids)
+                  if k_logprobs and generation_logits is not None else None)
+    return LogProbsResult(prompt=prompt, generation=generation)

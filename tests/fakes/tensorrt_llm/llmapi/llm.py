@@ -1,33 +1,36 @@
 """The fake LLM (real: NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm.py @ 4c05a74891e4df8066f08ed4ce14b0972abe4e25,
-classes LLM (= _TorchLLM) and _TrtLLM).
+classes BaseLLM, _TrtLLM, _TorchLLM and LLM).
 
-Constructor, generate_async, get_stats, get_stats_async and shutdown have the real signatures. The
-PyTorch-backend LLM loads the Hugging Face checkpoint in `model` with transformers on the CPU and runs
-an in-flight batching loop on the event loop: each iteration gives every running sequence (up to
-max_batch_size requests) one token, pushes an update to its GenerationResult, and records an
-iteration-stats dict (when enable_iter_perf_stats, as in the real PyTorch backend).
-Not modelled: beam search, LoRA weights (adapters are validated, not applied), speculative decoding
-(configs are validated, then decoding is plain), TensorRT engines (construction only). Guided decoding
-is modelled with xgrammar as the real PyTorch backend does it (tensorrt_llm/_guided.py).
+Behaviour kept from the real file:
+- The constructor refuses keywords that are not fields of TorchLlmArgs / TrtLlmArgs, and (as the args'
+  validate_speculative_config) a speculative config whose supports_backend(backend) is false: backend
+  "pytorch" for LLM, None for the TensorRT-engine LLM. The engine LLM takes its build_config from the
+  engine folder's config.json (TrtLlmArgs._load_config_from_engine).
+- generate_async: _prepare_sampling_params (SamplingParams._setup, which tokenizes `bad` and `stop`, runs
+  only when end_id is None; on the TensorRT backend prompt_logprobs / logprobs switch return_context_logits /
+  return_generation_logits on), then _check_arguments (PyTorch: without chunked prefill a prompt over
+  max_num_tokens is refused; TensorRT: prompt + max_tokens within the engine's max_seq_len, beam width, n
+  within max_batch_size, prompt_logprobs only on an engine built with gather_context_logits, logprobs only
+  with gather_generation_logits=True passed to the LLM), then the executor (executor/executor.py).
+- get_stats / get_stats_async are the executor's (the shared IterationResult).
+The PyTorch-backend LLM runs the Hugging Face checkpoint in `model` with transformers on the CPU
+(executor/worker.py); guided decoding is modelled with xgrammar as the PyTorch backend does it (_guided.py).
+Not modelled: beam search, LoRA weights (adapters are validated, not applied), speculative decoding (configs
+are validated, then decoding is plain), TensorRT engines (requests are accepted, never run).
 """
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Literal, Optional, Union
 
-import torch
-
-from tensorrt_llm import _sampler
-from tensorrt_llm._guided import GuidedDecoder
+from tensorrt_llm.executor.executor import GenerationExecutor
 from tensorrt_llm.executor.request import LoRARequest
-from tensorrt_llm.executor.result import GenerationResult, IterationResult, Logprob
-from tensorrt_llm.llmapi.llm_args import (TORCH_LLM_ARGS, TRT_LLM_ARGS, CudaGraphConfig,
-                                          DecodingBaseConfig, KvCacheConfig, SchedulerConfig)
+from tensorrt_llm.executor.result import GenerationResult
+from tensorrt_llm.executor.worker import TorchEngine
+from tensorrt_llm.llmapi.llm_args import (TORCH_LLM_ARGS, TRT_LLM_ARGS, CudaGraphConfig, DecodingBaseConfig,
+                                          KvCacheConfig, SchedulerConfig)
 from tensorrt_llm.lora_helper import LoraConfig
 from tensorrt_llm.sampling_params import SamplingParams
 
@@ -38,29 +41,11 @@ _TYPED_ARGS = {"kv_cache_config": KvCacheConfig, "scheduler_config": SchedulerCo
                "cuda_graph_config": CudaGraphConfig}
 
 
-@dataclass
-class _Seq:
-    tokens: List[int] = field(default_factory=list)
-    done: bool = False
-    logits: List[torch.Tensor] = field(default_factory=list)
-    matcher: Any = None  # the sequence's grammar matcher (guided decoding)
-
-
-@dataclass
-class _Request:
-    result: GenerationResult
-    prompt: List[int]
-    sp: SamplingParams
-    seqs: List[_Seq]
-    generators: List[torch.Generator]
-    started: bool = False
-    aborted: bool = False
-
-
 class BaseLLM:
-    """Shared constructor checks of both LLM classes."""
+    """Shared constructor checks and request path of both LLM classes."""
 
     _valid_args: frozenset[str] = TORCH_LLM_ARGS
+    _backend: Optional[str] = "pytorch"
 
     def __init__(self, model: Union[str, Path], tokenizer: Optional[Union[str, Path, Any]] = None,
                  tokenizer_mode: Literal["auto", "slow"] = "auto", skip_tokenizer_init: bool = False,
@@ -68,11 +53,14 @@ class BaseLLM:
                  revision: Optional[str] = None, tokenizer_revision: Optional[str] = None,
                  **kwargs: Any) -> None:
         for key in kwargs:
-            if key not in self._valid_args:
+            if key not in self._valid_args | {"backend", "_mpi_session"}:
                 raise ValueError(f"{self.__class__.__name__} got invalid argument: {key}")
         for key, cls in _TYPED_ARGS.items():
             if kwargs.get(key) is not None and not isinstance(kwargs[key], cls):
                 raise ValueError(f"{key} must be a {cls.__name__}, got {type(kwargs[key]).__name__}")
+        spec = kwargs.get("speculative_config")
+        if spec is not None and not spec.supports_backend(self._backend):
+            raise ValueError(f"Speculation type {spec.decoding_type} does not support backend {self._backend}")
         self.args = dict(model=str(model), tokenizer=tokenizer, tokenizer_mode=tokenizer_mode,
                          skip_tokenizer_init=skip_tokenizer_init, trust_remote_code=trust_remote_code,
                          tensor_parallel_size=tensor_parallel_size, dtype=dtype, revision=revision,
@@ -80,16 +68,10 @@ class BaseLLM:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or model), local_files_only=True)
-        self.max_batch_size = kwargs.get("max_batch_size") or 2048
-        self._kv = kwargs.get("kv_cache_config") or KvCacheConfig()
-        self._stats_on = bool(kwargs.get("enable_iter_perf_stats"))
-        self._ids = itertools.count(1)
-        self._requests: dict[int, _Request] = {}
-        self._stats: Optional[asyncio.Queue[dict]] = None
-        self._wake: Optional[asyncio.Event] = None
-        self._loop_task: Optional[asyncio.Task] = None
-        self._iter = 0
-        self._shutdown = False
+        self._executor: Optional[GenerationExecutor] = GenerationExecutor(self._make_engine(), self.tokenizer)
+
+    def _make_engine(self) -> Optional[TorchEngine]:
+        return None
 
     # -- the public API ----------------------------------------------------------------------------
 
@@ -101,45 +83,25 @@ class BaseLLM:
                        scheduling_params: Optional[Any] = None,
                        cache_salt: Optional[str] = None) -> RequestOutput:
         """Submit one prompt (text, token ids or {"prompt_token_ids": [...]}) and return its result."""
-        if self._shutdown:
+        if self._executor is None or self._executor.is_shutdown():
             raise RuntimeError("LLM is shutting down")
-        sp = sampling_params or SamplingParams()
-        if sp.end_id is None:
-            sp._setup(self.tokenizer)
-        elif sp._stop_word_ids is None:
-            sp._setup(self.tokenizer)
-        prompt = self._prompt_ids(inputs, sp)
-        self._check(prompt, sp, lora_request)
-        rid = next(self._ids)
-        result = GenerationResult(rid, prompt, sp, streaming, self._abort)
-        gens = []
-        for i in range(sp.best_of):
-            g = torch.Generator()
-            g.manual_seed((sp.seed or 0) + i)  # the runtime's default seed is 0
-            gens.append(g)
-        self._requests[rid] = _Request(result, prompt, sp, [_Seq() for _ in range(sp.best_of)], gens)
-        self._ensure_loop()
-        self._wake.set()
-        return result
+        sampling_params = self._prepare_sampling_params(sampling_params)
+        prompt = self._prompt_ids(inputs, sampling_params)
+        self._check_arguments(len(prompt), 0, sampling_params, is_gen_only=False)
+        return self._executor.generate_async(prompt, sampling_params, lora_request, streaming)
 
     def get_stats(self, timeout: Optional[float] = 2) -> List[dict]:
-        """Iteration stats collected since the last call (the fake never blocks)."""
-        out = []
-        while self._stats is not None and not self._stats.empty():
-            out.append(self._stats.get_nowait())
-        return out
+        """Iteration statistics from the runtime."""
+        return self._executor.get_stats(timeout=timeout)
 
-    def get_stats_async(self, timeout: Optional[float] = 2) -> IterationResult:
-        """Async iterable over iteration stats; ends after `timeout` seconds without a new one."""
-        self._ensure_loop()
-        return IterationResult(self._stats, timeout)
+    def get_stats_async(self, timeout: Optional[float] = 2) -> Any:
+        """Iteration statistics from the runtime, as an async iterable (IterationResult)."""
+        return self._executor.aget_stats(timeout=timeout)
 
     def shutdown(self) -> None:
-        self._shutdown = True
-        if self._loop_task is not None:
-            # The real shutdown blocks (it joins its workers), so callers run it in a thread: cancel
-            # thread-safely, or the event loop would not wake up to process the cancellation.
-            self._loop_task.get_loop().call_soon_threadsafe(self._loop_task.cancel)
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None
 
     def __enter__(self) -> "BaseLLM":
         return self
@@ -150,6 +112,34 @@ class BaseLLM:
 
     # -- internals -----------------------------------------------------------------------------------
 
+    def _prepare_sampling_params(self, sampling_params: Optional[SamplingParams]) -> SamplingParams:
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if not isinstance(sampling_params, SamplingParams):
+            raise TypeError(f"The sampling_params must be type SamplingParams or None, but got "
+                            f"{type(sampling_params)}")
+        if sampling_params.end_id is None:
+            sampling_params._setup(self.tokenizer, None, None)
+        if self._backend != "pytorch":  # logprobs are computed from logits on the TensorRT backend
+            if sampling_params.prompt_logprobs and not sampling_params.return_context_logits:
+                sampling_params.return_context_logits = True
+                sampling_params._context_logits_auto_enabled = True
+            if sampling_params.logprobs and not sampling_params.return_generation_logits:
+                sampling_params.return_generation_logits = True
+                sampling_params._generation_logits_auto_enabled = True
+        if sampling_params._stream_interval is None:
+            sampling_params._stream_interval = self.args.get("stream_interval") or 1
+        sampling_params.return_perf_metrics = sampling_params.return_perf_metrics or bool(
+            self.args.get("return_perf_metrics"))
+        return sampling_params
+
+    def _check_arguments(self, prompt_len: int, query_len: int, sampling_params: SamplingParams,
+                         is_gen_only: bool) -> None:
+        max_num_tokens = self.args.get("max_num_tokens")
+        if not self.args.get("enable_chunked_prefill") and max_num_tokens and prompt_len + query_len > max_num_tokens:
+            raise ValueError(f"The sum of prompt length ({prompt_len}), query length ({query_len}) should not "
+                             f"exceed max_num_tokens ({max_num_tokens})")
+
     def _prompt_ids(self, inputs: Any, sp: SamplingParams) -> List[int]:
         if isinstance(inputs, dict):
             inputs = inputs.get("prompt_token_ids", inputs.get("prompt"))
@@ -159,184 +149,12 @@ class BaseLLM:
             return list(inputs)
         raise TypeError(f"The inputs must be type str or list of int, but got {type(inputs)}")
 
-    def _check(self, prompt: List[int], sp: SamplingParams, lora: Optional[LoRARequest]) -> None:
-        if sp.n > self.max_batch_size:
-            raise ValueError(f"SamplingParams.n ({sp.n}) should not exceed max_batch_size")
-        if sp.use_beam_search:
-            raise NotImplementedError("the fake tensorrt_llm does not implement beam search")
-        if lora is not None and self.args.get("lora_config") is None:
-            raise ValueError("LoRA request given but the LLM was built without lora_config")
-        if sp.guided_decoding is not None and self.args.get("guided_decoding_backend") is None:
-            raise ValueError("guided decoding needs guided_decoding_backend")
-
-    def _abort(self, request_id: int) -> None:
-        req = self._requests.get(request_id)
-        if req is not None:
-            req.aborted = True
-            self._wake.set()
-
-    def _post(self, queue: asyncio.Queue, item: Any) -> None:
-        """Queue `item` from the iteration thread (asyncio queues are not thread-safe)."""
-        self._loop_task.get_loop().call_soon_threadsafe(queue.put_nowait, item)
-
-    def _ensure_loop(self) -> None:
-        if self._loop_task is None:
-            self._stats = asyncio.Queue()
-            self._wake = asyncio.Event()
-            self._loop_task = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        while not self._shutdown:
-            if not self._requests:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            # Off the event loop, as the real runtime works in its own threads/processes: the
-            # server keeps serving (disconnects, health, metrics) while the model computes.
-            await asyncio.to_thread(self._iteration)
-            await asyncio.sleep(0)
-
-    def _iteration(self) -> None:
-        raise NotImplementedError("a TensorRT engine cannot run in the fake tensorrt_llm")
-
-
-class _TorchLLM(BaseLLM):
-    """PyTorch-backend LLM over a Hugging Face checkpoint folder."""
-
-    def __init__(self, model: Union[str, Path], tokenizer: Optional[Union[str, Path, Any]] = None,
-                 tokenizer_mode: Literal["auto", "slow"] = "auto", skip_tokenizer_init: bool = False,
-                 trust_remote_code: bool = False, tensor_parallel_size: int = 1, dtype: str = "auto",
-                 revision: Optional[str] = None, tokenizer_revision: Optional[str] = None,
-                 **kwargs: Any) -> None:
-        super().__init__(model, tokenizer, tokenizer_mode, skip_tokenizer_init, trust_remote_code,
-                         tensor_parallel_size, dtype, revision, tokenizer_revision, **kwargs)
-        from transformers import AutoModelForCausalLM
-
-        self.model = AutoModelForCausalLM.from_pretrained(str(model), torch_dtype=torch.float32,
-                                                          local_files_only=True).eval()
-        self._guided: Optional[GuidedDecoder] = None  # made on the first guided request
-
-    @torch.no_grad()
-    def _logits(self, ids: List[int]) -> torch.Tensor:
-        return self.model(input_ids=torch.tensor([ids])).logits[0].float()
-
-    def _iteration(self) -> None:
-        order = list(self._requests.values())
-        running, queued = order[: self.max_batch_size], order[self.max_batch_size:]
-        ctx_reqs = sum(not r.started for r in running)
-        ctx_tokens = sum(len(r.prompt) for r in running if not r.started)
-        for req in running:
-            self._step(req)
-        self._iter += 1
-        if self._stats_on:
-            self._post(self._stats, self._stat_dict(len(running), len(queued), ctx_reqs, ctx_tokens))
-
-    def _step(self, req: _Request) -> None:
-        sp, first = req.sp, not req.started
-        req.started = True
-        new: dict[int, tuple] = {}
-        if req.aborted:
-            for i, seq in enumerate(req.seqs):
-                if not seq.done:
-                    seq.done = True
-                    new[i] = ([], [], "cancelled", None, 0)
-        else:
-            for i, seq in enumerate(req.seqs):
-                if not seq.done:
-                    new[i] = self._advance(req, i, seq)
-        done = all(s.done for s in req.seqs)
-        ctx = self._logits(req.prompt) if first and (sp.return_context_logits or sp.prompt_logprobs) else None
-        if done:
-            del self._requests[req.result.request_id]
-
-        def apply(result: GenerationResult) -> None:
-            for i, (ids, lps, reason, stop_reason, trim) in new.items():
-                out = result._outputs[i]
-                out.token_ids.extend(ids)
-                if trim:
-                    del out.token_ids[-trim:]
-                if sp.logprobs is not None:
-                    out.logprobs.extend(lps)
-                if lps:
-                    out.cumulative_logprob = (out.cumulative_logprob or 0.0) + sum(
-                        d[t].logprob for d, t in zip(lps, ids))
-                if reason is not None:
-                    out.finish_reason, out.stop_reason = reason, stop_reason
-                    if sp.return_generation_logits and req.seqs[i].logits:
-                        out.generation_logits = torch.stack(req.seqs[i].logits)
-                if sp.detokenize:
-                    out.text = self.tokenizer.decode(out.token_ids, skip_special_tokens=sp.skip_special_tokens)
-            if ctx is not None:
-                if sp.return_context_logits:
-                    result._context_logits = ctx
-                if sp.prompt_logprobs:
-                    plp = [_as_logprobs(_sampler.top_logprobs(ctx[p - 1], req.prompt[p], sp.prompt_logprobs))
-                           for p in range(1, len(req.prompt))]
-                    for out in result._outputs:
-                        out.prompt_logprobs = plp
-            result._done = done
-
-        self._post(req.result.queue, apply)
-
-    def _advance(self, req: _Request, i: int, seq: _Seq) -> tuple:
-        sp = req.sp
-        raw = self._logits(req.prompt + seq.tokens)[-1]
-        ends = [] if sp.ignore_eos or sp.end_id is None else [sp.end_id]
-        blocked = ends + list(sp.stop_token_ids or []) if len(seq.tokens) < (sp.min_tokens or 0) else []
-        x = _sampler.processed_logits(raw, sp, req.prompt, seq.tokens, blocked)
-        if sp.guided_decoding is not None:
-            if self._guided is None:
-                self._guided = GuidedDecoder(self.tokenizer, x.shape[-1], [self.tokenizer.eos_token_id])
-            if seq.matcher is None:
-                seq.matcher = self._guided.matcher(sp.guided_decoding)
-            self._guided.mask(seq.matcher, x)
-        tok = _sampler.choose(x, sp, req.generators[i])
-        if seq.matcher is not None and not seq.matcher.is_terminated():
-            seq.matcher.accept_token(tok)
-        if sp.return_generation_logits:
-            seq.logits.append(raw)
-        lps = [_as_logprobs(_sampler.top_logprobs(raw, tok, sp.logprobs))] if sp.logprobs is not None else []
-        if tok in ends:
-            seq.done = True
-            return [], [], "stop", None, 0  # the end id is not part of the output
-        seq.tokens.append(tok)
-        for reason, word in sp._get_stop_reasons_and_words():
-            if word and seq.tokens[-len(word):] == word:
-                seq.done = True
-                # As the real result handler: the matched words are cut from token_ids at the end.
-                trim = 0 if sp.include_stop_str_in_output else len(word)
-                if trim:
-                    del seq.tokens[-trim:]
-                return [tok], lps, "stop", reason, trim
-        if len(seq.tokens) >= sp.max_tokens:
-            seq.done = True
-            return [tok], lps, "length", None, 0
-        return [tok], lps, None, None, 0
-
-    def _stat_dict(self, running: int, queued: int, ctx_reqs: int, ctx_tokens: int) -> dict:
-        per_block = self._kv.tokens_per_block
-        total = (self._kv.max_tokens or 4096) // per_block
-        used = sum(-(-(len(r.prompt) + max(len(s.tokens) for s in r.seqs)) // per_block) * len(r.seqs)
-                   for r in list(self._requests.values()) if r.started)
-        return {"iter": self._iter - 1, "iterLatencyMS": 0.0, "numActiveRequests": running,
-                "numQueuedRequests": queued, "numCompletedRequests": 0,
-                "maxNumActiveRequests": self.max_batch_size, "maxBatchSizeRuntime": self.max_batch_size,
-                "maxNumTokensRuntime": self.args.get("max_num_tokens") or 8192,
-                "gpuMemUsage": 0, "cpuMemUsage": sum(p.numel() * 4 for p in self.model.parameters()),
-                "pinnedMemUsage": 0,
-                "kvCacheStats": {"maxNumBlocks": total, "freeNumBlocks": total - used, "usedNumBlocks": used,
-                                 "tokensPerBlock": per_block, "allocTotalBlocks": used, "allocNewBlocks": 0,
-                                 "reusedBlocks": 0, "missedBlocks": 0, "cacheHitRate": 0.0},
-                "inflightBatchingStats": {"numScheduledRequests": running, "numContextRequests": ctx_reqs,
-                                          "numGenRequests": running - ctx_reqs, "numPausedRequests": 0,
-                                          "numCtxTokens": ctx_tokens, "microBatchId": 0,
-                                          "avgNumDecodedTokensPerIter": 1.0}}
-
 
 class _TrtLLM(BaseLLM):
-    """LLM over a TensorRT engine folder (tensorrt_llm._tensorrt_engine.LLM); construction only."""
+    """LLM over a TensorRT engine folder (tensorrt_llm._tensorrt_engine.LLM); its requests never run here."""
 
     _valid_args = TRT_LLM_ARGS
+    _backend = None
 
     def __init__(self, model: Union[str, Path], tokenizer: Optional[Union[str, Path, Any]] = None,
                  tokenizer_mode: Literal["auto", "slow"] = "auto", skip_tokenizer_init: bool = False,
@@ -344,15 +162,47 @@ class _TrtLLM(BaseLLM):
                  revision: Optional[str] = None, tokenizer_revision: Optional[str] = None,
                  **kwargs: Any) -> None:
         with open(Path(model) / "config.json", encoding="utf-8") as f:
-            if "build_config" not in json.load(f):
-                raise ValueError(f"{model} is not a TensorRT engine folder (no build_config)")
+            config = json.load(f)
+        if "build_config" not in config:
+            raise ValueError(f"{model} is not a TensorRT engine folder (no build_config)")
+        self.build_config: dict = config["build_config"]
         super().__init__(model, tokenizer, tokenizer_mode, skip_tokenizer_init, trust_remote_code,
                          tensor_parallel_size, dtype, revision, tokenizer_revision, **kwargs)
+
+    def _check_arguments(self, prompt_len: int, query_len: int, sampling_params: SamplingParams,
+                         is_gen_only: bool) -> None:
+        build, sp = self.build_config, sampling_params
+        max_seq_len = build["max_seq_len"]
+        if not self.args.get("enable_chunked_prefill") and prompt_len + query_len + (sp.max_tokens or 0) > max_seq_len:
+            raise ValueError(f"The sum of prompt length ({prompt_len}) and query length ({query_len}) max_tokens "
+                             f"({sp.max_tokens}) should not exceed max_seq_len ({max_seq_len})")
+        max_beam_width = self.args.get("max_beam_width") or build.get("max_beam_width", 1)
+        if sp.use_beam_search and sp.best_of > max_beam_width:
+            raise ValueError(f"sampling_params.n ({sp.n}) cannot exceed max_beam_width ({max_beam_width}) when "
+                             "use_beam_search is True")
+        max_batch_size = self.args.get("max_batch_size") or build.get("max_batch_size", 2048)
+        if not sp.use_beam_search and sp.best_of > max_batch_size:
+            raise ValueError(f"sampling_params.n ({sp.n}) cannot exceed max_batch_size ({max_batch_size}) when "
+                             "use_beam_search is False")
+        if sp.prompt_logprobs and not build.get("gather_context_logits"):
+            raise ValueError(f"`sampling_params's prompt_logprobs={sp.prompt_logprobs}` requires "
+                             "`gather_context_logits=True` in the `BuildConfig` when constructing the LLM. "
+                             "Example: LLM(..., build_config=BuildConfig(gather_context_logits=True)).")
+        if sp.logprobs and not self.args.get("gather_generation_logits"):
+            raise ValueError(f"`sampling_params.logprobs={sp.logprobs}` requires `gather_generation_logits=True` "
+                             "to be passed explicitly to the `LLM()` constructor.")
+
+
+class _TorchLLM(BaseLLM):
+    """PyTorch-backend LLM over a Hugging Face checkpoint folder."""
+
+    def _make_engine(self) -> TorchEngine:
+        kv = self.args.get("kv_cache_config") or KvCacheConfig()
+        return TorchEngine(self.args["model"], self.tokenizer, max_batch_size=self.args.get("max_batch_size") or 2048,
+                           max_num_tokens=self.args.get("max_num_tokens") or 8192,
+                           tokens_per_block=kv.tokens_per_block, max_kv_tokens=kv.max_tokens,
+                           stats_on=bool(self.args.get("enable_iter_perf_stats")))
 
 
 class LLM(_TorchLLM):
     """LLM class is the main class for running a LLM model (PyTorch backend)."""
-
-
-def _as_logprobs(d: dict) -> dict[int, Logprob]:
-    return {t: Logprob(lp, rank) for t, (lp, rank) in d.items()}

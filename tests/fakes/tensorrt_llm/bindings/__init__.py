@@ -1,0 +1,1 @@
+"""tensorrt_llm.bindings: the C++ extension (here only stand-ins for the executor types the Python reads)."""
