@@ -42,7 +42,7 @@ import torch
 
 # (BLOCK_N, BLOCK_K, num_warps) alternatives timed in moe_layer
 GATE_UP_TILES = ((2, 2048, 4), (4, 512, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
-DOWN_TILES = ((1, 1024, 4), (2, 1024, 4), (4, 512, 8), (4, 1024, 8), (1, 1024, 8))
+DOWN_TILES = ((2, 1024, 4), (4, 256, 4), (8, 1024, 8), (8, 512, 4))
 ROUTER_TILES = ((1, 2048, 4), (2, 2048, 4), (4, 1024, 4), (8, 512, 4))
 # grouped-GEMM tiles (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) timed in moe_256: the tiles every step had
 # before GEMM_TILES, then alternatives to GEMM_TILES' choice for 256 tokens

@@ -14,7 +14,7 @@ the residual add. A batch-1 step of Qwen3-30B-A3B (48 such layers, 17 kernels ea
 H200 against its 1.47 ms floor (benchmarks/RESULTS.md); Qwen3-8B's step, 7 kernels a layer, was 1.17x its floor.
 Here every expert product reads only the k chosen experts' weights (3 x 768 x 2048 per expert there), spread over
 many programs: k x I / BLOCK_N programs for gate/up, H / BLOCK_N for down. Every kernel is a programmatic dependent
-launch (runtime/cuda/pdl.py); the two expert kernels each find the top-k again (every logit's rank at once, before
+launch (runtime/cuda/pdl.py); the two expert kernels each find the top-k again (k reductions over E logits before
 their first weight load), which costs less than a kernel of its own would.
 
 Roundings follow the eager code: the logits and each product in the activations' dtype, the weighting in float32
@@ -36,10 +36,10 @@ from runtime.models.moe import MoE
 from runtime.models.norm import RMSNorm
 
 # (BLOCK_N, BLOCK_K, num_warps): gate/up programs own BLOCK_N gate rows and their BLOCK_N up rows; down programs
-# BLOCK_N output rows of all k experts at once. Sized as the dense GEMVs' best tiles (runtime/cuda/gemv.py): 16 KB of
+# BLOCK_N output rows over all k experts. Sized as the dense GEMVs' best tiles (runtime/cuda/gemv.py): 16 KB of
 # weights in flight per program and loop step; benchmarks/gpu_moe_profile.py times the alternatives.
 GATE_UP_TILE = (4, 1024, 4)
-DOWN_TILE = (2, 1024, 8)
+DOWN_TILE = (4, 1024, 4)
 
 
 @triton.jit
@@ -50,17 +50,24 @@ def _top_k(logits_ptr, E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constex
     on hold id 0 and weight 0. SOFTMAX_FIRST: softmax over all E, the chosen ones' probabilities (divided by their
     sum when RENORMALIZE); else the softmax of the chosen logits.
 
-    Every logit's rank at once (how many logits beat it), then slot j is the logit of rank j: two reductions
-    between the logits' load and the first weight load, where TOP_K rounds of max-and-remove took TOP_K."""
+    Each pick is one max over int64 keys, the logit's bits ordered as the floats above the id reversed: one
+    reduction where a max then the lowest id holding it took two (their barriers came before any weight load)."""
     offs = tl.arange(0, BLOCK_E)
     logits = tl.load(logits_ptr + offs, mask=offs < E, other=float("-inf")).to(tl.float32)
-    mine, theirs = logits[:, None], logits[None, :]
-    beats = (theirs > mine) | ((theirs == mine) & (offs[None, :] < offs[:, None]))  # [i, m]: m ranks before i
-    rank = tl.sum(beats.to(tl.int32), axis=1)
+    bits = logits.to(tl.int32, bitcast=True)
+    ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative floats' bits count down
+    keys = (ordered.to(tl.int64) << 32) | (BLOCK_E - 1 - offs).to(tl.int64)
     slots = tl.arange(0, BLOCK_TOPK)
-    chosen = (rank[None, :] == slots[:, None]) & (slots < TOP_K)[:, None]  # [j, i]: i holds slot j
-    ids = tl.sum(tl.where(chosen, offs[None, :], 0), axis=1)
-    top = tl.max(tl.where(chosen, logits[None, :], float("-inf")), axis=1)
+    ids = tl.zeros([BLOCK_TOPK], tl.int32)
+    top = tl.full([BLOCK_TOPK], float("-inf"), tl.float32)
+    for j in tl.static_range(TOP_K):
+        best = tl.max(keys, axis=0)
+        pick = BLOCK_E - 1 - (best & 0xFFFFFFFF).to(tl.int32)
+        best_ordered = (best >> 32).to(tl.int32)
+        value = tl.where(best_ordered < 0, best_ordered ^ 0x7FFFFFFF, best_ordered).to(tl.float32, bitcast=True)
+        ids = tl.where(slots == j, pick, ids)
+        top = tl.where(slots == j, value, top)
+        keys = tl.where(offs == pick, -(2**63), keys)
     largest = tl.max(top, axis=0)
     if SOFTMAX_FIRST:
         weights = tl.exp(top - largest) / tl.sum(tl.exp(logits - largest), axis=0)
@@ -128,35 +135,28 @@ def _down_kernel(
     BLOCK_TOPK: tl.constexpr, SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr, BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
-    """out[rows] = res[rows] + sum over j of weight_j * (down rows of the j-th chosen expert . h[j] (+ bias)).
-
-    A program loads its rows of all k experts as one [k, BLOCK_N, BLOCK_K] tile: k times the bytes in flight of
-    one expert's rows, where a loop over the experts waited on each expert's loads in turn."""
+    """out[rows] = res[rows] + sum over j of weight_j * (down rows of the j-th chosen expert . h[j] (+ bias))."""
     wait_for_previous_kernel(PDL)  # h is the previous kernel's output
     ids, weights = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TOPK, SOFTMAX_FIRST, RENORMALIZE)
-    slot_mask = tl.arange(0, BLOCK_TOPK) < TOP_K
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < H
-    tile_mask = slot_mask[:, None] & row_mask[None, :]  # [k, BLOCK_N]
-    w_rows = w_ptr + ids.to(tl.int64)[:, None] * stride_we + rows.to(tl.int64)[None, :] * I
     offs = tl.arange(0, BLOCK_K)
     dtype = w_ptr.dtype.element_ty
-    acc = tl.zeros([BLOCK_TOPK, BLOCK_N, BLOCK_K], tl.float32)
-    for k in range(0, I, BLOCK_K):
-        cols = k + offs
-        col_mask = cols < I
-        h = tl.load(h_ptr + tl.arange(0, BLOCK_TOPK)[:, None] * I + cols[None, :],
-                    mask=slot_mask[:, None] & col_mask[None, :], other=0.0).to(tl.float32)
-        w = tl.load(w_rows[:, :, None] + cols[None, None, :], mask=tile_mask[:, :, None] & col_mask[None, None, :],
-                    other=0.0)
-        acc += w.to(tl.float32) * h[:, None, :]
-    y = tl.sum(acc, axis=2)  # [k, BLOCK_N]
-    if BIAS:
-        y += tl.load(bias_ptr + ids.to(tl.int64)[:, None] * H + rows[None, :], mask=tile_mask, other=0.0
-                     ).to(tl.float32)
-    # each expert's product rounded, weighted in float32 and rounded again, as the eager code; unused slots weigh 0
-    weighted = (y.to(dtype).to(tl.float32) * weights[:, None]).to(dtype).to(tl.float32)
-    total = tl.sum(weighted, axis=0)
+    total = tl.zeros([BLOCK_N], tl.float32)
+    for j in tl.static_range(TOP_K):
+        expert = _slot(ids, j, BLOCK_TOPK).to(tl.int64)
+        w_rows = w_ptr + expert * stride_we + rows.to(tl.int64)[:, None] * I
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k in range(0, I, BLOCK_K):
+            cols = k + offs
+            col_mask = cols < I
+            h = tl.load(h_ptr + j * I + cols, mask=col_mask, other=0.0).to(tl.float32)
+            w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+            acc += w.to(tl.float32) * h[None, :]
+        y = tl.sum(acc, axis=1)
+        if BIAS:
+            y += tl.load(bias_ptr + expert * H + rows, mask=row_mask, other=0.0).to(tl.float32)
+        total += (y.to(dtype).to(tl.float32) * _slot(weights, j, BLOCK_TOPK)).to(dtype).to(tl.float32)
     out = total.to(dtype).to(tl.float32) + tl.load(res_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, out.to(dtype), mask=row_mask)
 

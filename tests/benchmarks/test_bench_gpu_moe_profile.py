@@ -22,7 +22,7 @@ def test_every_phase_runs_and_writes_its_figures(tmp_path: Path) -> None:
     assert positive(result["bandwidth_tb_s"], b1["step_ms"], b1["floor_ms"], b1["vs_floor"], b1["general_moe_ms"])
     assert positive(layer["floor_us"], layer["one_token_us"], layer["general_us"])
     assert [key for key in layer if key.startswith(("gate_up_tile_", "down_tile_", "router_"))] == [
-        "gate_up_tile_2x2048x4_us", "down_tile_1x1024x4_us", "router_4x1024x4_us", "router_1x2048x4_us"]
+        "gate_up_tile_2x2048x4_us", "down_tile_2x1024x4_us", "router_4x1024x4_us", "router_1x2048x4_us"]
     assert positive(*(layer["parts"][key] for key in ("without_down_kernel_us", "without_gate_up_kernel_us",
                                                       "no_pdl_us", "dense_gate_up_us", "dense_down_floor_us")))
     wide = result["moe_256"]
