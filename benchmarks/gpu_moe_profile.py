@@ -18,7 +18,8 @@ is recorded with its traceback, the others still run, and the run exits 1):
   moe_layer       one layer's MoE MLP for one token, the 48 layers' weights in turn from one graph (each reads
                   memory, as a step does): us per layer on one_token_moe and on the general path, against the bytes
                   the layer must read (router and the k chosen experts) over the bandwidth; its kernels' split; then
-                  one_token_moe's alternative tiles (gate/up, down, the router's GEMV)
+                  one_token_moe's alternative tiles (gate/up, down, the router's GEMV); `parts`: the layer with
+                  one expert kernel's launches dropped, without PDL, and the dense GEMV on the same bytes
   check           one_token_moe against the eager layer (router, `route`, `Experts.forward`, add) on random tokens
                   in bf16: the largest relative error, and the smallest gap between a chosen and an unchosen logit
                   (a near tie may route the two differently)
@@ -205,6 +206,7 @@ def moe_layer_figures(model: Any, bandwidth: float, cuda: bool, tiles: int) -> d
         if cuda:
             graph = capture(lambda: [fused(i) for i in range(len(layers))])
             res["kernels_per_layer"] = kernel_table(graph.replay, 1, cuda)
+        res["parts"] = moe_parts(layers, x, bandwidth, cuda, fused)
         for name, options in (("GATE_UP_TILE", GATE_UP_TILES), ("DOWN_TILE", DOWN_TILES)):
             kept = getattr(otm, name)
             for tile in options[:tiles]:
@@ -225,6 +227,50 @@ def moe_layer_figures(model: Any, bandwidth: float, cuda: bool, tiles: int) -> d
             del gemv_module.TILES[shape]
         else:
             gemv_module.TILES[shape] = kept_router
+    return res
+
+
+class _Skipped:
+    """Stands for a Triton kernel in `moe_parts`: its launches do nothing."""
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def moe_parts(layers: list, x: torch.Tensor, bandwidth: float, cuda: bool,
+              fused: Callable[[int], torch.Tensor]) -> dict[str, Any]:
+    """Where one_token_moe's time goes: us per layer with the down kernel's launches dropped (router + gate/up), with
+    the gate/up kernel's dropped (router + down), without PDL; and our dense GEMV (runtime/cuda/gemv.py) reading
+    the same bytes as the gate/up and the down kernel (the k experts' rows as one matrix), each against its floor."""
+    from runtime.cuda import gemv as gemv_module
+    from runtime.cuda import one_token_moe as otm
+    from runtime.cuda import pdl
+
+    spec, hidden = layers[0].mlp.moe, x.shape[1]
+    res: dict[str, Any] = {}
+    for name in ("_down_kernel", "_gate_up_kernel"):
+        kept = getattr(otm, name)
+        setattr(otm, name, _Skipped())
+        try:
+            res[f"without{name}_us"] = timed(fused, len(layers), cuda)
+        finally:
+            setattr(otm, name, kept)
+    kept_pdl = pdl.ENABLED
+    pdl.ENABLED = False
+    try:
+        res["no_pdl_us"] = timed(fused, len(layers), cuda)
+    finally:
+        pdl.ENABLED = kept_pdl
+    g = torch.Generator(device=x.device).manual_seed(3)
+    inter, k = spec.intermediate_size, spec.top_k
+    copies = min(len(layers), 8)  # distinct weights, more bytes than the L2 holds
+    for name, n, width in (("gate_up", 2 * k * inter, hidden), ("down", hidden, k * inter)):
+        weights = [torch.randn(n, width, generator=g, device=x.device).to(x.dtype) * 0.02 for _ in range(copies)]
+        vector = torch.randn(1, width, generator=g, device=x.device).to(x.dtype)
+        norm = (torch.ones(width, device=x.device, dtype=x.dtype), 1e-6)
+        us = timed(lambda i: gemv_module.gemv(vector, weights[i % copies], norm=norm, pdl=pdl.ENABLED), copies, cuda)
+        res[f"dense_{name}_us"] = us
+        res[f"dense_{name}_floor_us"] = n * width * x.element_size() / (bandwidth * 1e6)
     return res
 
 

@@ -23,6 +23,8 @@ def test_every_phase_runs_and_writes_its_figures(tmp_path: Path) -> None:
     assert positive(layer["floor_us"], layer["one_token_us"], layer["general_us"])
     assert [key for key in layer if key.startswith(("gate_up_tile_", "down_tile_", "router_"))] == [
         "gate_up_tile_2x2048x4_us", "down_tile_2x1024x4_us", "router_4x1024x4_us", "router_1x2048x4_us"]
+    assert positive(*(layer["parts"][key] for key in ("without_down_kernel_us", "without_gate_up_kernel_us",
+                                                      "no_pdl_us", "dense_gate_up_us", "dense_down_floor_us")))
     wide = result["moe_256"]
     assert positive(wide["floor_us"], wide["table_us"], wide["tile_16x64x64x4x3_us"])
     assert wide["table_tile"] == "16x64x128x4x3"  # 24 rows: GEMM_TILES' first

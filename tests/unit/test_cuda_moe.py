@@ -23,7 +23,7 @@ if RUN_HERE:
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=23)
+    run_in_interpreter(__file__, passed=26)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -178,3 +178,43 @@ def test_grouped_gemm_tiles_fit_the_gpus_shared_memory(shared_memory: int, tile:
     block_m, block_n, block_k, _, stages = got
     assert stages * (block_m + block_n) * block_k * 2 + SHARED_MEMORY_SLACK <= shared_memory
     assert gemm_tile(4096, torch.bfloat16) == gemm_tile(4096, torch.bfloat16, 232448)  # no limit: the table's
+
+
+if RUN_HERE:
+    import triton
+    import triton.language as tl
+
+    from runtime.cuda.one_token_moe import _top_k
+
+    @triton.jit
+    def _top_k_probe(logits_ptr, ids_ptr, weights_ptr, E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr,
+                     BLOCK_TOPK: tl.constexpr, SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr):
+        ids, weights = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TOPK, SOFTMAX_FIRST, RENORMALIZE)
+        tl.store(ids_ptr + tl.arange(0, BLOCK_TOPK), ids)
+        tl.store(weights_ptr + tl.arange(0, BLOCK_TOPK), weights)
+
+
+@kernels
+@pytest.mark.parametrize("kind", list(ONE_TOKEN_SPECS))
+def test_the_kernels_top_k_picks_routes_experts_in_its_order_ties_to_the_lower_id(kind: str) -> None:
+    """The expert kernels' `_top_k` against `route`: the same ids slot by slot and the same weights on random
+    logits; on logits with ties, equal values in the order of their ids; unused slots id 0 and weight 0."""
+    spec = ONE_TOKEN_SPECS[kind]
+    g = torch.Generator().manual_seed(40)
+    block_e, block_topk = triton.next_power_of_2(spec.num_experts), triton.next_power_of_2(spec.top_k)
+    tied = torch.tensor([1.0, 3.0, 3.0, -2.0, 3.0, 1.0, 0.5, 3.0])[: spec.num_experts]
+    tied = tied.to(DEVICE)
+    for logits in (torch.randn(spec.num_experts, generator=g).to(DEVICE), tied):
+        ids = torch.full((block_topk,), -1, dtype=torch.int32, device=DEVICE)
+        weights = torch.full((block_topk,), -1.0, device=DEVICE)
+        _top_k_probe[(1,)](logits, ids, weights, E=spec.num_experts, BLOCK_E=block_e, TOP_K=spec.top_k,
+                           BLOCK_TOPK=block_topk, SOFTMAX_FIRST=spec.routing == "softmax_topk",
+                           RENORMALIZE=spec.renormalize)
+        want_weights, want_ids = route(logits[None], spec)
+        order = sorted(range(spec.num_experts), key=lambda e: (-logits[e].item(), e))[: spec.top_k]
+        assert ids[: spec.top_k].tolist() == order
+        if logits is not tied:  # torch.topk orders equal values as it likes
+            assert ids[: spec.top_k].tolist() == want_ids[0].tolist()
+        assert torch.allclose(weights[: spec.top_k], want_weights[0].float(), rtol=1e-6, atol=1e-7)
+        assert ids[spec.top_k:].tolist() == [0] * (block_topk - spec.top_k)
+        assert weights[spec.top_k:].tolist() == [0.0] * (block_topk - spec.top_k)
