@@ -129,7 +129,7 @@ def test_text_formats_and_forced_calls(demo_tokenizer: Tokenizer) -> None:
     ({"input": [{"role": "user"}]}, "input[0]", False),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0]", False),
     ({"input": [{"role": "user", "content": 5}]}, "input[0].content", False),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]", True),
+    ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input[0]", True),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]",
      True),
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_file"}]}]},
