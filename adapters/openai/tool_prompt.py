@@ -59,8 +59,9 @@ If no function call is needed, answer in plain text.
 
 _PROBE_TOOLS = [{"type": "function", "function": {"name": "probe_tool", "description": "probe",
                                                   "parameters": {"type": "object", "properties": {}}}}]
-_PROBE_CALL = {"id": "call_probe", "type": "function", "function": {"name": "probe_tool", "arguments": "{}"}}
-_PROBE_RESULT = "probe-result-7f3a"
+_PROBE_CALL = {"id": "call_probe", "type": "function",
+               "function": {"name": "probe_tool", "arguments": '{"probe": "probe-call-5c1e"}'}}
+_PROBE_RESULT = "probe-result-7f3a"  # the probes look for these strings in the rendered prompt
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,8 @@ def template_traits(tokenizer: Tokenizer) -> TemplateTraits:
     return TemplateTraits(
         renders_tools=renders_tools,
         tools_in_system="message['tools']" in text or 'message["tools"]' in text,
-        renders_calls=_renders(tokenizer, [user, call], "probe_tool", tools=_PROBE_TOOLS),
-        renders_results=_renders(tokenizer, [user, call, result, ], _PROBE_RESULT, tools=_PROBE_TOOLS),
+        renders_calls=_renders(tokenizer, [user, call], "probe-call-5c1e", tools=_PROBE_TOOLS),
+        renders_results=_renders(tokenizer, [user, call, result], _PROBE_RESULT, tools=_PROBE_TOOLS),
     )
 
 
