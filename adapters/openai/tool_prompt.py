@@ -133,6 +133,8 @@ def prompt_conversation(messages: list[dict[str, Any]], tools: list[dict[str, An
         out = _results_as_user_turns(out)
     if is_harmony(getattr(tokenizer.hf, "chat_template", None)):
         out = [_reasoning_as_thinking(m) for m in out]
+        # gpt-oss's template writes "// " + description: OpenAI's optional field, absent, fails inside it
+        tools = [{**t, "function": {"description": "", **t["function"]}} for t in tools or []] or None
     if traits.renders_tools:
         return out, tools
     if tools:

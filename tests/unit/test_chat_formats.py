@@ -114,3 +114,23 @@ def test_mixtral_gets_its_tool_use_template_and_calls_as_tool_calls_text(family:
     assert prompt.endswith("[INST]<tool_response>\nsunny\n</tool_response>[/INST]")
     assert out.sampling.skip_special_tokens is False  # [TOOL_CALLS] is a special token
     assert tool_format(tok).name == "mistral"
+
+
+def test_gpt_oss_forced_call_is_a_harmony_call_and_tools_may_lack_a_description(family: dict[str, Tokenizer]) -> None:
+    """tool_choice "required": the grammar admits exactly gpt-oss's call message (its special tokens included);
+    a tool without the optional description renders (the template writes "// " + description)."""
+    from runtime.guided.compiler import GuidedCompiler
+
+    tok = family["gpt-oss"]
+    bare = [{"type": "function", "function": {"name": "get_weather", "parameters": TOOLS[0]["function"]["parameters"]}}]
+    out = request(tok, ROUND_TRIP[1:2], tools=bare, tool_choice="required")
+    assert "// \ntype get_weather = (_: {\ncity: string,\n}) => any;" in (out.prompt or "")
+    assert out.guided is not None
+    compiler = GuidedCompiler(tok.hf, tok.vocab_size, tok.eos_token_ids)
+    call = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'
+    ids = tok.encode(call, add_special_tokens=False)
+    assert tok.hf.convert_ids_to_tokens(ids[0]) == "<|channel|>"
+    guide = compiler.new_guide(compiler.compile(out.guided))
+    assert guide.accept_tokens([*ids, *tok.eos_token_ids[:1]]) == len(ids) + 1 and guide.complete
+    other = compiler.new_guide(compiler.compile(out.guided))
+    assert other.accept_tokens(tok.encode("<|channel|>final<|message|>Hi", add_special_tokens=False)) < 3
