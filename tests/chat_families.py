@@ -11,6 +11,18 @@ from runtime.tokenizer import Tokenizer
 
 TEMPLATES = Path(__file__).parent / "unit" / "chat_templates"
 
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather of a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                          "required": ["city"]}}}]
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+# a conversation with an earlier call and its result
+ROUND_TRIP = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+]
+
 HARMONY_TOKENS = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>"]
 
 # family: (template file, special added tokens, plain added tokens)

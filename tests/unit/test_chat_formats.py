@@ -11,18 +11,8 @@ from adapters.openai.tool_prompt import template_traits, tool_format
 from adapters.openai.translate import chat_request
 from runtime.request import GenerationRequest
 from runtime.tokenizer import Tokenizer
-from tests.chat_families import family_tokenizer
+from tests.chat_families import ROUND_TRIP, TOOLS, family_tokenizer
 
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather of a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                          "required": ["city"]}}}]
-CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-ROUND_TRIP = [
-    {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [CALL]},
-    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
-]
 
 
 @pytest.fixture(scope="module")

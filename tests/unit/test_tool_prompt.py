@@ -14,6 +14,7 @@ from adapters.openai.tools import HERMES, SMOLLM2
 from adapters.openai.translate import chat_request
 from runtime.demo import demo_model_path
 from runtime.tokenizer import Tokenizer
+from tests.chat_families import CALL, ROUND_TRIP, TOOLS
 
 # SmolLM2-135M-Instruct's template as the default model's GGUF file carries it: it ignores `tools`, and
 # concatenates `content`, so an assistant turn without content used to fail inside it.
@@ -24,16 +25,7 @@ SMOLLM2_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 HERMES_TEMPLATE = (Path(demo_model_path()).parent / "chat_template.jinja").read_text()
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather of a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                          "required": ["city"]}}}]
-CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-CONVERSATION = [
-    {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [CALL]},
-    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
-]
+CONVERSATION = ROUND_TRIP
 
 
 def with_template(tokenizer: Tokenizer, template: str) -> Tokenizer:
