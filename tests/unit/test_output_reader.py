@@ -5,6 +5,7 @@ OpenAI does (a reasoning item)."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any
 
@@ -74,7 +75,7 @@ def streamed(tok: Tokenizer, text: str, tools: bool, cuts: list[int]) -> tuple[s
     reader = output_reader(tok, tools)
     reasoning, content, calls = "", "", {}
     bounds = [0, *cuts, len(text)]
-    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+    for i, (a, b) in enumerate(itertools.pairwise(bounds)):
         piece = reader.feed(text[a:b], final=i == len(bounds) - 2)
         reasoning, content = reasoning + piece.reasoning, content + piece.content
         for event in piece.events:
