@@ -37,20 +37,28 @@ def _content(content: str | list[TextPart] | None) -> str | list[ContentPart] | 
 
 def conversation_messages(instructions: str | None, items: Sequence[InputItem]) -> list[ChatMessage]:
     """The conversation as chat messages: function calls join the assistant turn before them (the text
-    they followed, or the calls made with them), outputs become `tool` messages."""
+    they followed, or the calls made with them), outputs become `tool` messages, a reasoning item becomes the
+    `reasoning_content` of the assistant turn after it (as chat clients send it back)."""
     messages = [] if instructions is None else [ChatMessage(role="system", content=instructions)]
+    reasoning: str | None = None
     for item in items:
+        if item.type == "reasoning":
+            reasoning = "".join(part.value for part in item.content or [] if not isinstance(part, str))
+            continue
         if item.type == "message":
             messages.append(ChatMessage(role=item.role, content=_content(item.content)))
         elif item.type == "function_call":
             call = ToolCallParam(id=item.call_id, type="function",
                                  function=ToolCallFunctionParam(name=item.name, arguments=item.arguments))
-            if messages and messages[-1].role == "assistant":
+            if messages and messages[-1].role == "assistant" and reasoning is None:
                 messages[-1].tool_calls = [*(messages[-1].tool_calls or []), call]
             else:
                 messages.append(ChatMessage(role="assistant", tool_calls=[call]))
         else:
             messages.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=_content(item.output)))
+        if reasoning is not None and messages[-1].role == "assistant":
+            setattr(messages[-1], "reasoning_content", reasoning)
+        reasoning = None
     return messages
 
 

@@ -20,8 +20,8 @@ from adapters.openai.tools import FunctionSpec, NamedToolChoice, ToolChoice, Too
 from adapters.openai.validation import check_metadata
 from runtime.schema_check import check_schema
 
-_ITEM_TYPES = ("message", "function_call", "function_call_output")
-_PART_TYPES = ("input_text", "output_text", "refusal")
+_ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+_PART_TYPES = ("input_text", "output_text", "refusal", "reasoning_text")
 _CHOICE_MODES = ("none", "auto", "required")
 
 
@@ -33,7 +33,7 @@ class TextPart(_Base):
     """A text part of a message: `input_text`, or `output_text` / `refusal` of an assistant message replayed
     from an earlier response's output."""
 
-    type: Literal["input_text", "output_text", "refusal"]
+    type: Literal["input_text", "output_text", "refusal", "reasoning_text"]
     text: str | None = None
     refusal: str | None = None
 
@@ -54,10 +54,10 @@ class InputItem(_Base):
     response's function call, or a function call's output. One model, not a union, so a bad field is named
     `input[i].field` in the 400 rather than lost among union branches."""
 
-    type: Literal["message", "function_call", "function_call_output"] = "message"
+    type: Literal["message", "function_call", "function_call_output", "reasoning"] = "message"
     id: str | None = None  # the item's id, listed by GET /v1/responses/{id}/input_items (one is given if none)
     role: Literal["user", "system", "developer", "assistant"] | None = None  # message
-    content: str | list[TextPart] | None = None  # message
+    content: str | list[TextPart] | None = None  # message; reasoning (its reasoning_text parts)
     call_id: str | None = None  # function_call, function_call_output
     name: str | None = None  # function_call
     arguments: str | None = None  # function_call: a JSON string, as OpenAI sends it
@@ -66,7 +66,7 @@ class InputItem(_Base):
     @model_validator(mode="after")
     def _fields_of_its_type(self) -> InputItem:
         needs = {"message": ("role", "content"), "function_call": ("call_id", "name", "arguments"),
-                 "function_call_output": ("call_id", "output")}[self.type]
+                 "function_call_output": ("call_id", "output"), "reasoning": ()}[self.type]
         for key in needs:
             if getattr(self, key) is None:
                 raise ValueError(f"a '{self.type}' item needs '{key}'")

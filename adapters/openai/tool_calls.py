@@ -8,7 +8,10 @@ Formats, detected from the chat template text:
 - Llama 3 JSON: the whole answer is `{"name": ..., "parameters": {...}}` (several joined by ";");
 - SmolLM2: `<tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>`, the list of Mistral's layout between
   tags (SmolLM2-1.7B-Instruct's function-calling format; the format of our own tool prompt for templates that
-  ignore tools, adapters/openai/tool_prompt.py). An empty list is no call.
+  ignore tools, adapters/openai/tool_prompt.py). An empty list is no call;
+- Phi-4-mini: `<|tool_call|>[{"name": ..., "arguments": {...}}]<|/tool_call|>`, the same layout with its own tags
+  (its model card; the tools go into the system turn, adapters/openai/tool_prompt.py);
+- gpt-oss's harmony messages: adapters/openai/harmony.py.
 
 A call's `arguments` is the model's own JSON text (OpenAI's too). A call whose name and arguments key have
 been read streams at once: a first entry with its id and name, then the argument text as it arrives. A
@@ -74,14 +77,8 @@ class ToolCallFormat:
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """(content outside the calls, or None when there are calls and no other text; calls) of an output."""
-        reader = ToolCallStream(self)
-        content, events = reader.feed(text, final=True)
-        calls: list[ToolCall] = []
-        for event in events:
-            if event.kind == "start":
-                calls.append(ToolCall(event.name, "", event.call_id))
-            elif event.kind == "arguments":
-                calls[-1].arguments += event.text
+        content, events = ToolCallStream(self).feed(text, final=True)
+        calls = calls_of(events)
         if not calls:
             return content, []
         return content.strip() or None, calls
@@ -91,6 +88,7 @@ HERMES = ToolCallFormat("hermes", "arguments", "tags", "<tool_call>", "</tool_ca
 MISTRAL = ToolCallFormat("mistral", "arguments", "list", "[TOOL_CALLS]")
 LLAMA3_JSON = ToolCallFormat("llama3_json", "parameters", "json")
 SMOLLM2 = ToolCallFormat("smollm2", "arguments", "list", "<tool_call>", "</tool_call>")
+PHI4_MINI = ToolCallFormat("phi4_mini", "arguments", "list", "<|tool_call|>", "<|/tool_call|>")
 
 
 def tool_call_format(chat_template: Any, parallel: bool = True) -> ToolCallFormat:
@@ -202,6 +200,31 @@ class CallEvent:
     text: str = ""
 
 
+def calls_of(events: list[CallEvent]) -> list[ToolCall]:
+    """The whole calls that `events` (of a whole output) describe."""
+    calls: list[ToolCall] = []
+    for event in events:
+        if event.kind == "start":
+            calls.append(ToolCall(event.name, "", event.call_id))
+        else:
+            calls[-1].arguments += event.text
+    return calls
+
+
+def call_deltas(events: list[CallEvent]) -> list[dict[str, Any]]:
+    """OpenAI's tool_calls stream entries for `events`: a call's first names it, the rest add arguments."""
+    entries: list[dict[str, Any]] = []
+    for event in events:
+        if event.kind == "start":
+            entries.append({"index": event.index, "id": event.call_id, "type": "function",
+                            "function": {"name": event.name, "arguments": ""}})
+        elif entries and entries[-1]["index"] == event.index and "id" not in entries[-1]:  # one push: one fragment
+            entries[-1]["function"]["arguments"] += event.text
+        else:
+            entries.append({"index": event.index, "function": {"arguments": event.text}})
+    return entries
+
+
 @dataclass
 class _OpenCall:
     """The call being read: its text so far and how much of its arguments went out."""
@@ -251,16 +274,7 @@ class ToolCallStream:
     def push_deltas(self, text: str, final: bool = False) -> tuple[str, list[dict[str, Any]]]:
         """(content to send now, OpenAI tool_calls delta entries: a call's first names it, the rest add arguments)."""
         content, events = self.feed(text, final)
-        entries: list[dict[str, Any]] = []
-        for event in events:
-            if event.kind == "start":
-                entries.append({"index": event.index, "id": event.call_id, "type": "function",
-                                "function": {"name": event.name, "arguments": ""}})
-            elif entries and entries[-1]["index"] == event.index and "id" not in entries[-1]:  # one push: one fragment
-                entries[-1]["function"]["arguments"] += event.text
-            else:
-                entries.append({"index": event.index, "function": {"arguments": event.text}})
-        return content, entries
+        return content, call_deltas(events)
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[CallEvent]]:
         """(content to send now, call events); `final` flushes everything held back."""

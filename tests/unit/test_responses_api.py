@@ -129,7 +129,7 @@ def test_text_formats_and_forced_calls(demo_tokenizer: Tokenizer) -> None:
     ({"input": [{"role": "user"}]}, "input[0]", False),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0]", False),
     ({"input": [{"role": "user", "content": 5}]}, "input[0].content", False),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]", True),
+    ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input[0]", True),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]",
      True),
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_file"}]}]},
@@ -506,3 +506,29 @@ def test_input_items_are_listed_as_the_sdks_item_types() -> None:
         kind.model_validate(item, strict=True)
     assert page["data"][1]["content"] == [{"type": "output_text", "text": "Looking.", "annotations": []}]
     assert page["data"][3]["output"] == "sunny" and page["has_more"] is False
+
+
+def test_reasoning_items_replay_as_the_reasoning_of_the_next_assistant_turn() -> None:
+    """A reasoning model's output (adapters/openai/output_reader.py) sent back as input: its reasoning item is the
+    `reasoning_content` of the turn after it (gpt-oss's template reads it as `thinking`), and is listed as the
+    SDK's reasoning item."""
+    from adapters.openai.responses_input_items import input_item_list, with_ids
+
+    output = [{"id": "rs_1", "type": "reasoning", "status": "completed", "summary": [],
+               "content": [{"type": "reasoning_text", "text": "Need the weather."}]},
+              {"id": "fc_1", "type": "function_call", "status": "completed", "call_id": "c1", "name": "get_weather",
+               "arguments": '{"city": "Paris"}'},
+              {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+              {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Sunny."}]},
+              {"type": "message", "role": "assistant", "content": "It is sunny."}]
+    req = parse(input="weather?", tools=[WEATHER])
+    replay = chat_messages(chat_completion_request(req, output_items(output)))
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    assert replay == [
+        {"role": "assistant", "tool_calls": [call], "reasoning_content": "Need the weather.", "content": ""},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "assistant", "reasoning_content": "Sunny.", "content": "It is sunny."}]
+    listed = input_item_list(with_ids(output_items(output)), {"order": "asc"})["data"]
+    sdk.ResponseReasoningItem.model_validate(listed[0], strict=True)
+    assert listed[0]["content"] == [{"type": "reasoning_text", "text": "Need the weather."}]
+    assert listed[3]["id"].startswith("rs_")
