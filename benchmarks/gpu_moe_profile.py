@@ -2,6 +2,7 @@
 
     python -m benchmarks.gpu_moe_profile --out DIR            # on an H200: about 2 minutes
     python -m benchmarks.gpu_moe_profile --smoke --out DIR    # a tiny shape, Triton's interpreter on the CPU: seconds
+    python -m benchmarks.gpu_moe_profile --smoke --device cuda --steps 5 --out DIR   # the tiny shape on the GPU
 
 The model is benchmarks/gpu_families.py's (`random_model`: our model from the shape's config, N(0, 0.02) weights made
 on the device) on the CUDA kernels. Phases, each written to DIR/gpu_moe_profile.json as it ends (a phase that raises
@@ -341,8 +342,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-steps", type=int, default=5)
     parser.add_argument("--check-tokens", type=int, default=2, help="random tokens per MoE layer in `check`")
     parser.add_argument("--smoke", action="store_true", help="the tiny shape on the CPU: the code runs, nothing more")
+    parser.add_argument("--device", default=None, help="cuda where there is one, cpu with --smoke (--smoke --device "
+                        "cuda: the tiny shape on the GPU's kernels, benchmarks/gpu_smoke.sh)")
     args = parser.parse_args(argv)
-    cuda = torch.cuda.is_available() and not args.smoke
+    cuda = (args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu")) == "cuda"
     if not cuda:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
     from benchmarks.gpu_bench import bandwidth_tb_s
@@ -355,8 +358,8 @@ def main(argv: list[str] | None = None) -> int:
                                                          "date": time.strftime("%Y-%m-%d"), "context": args.context},
                     printed=2000)
     record = phases.record
-    bandwidth = record("bandwidth_tb_s", lambda: bandwidth_tb_s(1.0 if cuda else 1 / 64, device))
-    model_type, shape = (SHAPES if cuda else SMOKE_SHAPES)["qwen3-30b-a3b"]
+    bandwidth = record("bandwidth_tb_s", lambda: bandwidth_tb_s(1 / 64 if args.smoke or not cuda else 1.0, device))
+    model_type, shape = (SMOKE_SHAPES if args.smoke or not cuda else SHAPES)["qwen3-30b-a3b"]
     folder = write_config(args.out / "qwen3-30b-a3b", model_type, shape)
     model = random_model(str(folder), torch.bfloat16, device)
     enable_cuda_kernels(model)
