@@ -6,8 +6,8 @@ Both formats store each quantized projection as `<module>.weight` (float8_e4m3fn
 - compressed-tensors: config.json `quantization_config` {"quant_method": "compressed-tensors", "config_groups": {name:
   {"weights": {"num_bits": 8, "type": "float", "strategy": "tensor" | "channel"}, "input_activations": null or
   {"num_bits": 8, "type": "float", "strategy": "token" (dynamic) | "tensor" (static)}}}, "ignore": [...]};
-- ModelOpt: `hf_quant_config.json` {"quantization": {"quant_algo": "FP8", "exclude_modules": [...]}}, or the same
-  keys flat in config.json's `quantization_config` with "quant_method": "modelopt".
+- ModelOpt: `hf_quant_config.json` {"quantization": {"quant_algo": "FP8" (or "FP8_PER_CHANNEL_PER_TOKEN"),
+  "exclude_modules": [...]}}, or the same keys flat in config.json's `quantization_config` ("quant_method": "modelopt").
 Which projections are FP8 is read from the tensors themselves (their dtype in the safetensors headers), so ignore and
 exclude lists need no matching against our module names. KV-cache scales (`k_scale`, `v_scale`) are skipped: the
 cache stays 16-bit.
@@ -36,13 +36,15 @@ from runtime.models.moe import MoE
 logger = logging.getLogger(__name__)
 
 QUANT_METHODS = ("compressed-tensors", "modelopt", "fp8")  # config.json quant_method values this module reads
+# per-tensor weights with static activation scales; per-channel weights with dynamic per-token activations
+MODELOPT_ALGOS = ("FP8", "FP8_PER_CHANNEL_PER_TOKEN")
 _SCALES = (".weight_scale", ".input_scale")
 _KV_SCALES = (".k_scale", ".v_scale", ".kv_scale")
 
 
-def _fp8_args(args: Any, what: str) -> None:
+def _fp8_args(args: Any, what: str, group: str) -> None:
     if not isinstance(args, dict) or args.get("num_bits") != 8 or args.get("type") != "float":
-        raise ValueError(f"only 8-bit float {what} are supported, got {args}")
+        raise ValueError(f"compressed-tensors group {group!r}: only 8-bit float {what} are supported, got {args}")
 
 
 def check_quantization_config(config: dict[str, Any]) -> None:
@@ -51,13 +53,13 @@ def check_quantization_config(config: dict[str, Any]) -> None:
     method = config.get("quant_method")
     if method == "compressed-tensors":
         for name, group in (config.get("config_groups") or {}).items():
-            _fp8_args(group.get("weights"), f"weights (compressed-tensors group {name!r})")
+            _fp8_args(group.get("weights"), "weights", name)
             if group["weights"].get("strategy") not in ("tensor", "channel"):
                 raise ValueError(f"FP8 weight scales by {group['weights'].get('strategy')!r} are not supported "
                                  f"(per tensor or per channel are)")
             inputs = group.get("input_activations")
             if inputs is not None:
-                _fp8_args(inputs, f"activations (compressed-tensors group {name!r})")
+                _fp8_args(inputs, "activations", name)
                 if inputs.get("strategy") not in ("tensor", "token"):
                     raise ValueError(f"FP8 activation scales by {inputs.get('strategy')!r} are not supported")
     elif method == "modelopt":
@@ -67,8 +69,9 @@ def check_quantization_config(config: dict[str, Any]) -> None:
 
 
 def check_modelopt(section: dict[str, Any]) -> None:
-    if section.get("quant_algo") != "FP8":
-        raise ValueError(f"ModelOpt quant_algo {section.get('quant_algo')!r} is not supported (FP8 is)")
+    if section.get("quant_algo") not in MODELOPT_ALGOS:
+        raise ValueError(f"ModelOpt quant_algo {section.get('quant_algo')!r} is not supported "
+                         f"({' and '.join(MODELOPT_ALGOS)} are)")
 
 
 def checkpoint_is_fp8(folder: Path, config: dict[str, Any]) -> bool:

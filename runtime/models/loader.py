@@ -48,9 +48,7 @@ def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device
     except ValueError as exc:  # a quantization scheme we do not read
         raise UnsupportedArchitectureError(spec.architecture, str(exc)) from exc
     _fill(model, files, fp8)
-    if fp8 is not None:
-        fp8.finish()
-    elif quantization == "fp8":
+    if fp8 is None and quantization == "fp8":
         quantize_model(model)
     return model.eval()
 
@@ -97,6 +95,8 @@ def _fill(model: CausalLM, files: list[Path], fp8: Fp8Reader | None) -> None:
                             _copy(model, param_name, part, tensor)
                             loaded[param_name].add(part)
                     bar.update(1)
+    if fp8 is not None:
+        fp8.finish()  # (an FP8 weight whose scale never came is named there)
     missing = [name for name, parts in loaded.items() if not _complete(model, name, parts)]
     if missing:
         raise ValueError(f"checkpoint is missing weights for: {', '.join(missing)}")
