@@ -40,6 +40,8 @@ TILES: dict[tuple[int, int], tuple[int, int, int]] = {
     (3072, 2048): (8, 2048, 4), (2048, 2048): (2, 1024, 8), (16384, 2048): (4, 1024, 4), (2048, 8192): (4, 2048, 8),
     (128256, 2048): (2, 1024, 4), (4096, 4096): (8, 512, 8), (128256, 4096): (16, 256, 4)}
 DEFAULT_TILE = (4, 1024, 4)
+# FP8 weights' own tiles where they differ (half the bytes a row: benchmarks/gpu_quant.py sweeps some); others: TILES
+FP8_TILES: dict[tuple[int, int], tuple[int, int, int]] = {}
 
 
 @triton.jit
@@ -117,7 +119,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if out is None:
         out = torch.empty((1, n), dtype=x.dtype, device=weight.device)
     assert out.shape == (1, n) and out.is_contiguous()
-    block_n, block_k, warps = TILES.get((n, k), DEFAULT_TILE)
+    block_n, block_k, warps = (scale is not None and FP8_TILES.get((n, k))) or TILES.get((n, k), DEFAULT_TILE)
     norm_weight, eps = norm if norm is not None else (weight, 0.0)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, out, residual if residual is not None else out, norm_weight,

@@ -50,7 +50,7 @@ def quantize_activations(x: torch.Tensor, input_scale: torch.Tensor | None) -> t
     if input_scale is None:
         scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=_TINY)
     else:
-        scale = input_scale.float().reshape(1, 1).expand(x.shape[0], 1)
+        scale = input_scale.float().reshape(1, 1).expand(x.shape[0], 1).contiguous()  # _scaled_mm's row scales
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
@@ -80,10 +80,10 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input
     else:
         xq, x_scale = quantize_activations(x.contiguous(), input_scale)
         w_scale = scale.view(1, -1)
-        if x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0):
+        if x.dtype == torch.bfloat16 and x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0):
             # per-row scales inside the product (Hopper's CUTLASS kernels); its output is bf16 only
             y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=x.dtype)
-        else:  # Ada, or float16 activations: float32 output, the scales applied after
+        else:  # Ada, float16 or float32 activations (or the CPU): float32 output, the scales applied after
             one = torch.ones((), dtype=torch.float32, device=x.device)
             y = torch._scaled_mm(xq, weight.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
             y = (y * x_scale * w_scale).to(x.dtype)

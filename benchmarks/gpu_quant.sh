@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One device call for issue 44's FP8 figures, about 7 minutes on an H200: the CUDA tests of FP8 serving (the kernels
+# against their float references, the FP8 checkpoints and --quantization fp8 through the engine and the HTTP server,
+# LoRA and the fused kernels beside them), then benchmarks/gpu_quant.py (bf16 vs FP8 at the Llama-3.1-8B shape).
+#   run tool: command "bash benchmarks/gpu_quant.sh", carry [".whl"] (wheels of the gateway's dependencies that the
+#   device lacks, installed with --no-deps beside its torch/triton/transformers).
+# Lands in $OUT: log.txt, tests_cuda.txt, quant/ (gpu_quant.json), quant.txt. PHASES picks a subset of "tests bench";
+# BUDGET_S (default 560) bounds them together.
+source benchmarks/gpu_setup.sh
+PHASES=${PHASES:-"tests bench"}
+T0=$(date +%s)
+left() {  # seconds a phase may take: $1, or what is left of the budget (at least 1)
+  local rest=$(( ${BUDGET_S:-560} - ($(date +%s) - T0) ))
+  (( rest > $1 )) && rest=$1
+  echo $(( rest < 1 ? 1 : rest ))
+}
+stamp() { echo "=== +$(( $(date +%s) - T0 ))s $*" | tee -a "$L"; }
+python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" >>"$L" 2>&1
+
+if [[ $PHASES == *tests* ]]; then
+  stamp "CUDA tests: FP8 kernels and checkpoints, --quantization fp8 e2e, kernels and LoRA (ENGINE_TEST_DEVICE=cuda)"
+  ENGINE_TEST_DEVICE=cuda timeout "$(left 240)" python -m pytest -q -p no:cacheprovider --durations=12 \
+    tests/unit/test_fp8_kernels.py tests/unit/test_fp8.py tests/e2e/test_quantization.py \
+    tests/unit/test_cuda_kernels.py tests/unit/test_cuda_lora.py > $OUT/tests_cuda.txt 2>&1
+  echo "rc $?" >> $OUT/tests_cuda.txt; tail -15 $OUT/tests_cuda.txt | tee -a "$L"
+fi
+if [[ $PHASES == *bench* ]]; then
+  stamp "gpu_quant: Llama-3.1-8B shape, bf16 vs FP8 (kernels, batch 1 vs floor, 256 x 128/128)"
+  timeout "$(left 300)" python -m benchmarks.gpu_quant --out $OUT/quant > $OUT/quant.txt 2>&1
+  echo "rc $?" >> $OUT/quant.txt; grep "^gpu_quant" $OUT/quant.txt | cut -c1-1500 | tee -a "$L"
+fi
+stamp end
