@@ -75,6 +75,24 @@ def test_quantization_fp8_holds_each_projections_per_channel_e4m3_values(root: P
             assert torch.equal(got, want), name
 
 
+def test_a_quant_method_fp8_checkpoint_loads_as_its_dequantized_model(root: Path) -> None:
+    """transformers' and AutoFP8's `quant_method: "fp8"` (no block size): the same tensors, another declaration."""
+    quantized, plain = write_fp8_checkpoint(build_tiny_model(root, "llama"), root, "compressed-tensors",
+                                            per_channel=False, static=True)
+    folder = root / "autofp8"
+    shutil.copytree(quantized, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "static"}
+    (folder / "config.json").write_text(json.dumps(config))
+    ours, reference = load_model(str(folder)), load_model(str(plain))
+    for (name, got), (_, want) in zip(ours.named_parameters(), reference.named_parameters(), strict=True):
+        assert torch.equal(got, want), name
+    config["quantization_config"]["weight_block_size"] = [128, 128]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitectureError, match="block-wise FP8 weight scales"):
+        load_model(str(folder))
+
+
 @pytest.mark.parametrize(("edit", "message"), [
     ({"weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}},
      "only 8-bit float weights are supported"),
