@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 import torch
 
-from benchmarks.cpu_quantization import TEXT, _perplexity
+from benchmarks.cpu_quantization import TEXT, perplexities
 from runtime.models.fp8 import dequantize, quantize_activations, quantize_rows
 
 SETTINGS = ("bf16", "fp8 weights", "fp8 weights + activations")
@@ -29,22 +28,12 @@ def _round_inputs(module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> tu
     return ((q.float() * scale).to(x.dtype).reshape(x.shape),)
 
 
-def perplexities(model_path: str, dtype: torch.dtype, window: int, max_tokens: int) -> tuple[int, dict[str, float]]:
-    """(tokens scored, perplexity per setting)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    ids = AutoTokenizer.from_pretrained(model_path)(TEXT.read_text())["input_ids"][:max_tokens]
-    result = {}
-    for setting in SETTINGS:
-        model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
-        with torch.no_grad():
-            for name, module in model.named_modules():
-                if isinstance(module, torch.nn.Linear) and name != "lm_head" and setting != "bf16":
-                    module.weight.copy_(dequantize(*quantize_rows(module.weight), dtype))
-                    if setting.endswith("activations"):
-                        module.register_forward_pre_hook(_round_inputs)
-        result[setting] = _perplexity(model, ids, window)
-    return len(ids), result
+def _e4m3(setting: str, name: str, module: torch.nn.Linear) -> None:
+    """Every projection but the output head to its E4M3 round trip (and its inputs, in the last setting)."""
+    if name != "lm_head" and setting != "bf16":
+        module.weight.copy_(dequantize(*quantize_rows(module.weight), module.weight.dtype))
+        if setting.endswith("activations"):
+            module.register_forward_pre_hook(_round_inputs)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from runtime.default_model import resolve_model
 
     model = resolve_model(args.model, args.dtype)[0]
-    tokens, result = perplexities(model, getattr(torch, args.dtype), args.window, args.text_tokens)
+    tokens, result = perplexities(model, getattr(torch, args.dtype), args.window, args.text_tokens, SETTINGS, _e4m3)
     base = result["bf16"]
     print(f"{model}: {tokens} tokens of {TEXT.name}, windows of {args.window}, {args.dtype}")
     for setting, value in result.items():

@@ -8,15 +8,9 @@
 # Lands in $OUT: log.txt, tests_cuda.txt, families/ (gpu_families.json), profile/ (gpu_moe_profile.json),
 # profile.txt, gemv.txt. PHASES picks a subset of "tests families profile gemv"; BUDGET_S (default 490) bounds the
 # phases together: each one's time limit is its own or what is left of the budget, the smaller.
+BUDGET_S=${BUDGET_S:-490}
 source benchmarks/gpu_setup.sh
 PHASES=${PHASES:-"tests families profile gemv"}
-T0=$(date +%s)
-left() {  # seconds a phase may take: $1, or what is left of the budget (at least 1)
-  local rest=$(( ${BUDGET_S:-490} - ($(date +%s) - T0) ))
-  (( rest > $1 )) && rest=$1
-  echo $(( rest < 1 ? 1 : rest ))
-}
-stamp() { echo "=== +$(( $(date +%s) - T0 ))s $*" | tee -a "$L"; }
 python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" >>"$L" 2>&1
 
 if [[ $PHASES == *tests* ]]; then

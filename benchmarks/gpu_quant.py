@@ -68,7 +68,6 @@ def kernel_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: f
         figures[f"rows_{ROWS}_fp8_us"] = per_call_us(lambda i: fp8_linear(rows, fp8[i][0], fp8[i][1], None, None),
                                                      copies)
         res[name] = figures
-        del bf16, fp8
     return res
 
 

@@ -6,15 +6,9 @@
 #   device lacks, installed with --no-deps beside its torch/triton/transformers).
 # Lands in $OUT: log.txt, tests_cuda.txt, quant/ (gpu_quant.json), quant.txt. PHASES picks a subset of "tests bench";
 # BUDGET_S (default 560) bounds them together.
+BUDGET_S=${BUDGET_S:-560}
 source benchmarks/gpu_setup.sh
 PHASES=${PHASES:-"tests bench"}
-T0=$(date +%s)
-left() {  # seconds a phase may take: $1, or what is left of the budget (at least 1)
-  local rest=$(( ${BUDGET_S:-560} - ($(date +%s) - T0) ))
-  (( rest > $1 )) && rest=$1
-  echo $(( rest < 1 ? 1 : rest ))
-}
-stamp() { echo "=== +$(( $(date +%s) - T0 ))s $*" | tee -a "$L"; }
 python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" >>"$L" 2>&1
 
 if [[ $PHASES == *tests* ]]; then

@@ -6,8 +6,9 @@ per-channel scales, are one layout). `input_scale` (float32 [1]) is a checkpoint
 it each token's activations get their own scale (dynamic, per token).
 
 Products on CUDA with FP8 tensor cores (compute capability 8.9 and later; `native_fp8`):
-- a step of several rows quantizes its activations to E4M3 (per token, or by the static scale) and multiplies on the
-  FP8 tensor cores (`torch._scaled_mm`, float32 sums, both scales applied to the output);
+- a step of several rows quantizes its 16-bit activations to E4M3 (per token, or by the static scale) and multiplies
+  on the FP8 tensor cores (`torch._scaled_mm`, float32 sums, both scales applied to the output); float32 activations
+  (the reference math the tests serve) multiply the dequantized weight as they are;
 - a one-row step reads the FP8 weights in the GEMV kernel (runtime/cuda/gemv.py), which multiplies them by the 16-bit
   activations as they are (no activation rounding) and applies the row scales to the sums.
 Everywhere else (CPU, older GPUs) FP8 weights are dequantized once at load to the served dtype
@@ -17,6 +18,7 @@ Everywhere else (CPU, older GPUs) FP8 weights are dequantized once at load to th
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
@@ -75,6 +77,8 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input
         from runtime.cuda.gemv import gemv  # Triton is needed on CUDA only
 
         return gemv(x, weight, bias, scale=scale)
+    if x.dtype == torch.float32:  # float32 serving is the reference math: the stored weights, activations unrounded
+        return F.linear(x, dequantize(weight, scale, torch.float32), bias)
     if not scaled_mm_fits(weight):
         y = fp8_reference(x, weight, scale, input_scale)
     else:
@@ -83,7 +87,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input
         if x.dtype == torch.bfloat16 and x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0):
             # per-row scales inside the product (Hopper's CUTLASS kernels); its output is bf16 only
             y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=x.dtype)
-        else:  # Ada, float16 or float32 activations (or the CPU): float32 output, the scales applied after
+        else:  # Ada, or float16 activations (or the CPU): float32 output, the scales applied after
             one = torch.ones((), dtype=torch.float32, device=x.device)
             y = torch._scaled_mm(xq, weight.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
             y = (y * x_scale * w_scale).to(x.dtype)
