@@ -27,7 +27,7 @@ tensor_cores = pytest.mark.skipif(not (torch.cuda.is_available() and native_fp8(
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=5)
+    run_in_interpreter(__file__, passed=6)
 
 
 def _weights(rows: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,3 +111,35 @@ def test_the_tensor_core_product_equals_the_reference(dtype: torch.dtype, static
     want = (fp8_reference(x, weight, scale, input_scale).float() + bias.float()).to(dtype)
     assert got.dtype == dtype
     assert _close(got, want, 2**-7)
+
+
+@kernels
+def test_a_one_token_step_through_fused_fp8_projections_equals_the_dequantized_model(tmp_path, monkeypatch) -> None:
+    """A tiny bf16 Llama quantized to FP8 (--quantization fp8; its FP8 form kept, as on an H100): the one-token step
+    through the fused GEMVs (norms, SwiGLU and residual adds inside, each projection's row scales applied) gives the
+    hidden state of the same model with its E4M3 weights dequantized to bf16 through the bf16 GEMVs."""
+    from runtime.attention_metadata import AttentionMetadata
+    from runtime.cuda import fused
+    from runtime.models import fp8_checkpoint, load_model
+    from tests.tiny_models import build_tiny_model
+
+    path = str(build_tiny_model(tmp_path, "llama"))
+    dequantized = load_model(path, torch.bfloat16, torch.device(DEVICE), quantization="fp8")
+    monkeypatch.setattr(fp8_checkpoint, "native_fp8", lambda device: True)
+    model = load_model(path, torch.bfloat16, torch.device(DEVICE), quantization="fp8")
+    assert model.model.layers[0].mlp.down_proj.weight.dtype == FP8
+    for each in (model, dequantized):
+        fused.use_fused_kernels(each)
+        assert fused.one_token_projections(each.model)
+    g = torch.Generator().manual_seed(4)
+    spec = model.spec
+    caches = [torch.randn(2, 16, 4, spec.num_kv_heads, spec.head_dim, generator=g).to(DEVICE, torch.bfloat16)
+              for _ in range(spec.num_layers)]
+    ints = lambda values, dtype=torch.int32: torch.tensor(values, dtype=dtype, device=DEVICE)  # noqa: E731
+    # one new token at position 11 over blocks [5, 2, 9] of 4 slots: its slot is 9 * 4 + 3
+    meta = AttentionMetadata(ints([0, 1]), ints([11]), ints([12]), ints([[5, 2, 9]]), ints([39], torch.int64), 4, 1,
+                             12, [1], [12])
+    ids, positions = ints([7], torch.long), ints([11], torch.long)
+    fast = model.model(ids, positions, [c.clone() for c in caches], meta)
+    want = dequantized.model(ids, positions, [c.clone() for c in caches], meta)
+    assert ((fast.float() - want.float()).norm() / want.float().norm()).item() < 2e-2
