@@ -11,14 +11,11 @@
 BUDGET_S=${BUDGET_S:-490}
 source benchmarks/gpu_setup.sh
 PHASES=${PHASES:-"tests families profile gemv"}
-python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" >>"$L" 2>&1
 
 if [[ $PHASES == *tests* ]]; then
   stamp "CUDA tests: kernels, MoE kernels, family layers, families through the engine (ENGINE_TEST_DEVICE=cuda)"
-  ENGINE_TEST_DEVICE=cuda timeout "$(left 230)" python -m pytest -q -p no:cacheprovider --durations=12 \
-    tests/unit/test_cuda_kernels.py tests/unit/test_cuda_moe.py tests/unit/test_cuda_families.py \
-    tests/unit/test_model_families.py > $OUT/tests_cuda.txt 2>&1
-  echo "rc $?" >> $OUT/tests_cuda.txt; tail -15 $OUT/tests_cuda.txt | tee -a "$L"
+  cuda_tests 230 tests/unit/test_cuda_kernels.py tests/unit/test_cuda_moe.py tests/unit/test_cuda_families.py \
+    tests/unit/test_model_families.py
 fi
 if [[ $PHASES == *families* ]]; then
   stamp "gpu_families: Qwen3-8B and Qwen3-30B-A3B, engine figures (no transformers baseline)"

@@ -9,14 +9,11 @@
 BUDGET_S=${BUDGET_S:-560}
 source benchmarks/gpu_setup.sh
 PHASES=${PHASES:-"tests bench"}
-python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" >>"$L" 2>&1
 
 if [[ $PHASES == *tests* ]]; then
   stamp "CUDA tests: FP8 kernels and checkpoints, --quantization fp8 e2e, kernels and LoRA (ENGINE_TEST_DEVICE=cuda)"
-  ENGINE_TEST_DEVICE=cuda timeout "$(left 240)" python -m pytest -q -p no:cacheprovider --durations=12 \
-    tests/unit/test_fp8_kernels.py tests/unit/test_fp8.py tests/e2e/test_quantization.py \
-    tests/unit/test_cuda_kernels.py tests/unit/test_cuda_lora.py > $OUT/tests_cuda.txt 2>&1
-  echo "rc $?" >> $OUT/tests_cuda.txt; tail -15 $OUT/tests_cuda.txt | tee -a "$L"
+  cuda_tests 240 tests/unit/test_fp8_kernels.py tests/unit/test_fp8.py tests/e2e/test_quantization.py \
+    tests/unit/test_cuda_kernels.py tests/unit/test_cuda_lora.py
 fi
 if [[ $PHASES == *bench* ]]; then
   stamp "gpu_quant: Llama-3.1-8B shape, bf16 vs FP8 (kernels, batch 1 vs floor, 256 x 128/128)"
