@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
-_TINY = 1e-12  # the smallest scale: an all-zero row or token quantizes to zeros, not NaNs
+MIN_SCALE = 1e-12  # the smallest scale: an all-zero row or token quantizes to zeros, not NaNs
 
 
 def native_fp8(device: torch.device | str) -> bool:
@@ -35,7 +35,7 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row (per output channel) symmetric E4M3: (q [out, in] float8, scale [out] float32), the largest magnitude
     of each row mapped to 448."""
     w = weight.detach().float()
-    scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=_TINY)
+    scale = (w.abs().amax(dim=1) / FP8_MAX).clamp(min=MIN_SCALE)
     return (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
@@ -50,7 +50,7 @@ def quantize_activations(x: torch.Tensor, input_scale: torch.Tensor | None) -> t
     """x [T, K] -> (E4M3 [T, K], float32 scales [T, 1]): each token by its own largest magnitude, or all by the
     checkpoint's static `input_scale`."""
     if input_scale is None:
-        scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=_TINY)
+        scale = (x.abs().amax(dim=-1, keepdim=True).float() / FP8_MAX).clamp(min=MIN_SCALE)
     else:
         scale = input_scale.float().reshape(1, 1).expand(x.shape[0], 1).contiguous()  # _scaled_mm's row scales
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
@@ -82,7 +82,12 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input
     if not scaled_mm_fits(weight):
         y = fp8_reference(x, weight, scale, input_scale)
     else:
-        xq, x_scale = quantize_activations(x.contiguous(), input_scale)
+        if x.is_cuda:  # one kernel, not six
+            from runtime.cuda.fp8_quant import quantize_activations_cuda
+
+            xq, x_scale = quantize_activations_cuda(x if x.stride(-1) == 1 else x.contiguous(), input_scale)
+        else:
+            xq, x_scale = quantize_activations(x, input_scale)
         w_scale = scale.view(1, -1)
         if x.dtype == torch.bfloat16 and x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0):
             # per-row scales inside the product (Hopper's CUTLASS kernels); its output is bf16 only
