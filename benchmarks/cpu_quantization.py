@@ -21,6 +21,7 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,25 +80,31 @@ def _perplexity(model: Any, ids: list[int], window: int) -> float:
     return math.exp(nll / count)
 
 
-def _quality(model_path: str, dtype: torch.dtype, window: int, max_tokens: int,
-             quantizations: list[Quantization]) -> tuple[int, dict[str, float]]:
-    """(tokens scored, perplexity per setting)."""
+def perplexities(model_path: str, dtype: torch.dtype, window: int, max_tokens: int, settings: Sequence[str],
+                 replace: Callable[[str, str, torch.nn.Linear], None]) -> tuple[int, dict[str, float]]:
+    """(tokens scored, perplexity per setting) of transformers' model of `model_path`, each of its Linears (name,
+    module) given to `replace(setting, name, module)` first, under no_grad."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     ids = tokenizer(TEXT.read_text())["input_ids"][:max_tokens]
     perplexity = {}
-    for quantization in quantizations:
+    for setting in settings:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
         with torch.no_grad():
             for name, module in model.named_modules():
-                # the projections and the output head, as the engine's copies (an int4 model's head is int8)
-                if isinstance(module, torch.nn.Linear) and quantization != "none":
-                    int4 = quantization == "int4" and name != "lm_head" and cpu_weights.int4_fits(module.weight)
-                    quantized = (quantize_int4 if int4 else quantize_int8)(module.weight)
-                    module.weight = torch.nn.Parameter(quantized.dequantize())
-        perplexity[quantization] = _perplexity(model, ids, window)
+                if isinstance(module, torch.nn.Linear):
+                    replace(setting, name, module)
+        perplexity[setting] = _perplexity(model, ids, window)
     return len(ids), perplexity
+
+
+def _round_trip(quantization: str, name: str, module: torch.nn.Linear) -> None:
+    """The projections and the output head, as the engine's copies (an int4 model's head is int8)."""
+    if quantization != "none":
+        int4 = quantization == "int4" and name != "lm_head" and cpu_weights.int4_fits(module.weight)
+        quantized = (quantize_int4 if int4 else quantize_int8)(module.weight)
+        module.weight = torch.nn.Parameter(quantized.dequantize())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             s = asyncio.run(_speed(model, args.dtype, quantization, args))
             speed[quantization].append(s)
             console.print(f"round {r + 1} {quantization:4s}: ITL {s['itl_ms']:.1f} ms, {s['tok_s_16']:.0f} tok/s at 16")
-    tokens, perplexity = _quality(model, getattr(torch, args.dtype), args.window, args.text_tokens, settings)
+    tokens, perplexity = perplexities(model, getattr(torch, args.dtype), args.window, args.text_tokens, settings,
+                                      _round_trip)
 
     def med(q: str, key: str) -> float:
         return statistics.median(s[key] for s in speed[q])

@@ -87,9 +87,11 @@ def write_config(folder: Path, model_type: str, shape: dict[str, Any]) -> Path:
 
 @torch.inference_mode()
 def random_model(path: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
-                 context_window: int | None = None) -> Any:
-    """runtime.models.load_model's signature: our model for `path`/config.json, N(0, 0.02) matrices, unit norms."""
+                 context_window: int | None = None, quantization: str = "none") -> Any:
+    """runtime.models.load_model's signature: our model for `path`/config.json, N(0, 0.02) matrices, unit norms
+    (quantization "fp8": then quantized as --quantization fp8 quantizes a checkpoint)."""
     from runtime.models import ModelSpec
+    from runtime.models.fp8_checkpoint import quantize_model
     from runtime.models.registry import check_supported, model_class
 
     spec = ModelSpec.from_pretrained(path)
@@ -103,6 +105,8 @@ def random_model(path: str, dtype: torch.dtype | None = None, device: torch.devi
             param.normal_(0.0, 0.02, generator=gen)
         else:
             param.fill_(1.0)
+    if quantization == "fp8":
+        quantize_model(model)
     return model.eval()
 
 
@@ -122,8 +126,9 @@ def floor_bytes(model: Any, context: int) -> int:
     return total + 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * context * element
 
 
-async def engine_figures(folder: Path, device: str, sizes: dict[str, int]) -> dict[str, Any]:
-    """Batch-1 inter-token gaps and 256 x 128/128 output tok/s through NativeEngine (random weights)."""
+async def engine_figures(folder: Path, device: str, sizes: dict[str, int], **options: Any) -> dict[str, Any]:
+    """Batch-1 inter-token gaps and 256 x 128/128 output tok/s through NativeEngine (random weights); `options`:
+    more EngineConfig fields."""
     from runtime.config import EngineConfig
     from runtime.llm_engine import NativeEngine
 
@@ -132,7 +137,7 @@ async def engine_figures(folder: Path, device: str, sizes: dict[str, int]) -> di
     context = 2048 if batch == BATCH else 256
     cfg = EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=batch,
                        max_num_tokens=MAX_NUM_TOKENS, max_kv_tokens=max(batch * (prompt + output) * 2, context),
-                       max_model_len=context, enable_prefix_caching=False)
+                       max_model_len=context, enable_prefix_caching=False, **options)
     t0 = time.perf_counter()
     engine = NativeEngine(cfg)
     await engine.start()

@@ -8,23 +8,14 @@
 # Lands in $OUT: log.txt, tests_cuda.txt, families/ (gpu_families.json), profile/ (gpu_moe_profile.json),
 # profile.txt, gemv.txt. PHASES picks a subset of "tests families profile gemv"; BUDGET_S (default 490) bounds the
 # phases together: each one's time limit is its own or what is left of the budget, the smaller.
+BUDGET_S=${BUDGET_S:-490}
 source benchmarks/gpu_setup.sh
 PHASES=${PHASES:-"tests families profile gemv"}
-T0=$(date +%s)
-left() {  # seconds a phase may take: $1, or what is left of the budget (at least 1)
-  local rest=$(( ${BUDGET_S:-490} - ($(date +%s) - T0) ))
-  (( rest > $1 )) && rest=$1
-  echo $(( rest < 1 ? 1 : rest ))
-}
-stamp() { echo "=== +$(( $(date +%s) - T0 ))s $*" | tee -a "$L"; }
-python -c "import torch,triton;print('torch',torch.__version__,'triton',triton.__version__)" >>"$L" 2>&1
 
 if [[ $PHASES == *tests* ]]; then
   stamp "CUDA tests: kernels, MoE kernels, family layers, families through the engine (ENGINE_TEST_DEVICE=cuda)"
-  ENGINE_TEST_DEVICE=cuda timeout "$(left 230)" python -m pytest -q -p no:cacheprovider --durations=12 \
-    tests/unit/test_cuda_kernels.py tests/unit/test_cuda_moe.py tests/unit/test_cuda_families.py \
-    tests/unit/test_model_families.py > $OUT/tests_cuda.txt 2>&1
-  echo "rc $?" >> $OUT/tests_cuda.txt; tail -15 $OUT/tests_cuda.txt | tee -a "$L"
+  cuda_tests 230 tests/unit/test_cuda_kernels.py tests/unit/test_cuda_moe.py tests/unit/test_cuda_families.py \
+    tests/unit/test_model_families.py
 fi
 if [[ $PHASES == *families* ]]; then
   stamp "gpu_families: Qwen3-8B and Qwen3-30B-A3B, engine figures (no transformers baseline)"

@@ -132,7 +132,8 @@ class NativeEngine(Engine):
             _ = self.tokenizer.byte_pieces  # the detokenizers' table, built at load time, not on the first request
         self.eos_token_ids = list(dict.fromkeys(self.tokenizer.eos_token_ids + self.spec.eos_token_ids))
         with phase("loading the weights"):
-            model = load_model(self.model_path, self.dtype, self.device, self.model_info.context_window)
+            model = load_model(self.model_path, self.dtype, self.device, self.model_info.context_window,
+                               cfg.quantization)
         if self.device.type == "cpu":
             use_cpu_kernels(False)  # until the kernel is built (runtime/cpu/warm_up.py), whatever engines did before
             added = prepare_cpu_weights(model, cfg.cpu_quantization)

@@ -308,16 +308,21 @@ def _one_token_forward(self: nn.Module, x: torch.Tensor, positions: torch.Tensor
     for i, layer in enumerate(self.layers):
         attn, mlp = layer.self_attn, layer.mlp
         norm = layer.input_layernorm
-        qkv = gemv(x, attn.qkv_proj.weight, attn.qkv_proj.bias, norm=(norm.weight, norm.eps), pdl=pdl.ENABLED)
+        qkv = _project(attn.qkv_proj, x, norm=(norm.weight, norm.eps))
         out = _rope_and_attend(attn, positions, *attn.qkv_proj.split(qkv), kv_caches[i], meta)
-        x = gemv(out, attn.o_proj.weight, attn.o_proj.bias, residual=x, pdl=pdl.ENABLED)
+        x = _project(attn.o_proj, out, residual=x)
         norm = layer.post_attention_layernorm
         if not isinstance(mlp, LlamaMLP):
             x = one_token_moe(mlp, x, norm)
             continue
-        h = gemv(x, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, norm=(norm.weight, norm.eps), pdl=pdl.ENABLED)
-        x = gemv(h, mlp.down_proj.weight, mlp.down_proj.bias, silu=True, residual=x, pdl=pdl.ENABLED)
+        h = _project(mlp.gate_up_proj, x, norm=(norm.weight, norm.eps))
+        x = _project(mlp.down_proj, h, silu=True, residual=x)
     return rms_norm(x, self.norm.weight, self.norm.eps)
+
+
+def _project(linear: nn.Module, x: torch.Tensor, **fused: Any) -> torch.Tensor:
+    """One token through `linear` as a GEMV with the fused prologue/epilogue `fused` (its FP8 row scales if any)."""
+    return gemv(x, linear.weight, linear.bias, scale=linear.weight_scale, pdl=pdl.ENABLED, **fused)
 
 
 def _compute_logits(self: nn.Module, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -166,7 +166,8 @@ def one_token_moe(moe: MoE, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
     runtime/cuda/fused.py's one-token step checks): the module docstring's three kernels."""
     spec, experts = moe.moe, moe.experts
     hidden, inter = x.shape[1], spec.intermediate_size
-    logits = gemv(x, moe.gate.weight, moe.gate.bias, norm=(norm.weight, norm.eps), pdl=pdl.ENABLED)
+    logits = gemv(x, moe.gate.weight, moe.gate.bias, norm=(norm.weight, norm.eps), pdl=pdl.ENABLED,
+                  scale=moe.gate.weight_scale)
     routing = dict(E=spec.num_experts, BLOCK_E=triton.next_power_of_2(spec.num_experts), TOP_K=spec.top_k,
                    BLOCK_TOPK=triton.next_power_of_2(spec.top_k), SOFTMAX_FIRST=spec.routing == "softmax_topk",
                    RENORMALIZE=spec.renormalize, PDL=pdl.ENABLED, **pdl.launch_options())
