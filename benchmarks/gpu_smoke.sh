@@ -8,10 +8,9 @@
 # and $OUT/log.txt (the GPU, the wheels' install). Exits 1 when an entry failed. ONLY="name ..." runs a subset;
 # BUDGET_S (default 385) bounds the whole run: an entry's limit is its own or what is left, the smaller.
 # The entries' own result folders go to /tmp/gpu_smoke (not brought back).
-# Estimates on an H200 (seconds, each with a Python start, CUDA init and first Triton compiles; guesses until the
-# first run, which prints the real ones): lora_step 25, lora_kernels 15, gemv_kernels 20, decode_attention 15,
-# decode_b1 25, decode_b1_timers 20, spec_decode 35, gpu_families 40, gpu_moe_profile 40, http_vs_core 40,
-# gpu_bench 100: about 375 with the setup.
+# Measured on an H200 (2026-11-28, seconds, each with a Python start, CUDA init and first Triton compiles):
+# lora_step 35, lora_kernels 8, gemv_kernels 8, decode_attention 7, decode_b1 38, spec_decode 24, gpu_families 35,
+# gpu_moe_profile 20; http_vs_core ran past its 60 s. Guesses: decode_b1_timers 20, gpu_quant 40, gpu_bench 100.
 # Not entries: benchmarks/gpu_models.py (a library: gpu_bench, decode_b1 and http_vs_core run it), and the other
 # gpu_*.sh scripts, which are these modules at real shapes (no quick mode) plus the CUDA test files.
 W=/tmp/gpu_smoke
@@ -25,6 +24,7 @@ ENTRIES=(
   "spec_decode 50 python -m benchmarks.spec_decode --device cuda --max-tokens 16 --concurrency 1 4 --requests-per-slot 1"
   "gpu_families 60 python -m benchmarks.gpu_families --smoke --device cuda --out $W/families"
   "gpu_moe_profile 60 python -m benchmarks.gpu_moe_profile --smoke --device cuda --steps 5 --profile-steps 1 --out $W/moe_profile"
+  "gpu_quant 60 python -m benchmarks.gpu_quant --smoke --device cuda --out $W/quant"
   "http_vs_core 60 python -m benchmarks.http_vs_core --smoke --device cuda --rounds 1 --streams 4 --out $W/http_vs_core --work $W/models"
   "gpu_bench 130 python -m benchmarks.gpu_bench --smoke --device cuda --skip tserve,http_batch,http_api2,http_api4,http_batch_api2,http_batch_api4 --out $W/gpu_bench --work $W/models"
 )
