@@ -131,10 +131,15 @@ def test_the_tensor_core_product_equals_the_reference(dtype: torch.dtype, static
     bias = torch.randn(512, generator=torch.Generator().manual_seed(11)).to(DEVICE, dtype)
     input_scale = torch.tensor([4.0 / 448], device=DEVICE) if static else None
     got = fp8_linear(x, weight, scale, input_scale, bias)
-    want = (fp8_reference(x, weight, scale, input_scale).float() + bias.float()).to(dtype)
+    # the product of the activations as the CUDA kernel rounds them (its own test allows a few near-ties to round
+    # the other way, which moves a small output by more than the product's error: 0.02 in float16 on the H200)
+    from runtime.cuda.fp8_quant import quantize_activations_cuda
+
+    xq, x_scale = quantize_activations_cuda(x, input_scale)
+    want = ((xq.float() @ weight.float().t() * x_scale * scale.float()[None, :]).to(dtype).float()
+            + bias.float()).to(dtype)
     assert got.dtype == dtype
-    # Hopper's FP8 tensor cores accumulate with fewer bits than float32: 0.0056 of the scale here on the H200
-    # (per-token scales, bf16 out; 0.0031 with float32 out), past 2**-7 with the bias added
+    # Hopper's FP8 tensor cores with bf16 out: 0.0056 of the scale here on the H200 (float32 out: 0.0009)
     assert _close(got, want, 2**-6)
 
 
