@@ -17,6 +17,8 @@ Everywhere else (CPU, older GPUs) FP8 weights are dequantized once at load to th
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -25,10 +27,17 @@ FP8_MAX = float(torch.finfo(FP8).max)  # 448
 MIN_SCALE = 1e-12  # the smallest scale: an all-zero row or token quantizes to zeros, not NaNs
 
 
+@functools.cache
+def _capability(device: torch.device) -> tuple[int, int]:
+    """A CUDA device's compute capability, asked once: every multi-row FP8 product (each projection of an eager
+    step) needs it."""
+    return torch.cuda.get_device_capability(device)
+
+
 def native_fp8(device: torch.device | str) -> bool:
     """FP8 tensor cores (and `torch._scaled_mm`) on this device: CUDA compute capability 8.9 (Ada) or later."""
     device = torch.device(device)
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
+    return device.type == "cuda" and _capability(device) >= (8, 9)
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,7 +98,7 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input
         else:
             xq, x_scale = quantize_activations(x, input_scale)
         w_scale = scale.view(1, -1)
-        if x.dtype == torch.bfloat16 and x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0):
+        if x.dtype == torch.bfloat16 and x.is_cuda and _capability(x.device) >= (9, 0):
             # per-row scales inside the product (Hopper's CUTLASS kernels); its output is bf16 only
             y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=x.dtype)
         else:  # Ada, or float16 activations (or the CPU): float32 output, the scales applied after
