@@ -22,6 +22,7 @@ from adapters.openai.requests import (
 )
 from adapters.openai.responses_request import InputItem, ResponsesRequest, TextPart
 from adapters.openai.translate import chat_request
+from runtime.errors import InvalidRequestError
 from runtime.request import GenerationRequest
 from runtime.tokenizer import Tokenizer
 
@@ -63,10 +64,15 @@ def conversation_messages(instructions: str | None, items: Sequence[InputItem]) 
 
 
 def chat_completion_request(req: ResponsesRequest, items: Sequence[InputItem]) -> ChatCompletionRequest:
-    """The chat request equivalent to `req` over the conversation `items`."""
+    """The chat request equivalent to `req` over the conversation `items`; 400 when they hold no message (only
+    reasoning items, say)."""
+    messages = conversation_messages(req.instructions, items)
+    if not messages:
+        raise InvalidRequestError("'input' has no message, function call or function call output to answer "
+                                  "(reasoning items alone are not a conversation)", param="input")
     return ChatCompletionRequest(
         **{name: getattr(req, name) for name in _SAMPLING},
-        messages=conversation_messages(req.instructions, items),
+        messages=messages,
         max_completion_tokens=req.max_output_tokens,
         tools=req.chat_tools(),
         tool_choice=req.chat_tool_choice(),

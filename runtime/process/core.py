@@ -12,12 +12,13 @@ LoRA replies.
 
 Signals: SIGINT and SIGTERM are ignored. The front end drains first and then sends Shutdown; Ctrl-C or a
 group-wide SIGTERM reaches both processes, and the core must keep serving while the front end drains. If the
-front end dies anyway, the core notices that its parent is gone within PARENT_POLL s and exits.
+front end dies anyway, the kernel kills the core with it (Linux; elsewhere it notices within PARENT_POLL s).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
 import re
@@ -327,8 +328,15 @@ def _addressee(data: bytes, front_ends: int) -> tuple[str, int] | None:
     return request_id, front_end
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal the kernel sends when the parent dies
+
+
 def exit_when_orphaned(parent_pid: int) -> None:
-    """Exit (1) within PARENT_POLL s of the parent process's death."""
+    """Die with the parent process: on Linux the kernel kills this process the moment its parent dies (it would
+    otherwise step on for streams no one reads, holding the GPU); a poll every PARENT_POLL s covers other systems
+    and a parent that died before the request was made."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
     def watch() -> None:
         while os.getppid() == parent_pid:

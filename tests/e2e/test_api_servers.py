@@ -117,14 +117,17 @@ def test_sigterm_drains_every_front_end_and_leaves_no_process(servers: Callable[
     assert not alive
 
 
-def served_by(url: str, front_ends: list[psutil.Process], stack: ExitStack, max_tokens: int = 200) -> tuple[int, Any]:
-    """A stream opened on `url` and held open in `stack`: (the pid of the front end serving it, its lines)."""
+def served_by(url: str, front_ends: list[psutil.Process], stack: ExitStack, max_tokens: int = 200,
+              first_token: Callable[[], None] = lambda: None) -> tuple[int, Any]:
+    """A stream opened on `url` and held open in `stack`: (the pid of the front end serving it, its lines).
+    `first_token` runs as soon as its first event is read."""
     client = stack.enter_context(httpx.Client(timeout=60))
     body = {**BODY, "max_tokens": max_tokens, "stream": True}
     response = stack.enter_context(client.stream("POST", url + "/v1/completions", json=body))
     assert response.status_code == 200
     lines = response.iter_lines()
     assert next(lines).startswith("data: ")  # in flight
+    first_token()
     port = response.extensions["network_stream"].get_extra_info("socket").getsockname()[1]
     owner = next(p.pid for p in front_ends if any(c.raddr and c.raddr.port == port
                                                   for c in p.net_connections(kind="tcp")))
@@ -196,11 +199,14 @@ def test_when_the_first_front_end_dies_the_others_end_their_streams_properly(
     streams = Streams(served.url, [first, other])
     with streams.stack:
         streams.open_until_each_front_end_has_one()
-        for _ in range(8):
-            streams.held.append(served_by(served.url, [first, other], streams.stack))
-        # the core frozen while the first dies: a warm core would finish every stream within the half second it
-        # takes to see its parent gone, and no stream would be failed by its death
-        core.suspend()
+        # the core frozen as soon as a stream of the other front end got its first token (so that one has ~199
+        # tokens to go), and while the first dies: a running core finishes the tiny model's streams in a fraction
+        # of a second, before it sees its parent gone, and no stream would be failed by its death
+        for _ in range(40):
+            streams.held.append(served_by(served.url, [first, other], streams.stack, first_token=core.suspend))
+            if streams.held[-1][0] == other.pid:
+                break
+            core.resume()
         first.kill()
         served.proc.wait(30)
         core.resume()

@@ -409,6 +409,15 @@ def test_previous_response_continues_the_conversation(client: TestClient, engine
                                           "<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n")
 
 
+def test_input_of_reasoning_items_alone_is_400_naming_input(client: TestClient) -> None:
+    """Found by the schema fuzzer: a conversation of reasoning items only became a chat request with no message,
+    which failed as a 500."""
+    r = client.post("/v1/responses", json={"input": [{"type": "reasoning", "summary": [], "content": []}]})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "input") and "no message" in error["message"]
+
+
 def test_unstored_or_unknown_responses_are_404(client: TestClient) -> None:
     body = client.post("/v1/responses", json={"input": "hi", "max_output_tokens": 1, "store": False}).json()
     assert body["store"] is False and client.get(f"/v1/responses/{body['id']}").status_code == 404
