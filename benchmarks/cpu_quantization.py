@@ -21,6 +21,7 @@ import shlex
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,25 +80,42 @@ def _perplexity(model: Any, ids: list[int], window: int) -> float:
     return math.exp(nll / count)
 
 
-def _quality(model_path: str, window: int, max_tokens: int,
-             settings: list[tuple[str, Quantization]]) -> tuple[int, dict[tuple[str, Quantization], float]]:
-    """(tokens scored, perplexity per setting)."""
+def perplexities(model_path: str, dtype: torch.dtype, window: int, max_tokens: int, settings: Sequence[str],
+                 replace: Callable[[str, str, torch.nn.Linear], None]) -> tuple[int, dict[str, float]]:
+    """(tokens scored, perplexity per setting) of transformers' model of `model_path`, each of its Linears (name,
+    module) given to `replace(setting, name, module)` first, under no_grad."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     ids = tokenizer(TEXT.read_text())["input_ids"][:max_tokens]
     perplexity = {}
-    for dtype, quantization in settings:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).eval()
+    for setting in settings:
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
         with torch.no_grad():
             for name, module in model.named_modules():
-                # the projections and the output head, as the engine's copies (an int4 model's head is int8)
-                if isinstance(module, torch.nn.Linear) and quantization != "none":
-                    int4 = quantization == "int4" and name != "lm_head" and cpu_weights.int4_fits(module.weight)
-                    quantized = (quantize_int4 if int4 else quantize_int8)(module.weight)
-                    module.weight = torch.nn.Parameter(quantized.dequantize())
-        perplexity[dtype, quantization] = _perplexity(model, ids, window)
+                if isinstance(module, torch.nn.Linear):
+                    replace(setting, name, module)
+        perplexity[setting] = _perplexity(model, ids, window)
     return len(ids), perplexity
+
+
+def _round_trip(quantization: str, name: str, module: torch.nn.Linear) -> None:
+    """The projections and the output head, as the engine's copies (an int4 model's head is int8)."""
+    if quantization != "none":
+        int4 = quantization == "int4" and name != "lm_head" and cpu_weights.int4_fits(module.weight)
+        quantized = (quantize_int4 if int4 else quantize_int8)(module.weight)
+        module.weight = torch.nn.Parameter(quantized.dequantize())
+
+
+def _quality(model_path: str, window: int, max_tokens: int,
+             settings: list[tuple[str, Quantization]]) -> tuple[int, dict[tuple[str, Quantization], float]]:
+    """(tokens scored, perplexity per dtype and quantization setting)."""
+    tokens, perplexity = 0, {}
+    for dtype in dict.fromkeys(d for d, _ in settings):
+        tokens, by_quantization = perplexities(model_path, getattr(torch, dtype), window, max_tokens,
+                                               [q for d, q in settings if d == dtype], _round_trip)
+        perplexity.update({(dtype, q): value for q, value in by_quantization.items()})
+    return tokens, perplexity
 
 
 def _default_setting(model: str) -> tuple[str, Quantization]:

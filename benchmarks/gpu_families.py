@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,9 +87,11 @@ def write_config(folder: Path, model_type: str, shape: dict[str, Any]) -> Path:
 
 @torch.inference_mode()
 def random_model(path: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
-                 context_window: int | None = None) -> Any:
-    """runtime.models.load_model's signature: our model for `path`/config.json, N(0, 0.02) matrices, unit norms."""
+                 context_window: int | None = None, quantization: str = "none") -> Any:
+    """runtime.models.load_model's signature: our model for `path`/config.json, N(0, 0.02) matrices, unit norms
+    (quantization "fp8": then quantized as --quantization fp8 quantizes a checkpoint)."""
     from runtime.models import ModelSpec
+    from runtime.models.fp8_checkpoint import quantize_model
     from runtime.models.registry import check_supported, model_class
 
     spec = ModelSpec.from_pretrained(path)
@@ -102,6 +105,8 @@ def random_model(path: str, dtype: torch.dtype | None = None, device: torch.devi
             param.normal_(0.0, 0.02, generator=gen)
         else:
             param.fill_(1.0)
+    if quantization == "fp8":
+        quantize_model(model)
     return model.eval()
 
 
@@ -121,8 +126,9 @@ def floor_bytes(model: Any, context: int) -> int:
     return total + 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * context * element
 
 
-async def engine_figures(folder: Path, device: str, sizes: dict[str, int]) -> dict[str, Any]:
-    """Batch-1 inter-token gaps and 256 x 128/128 output tok/s through NativeEngine (random weights)."""
+async def engine_figures(folder: Path, device: str, sizes: dict[str, int], **options: Any) -> dict[str, Any]:
+    """Batch-1 inter-token gaps and 256 x 128/128 output tok/s through NativeEngine (random weights); `options`:
+    more EngineConfig fields."""
     from runtime.config import EngineConfig
     from runtime.llm_engine import NativeEngine
 
@@ -131,7 +137,7 @@ async def engine_figures(folder: Path, device: str, sizes: dict[str, int]) -> di
     context = 2048 if batch == BATCH else 256
     cfg = EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=batch,
                        max_num_tokens=MAX_NUM_TOKENS, max_kv_tokens=max(batch * (prompt + output) * 2, context),
-                       max_model_len=context, enable_prefix_caching=False)
+                       max_model_len=context, enable_prefix_caching=False, **options)
     t0 = time.perf_counter()
     engine = NativeEngine(cfg)
     await engine.start()
@@ -162,6 +168,35 @@ def hf_figures(model_type: str, shape: dict[str, Any], device: str, sizes: dict[
     return gm.hf_generate_model(model, 0, sizes["batch"], sizes["prompt"], sizes["output"], device)
 
 
+class Phases:
+    """A device run's phases: each one's result (or its traceback: the later phases still run) goes into `results`,
+    printed and written to `path` as it ends; the memory it freed goes back to the device before the next."""
+
+    def __init__(self, path: Path, results: dict[str, Any], printed: int = 300) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path, self.results, self.printed = path, results, printed
+        self.failed = False
+
+    def record(self, key: str, run: Callable[[], Any]) -> Any:
+        t = time.perf_counter()
+        try:
+            self.results[key] = run()
+        except Exception:  # noqa: BLE001 - a phase's failure is recorded, the later phases still run
+            self.failed = True
+            self.results[key] = {"error": traceback.format_exc()}
+            print(self.results[key]["error"], file=sys.stderr)
+        gc.collect()  # a phase's model (61 GB for the MoE shape) before the next one's
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        print(f"{self.path.stem}: {key} {time.perf_counter() - t:.1f}s: {json.dumps(self.results[key])[:self.printed]}",
+              flush=True)
+        self.write()
+        return self.results[key]
+
+    def write(self) -> None:
+        self.path.write_text(json.dumps(self.results, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -177,27 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
     sizes = SMOKE_SIZES if args.smoke else dict(prompt=PROMPT, output=OUTPUT, batch=BATCH)
     skip = set(filter(None, args.skip.split(",")))
-    args.out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
-                               "sizes": sizes, "date": time.strftime("%Y-%m-%d")}
-    failed = False
-
-    def record(key: str, run: Any) -> Any:
-        nonlocal failed
-        t = time.perf_counter()
-        try:
-            results[key] = run()
-        except Exception:  # noqa: BLE001 - a phase's failure is recorded, the later phases still run
-            failed = True
-            results[key] = {"error": traceback.format_exc()}
-            print(results[key]["error"], file=sys.stderr)
-        gc.collect()  # the phase's model (61 GB for the MoE shape) before the next one's
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        print(f"gpu_families: {key} {time.perf_counter() - t:.1f}s: {json.dumps(results[key])[:300]}", flush=True)
-        (args.out / "gpu_families.json").write_text(json.dumps(results, indent=2) + "\n")
-        return results[key]
-
+    phases = Phases(args.out / "gpu_families.json", {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device, "sizes": sizes,
+        "date": time.strftime("%Y-%m-%d")})
+    results, record = phases.results, phases.record
     bandwidth = record("bandwidth_tb_s", lambda: bandwidth_tb_s(1 / 64 if args.smoke else 1.0, args.device))
     for name in args.shapes.split(","):
         model_type, shape = shapes[name]
@@ -213,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     key = f"throughput_{sizes['batch']}_tok_s"
     if key in moe and key in dense:
         results["moe_vs_dense_8b"] = moe[key] / dense[key]
-    (args.out / "gpu_families.json").write_text(json.dumps(results, indent=2) + "\n")
-    return 1 if failed else 0
+    phases.write()
+    return 1 if phases.failed else 0
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     python -m benchmarks.http_vs_core --streams 256 --api-servers 4 --consumers 4
     python -m benchmarks.http_vs_core --streams 64 --output-std 32                  # lengths that drift apart
     python -m benchmarks.http_vs_core --smoke                                       # tiny model on the CPU
+    python -m benchmarks.http_vs_core --smoke --device cuda                         # tiny model on the GPU
 
 Both sides stay up for the whole run: the gateway (`gateway serve`, its engine core in its own process, with
 `--api-servers` front ends) and a second engine core of the same configuration driven through EngineClient from
@@ -143,13 +144,15 @@ def main(argv: list[str] | None = None) -> int:
                              "so the streams stay in step)")
     parser.add_argument("--rounds", type=int, default=4, help="pairs of one core and one HTTP round")
     parser.add_argument("--seconds", type=float, default=10.0, help="each round's length")
-    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--device", default=None, help="default cuda; with --smoke cpu (--smoke --device cuda: the "
+                        "tiny model on the GPU, benchmarks/gpu_smoke.sh)")
     parser.add_argument("--out", default="/tmp/http_vs_core")
     parser.add_argument("--work", default="/tmp/gpu_bench_models", help="folder for the random checkpoint")
     parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU, 1 s rounds: proves the code runs")
     args = parser.parse_args(argv)
+    args.device = args.device or ("cpu" if args.smoke else "cuda")
     if args.smoke:
-        args.device, args.seconds, args.streams = "cpu", min(args.seconds, 1.0), min(args.streams, 8)
+        args.seconds, args.streams = min(args.seconds, 1.0), min(args.streams, 8)
         args.rounds, args.consumers, args.api_servers = min(args.rounds, 2), min(args.consumers, 2), min(args.api_servers, 2)
     print(json.dumps(asyncio.run(run(args))), flush=True)
     return 0

@@ -32,7 +32,7 @@ from runtime.llm_engine import NativeEngine
 from runtime.lora.weights import LoraPair, LoraWeights
 from runtime.request import SamplingOptions
 from runtime.sampler import SamplingRow
-from runtime.step_inputs import StepInput
+from runtime.step_inputs import StepInput, StepInputs
 
 
 # Llama shapes for --synthetic: hidden, layers, intermediate, heads, kv heads (vocab 32000).
@@ -131,7 +131,7 @@ def time_graph(engine: NativeEngine, inputs: list[StepInput], iters: int) -> flo
 def replayed(engine: NativeEngine, inputs: list[StepInput]) -> str:
     """How ModelRunner.execute runs `inputs`: from the engine's CUDA graphs or eagerly."""
     graphs = engine.runner.graphs
-    return "graph" if graphs is not None and graphs.accepts(inputs) else "eager"
+    return "graph" if graphs is not None and graphs.accepts(StepInputs.of(inputs)) else "eager"
 
 
 def profile_step(engine: NativeEngine, base_in: list[StepInput], lora_in: list[StepInput]) -> None:

@@ -1,5 +1,6 @@
 """Bounded soak test: the gateway on the demo model under a mix of streamed, non-streamed and aborted
-requests (OpenAI and Triton dialects) at fixed concurrency, on loopback, for a few minutes.
+requests (OpenAI and Triton dialects, Triton's over HTTP and KServe gRPC) at fixed concurrency, on loopback, for
+a few minutes.
 
     python -m benchmarks.soak --duration 180 --warmup 30 --concurrency 64 [--hostile] [--append-results]
 
@@ -7,8 +8,9 @@ Passes (exit 0) when: no request failed except those the script aborts on purpos
 request has exactly the tokens it asked for (ignore_eos); the server answered no 5xx; after the load
 the server holds no KV blocks and no requests (read from /metrics); the server's resident memory grew
 less than 10% from the end of the warm-up to the end (psutil: the server's process and its engine core); and SIGTERM then
-drains the idle server and it exits 0. `--hostile` mixes in benchmarks.hostile's requests (any answer but
-a 5xx is right for those) and reports the non-streamed p99 per third of the run. `--append-results` adds a dated section to benchmarks/RESULTS.md.
+drains the idle server and it exits 0. `--hostile` mixes in benchmarks.hostile's requests, HTTP and gRPC (any
+answer but a 5xx or a gRPC server error is right for those) and reports the non-streamed p99 per third of the
+run. `--append-results` adds a dated section to benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -27,20 +29,22 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import psutil
 
-from benchmarks.hostile import HOSTILE
-from benchmarks.procs import REPO_ROOT, Server
+from benchmarks.hostile import HOSTILE, is_server_error
+from benchmarks.hostile_grpc import GRPC_HOSTILE, call_stream, call_unary, infer_request
+from benchmarks.procs import REPO_ROOT, Server, free_port
 
 KINDS = {  # kind -> weight; "abort_*" are the provoked failures
     "completion": 2, "completion_stream": 2, "chat": 2, "chat_stream": 2, "triton": 1, "triton_stream": 1,
-    "abort_stream": 1, "abort_wait": 1,
+    "grpc": 1, "grpc_stream": 1, "abort_stream": 1, "abort_wait": 1,
 }
 WORDS = "the cat sat on a mat while dogs ran over green hills and the sun set behind old towers".split()
 MAX_RSS_GROWTH = 0.10
-HOSTILE_WEIGHT = 1  # with --hostile: one request in 14 comes from benchmarks.hostile's mix
+HOSTILE_WEIGHT = 1  # with --hostile: one request in 16 comes from benchmarks.hostile's mix
 
 
 @dataclass
@@ -72,29 +76,62 @@ def _events(lines: list[str]) -> list[Any]:
     return [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
 
 
-async def hostile_request(client: httpx.AsyncClient, rng: random.Random, bodies: dict[str, tuple[str, bytes]],
-                          tally: Tally) -> None:
-    """One request of benchmarks.hostile's mix: any answer but a 5xx (or a dropped connection) is right."""
-    name = rng.choice(sorted(bodies))
-    path, body = bodies[name]
+async def hostile_request(client: httpx.AsyncClient, channel: grpc.aio.Channel, rng: random.Random,
+                          bodies: dict[str, tuple[str, bytes]], tally: Tally) -> None:
+    """One request of benchmarks.hostile's mix, HTTP or gRPC: any answer but a 5xx or a gRPC server error (or a
+    dropped connection) is right."""
+    name = rng.choice(sorted([*bodies, *GRPC_HOSTILE]))
+    if name in GRPC_HOSTILE:
+        status = await GRPC_HOSTILE[name](channel)
+    else:
+        path, body = bodies[name]
+        try:
+            status = str((await client.post(path, content=body, headers={"content-type": "application/json"}))
+                         .status_code)
+        except httpx.HTTPError as exc:
+            tally.errors[f"hostile {name}: {type(exc).__name__}"] += 1
+            return
+    tally.hostile[f"{name} {status}"] += 1
+    if is_server_error(f"{name} {status}"):
+        tally.errors[f"hostile {name}: status {status}"] += 1
+
+
+async def grpc_request(channel: grpc.aio.Channel, prompt: str, want: int, streamed: bool) -> str | None:
+    """A Triton request over gRPC (ModelInfer, or ModelStreamInfer with one response per delta): what went wrong."""
+    message = infer_request({"text_input": prompt, "max_tokens": want, "stream": streamed})
     try:
-        r = await client.post(path, content=body, headers={"content-type": "application/json"})
-    except httpx.HTTPError as exc:
-        tally.errors[f"hostile {name}: {type(exc).__name__}"] += 1
-        return
-    tally.hostile[f"{name} {r.status_code}"] += 1
-    if r.status_code >= 500:
-        tally.errors[f"hostile {name}: status {r.status_code}"] += 1
+        if not streamed:
+            response = await call_unary(channel, message)
+            return None if [o.name for o in response.outputs][:1] == ["text_output"] else "no text_output"
+        responses = await call_stream(channel, [message])
+    except grpc.aio.AioRpcError as exc:
+        return f"status {exc.code().name}"
+    if any(r.error_message for r in responses):
+        return "error response"
+    final = responses[-1].infer_response.parameters["triton_final_response"].bool_param if responses else False
+    return None if final else "no final response"
 
 
-async def one_request(client: httpx.AsyncClient, rng: random.Random, model: str, max_tokens: int,
-                      tally: Tally, hostile: dict[str, tuple[str, bytes]]) -> None:
+async def one_request(client: httpx.AsyncClient, channel: grpc.aio.Channel, rng: random.Random, model: str,
+                      max_tokens: int, tally: Tally, hostile: dict[str, tuple[str, bytes]]) -> None:
     weights = {**KINDS, "hostile": HOSTILE_WEIGHT if hostile else 0}
     kind = rng.choices(list(weights), weights=list(weights.values()))[0]
     if kind == "hostile":
-        await hostile_request(client, rng, hostile, tally)
+        await hostile_request(client, channel, rng, hostile, tally)
         return
     want = rng.randint(4, max_tokens)
+    if kind.startswith("grpc"):  # Triton's dialect over gRPC: only the answer's shape is checked, as over HTTP
+        start = time.perf_counter()
+        prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 60)))
+        problem = await grpc_request(channel, prompt, want, kind == "grpc_stream")
+        if kind == "grpc":
+            tally.latencies.append((time.monotonic(), time.perf_counter() - start))
+        if problem:
+            tally.errors[f"{kind}: {problem}"] += 1
+            return
+        tally.done[kind] += 1
+        tally.finished_at.append((time.monotonic(), 0))
+        return
     streamed = kind.endswith("stream")
     path, body = _body(rng, model, want if kind != "abort_wait" else max_tokens * 4,
                        "completion_stream" if kind == "abort_stream" else kind)
@@ -159,14 +196,16 @@ def _check_json(kind: str, r: httpx.Response, want: int) -> str | None:
     return None if got == want else f"completion_tokens {got}"
 
 
-async def drive(url: str, model: str, args: argparse.Namespace, tally: Tally, stop_at: float) -> None:
+async def drive(url: str, grpc_address: str, model: str, args: argparse.Namespace, tally: Tally,
+                stop_at: float) -> None:
     limits = httpx.Limits(max_connections=args.concurrency + 8, max_keepalive_connections=args.concurrency)
     hostile = {name: make(model) for name, make in HOSTILE.items()} if args.hostile else {}
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client, \
+            grpc.aio.insecure_channel(grpc_address) as channel:
         async def worker(i: int) -> None:
             rng = random.Random(args.seed * 1000 + i)
             while time.monotonic() < stop_at:
-                await one_request(client, rng, model, args.max_tokens, tally, hostile)
+                await one_request(client, channel, rng, model, args.max_tokens, tally, hostile)
 
         await asyncio.gather(*(worker(i) for i in range(args.concurrency)))
 
@@ -217,8 +256,10 @@ def wait_idle(url: str, timeout: float = 30.0) -> dict[str, float]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     # the demo model unless --server-arg names another (a later --model wins)
-    command = [sys.executable, "-m", "gateway", "serve", "--port", "{port}", "--grpc-port", "none", "--dtype", "float32",
-               "--log-level", "warning", "--drain-timeout", "30", "--model", "demo", *args.server_arg]
+    grpc_port = free_port()
+    command = [sys.executable, "-m", "gateway", "serve", "--port", "{port}", "--grpc-port", str(grpc_port),
+               "--dtype", "float32", "--log-level", "warning", "--drain-timeout", "30", "--model", "demo",
+               *args.server_arg]
     server = Server("", command=command, ready_path="/health")
     try:
         server.wait_ready()
@@ -231,7 +272,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         async def main() -> None:
             stop = asyncio.Event()
             sampler = asyncio.create_task(sample_rss(proc, samples, stop))
-            await drive(url, model, args, tally, started + args.duration)
+            await drive(url, f"127.0.0.1:{grpc_port}", model, args, tally, started + args.duration)
             stop.set()
             await sampler
 

@@ -6,12 +6,12 @@
 engine in the background, so the server answers at once (GET /health is 503 until the model is
 loaded, 200 after) and shuts it down on exit. app.state holds `engine`, `settings`, `metrics`
 (gateway.metrics.GatewayMetrics; its `.registry` is what /metrics exposes), `auth`
-(gateway.auth.AuthPolicy), `drain` (gateway.shutdown.Drain), `limits` (RequestLimits), `prepare`
-(runtime.workers.WorkerPool for large bodies), `responses` (gateway.response_store.ResponseStore: stored
-Responses API responses), `startup_error` and `fatal_error` (the engine died while serving). The server
-may set `on_ready` (called once the engine has started), `on_fatal` (called when it fails to start or
-dies), `before_engine_shutdown` (awaited before the engine shuts down) and `serve_when_ready` (start
-serving only once the engine has started).
+(gateway.auth.AuthPolicy), `key_limits` (gateway.key_limits.KeyLimits or None), `drain`
+(gateway.shutdown.Drain), `limits` (RequestLimits), `prepare` (runtime.workers.WorkerPool for large bodies),
+`responses` (gateway.response_store.ResponseStore: stored Responses API responses), `startup_error` and
+`fatal_error` (the engine died while serving). The server may set `on_ready` (called once the engine has
+started), `on_fatal` (called when it fails to start or dies), `before_engine_shutdown` (awaited before the engine
+shuts down) and `serve_when_ready` (start serving only once the engine has started).
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ from starlette.routing import BaseRoute
 from adapters.limits import RequestLimits
 from gateway.auth import ApiKeyMiddleware, AuthPolicy
 from gateway.errors import MethodNotAllowedError, RouteNotFoundError, render_for_path
-from gateway.key_limits import key_limits_middleware
+from gateway.key_limits import KeyLimitsMiddleware, key_limits
 from gateway.limits import BodySizeLimitMiddleware
-from gateway.lora_routes import check_adapter_names, lora_routes
+from gateway.lora_routes import check_adapter_names, lora_roots, lora_routes
 from gateway.metrics import GatewayMetrics
 from gateway.middleware import RequestContextMiddleware, request_id_of
 from gateway.openai_routes import openai_routes
@@ -168,9 +168,12 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
     metrics = GatewayMetrics()
     metrics.watch_engine(engine)
     admin = lora_routes()  # run-time LoRA loading: guarded by --admin-api-key when one is set
+    if settings.enable_lora_loading:
+        log.info("run-time LoRA loading on: adapters load from %s", ", ".join(lora_roots(settings.lora_root)))
     routes = [*openai_routes(), *responses_routes(), *admin, *ops_routes(), *openapi_routes(),
               *_triton_routes(metrics, engine)]
     auth = AuthPolicy.from_settings(settings, admin_paths=[getattr(r, "path", "") for r in admin])
+    limits = key_limits(settings, auth)
     drain = Drain()
     # Outermost first: ids and counting see every answer (408s included), CORS answers preflights before
     # auth, draining refuses before any work, auth before the body is read.
@@ -182,7 +185,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
     middleware += [
         Middleware(DrainMiddleware, drain=drain),
         Middleware(ApiKeyMiddleware, policy=auth),
-        *key_limits_middleware(settings, auth),
+        *([Middleware(KeyLimitsMiddleware, limits=limits, exempt_paths=auth.admin_paths)] if limits else []),
         Middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes),
     ]
     app = Starlette(
@@ -195,6 +198,7 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
     app.state.engine = engine
     app.state.metrics = metrics
     app.state.auth = auth
+    app.state.key_limits = limits
     app.state.drain = drain
     app.state.limits = RequestLimits(
         max_n=settings.max_n, max_stop_strings=settings.max_stop_strings,
@@ -202,7 +206,8 @@ def create_app(settings: Settings, engine: Engine | None = None) -> Starlette:
         max_logit_bias=settings.max_logit_bias,
         max_messages=settings.max_messages, max_prompts=settings.max_prompts)
     app.state.prepare = WorkerPool("parse")  # parsing and translating large bodies, off the event loop
-    app.state.responses = ResponseStore(settings.responses_store_size, settings.responses_store_ttl)
+    app.state.responses = ResponseStore(settings.responses_store_size, settings.responses_store_ttl,
+                                        settings.responses_store_bytes)
     app.state.startup_error = None
     app.state.fatal_error = None
     app.state.created = int(time.time())  # /v1/models' "created"

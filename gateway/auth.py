@@ -8,6 +8,7 @@ OpenAI's error object on /v1, Triton's {"error": ...} on /v2.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -76,6 +77,13 @@ class AuthPolicy:
         if self.admin_keys:
             return token is not None and _matches(token, self.admin_keys)
         return not self.keys or (token is not None and _matches(token, self.keys))
+
+    def identity(self, token: bytes | None) -> bytes:
+        """Who the caller is, for what is scoped per caller (Triton stop signals): a digest of its key when it is
+        a configured one, else b"" (every caller without one is the same anonymous caller)."""
+        if token is None or not _matches(token, self.keys + self.admin_keys):
+            return b""
+        return hashlib.sha256(token).digest()
 
     def check(self, path: str, token: bytes | None) -> Exception | None:
         """None when the call is allowed, else the error to answer with."""

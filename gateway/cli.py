@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from gateway.settings import ENV_PREFIX, Option, Settings, env_values, options, settings_from
 
 if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
     from gateway.api_servers import FrontEnds
     from runtime.engine import Engine
 
@@ -110,9 +112,10 @@ def serve(settings: Settings) -> int:
 
 
 def run_server(settings: Settings, engine: Engine | None = None, sock: socket.socket | None = None,
-               others: FrontEnds | None = None, index: int = 0) -> int:
+               others: FrontEnds | None = None, index: int = 0, restarts: Collector | None = None) -> int:
     """One front end: the app over `engine` (None: built from the settings) on `sock` (None: bind host:port).
-    Front end 0 supervises `others` (--api-servers); the others (`index` > 0) leave SIGINT to it."""
+    Front end 0 supervises `others` (--api-servers); the others (`index` > 0) leave SIGINT to it. `restarts`:
+    the front ends' restart count, reported on /metrics."""
     import uvicorn
 
     from gateway.app import create_app
@@ -151,8 +154,11 @@ def run_server(settings: Settings, engine: Engine | None = None, sock: socket.so
     app.state.on_ready = freeze_startup_objects
     app.state.serve_when_ready = index > 0  # front end 0 answers /health while the model loads
     if others is not None:  # the core outlives the other front ends: they drain first
-        others.watch(fatal)
+        restarts = others.restarts
+        others.watch()
         app.state.before_engine_shutdown = lambda: others.wait(settings.drain_timeout + STOP_GRACE_S)
+    if restarts is not None:
+        app.state.metrics.registry.register(restarts)
     server.run(sockets=[sock] if sock is not None else None)
     return 1 if app.state.startup_error or app.state.fatal_error else 0
 

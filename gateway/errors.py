@@ -22,6 +22,7 @@ from runtime.errors import (
     QueueFullError,
     UnknownAdapterError,
     UnsupportedOptionError,
+    brief,
 )
 
 log = logging.getLogger("gateway.errors")
@@ -176,18 +177,19 @@ def log_error(exc: BaseException, request_id: str | None) -> None:
     if kind.status >= 500 and kind.status != 503:
         log.error("request %s failed", request_id, exc_info=exc)
     else:
-        log.info("request %s rejected with %d: %s", request_id, kind.status, exc)
+        log.info("request %s rejected with %d: %s", request_id, kind.status, brief(exc))
 
 
 def openai_error_body(exc: BaseException, request_id: str | None = None) -> dict[str, Any]:
     """OpenAI's error object, e.g. {"error": {"message": ..., "type": "invalid_request_error", ...}}."""
     kind = error_kind(exc)
+    code = getattr(exc, "code", None)  # some 400s name OpenAI's own code (adapters.openai.validation)
     return {
         "error": {
             "message": error_message(exc, request_id),
             "type": kind.type,
             "param": getattr(exc, "param", None),
-            "code": kind.code,
+            "code": code if isinstance(code, str) else kind.code,
         }
     }
 

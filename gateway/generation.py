@@ -60,6 +60,7 @@ class GenerationStream:
         # Tokens each request used as far as its deltas tell: prompt + generated, then the final usage.
         self._used = [0] * len(self.requests)
         self._interrupted: BaseException | None = None
+        self._stopped = False  # stop(): its aborts are how the requests end, not failures
         self._withdraw = on_drain_timeout(self.interrupt)
         self._started = False
         self._closed = False
@@ -176,6 +177,15 @@ class GenerationStream:
             if fut.done() and not fut.cancelled():
                 fut.exception()
 
+    def stop(self) -> None:
+        """End the unfinished requests early, as a client's stop signal does: each ends normally with what it has
+        (finish "abort"), wherever it is, before its submission to the engine too."""
+        self._stopped = True
+        for request, done in zip(self.requests, self._done, strict=True):
+            if not done:
+                request.deadline = 0.0  # past: one not handed to the engine yet is aborted as soon as it is
+                self._engine.abort(request.request_id)
+
     def interrupt(self, error: BaseException) -> bool:
         """Abort the unfinished requests; the stream then raises `error` (after the deltas before it).
         False when every request had already finished."""
@@ -202,7 +212,8 @@ class GenerationStream:
             if delta.finish_reason == "abort" and self._interrupted is not None:
                 error = self._interrupted
                 break
-            if delta.finish_reason == "abort" and request.deadline is not None and time.monotonic() >= request.deadline:
+            if (delta.finish_reason == "abort" and not self._stopped and request.deadline is not None
+                    and time.monotonic() >= request.deadline):
                 error = RequestTimeoutError(self._timeout or 0.0)
                 break
             accepted.append(delta)

@@ -1,26 +1,28 @@
 """Optional per-API-key limits: requests in flight (--key-max-concurrency) and tokens per minute
-(--key-tokens-per-minute). Over either: 429 with Retry-After, in the caller's dialect.
+(--key-tokens-per-minute). Over either: 429 with Retry-After in the caller's dialect (RESOURCE_EXHAUSTED
+over gRPC). One KeyLimits serves every transport: HTTP through KeyLimitsMiddleware, gRPC's ModelInfer and
+each request of a ModelStreamInfer stream through gateway.triton_grpc.
 
 A "key" is the bearer token when it is a configured key (--api-key, --api-keys-file, --admin-api-key);
 every other caller (no authentication, or an open route) shares one anonymous budget, so unknown
 tokens can neither dodge the limits nor grow the table. Only generation calls count: POST requests
-outside the admin routes. Tokens are a token bucket of `tokens_per_minute` that refills continuously;
-a request is admitted while the bucket holds at least one token, and charged afterwards with the
-prompt + generated tokens its generations used, however they ended (a disconnect too: reported by
-gateway.generation through `charge_tokens`), so concurrent requests may overdraw it and the debt delays
-the key's next requests.
+outside the admin routes, and gRPC inference requests. Tokens are a token bucket of `tokens_per_minute`
+that refills continuously; a request is admitted while the bucket holds at least one token, and charged
+afterwards with the prompt + generated tokens its generations used, however they ended (a disconnect too:
+reported by gateway.generation through `charge_tokens`), so concurrent requests may overdraw it and the
+debt delays the key's next requests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import hashlib
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.auth import AuthPolicy, bearer_token
@@ -77,36 +79,17 @@ class _KeyState:
     bucket: TokenBucket | None = None
 
 
-def key_limits_middleware(settings: Settings, auth: AuthPolicy) -> list[Middleware]:
-    """The middleware for `settings`' per-key limits: none when neither is set (nothing to pay per request).
+class KeyLimits:
+    """The per-key limits and charges, for every transport: HTTP (KeyLimitsMiddleware) and gRPC
+    (gateway.triton_grpc) both admit each generation call through `admit`."""
 
-    Raises ValueError for a limit below 1 (at start-up, not at the first request)."""
-    limits = {"--key-max-concurrency": settings.key_max_concurrency,
-              "--key-tokens-per-minute": settings.key_tokens_per_minute}
-    for flag, value in limits.items():
-        if value is not None and value < 1:
-            raise ValueError(f"{flag} must be at least 1 (got {value})")
-    if all(value is None for value in limits.values()):
-        return []
-    return [Middleware(KeyLimitsMiddleware, keys=auth.keys + auth.admin_keys,
-                       max_concurrency=settings.key_max_concurrency,
-                       tokens_per_minute=settings.key_tokens_per_minute, exempt_paths=auth.admin_paths)]
-
-
-class KeyLimitsMiddleware:
-    """Enforces the per-key limits in front of the routes (after authentication)."""
-
-    def __init__(self, app: ASGIApp, keys: Iterable[bytes], max_concurrency: int | None,
-                 tokens_per_minute: int | None, exempt_paths: Iterable[str] = ()) -> None:
-        self.app = app
+    def __init__(self, keys: Iterable[bytes], max_concurrency: int | None, tokens_per_minute: int | None) -> None:
         self.max_concurrency = max_concurrency
         self.tokens_per_minute = tokens_per_minute
-        self.exempt_paths = frozenset(exempt_paths)
         self._known = {_digest(k) for k in keys}
         self._states: dict[bytes, _KeyState] = {}
 
-    def _state(self, scope: Scope) -> _KeyState:
-        token = bearer_token(scope["headers"])
+    def _state(self, token: bytes | None) -> _KeyState:
         # Digests, not tokens, are looked up: the lookup's timing says nothing about the keys.
         ident = _digest(token) if token is not None else b""
         ident = ident if ident in self._known else b""
@@ -121,20 +104,23 @@ class KeyLimitsMiddleware:
         wait = state.bucket.retry_after() if state.bucket is not None else 0
         return TokenRateLimitError(self.tokens_per_minute or 0, wait) if wait else None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] in self.exempt_paths:
-            await self.app(scope, receive, send)
-            return
-        state = self._state(scope)
+    def admit(self, token: bytes | None) -> contextlib.AbstractContextManager[None]:
+        """The call's lease of one of its key's slots: entered around the call, it charges the key with what
+        `charge_tokens` booked meanwhile. Raises KeyConcurrencyLimitError or TokenRateLimitError (429) when the
+        key may not start a call now."""
+        state = self._state(token)
         error = self._refusal(state)
         if error is not None:
-            await render_for_path(scope["path"], error, request_id_of(scope))(scope, receive, send)
-            return
+            raise error
+        return self._holding(state)
+
+    @contextlib.contextmanager
+    def _holding(self, state: _KeyState) -> Iterator[None]:
         state.in_flight += 1
         usage = _Usage()
         reset = _usage_var.set(usage)
         try:
-            await self.app(scope, receive, send)
+            yield
         finally:
             _usage_var.reset(reset)
             state.in_flight -= 1
@@ -142,8 +128,44 @@ class KeyLimitsMiddleware:
                 state.bucket.charge(usage.tokens)
 
 
+def key_limits(settings: Settings, auth: AuthPolicy) -> KeyLimits | None:
+    """The per-key limits `settings` ask for; None when neither is set (nothing to pay per request).
+
+    Raises ValueError for a limit below 1 (at start-up, not at the first request)."""
+    limits = {"--key-max-concurrency": settings.key_max_concurrency,
+              "--key-tokens-per-minute": settings.key_tokens_per_minute}
+    for flag, value in limits.items():
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be at least 1 (got {value})")
+    if all(value is None for value in limits.values()):
+        return None
+    return KeyLimits(auth.keys + auth.admin_keys, settings.key_max_concurrency, settings.key_tokens_per_minute)
+
+
+class KeyLimitsMiddleware:
+    """Enforces the per-key limits in front of the routes (after authentication): POST requests outside
+    `exempt_paths` (the admin routes)."""
+
+    def __init__(self, app: ASGIApp, limits: KeyLimits, exempt_paths: Iterable[str] = ()) -> None:
+        self.app = app
+        self.limits = limits
+        self.exempt_paths = frozenset(exempt_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] in self.exempt_paths:
+            await self.app(scope, receive, send)
+            return
+        try:
+            lease = self.limits.admit(bearer_token(scope["headers"]))
+        except (KeyConcurrencyLimitError, TokenRateLimitError) as error:
+            await render_for_path(scope["path"], error, request_id_of(scope))(scope, receive, send)
+            return
+        with lease:
+            await self.app(scope, receive, send)
+
+
 def _digest(token: bytes) -> bytes:
     return hashlib.sha256(token).digest()
 
 
-__all__ = ["KeyLimitsMiddleware", "TokenBucket", "charge_tokens", "key_limits_middleware"]
+__all__ = ["KeyLimits", "KeyLimitsMiddleware", "TokenBucket", "charge_tokens", "key_limits"]

@@ -4,15 +4,19 @@
     POST /v1/unload_lora_adapter  {"lora_name": "sql"}
 
 Off unless the server runs with --enable-lora-loading (as vLLM needs VLLM_ALLOW_RUNTIME_LORA_UPDATING);
-then 404. Paths must lie inside one of the --lora-root folders when any is given (relative paths are
-taken from there), so clients cannot make the server read arbitrary folders. API keys (--api-keys)
+then 404. Paths must lie inside one of the --lora-root folders (relative paths are taken from there; without
+any, $XDG_CACHE_HOME/trtllm-gateway/lora), so clients cannot make the server read arbitrary folders. Errors
+name a path as the client gave it, never as it resolved (a symbolic link's target, the root's absolute
+place), and a path outside the roots gets the same answer whether it exists or not. API keys (--api-keys)
 guard these routes like every other. Success answers are vLLM's plain-text lines.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
@@ -23,7 +27,10 @@ from adapters.triton import IDS_MODEL_NAME, TEXT_MODEL_NAMES
 from gateway.errors import openai_error_response
 from gateway.middleware import request_id_of
 from gateway.openai_routes import read_json, ready_engine
-from runtime.errors import InvalidRequestError
+from runtime.cache import cache_folder
+from runtime.errors import EngineError, InvalidRequestError
+
+log = logging.getLogger("gateway.lora")
 
 
 def _field(body: Any, name: str) -> str:
@@ -47,12 +54,23 @@ def check_adapter_names(names: Iterable[str], served_model_name: str, source: st
                 param="lora_name")
 
 
+def lora_roots(configured: list[str]) -> list[str]:
+    """The folders run-time adapters load from: --lora-root, else the cache's `lora` folder (made now, so that
+    there is a place to put them)."""
+    if configured:
+        return configured
+    default = cache_folder("lora")
+    try:
+        default.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.warning("cannot make the default LoRA root %s (%s); set --lora-root", default, exc.strerror or exc)
+    return [str(default)]
+
+
 def allowed_path(path: str, roots: list[str]) -> str:
-    """The real folder `path` names, checked to be inside one of `roots` (any folder when none)."""
+    """The real folder `path` names, checked to be inside one of `roots`."""
     if "\0" in path:  # no file system takes it (os.path would raise ValueError: a 500)
         raise InvalidRequestError("lora_path must not contain a NUL character", param="lora_path")
-    if not roots:
-        return os.path.realpath(path)
     real_roots = [os.path.realpath(r) for r in roots]
     candidates = [path] if os.path.isabs(path) else [os.path.join(r, path) for r in real_roots]
     for candidate in candidates:
@@ -61,6 +79,13 @@ def allowed_path(path: str, roots: list[str]) -> str:
             return real
     raise InvalidRequestError(
         f"lora_path '{path}' is not a folder inside the allowed LoRA roots (--lora-root)", param="lora_path")
+
+
+def _as_given(exc: EngineError, real: str, given: str) -> EngineError:
+    """`exc` naming the adapter's folder (and files in it) as the client named it, not as it resolved."""
+    exc.message = exc.message.replace(real, given.rstrip("/") or given)
+    exc.args = (exc.message,)
+    return exc
 
 
 def _disabled(request: Request) -> Response | None:
@@ -81,8 +106,11 @@ async def load_lora_adapter(request: Request) -> Response:
         name, path = _field(body, "lora_name"), _field(body, "lora_path")
         engine = ready_engine(request)
         check_adapter_names([name], engine.model_info.name)
-        real = allowed_path(path, request.app.state.settings.lora_root)
-        await engine.load_lora_adapter(name, real)
+        real = allowed_path(path, lora_roots(request.app.state.settings.lora_root))
+        try:
+            await engine.load_lora_adapter(name, real)
+        except EngineError as exc:
+            raise _as_given(exc, real, path) from None
     except Exception as exc:
         return openai_error_response(exc, request_id_of(request.scope))
     return PlainTextResponse(f"Success: LoRA adapter '{name}' added successfully.")
@@ -106,4 +134,4 @@ def lora_routes() -> list[BaseRoute]:
     ]
 
 
-__all__ = ["allowed_path", "check_adapter_names", "lora_routes"]
+__all__ = ["allowed_path", "check_adapter_names", "lora_roots", "lora_routes"]

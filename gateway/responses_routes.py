@@ -4,7 +4,8 @@ GET /v1/responses/{response_id}/input_items (adapters/openai/responses_input_ite
 POST takes the chat route's path (`serve_generation`): the request becomes the equivalent chat request
 over the conversation (adapters/openai/responses_input.py) and the deltas become Responses events or one
 response object (adapters/openai/responses_output.py). With `store` (the default) the finished response
-is kept in app.state.responses (gateway/response_store.py) for GET and for `previous_response_id`.
+is kept in app.state.responses (gateway/response_store.py) for GET and for `previous_response_id`, for the
+caller's API key only: every route sees the store through the caller's view of it (`_mine`).
 """
 
 from __future__ import annotations
@@ -21,15 +22,22 @@ from adapters.openai.responses_input_items import input_item_list, with_ids
 from adapters.openai.responses_objects import ResponseDeleted
 from adapters.openai.responses_output import ResponsesOutput
 from adapters.openai.responses_request import InputItem, ResponsesRequest
+from gateway.auth import AuthPolicy, bearer_token
 from gateway.errors import ResponseNotFoundError, openai_error_response
 from gateway.middleware import request_id_of
 from gateway.openai_routes import serve_generation
-from gateway.response_store import ResponseStore, StoredResponse
+from gateway.response_store import OwnedResponses
 from runtime.request import GenerationRequest
 from runtime.tokenizer import Tokenizer
 
 
-def _history(store: ResponseStore, previous_response_id: str | None) -> list[InputItem]:
+def _mine(request: Request) -> OwnedResponses:
+    """The stored responses of the caller's key."""
+    auth: AuthPolicy = request.app.state.auth
+    return request.app.state.responses.owned_by(auth.identity(bearer_token(request.scope["headers"])))
+
+
+def _history(store: OwnedResponses, previous_response_id: str | None) -> list[InputItem]:
     """The conversation `previous_response_id` continues (404 naming the field when it is not stored)."""
     if previous_response_id is None:
         return []
@@ -43,7 +51,7 @@ class _Plan:
     """serve_generation's plan for one request: the conversation, the engine request, the output builder
     (which stores the finished response when the request says `store`)."""
 
-    def __init__(self, store: ResponseStore, limits: RequestLimits) -> None:
+    def __init__(self, store: OwnedResponses, limits: RequestLimits) -> None:
         self._store = store
         self._limits = limits
 
@@ -55,20 +63,20 @@ class _Plan:
                              self._limits.max_messages)
 
         def keep(response: dict[str, Any]) -> None:
-            self._store.put(response["id"], StoredResponse(response, [*items, *output_items(response["output"])]))
+            self._store.put(response["id"], response, [*items, *output_items(response["output"])])
 
         output = ResponsesOutput(req, response_id, model, tokenizer, on_done=keep if req.store else None)
         return [responses_request(req, items, response_id, tokenizer, adapter)], output
 
 
 async def create_response(request: Request) -> Response:
-    state = request.app.state
-    return await serve_generation(request, ResponsesRequest, "resp", _Plan(state.responses, state.limits),
-                                  done_marker=None, error_events=ResponsesOutput.error_chunks)
+    plan = _Plan(_mine(request), request.app.state.limits)
+    return await serve_generation(request, ResponsesRequest, "resp", plan, done_marker=None,
+                                  error_events=ResponsesOutput.error_chunks)
 
 
-def _stored(request: Request) -> tuple[str, ResponseStore]:
-    return request.path_params["response_id"], request.app.state.responses
+def _stored(request: Request) -> tuple[str, OwnedResponses]:
+    return request.path_params["response_id"], _mine(request)
 
 
 async def retrieve_response(request: Request) -> Response:

@@ -61,10 +61,11 @@ class Settings:
     max_prompts: int = 256  # most prompts in one /v1/completions request or Triton batch
     # section: LoRA
     enable_lora_loading: bool = False  # allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter
-    lora_root: list[str] = field(default_factory=list)  # folders run-time adapter paths must lie in (none: any)
+    lora_root: list[str] = field(default_factory=list)  # folders run-time adapters load from (none: the cache's lora/)
     # section: Responses API
     responses_store_size: int = 1000  # most responses kept for GET /v1/responses/{id} and previous_response_id; the oldest go first (0: none)
     responses_store_ttl: float | None = 3600.0  # seconds a stored response is kept (none: until the size limit drops it)
+    responses_store_bytes: int = 256 * 2**20  # bytes the stored responses may take (their JSON); the oldest go first
     # section: Triton
     triton_model_repo: str | None = None  # Triton TensorRT-LLM model repository: engine settings from its config.pbtxt (flags win)
     exclude_input_in_output: bool = False  # Triton generate: answer without the prompt unless a request says otherwise

@@ -13,9 +13,8 @@ alone (adapters.triton.tokenizer_models), answered without the engine's step loo
 
 from __future__ import annotations
 
-import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +33,7 @@ from gateway.errors import ModelNotFoundError, ServerDrainingError
 from gateway.generation import GenerationStream
 from gateway.openai_routes import state_adapters, state_engine
 from gateway.triton_metrics import InferenceTimer, metrics_for
+from gateway.triton_stops import Caller, stop_signals
 from runtime.engine import Engine
 from runtime.errors import InvalidRequestError
 from runtime.request import GenerationRequest
@@ -127,6 +127,7 @@ class InferCall:
     id: str  # the client's request id: echoed, and what a stop signal names
     tensors: list[Tensor]
     requested: list[str] | None = None  # output names asked for; None: all
+    caller: Caller = Caller(b"")  # whose requests its stop signal may end
 
 
 @dataclass
@@ -140,44 +141,6 @@ class InferAnswer:
     final: bool = True
 
 
-class RunningRequests:
-    """Engine requests in flight by (model, client request id), for the backend's stop signal."""
-
-    def __init__(self) -> None:
-        self._running: dict[tuple[str, str], list[tuple[Engine, list[GenerationRequest]]]] = {}
-
-    @contextlib.contextmanager
-    def running(self, model: str, client_id: str, engine: Engine,
-                requests: list[GenerationRequest]) -> Iterator[None]:
-        entry = (engine, requests)
-        key = (model, client_id)
-        self._running.setdefault(key, []).append(entry)
-        try:
-            yield
-        finally:
-            entries = self._running[key]
-            entries.remove(entry)
-            if not entries:
-                del self._running[key]
-
-    def stop(self, model: str, client_id: str) -> int:
-        """Abort every request running under `client_id` (each ends with the tokens it has); how many."""
-        stopped = 0
-        for engine, requests in self._running.get((model, client_id), []):
-            for req in requests:
-                engine.abort(req.request_id)
-                stopped += 1
-        return stopped
-
-
-def running_requests(state: State) -> RunningRequests:
-    """The app's registry of running infer requests (made on first use)."""
-    registry = getattr(state, "triton_running", None)
-    if registry is None:
-        registry = state.triton_running = RunningRequests()
-    return registry
-
-
 @dataclass
 class _Started:
     model: TritonModel
@@ -189,9 +152,15 @@ class _Started:
     def answer(self, outputs: list[Tensor], final: bool) -> InferAnswer:
         return InferAnswer(self.model.name, self.model.version, self.call.id, outputs, final)
 
+    async def start(self) -> None:
+        """Submit the requests and wait for their first outputs (rejections raise here)."""
+        await self.stream.start()
+        if self.timer is not None:
+            self.timer.first_output()
 
-async def _start(state: State, call: InferCall, model: TritonModel, timer: InferenceTimer | None) -> _Started:
-    """Parse the call, submit its requests and wait for their first outputs (rejections raise here)."""
+
+async def _prepare(state: State, call: InferCall, model: TritonModel, timer: InferenceTimer | None) -> _Started:
+    """Parse the call into its requests and their stream (not started yet)."""
     if state.drain.draining:
         raise ServerDrainingError()
     engine = state_engine(state)
@@ -208,9 +177,6 @@ async def _start(state: State, call: InferCall, model: TritonModel, timer: Infer
         timer.batch_size = len(gen.requests)
         timer.inputs_done()
     stream = GenerationStream(engine, gen.requests, state.metrics, timeout=settings.request_timeout)
-    await stream.start()
-    if timer is not None:
-        timer.first_output()
     return _Started(model, call, gen, stream, timer)
 
 
@@ -221,8 +187,8 @@ def inference_timer(state: State, model: TritonModel) -> InferenceTimer | None:
 
 
 def _stop(state: State, call: InferCall, model: TritonModel) -> InferAnswer:
-    """Answer a stop signal: the named requests end early; this answer has no outputs."""
-    running_requests(state).stop(model.name, call.id)
+    """Answer a stop signal: the caller's requests of that id end early; this answer has no outputs."""
+    stop_signals(state).stop(call.caller, model.name, call.id)
     return InferAnswer(model.name, model.version, call.id)
 
 
@@ -258,9 +224,10 @@ async def infer_unary(state: State, call: InferCall) -> InferAnswer:
     timer = inference_timer(state, model)
     ok = False
     try:
-        started = await _start(state, call, model, timer)
-        with running_requests(state).running(model.name, call.id, state.engine, started.gen.requests):
+        started = await _prepare(state, call, model, timer)
+        with stop_signals(state).running(call.caller, model.name, call.id, started.stream):
             try:
+                await started.start()
                 rows = await _complete(started)
             finally:
                 started.stream.close()
@@ -286,10 +253,11 @@ async def infer_stream(state: State, call: InferCall) -> AsyncIterator[InferAnsw
     timer = inference_timer(state, model)
     ok = False
     try:
-        started = await _start(state, call, model, timer)
+        started = await _prepare(state, call, model, timer)
         gen = started.gen
-        with running_requests(state).running(model.name, call.id, state.engine, gen.requests):
+        with stop_signals(state).running(call.caller, model.name, call.id, started.stream):
             try:
+                await started.start()
                 if gen.stream:
                     async for answer in _deltas(started):
                         yield answer

@@ -35,6 +35,7 @@ from adapters.triton.http_infer import HEADER_LENGTH, parse_http_infer, render_h
 from adapters.triton.inputs import ModelKind
 from adapters.triton.metadata import model_metadata, model_ready, repository_index, server_metadata
 from adapters.triton.tokenizer_models import TOKENIZER_MODELS
+from gateway.auth import bearer_token
 from gateway.disconnect import DisconnectWatch, until_disconnected
 from gateway.errors import ClientDisconnected, ModelNotFoundError, log_error, triton_error_body, \
     triton_error_response
@@ -46,6 +47,7 @@ from gateway.streaming import sse_response
 from gateway.triton_infer import InferCall, TritonModel, apply_adapter, inference_timer, infer_unary, \
     model_configuration, model_statistics, resolve_model, served_model_names, serving
 from gateway.triton_metrics import InferenceTimer
+from gateway.triton_stops import Caller
 from runtime.errors import InvalidRequestError
 from runtime.request import OutputDelta
 from runtime.tokenizer import Tokenizer
@@ -186,8 +188,9 @@ async def infer(request: Request) -> Response:
         body = parse_json(header, settings.max_json_depth,
                           lambda exc: f"failed to parse the request JSON buffer: {exc}")
         parsed = parse_http_infer(body, binary)
+        caller = Caller(request.app.state.auth.identity(bearer_token(request.scope["headers"])))
         call = InferCall(request.path_params["model"], request.path_params.get("version", ""), parsed.id,
-                         parsed.tensors, parsed.requested)
+                         parsed.tensors, parsed.requested, caller)
         answer = await until_disconnected(request.receive, infer_unary(request.app.state, call))
     except ClientDisconnected:
         return Response(status_code=CLIENT_CLOSED)

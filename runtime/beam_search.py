@@ -21,6 +21,7 @@ fork it (blocks shared, copy-on-write), and parents without continuations are fr
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,8 @@ def check_beam_options(opts: SamplingOptions) -> None:
         raise InvalidRequestError(
             f"n must be 1 with beam search (beam_width {opts.beam_width} returns {opts.beam_width} beams)", param="n"
         )
+    if not (isinstance(opts.length_penalty, (int, float)) and math.isfinite(opts.length_penalty)):
+        raise InvalidRequestError("length_penalty must be a finite number", param="length_penalty")
     unsupported = {
         "stop": bool(opts.stop),
         "repetition_penalty": opts.repetition_penalty != 1.0,
@@ -149,7 +152,10 @@ class BeamSearch:
         tops = raw.topk(min(k_top, vocab), dim=-1) if k_top else None
 
         at_limit = generated >= self.max_tokens or beams[0].seq.num_tokens + 1 >= self.context_window
-        penalty = float(generated) ** self.options.length_penalty
+        try:
+            penalty = float(generated) ** self.options.length_penalty
+        except OverflowError:  # a huge length_penalty: every score is 0
+            penalty = math.inf
         live: list[tuple[int, int, torch.Tensor]] = []  # (parent beam, token, score)
         ended: list[Hypothesis] = []
         for rank, (score, index) in enumerate(zip(top_scores, top_index.tolist())):

@@ -25,6 +25,7 @@ class EngineConfig:
     engine_process: bool = True  # native backend: run the engine core in its own process (off: in this one)
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     dtype: str = "auto"  # "auto" | "bfloat16" | "float16" | "float32" (auto on CPU: runtime/cpu/defaults.py)
+    quantization: Literal["none", "fp8"] = "none"  # fp8: quantize a 16-bit checkpoint's projections to FP8 (per output channel) at load; FP8 checkpoints are served as FP8 either way (docs/quantization.md)
     seed: int = 0  # seed of the sampler's random numbers for requests that give no seed
     max_model_len: int | None = None  # default: the model's context window
     # a runaway answer without max_tokens (a forced tool call's arguments degenerating) filled the 8192-token context

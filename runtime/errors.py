@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 
+def brief(value: object, limit: int = 300) -> str:
+    """`value` as text of at most `limit` characters, for log lines: a rejected request may quote a value of
+    megabytes (a 4,000-digit number made a 4 KB line)."""
+    text = str(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 class EngineError(Exception):
     """Base of every error the engine raises to callers."""
 

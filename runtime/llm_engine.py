@@ -136,7 +136,8 @@ class NativeEngine(Engine):
             _ = self.tokenizer.byte_pieces  # the detokenizers' table, built at load time, not on the first request
         self.eos_token_ids = list(dict.fromkeys(self.tokenizer.eos_token_ids + self.spec.eos_token_ids))
         with phase("loading the weights"):
-            model = load_model(self.model_path, self.dtype, self.device, self.model_info.context_window)
+            model = load_model(self.model_path, self.dtype, self.device, self.model_info.context_window,
+                               cfg.quantization)
         quantization, cpu_weight_bytes = "none", 0
         if self.device.type == "cpu":
             quantization = cpu_quantization(cfg.cpu_quantization, source_quantization(self.spec.config))
@@ -381,12 +382,15 @@ class NativeEngine(Engine):
             self._num_waiting += len(inbox)  # still counted against max_queue_size until the next publish
         for state in inbox:
             self._requests[state.request_id] = state
-            if state.request.deadline is not None:
-                self._with_deadline[state.request_id] = state
-            if state.adapter_key is None:
-                self.scheduler.add(state.new_sequence())
-            else:  # waits in the LoRA manager until its adapter sits in a device slot
-                self.lora.enqueue(state.request_id)
+            try:
+                if state.request.deadline is not None:
+                    self._with_deadline[state.request_id] = state
+                if state.adapter_key is None:
+                    self.scheduler.add(state.new_sequence())
+                else:  # waits in the LoRA manager until its adapter sits in a device slot
+                    self.lora.enqueue(state.request_id)
+            except Exception as exc:  # noqa: BLE001 - one request that cannot start fails alone
+                self._fail_request(state, "could not start", exc)
         for request_id in aborts:
             state = self._requests.get(request_id)
             if state is not None:
@@ -396,7 +400,11 @@ class NativeEngine(Engine):
         """Schedule requests whose LoRA adapter is now on the device; fail those whose load failed."""
         ready, failed = self.lora.admit()
         for request_id in ready:
-            self.scheduler.add(self._requests[request_id].new_sequence())
+            state = self._requests[request_id]
+            try:
+                self.scheduler.add(state.new_sequence())
+            except Exception as exc:  # noqa: BLE001
+                self._fail_request(state, "could not start", exc)
         for request_id, error in failed:
             state = self._requests[request_id]
             self._end(state, state.end_all("error", f"EngineFailedError: {error}"))
@@ -426,8 +434,8 @@ class NativeEngine(Engine):
             spec.plan(batch, self._requests)  # drafts for speculating decode entries (runtime/speculative)
             # a step that verifies drafts ends on the host; one where nothing was proposed still runs one ahead
             overlap = overlap and not spec.proposed
-        inputs = self._step_inputs(batch)
-        try:
+        try:  # a step that cannot be built or launched fails its requests, not the engine
+            inputs = self._step_inputs(batch)
             if spec is not None:
                 inputs = spec.patch_inputs(batch, inputs)
             pending = self.runner.launch(inputs, batch.copies)
@@ -516,9 +524,7 @@ class NativeEngine(Engine):
                 produced.setdefault(state.request_id, []).extend(
                     self._postprocess(state, ScheduledSeq(batch, b), results[b]))
             except Exception as exc:  # noqa: BLE001 - a bug in one request's output fails that request only
-                logger.exception("output processing failed for request %s", state.request_id)
-                deltas = produced.pop(state.request_id, []) + state.end_all("error", f"output processing failed: {exc!r}")
-                self._end(state, deltas)
+                self._fail_request(state, "output processing failed", exc, produced.pop(state.request_id, []))
         self._stats.generation_tokens_total += plain_tokens
         for request_id, deltas in produced.items():
             state = self._requests[request_id]
@@ -596,6 +602,12 @@ class NativeEngine(Engine):
         self._with_deadline.pop(state.request_id, None)
         with self._cond:
             self._active_ids.discard(state.request_id)
+
+    def _fail_request(self, state: RequestState, what: str, exc: Exception,
+                      deltas: list[OutputDelta] | None = None) -> None:
+        """End one request with an error (after its `deltas`): what it brought broke a step for it alone."""
+        logger.exception("%s for request %s", what, state.request_id, exc_info=exc)
+        self._end(state, [*(deltas or []), *state.end_all("error", f"EngineFailedError: {what}: {exc!r}")])
 
     def _fail_everything(self, error: str) -> None:
         try:

@@ -35,6 +35,49 @@ def validate_request(
     config: EngineConfig,
 ) -> PreparedRequest:
     """Check `request` against the model and engine limits; tokenise its prompt."""
+    _check_request(request, vocab_size, config)
+    if request.prompt_token_ids is not None:
+        ids = list(request.prompt_token_ids)
+        _check_prompt_ids(ids, vocab_size)
+    elif request.prompt:
+        tokenizer.check_fits(request.prompt, context_window)
+        ids = tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
+    else:
+        ids = []
+    if not ids:
+        raise InvalidRequestError("The prompt is empty", param="prompt")
+    opts = request.sampling
+    max_tokens = opts.output_limit(context_window - len(ids), config.default_max_tokens)
+    _check_lengths(len(ids), max_tokens, opts, context_window, config)
+    bad_words = tokenizer.bad_words_ids(opts.bad_words) if opts.bad_words else []
+    return PreparedRequest(prompt_token_ids=ids, max_tokens=max_tokens, bad_words_ids=bad_words)
+
+
+def check_prepared(
+    request: GenerationRequest,
+    prepared: PreparedRequest,
+    *,
+    vocab_size: int,
+    context_window: int,
+    config: EngineConfig,
+) -> None:
+    """validate_request's checks of a request already prepared elsewhere: the engine core checks again what a
+    front end sends it (a message is decoded, not trusted), so that no request can break the step loop."""
+    _check_request(request, vocab_size, config)
+    ids = prepared.prompt_token_ids
+    if not ids:
+        raise InvalidRequestError("The prompt is empty", param="prompt")
+    _check_prompt_ids(ids, vocab_size)
+    if prepared.max_tokens < 1:
+        raise InvalidRequestError("max_tokens must be at least 1", param="max_tokens")
+    _check_lengths(len(ids), prepared.max_tokens, request.sampling, context_window, config)
+    for words in prepared.bad_words_ids:
+        if not words or not all(0 <= t < vocab_size for t in words):
+            raise InvalidRequestError("bad_words holds an empty sequence or an id outside the vocabulary",
+                                      param="bad_words")
+
+
+def _check_request(request: GenerationRequest, vocab_size: int, config: EngineConfig) -> None:
     opts = request.sampling
     if not request.request_id:
         raise InvalidRequestError("request_id must be a non-empty string", param="request_id")
@@ -45,23 +88,16 @@ def validate_request(
     if request.num_draft_tokens is not None and request.num_draft_tokens < 0:
         raise InvalidRequestError("num_draft_tokens must be >= 0", param="num_draft_tokens")
 
-    if request.prompt_token_ids is not None:
-        ids = list(request.prompt_token_ids)
-        bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab_size]
-        if bad:
-            raise InvalidRequestError(
-                f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab_size})", param="prompt"
-            )
-    elif request.prompt:
-        tokenizer.check_fits(request.prompt, context_window)
-        ids = tokenizer.encode(request.prompt, add_special_tokens=request.add_special_tokens)
-    else:
-        ids = []
-    if not ids:
-        raise InvalidRequestError("The prompt is empty", param="prompt")
 
-    prompt_len = len(ids)
-    max_tokens = opts.output_limit(context_window - prompt_len, config.default_max_tokens)
+def _check_prompt_ids(ids: list[int], vocab_size: int) -> None:
+    bad = [t for t in ids if not isinstance(t, int) or not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab_size})",
+                                  param="prompt")
+
+
+def _check_lengths(prompt_len: int, max_tokens: int, opts: SamplingOptions, context_window: int,
+                   config: EngineConfig) -> None:
     if prompt_len + max(max_tokens, 1) > context_window:
         raise PromptTooLongError(prompt_len, max(max_tokens, 1), context_window)
     if opts.min_tokens > max_tokens:
@@ -74,8 +110,6 @@ def validate_request(
             "and chunked prefill is disabled",
             param="prompt",
         )
-    bad_words = tokenizer.bad_words_ids(opts.bad_words) if opts.bad_words else []
-    return PreparedRequest(prompt_token_ids=ids, max_tokens=max_tokens, bad_words_ids=bad_words)
 
 
 def _check_options(opts: SamplingOptions, vocab_size: int, config: EngineConfig) -> None:

@@ -7,8 +7,9 @@ from typing import Any
 from adapters.openai.choices import EndpointOutput
 from adapters.openai.logprobs import chat_logprobs
 from adapters.openai.requests import ChatCompletionRequest
-from adapters.openai.tool_prompt import tool_format
-from adapters.openai.tools import ToolCallStream, calls_tools, with_tool_calls
+from adapters.openai.output_reader import OutputReader, output_reader
+from adapters.openai.tool_calls import call_deltas
+from adapters.openai.tools import calls_tools, with_tool_calls
 from adapters.openai.responses import (
     ChatChoice,
     ChatChoiceLogprobs,
@@ -33,10 +34,10 @@ class ChatOutput(EndpointOutput):
     def __init__(self, req: ChatCompletionRequest, response_id: str, model: str, tokenizer: Tokenizer,
                  created: int | None = None) -> None:
         super().__init__(req, response_id, model, tokenizer, created)
-        # tool calls are parsed out of the text when tools are in play (adapters/openai/tools.py)
-        parallel = req.parallel_tool_calls is not False
-        self._tool_format = tool_format(tokenizer, parallel) if calls_tools(req.tools, req.tool_choice) else None
-        self._tool_streams: dict[int, ToolCallStream] = {}
+        # reasoning and, with tools in play, tool calls are read out of the text (adapters/openai/output_reader.py)
+        self._tools_in_play = calls_tools(req.tools, req.tool_choice)
+        self._parallel = req.parallel_tool_calls is not False
+        self._readers: dict[int, OutputReader] = {}
         self._logprobs: dict[int, list[ChatTokenLogprob]] = {}
 
     def _logprob_entries(self, delta: OutputDelta) -> list[ChatTokenLogprob] | None:
@@ -67,16 +68,20 @@ class ChatOutput(EndpointOutput):
             out.append(self._chunk(chat_chunk_choice(choice, role="assistant", content=""),
                                    not_yet=len(delta.token_ids)))
         entries = self._logprob_entries(delta)
-        text, calls, finish = delta.text, None, delta.finish_reason
-        if self._tool_format is not None:
-            stream = self._tool_streams.setdefault(choice, ToolCallStream(self._tool_format))
-            text, calls = stream.push_deltas(delta.text, final=finish is not None)
-            finish = with_tool_calls(finish, stream.num_calls > 0)
-        if text or calls or finish is not None or entries:
+        finish = delta.finish_reason
+        reader = self._readers.get(choice) or self._readers.setdefault(choice, self._reader())
+        piece = reader.feed(delta.text, final=finish is not None)
+        calls = call_deltas(piece.events)
+        finish = with_tool_calls(finish, reader.num_calls > 0)
+        if piece.content or piece.reasoning or calls or finish is not None or entries:
             logprobs = ChatChoiceLogprobs(content=entries) if entries is not None else None
-            out.append(self._chunk(chat_chunk_choice(choice, content=text or None, tool_calls=calls or None,
+            out.append(self._chunk(chat_chunk_choice(choice, content=piece.content or None,
+                                                     reasoning=piece.reasoning or None, tool_calls=calls or None,
                                                      logprobs=logprobs, finish_reason=finish)))
         return out
+
+    def _reader(self) -> OutputReader:
+        return output_reader(self._tok, self._tools_in_play, self._parallel)
 
     # -- whole response --
 
@@ -101,8 +106,7 @@ class ChatOutput(EndpointOutput):
         return self._with_usage(ChatCompletion, choices)
 
     def _message(self, text: str) -> ChatResponseMessage:
-        """The assistant message; with tools in play, calls are parsed out of the text."""
-        if self._tool_format is None:
-            return ChatResponseMessage(content=text)
-        content, calls = self._tool_format.parse(text)
-        return ChatResponseMessage(content=content, tool_calls=[c.wire() for c in calls] or None)
+        """The assistant message: reasoning and, with tools in play, calls read out of the text."""
+        whole = self._reader().whole(text)
+        return ChatResponseMessage(content=whole.content, reasoning_content=whole.reasoning,
+                                   tool_calls=[c.wire() for c in whole.calls] or None)

@@ -105,10 +105,11 @@ class ChatResponseMessage(_Wire):
     """The assistant message; `refusal` is always null (nothing here refuses), and the official schema
     requires the key."""
 
-    _omit_if_none = frozenset({"tool_calls"})
+    _omit_if_none = frozenset({"tool_calls", "reasoning_content"})
     role: Literal["assistant"] = "assistant"
     content: str | None
     refusal: None = None
+    reasoning_content: str | None = None  # vLLM's field: the model's reasoning (adapters/openai/output_reader.py)
     tool_calls: list[dict[str, Any]] | None = None  # adapters/openai/tools.py ToolCall.wire()
 
 
@@ -134,10 +135,11 @@ class ChatDelta(_Wire):
     """A chunk's delta. The role chunk carries `refusal: null`, as OpenAI's first chunk does; later ones
     leave it out."""
 
-    _omit_if_none = frozenset({"role", "content", "tool_calls"})
+    _omit_if_none = frozenset({"role", "content", "reasoning_content", "tool_calls"})
     role: Literal["assistant"] | None = None
     content: str | None = None
     refusal: None = None
+    reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # ToolCall.wire(index)
 
     @model_serializer(mode="wrap")
@@ -192,10 +194,10 @@ def completion_chunk_choice(index: int, text: str, logprobs: CompletionLogprobs 
 
 
 def chat_chunk_choice(index: int, *, role: str | None = None, content: str | None = None,
-                      tool_calls: list[dict[str, Any]] | None = None, logprobs: ChatChoiceLogprobs | None = None,
-                      finish_reason: str | None = None) -> dict[str, Any]:
-    """`ChatChunkChoice`: the delta leaves out role, content and tool_calls when None, and refusal unless
-    role is set, as `ChatDelta` does."""
+                      reasoning: str | None = None, tool_calls: list[dict[str, Any]] | None = None,
+                      logprobs: ChatChoiceLogprobs | None = None, finish_reason: str | None = None) -> dict[str, Any]:
+    """`ChatChunkChoice`: the delta leaves out role, content, reasoning_content and tool_calls when None, and
+    refusal unless role is set, as `ChatDelta` does."""
     delta: dict[str, Any] = {}
     if role is not None:
         delta["role"] = role
@@ -203,6 +205,8 @@ def chat_chunk_choice(index: int, *, role: str | None = None, content: str | Non
         delta["content"] = content
     if role is not None:
         delta["refusal"] = None
+    if reasoning is not None:
+        delta["reasoning_content"] = reasoning
     if tool_calls is not None:
         delta["tool_calls"] = tool_calls
     return {"index": index, "delta": delta, "logprobs": None if logprobs is None else logprobs.model_dump(),

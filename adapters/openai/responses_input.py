@@ -22,6 +22,7 @@ from adapters.openai.requests import (
 )
 from adapters.openai.responses_request import InputItem, ResponsesRequest, TextPart
 from adapters.openai.translate import chat_request
+from runtime.errors import InvalidRequestError
 from runtime.request import GenerationRequest
 from runtime.tokenizer import Tokenizer
 
@@ -37,28 +38,41 @@ def _content(content: str | list[TextPart] | None) -> str | list[ContentPart] | 
 
 def conversation_messages(instructions: str | None, items: Sequence[InputItem]) -> list[ChatMessage]:
     """The conversation as chat messages: function calls join the assistant turn before them (the text
-    they followed, or the calls made with them), outputs become `tool` messages."""
+    they followed, or the calls made with them), outputs become `tool` messages, a reasoning item becomes the
+    `reasoning_content` of the assistant turn after it (as chat clients send it back)."""
     messages = [] if instructions is None else [ChatMessage(role="system", content=instructions)]
+    reasoning: str | None = None
     for item in items:
+        if item.type == "reasoning":
+            reasoning = "".join(part.value for part in item.content or [] if not isinstance(part, str))
+            continue
         if item.type == "message":
             messages.append(ChatMessage(role=item.role, content=_content(item.content)))
         elif item.type == "function_call":
             call = ToolCallParam(id=item.call_id, type="function",
                                  function=ToolCallFunctionParam(name=item.name, arguments=item.arguments))
-            if messages and messages[-1].role == "assistant":
+            if messages and messages[-1].role == "assistant" and reasoning is None:
                 messages[-1].tool_calls = [*(messages[-1].tool_calls or []), call]
             else:
                 messages.append(ChatMessage(role="assistant", tool_calls=[call]))
         else:
             messages.append(ChatMessage(role="tool", tool_call_id=item.call_id, content=_content(item.output)))
+        if reasoning is not None and messages[-1].role == "assistant":
+            setattr(messages[-1], "reasoning_content", reasoning)
+        reasoning = None
     return messages
 
 
 def chat_completion_request(req: ResponsesRequest, items: Sequence[InputItem]) -> ChatCompletionRequest:
-    """The chat request equivalent to `req` over the conversation `items`."""
+    """The chat request equivalent to `req` over the conversation `items`; 400 when they hold no message (only
+    reasoning items, say)."""
+    messages = conversation_messages(req.instructions, items)
+    if not messages:
+        raise InvalidRequestError("'input' has no message, function call or function call output to answer "
+                                  "(reasoning items alone are not a conversation)", param="input")
     return ChatCompletionRequest(
         **{name: getattr(req, name) for name in _SAMPLING},
-        messages=conversation_messages(req.instructions, items),
+        messages=messages,
         max_completion_tokens=req.max_output_tokens,
         tools=req.chat_tools(),
         tool_choice=req.chat_tool_choice(),

@@ -17,7 +17,7 @@ from typing import Any
 from adapters.openai.responses_request import InputItem, TextPart
 from runtime.errors import InvalidRequestError
 
-_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
 DEFAULT_LIMIT, MAX_LIMIT = 20, 100
 
 
@@ -42,6 +42,8 @@ def item_object(item: InputItem) -> dict[str, Any]:
     common = {"id": item.id, "type": item.type, "status": "completed"}
     if item.type == "message":
         return {**common, "role": item.role, "content": _parts(item.content, item.role)}
+    if item.type == "reasoning":
+        return {**common, "summary": [], "content": _parts(item.content, None)}
     if item.type == "function_call":
         return {**common, "call_id": item.call_id, "name": item.name, "arguments": item.arguments}
     output = item.output if isinstance(item.output, str) else _parts(item.output, None)

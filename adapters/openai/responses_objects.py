@@ -44,7 +44,22 @@ class FunctionToolCall(BaseModel):
     arguments: str  # JSON
 
 
-OutputItem = OutputMessage | FunctionToolCall
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str
+
+
+class ReasoningItem(BaseModel):
+    """The model's reasoning (gpt-oss's analysis channel, Qwen3's `<think>`), one reasoning_text part."""
+
+    id: str
+    type: Literal["reasoning"] = "reasoning"
+    status: ItemStatus
+    summary: list[Any] = []
+    content: list[ReasoningText]
+
+
+OutputItem = OutputMessage | FunctionToolCall | ReasoningItem
 
 
 class InputTokensDetails(BaseModel):
@@ -53,7 +68,7 @@ class InputTokensDetails(BaseModel):
 
 
 class OutputTokensDetails(BaseModel):
-    reasoning_tokens: int = 0  # no reasoning models here
+    reasoning_tokens: int = 0  # not counted: reasoning is split from the answer as text, not by token
 
 
 class ResponseUsage(BaseModel):
@@ -148,7 +163,25 @@ class ContentPartEvent(BaseModel):
     item_id: str
     output_index: int
     content_index: int
-    part: OutputText
+    part: OutputText | ReasoningText
+
+
+class ReasoningDeltaEvent(BaseModel):
+    type: Literal["response.reasoning_text.delta"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+
+
+class ReasoningDoneEvent(BaseModel):
+    type: Literal["response.reasoning_text.done"]
+    sequence_number: int
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
 
 
 class TextDeltaEvent(BaseModel):
@@ -198,9 +231,10 @@ class ErrorEvent(BaseModel):
 
 
 class ResponseStreamEvent(RootModel[LifecycleEvent | OutputItemEvent | ContentPartEvent | TextDeltaEvent
-                                    | TextDoneEvent | ArgumentsDeltaEvent | ArgumentsDoneEvent | ErrorEvent]):
+                                    | TextDoneEvent | ArgumentsDeltaEvent | ArgumentsDoneEvent | ReasoningDeltaEvent
+                                    | ReasoningDoneEvent | ErrorEvent]):
     """Any event of a streamed response."""
 
 
-__all__ = ["FunctionToolCall", "OutputMessage", "OutputText", "ResponseDeleted", "ResponseObject",
+__all__ = ["FunctionToolCall", "OutputMessage", "OutputText", "ReasoningItem", "ReasoningText", "ResponseDeleted", "ResponseObject",
            "ResponseStreamEvent", "ResponseUsage"]

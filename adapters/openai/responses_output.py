@@ -5,7 +5,8 @@ both carry the same output items. Text goes to a message item (output_item.added
 output_text.delta ..., then output_text.done, content_part.done, output_item.done); with tools in play,
 calls are read out of the text by the chat route's reader (adapters/openai/tool_calls.py), each a
 function_call item announced once its name is read, its arguments streamed as the model writes them
-(function_call_arguments.delta ..., then .done). An item is done when the next one starts or the output
+(function_call_arguments.delta ..., then .done). The model's reasoning (adapters/openai/output_reader.py) is a
+reasoning item with one reasoning_text part (reasoning_text.delta ..., then .done). An item is done when the next one starts or the output
 ends; cut off by max_output_tokens (or the context window) it is "incomplete", and so is the response
 (response.incomplete instead of response.completed). The stream opens with response.created and
 response.in_progress; a failure after that ends it with error and response.failed. `on_done` receives the
@@ -26,13 +27,15 @@ from adapters.openai.responses_objects import (
     OutputItem,
     OutputMessage,
     OutputText,
+    ReasoningItem,
+    ReasoningText,
     ResponseError,
     ResponseObject,
     ResponseUsage,
 )
 from adapters.openai.responses_request import ResponsesRequest
-from adapters.openai.tool_prompt import tool_format
-from adapters.openai.tools import ToolCallStream, calls_tools
+from adapters.openai.output_reader import output_reader
+from adapters.openai.tools import calls_tools
 from runtime.request import OutputDelta
 from runtime.tokenizer import Tokenizer
 
@@ -67,9 +70,8 @@ class ResponsesOutput:
                           **_echo(req))
         self._on_done = on_done
         self._tracker = ChoiceTracker(1)
-        parallel = req.parallel_tool_calls is not False
-        self._tools = (ToolCallStream(tool_format(tokenizer, parallel))
-                       if calls_tools(req.chat_tools(), req.chat_tool_choice()) else None)
+        self._reader = output_reader(tokenizer, calls_tools(req.chat_tools(), req.chat_tool_choice()),
+                                     req.parallel_tool_calls is not False)
         self._items: list[OutputItem] = []
         self._parts: list[str] | None = None  # the open (last) item's text or arguments so far; None: none open
         self._sequence = 0
@@ -86,10 +88,12 @@ class ResponsesOutput:
         self._tracker.see(*item)
         delta = item[1]
         final = delta.finish_reason is not None
-        text, calls = (delta.text, []) if self._tools is None else self._tools.feed(delta.text, final=final)
-        if text:  # within one delta, text comes before calls (a call is the end of a turn)
-            events += self._text_delta(text)
-        for call in calls:
+        piece = self._reader.feed(delta.text, final=final)
+        if piece.reasoning:  # within one delta: reasoning, then text, then calls (a call is the end of a turn)
+            events += self._reasoning_delta(piece.reasoning)
+        if piece.content:
+            events += self._text_delta(piece.content)
+        for call in piece.events:
             if call.kind == "start":
                 events += self._call_start(call.call_id, call.name)
             else:
@@ -185,6 +189,17 @@ class ResponsesOutput:
                                   output_index=len(self._items) - 1, content_index=0, delta=text, logprobs=[]))
         return events
 
+    def _reasoning_delta(self, text: str) -> list[Event]:
+        events = []
+        if not isinstance(self._current()[0], ReasoningItem):
+            events += self._start(ReasoningItem(id=f"rs_{uuid.uuid4().hex}", status="in_progress", content=[]))
+            events.append(self._part_event("response.content_part.added", ReasoningText(text="")))
+        assert self._parts is not None
+        self._parts.append(text)
+        events.append(self._event("response.reasoning_text.delta", item_id=self._items[-1].id,
+                                  output_index=len(self._items) - 1, content_index=0, delta=text))
+        return events
+
     def _call_start(self, call_id: str, name: str) -> list[Event]:
         return self._start(FunctionToolCall(id=f"fc_{uuid.uuid4().hex}", status="in_progress", call_id=call_id,
                                             name=name, arguments=""))
@@ -196,7 +211,7 @@ class ResponsesOutput:
         return [self._event("response.function_call_arguments.delta", item_id=call.id, output_index=index,
                             delta=text)]
 
-    def _part_event(self, kind: str, part: OutputText) -> Event:
+    def _part_event(self, kind: str, part: OutputText | ReasoningText) -> Event:
         return self._event(kind, item_id=self._items[-1].id, output_index=len(self._items) - 1, content_index=0,
                            part=part.model_dump())
 
@@ -212,6 +227,13 @@ class ResponsesOutput:
             item.arguments = whole
             return [self._event("response.function_call_arguments.done", item_id=item.id, output_index=index,
                                 arguments=whole),
+                    self._event("response.output_item.done", output_index=index, item=item.model_dump())]
+        if isinstance(item, ReasoningItem):
+            thought = ReasoningText(text=whole)
+            item.content = [thought]
+            return [self._event("response.reasoning_text.done", item_id=item.id, output_index=index,
+                                content_index=0, text=whole),
+                    self._part_event("response.content_part.done", thought),
                     self._event("response.output_item.done", output_index=index, item=item.model_dump())]
         part = OutputText(text=whole)
         item.content = [part]

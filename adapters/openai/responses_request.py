@@ -12,15 +12,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from adapters.openai.requests import SamplingFields, UnsupportedFieldError
 from adapters.openai.response_format import JsonSchemaFormat, ResponseFormat
 from adapters.openai.tools import FunctionSpec, NamedToolChoice, ToolChoice, ToolSpec, check_tools
+from adapters.openai.validation import check_metadata
 from runtime.schema_check import check_schema
 
-_ITEM_TYPES = ("message", "function_call", "function_call_output")
-_PART_TYPES = ("input_text", "output_text", "refusal")
+_ITEM_TYPES = ("message", "function_call", "function_call_output", "reasoning")
+_PART_TYPES = ("input_text", "output_text", "refusal", "reasoning_text")
 _CHOICE_MODES = ("none", "auto", "required")
 
 
@@ -32,7 +33,7 @@ class TextPart(_Base):
     """A text part of a message: `input_text`, or `output_text` / `refusal` of an assistant message replayed
     from an earlier response's output."""
 
-    type: Literal["input_text", "output_text", "refusal"]
+    type: Literal["input_text", "output_text", "refusal", "reasoning_text"]
     text: str | None = None
     refusal: str | None = None
 
@@ -53,10 +54,10 @@ class InputItem(_Base):
     response's function call, or a function call's output. One model, not a union, so a bad field is named
     `input[i].field` in the 400 rather than lost among union branches."""
 
-    type: Literal["message", "function_call", "function_call_output"] = "message"
+    type: Literal["message", "function_call", "function_call_output", "reasoning"] = "message"
     id: str | None = None  # the item's id, listed by GET /v1/responses/{id}/input_items (one is given if none)
     role: Literal["user", "system", "developer", "assistant"] | None = None  # message
-    content: str | list[TextPart] | None = None  # message
+    content: str | list[TextPart] | None = None  # message; reasoning (its reasoning_text parts)
     call_id: str | None = None  # function_call, function_call_output
     name: str | None = None  # function_call
     arguments: str | None = None  # function_call: a JSON string, as OpenAI sends it
@@ -65,7 +66,7 @@ class InputItem(_Base):
     @model_validator(mode="after")
     def _fields_of_its_type(self) -> InputItem:
         needs = {"message": ("role", "content"), "function_call": ("call_id", "name", "arguments"),
-                 "function_call_output": ("call_id", "output")}[self.type]
+                 "function_call_output": ("call_id", "output"), "reasoning": ()}[self.type]
         for key in needs:
             if getattr(self, key) is None:
                 raise ValueError(f"a '{self.type}' item needs '{key}'")
@@ -170,6 +171,12 @@ class ResponsesRequest(SamplingFields):
     safety_identifier: str | None = None
 
     unsupported_fields = _RESPONSES_UNSUPPORTED
+
+    @field_validator("metadata", mode="before")
+    @classmethod
+    def _metadata_limits(cls, value: Any) -> Any:
+        check_metadata(value)  # it is stored and echoed: 16 pairs of bounded strings, as OpenAI takes
+        return value
 
     @model_validator(mode="before")
     @classmethod

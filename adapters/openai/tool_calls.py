@@ -8,7 +8,10 @@ Formats, detected from the chat template text:
 - Llama 3 JSON: the whole answer is `{"name": ..., "parameters": {...}}` (several joined by ";");
 - SmolLM2: `<tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>`, the list of Mistral's layout between
   tags (SmolLM2-1.7B-Instruct's function-calling format; the format of our own tool prompt for templates that
-  ignore tools, adapters/openai/tool_prompt.py). An empty list is no call.
+  ignore tools, adapters/openai/tool_prompt.py). An empty list is no call;
+- Phi-4-mini: `<|tool_call|>[{"name": ..., "arguments": {...}}]<|/tool_call|>`, the same layout with its own tags
+  (its model card; the tools go into the system turn, adapters/openai/tool_prompt.py);
+- gpt-oss's harmony messages: adapters/openai/harmony.py.
 
 A call's `arguments` is the model's own JSON text (OpenAI's too). A call whose name and arguments key have
 been read streams at once: a first entry with its id and name, then the argument text as it arrives. A
@@ -60,9 +63,9 @@ class ToolCallFormat:
 
     def call_structure(self, fn: Any) -> dict[str, Any]:
         """A structural-tag format element matching exactly one call of `fn` (a FunctionSpec)."""
-        body = {"type": "object", "properties": {"name": {"const": fn.name},
-                                                 self.args_key: fn.parameters or _EMPTY_PARAMETERS},
-                "required": ["name", self.args_key], "additionalProperties": False}
+        arguments, definitions = _nested(fn.parameters or _EMPTY_PARAMETERS, f"#/properties/{self.args_key}")
+        body = {"type": "object", "properties": {"name": {"const": fn.name}, self.args_key: arguments},
+                "required": ["name", self.args_key], "additionalProperties": False, **definitions}
         elements: list[dict[str, Any]] = [{"type": "json_schema", "json_schema": body}]
         if self.layout == "tags":
             elements = [{"type": "const_string", "value": self.begin + "\n"}, *elements,
@@ -74,14 +77,8 @@ class ToolCallFormat:
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
         """(content outside the calls, or None when there are calls and no other text; calls) of an output."""
-        reader = ToolCallStream(self)
-        content, events = reader.feed(text, final=True)
-        calls: list[ToolCall] = []
-        for event in events:
-            if event.kind == "start":
-                calls.append(ToolCall(event.name, "", event.call_id))
-            elif event.kind == "arguments":
-                calls[-1].arguments += event.text
+        content, events = ToolCallStream(self).feed(text, final=True)
+        calls = calls_of(events)
         if not calls:
             return content, []
         return content.strip() or None, calls
@@ -91,6 +88,7 @@ HERMES = ToolCallFormat("hermes", "arguments", "tags", "<tool_call>", "</tool_ca
 MISTRAL = ToolCallFormat("mistral", "arguments", "list", "[TOOL_CALLS]")
 LLAMA3_JSON = ToolCallFormat("llama3_json", "parameters", "json")
 SMOLLM2 = ToolCallFormat("smollm2", "arguments", "list", "<tool_call>", "</tool_call>")
+PHI4_MINI = ToolCallFormat("phi4_mini", "arguments", "list", "<|tool_call|>", "<|/tool_call|>")
 
 
 def tool_call_format(chat_template: Any, parallel: bool = True) -> ToolCallFormat:
@@ -104,6 +102,38 @@ def tool_call_format(chat_template: Any, parallel: bool = True) -> ToolCallForma
 # ---- reading JSON as it arrives ------------------------------------------------------------------------------
 
 _HEADER = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*', re.S)
+
+
+_DEFINITIONS = ("$defs", "definitions")
+_DATA = ("enum", "const", "default", "examples")  # JSON values, not schemas: their "$ref" keys are no references
+_NAME_MAPS = ("properties", "patternProperties", *_DEFINITIONS)  # keyword -> {name: schema}
+
+
+def _nested(schema: dict[str, Any], at: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`schema` made to sit at JSON pointer `at` of a larger schema: (it without its definitions, those
+    definitions for the larger schema's root). Its local references keep working: `#/$defs/...` ones find the
+    definitions at the new root, others (`#`, `#/properties/...`) are moved under `at`. Pydantic writes
+    nested models as `$defs` and `$ref`; left where they were, the grammar cannot resolve them."""
+    moved = {key: dict(schema[key]) for key in _DEFINITIONS if isinstance(schema.get(key), dict)}
+    root = {key: value for key, value in schema.items() if key not in moved}
+    # (a copied node, whether its keys are names rather than keywords)
+    stack: list[tuple[Any, bool]] = [(root, False), *((definitions, True) for definitions in moved.values())]
+    while stack:  # iterative: a deep schema must not exhaust the recursion limit
+        node, names = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in list(items):
+            if names or isinstance(key, int):
+                pass
+            elif key == "$ref" and isinstance(value, str) and value.startswith("#") and \
+                    not value.startswith(tuple(f"#/{d}/" for d in _DEFINITIONS)):
+                node[key] = at + value[1:]
+                continue
+            elif key in _DATA:
+                continue
+            if isinstance(value, (dict, list)):
+                node[key] = copy = dict(value) if isinstance(value, dict) else list(value)
+                stack.append((copy, key in _NAME_MAPS and not names and isinstance(value, dict)))
+    return root, moved
 
 
 def _value_end(text: str, start: int) -> int | None:
@@ -151,7 +181,7 @@ def _call_from_json(body: str, args_key: str) -> ToolCall | None:
     """A call from a complete JSON object (keys in any order), keeping the arguments' own text when it is there."""
     try:
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # model output nested past the decoder's stack is no call either
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
@@ -168,6 +198,31 @@ class CallEvent:
     call_id: str = ""
     name: str = ""
     text: str = ""
+
+
+def calls_of(events: list[CallEvent]) -> list[ToolCall]:
+    """The whole calls that `events` (of a whole output) describe."""
+    calls: list[ToolCall] = []
+    for event in events:
+        if event.kind == "start":
+            calls.append(ToolCall(event.name, "", event.call_id))
+        else:
+            calls[-1].arguments += event.text
+    return calls
+
+
+def call_deltas(events: list[CallEvent]) -> list[dict[str, Any]]:
+    """OpenAI's tool_calls stream entries for `events`: a call's first names it, the rest add arguments."""
+    entries: list[dict[str, Any]] = []
+    for event in events:
+        if event.kind == "start":
+            entries.append({"index": event.index, "id": event.call_id, "type": "function",
+                            "function": {"name": event.name, "arguments": ""}})
+        elif entries and entries[-1]["index"] == event.index and "id" not in entries[-1]:  # one push: one fragment
+            entries[-1]["function"]["arguments"] += event.text
+        else:
+            entries.append({"index": event.index, "function": {"arguments": event.text}})
+    return entries
 
 
 @dataclass
@@ -219,16 +274,7 @@ class ToolCallStream:
     def push_deltas(self, text: str, final: bool = False) -> tuple[str, list[dict[str, Any]]]:
         """(content to send now, OpenAI tool_calls delta entries: a call's first names it, the rest add arguments)."""
         content, events = self.feed(text, final)
-        entries: list[dict[str, Any]] = []
-        for event in events:
-            if event.kind == "start":
-                entries.append({"index": event.index, "id": event.call_id, "type": "function",
-                                "function": {"name": event.name, "arguments": ""}})
-            elif entries and entries[-1]["index"] == event.index and "id" not in entries[-1]:  # one push: one fragment
-                entries[-1]["function"]["arguments"] += event.text
-            else:
-                entries.append({"index": event.index, "function": {"arguments": event.text}})
-        return content, entries
+        return content, call_deltas(events)
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[CallEvent]]:
         """(content to send now, call events); `final` flushes everything held back."""

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from adapters.openai.output_reader import keeps_special_tokens
 from adapters.openai.requests import ChatCompletionRequest, CompletionRequest, SamplingFields
 from adapters.openai.tool_prompt import prompt_conversation, tool_format
-from adapters.openai.tools import chat_guided, template_tools
+from adapters.openai.tools import calls_tools, chat_guided, template_tools
 from runtime.request import GenerationRequest, SamplingOptions
 from runtime.tokenizer import Tokenizer
 
@@ -84,10 +85,13 @@ def chat_request(req: ChatCompletionRequest, response_id: str, tokenizer: Tokeni
     prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
                                            **(req.chat_template_kwargs or {}))
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    sampling = sampling_options(req, max_tokens=req.output_limit, logprobs=logprobs)
+    if keeps_special_tokens(tokenizer, calls_tools(req.tools, req.tool_choice)):
+        sampling.skip_special_tokens = False  # the output's markers are special tokens (output_reader.py)
     return GenerationRequest(
         request_id=response_id,
         prompt=prompt,
-        sampling=sampling_options(req, max_tokens=req.output_limit, logprobs=logprobs),
+        sampling=sampling,
         adapter=adapter,
         num_draft_tokens=req.num_draft_tokens,
         add_special_tokens=False,  # the template already wrote BOS and friends

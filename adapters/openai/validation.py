@@ -10,6 +10,39 @@ from runtime.errors import InvalidRequestError
 
 M = TypeVar("M", bound=BaseModel)
 
+MAX_METADATA_PAIRS = 16  # OpenAI's limits on `metadata`
+MAX_METADATA_KEY = 64
+MAX_METADATA_VALUE = 512
+
+
+class OpenAIValueError(InvalidRequestError):
+    """A 400 carrying the `code` OpenAI answers the same mistake with (e.g. "string_above_max_length")."""
+
+    def __init__(self, message: str, param: str, code: str) -> None:
+        super().__init__(message, param=param)
+        self.code = code
+
+
+def check_metadata(metadata: Any) -> None:
+    """OpenAI's limits on `metadata`: at most 16 pairs, keys up to 64 characters, string values up to 512, each
+    refused with OpenAI's message, param and code (other types are left to the schema's own error)."""
+    if not isinstance(metadata, dict):
+        return
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise OpenAIValueError(f"Invalid 'metadata': too many properties. Expected an object with at most "
+                               f"{MAX_METADATA_PAIRS} properties, but got an object with {len(metadata)} properties "
+                               "instead.", "metadata", "object_above_max_properties")
+    for key, value in metadata.items():
+        if len(key) > MAX_METADATA_KEY:
+            raise OpenAIValueError(f"Invalid 'metadata': string too long. Expected a key with maximum length "
+                                   f"{MAX_METADATA_KEY}, but got a key with length {len(key)} instead.", "metadata",
+                                   "string_above_max_length")
+        if isinstance(value, str) and len(value) > MAX_METADATA_VALUE:
+            param = f"metadata.{key}"
+            raise OpenAIValueError(f"Invalid '{param}': string too long. Expected a string with maximum length "
+                                   f"{MAX_METADATA_VALUE}, but got a string with length {len(value)} instead.", param,
+                                   "string_above_max_length")
+
 # Names pydantic puts into `loc` for the branches of a union (not field names).
 _SCALAR_TAGS = {"str", "int", "float", "bool", "none", "dict", "list"}
 

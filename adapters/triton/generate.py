@@ -279,11 +279,12 @@ _GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 def _guided(values: dict[str, Any]) -> GuidedDecoding | None:
     guide_type = values.get("guided_decoding_guide_type")
     guide = values.get("guided_decoding_guide")
+    source = "guided_decoding_guide"  # the input the guide came from, named in errors
     if values.get("guided_decoding") is not None:  # the JSON-schema shorthand
         if guide_type is not None or guide is not None:
             raise InvalidRequestError("give either 'guided_decoding' or 'guided_decoding_guide_type'/"
                                       "'guided_decoding_guide', not both", param="guided_decoding")
-        guide_type, guide = "json_schema", values["guided_decoding"]
+        guide_type, guide, source = "json_schema", values["guided_decoding"], "guided_decoding"
     if guide_type is None:
         if guide is not None:
             raise InvalidRequestError(
@@ -303,13 +304,22 @@ def _guided(values: dict[str, Any]) -> GuidedDecoding | None:
             param="guided_decoding_guide",
         )
     if guide_type == "json_schema":
-        try:
-            schema = json.loads(guide)
-        except ValueError as exc:
-            raise InvalidRequestError(
-                f"input 'guided_decoding_guide' is not valid JSON: {exc}", param="guided_decoding_guide"
-            ) from exc
-        return GuidedDecoding(json_schema=schema)
+        return GuidedDecoding(json_schema=_schema(guide, source), param=source)
     if guide_type == "regex":
-        return GuidedDecoding(regex=guide)
-    return GuidedDecoding(grammar=guide)
+        return GuidedDecoding(regex=guide, param=source)
+    return GuidedDecoding(grammar=guide, param=source)
+
+
+def _schema(text: str, source: str) -> dict[str, Any]:
+    """The JSON schema object in input `source` (valid JSON that is no object, such as "1", is refused here:
+    it is no schema)."""
+    try:
+        schema = json.loads(text)
+    except RecursionError:  # the decoder's stack ran out: far deeper than any schema guided decoding takes
+        raise InvalidRequestError(f"input '{source}' is nested too deeply to be a JSON schema", param=source) from None
+    except ValueError as exc:
+        raise InvalidRequestError(f"input '{source}' is not valid JSON: {exc}", param=source) from None
+    if not isinstance(schema, dict):
+        raise InvalidRequestError(f"input '{source}' must be a JSON schema object, got JSON {type(schema).__name__}",
+                                  param=source)
+    return schema

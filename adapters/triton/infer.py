@@ -6,8 +6,8 @@ The prompt inputs (`text_input`, `input_ids`, `input_lengths`) give one runtime 
 other input is shared by the batch, so its rows must agree. The tensors become the same values a
 generate body holds and go through `parse_generate`, so both dialects reach the engine identically.
 
-A stop signal is the backend's: a request whose `stop` input is true ends the running requests that
-carry the same request id (tensorrt_llm's `inflight_batcher_llm_client.py --stop-after-ms`).
+A stop signal is the backend's: a request whose `stop` input is true ends the caller's running requests that
+carry the same request id (tensorrt_llm's `inflight_batcher_llm_client.py --stop-after-ms`; gateway/triton_stops.py).
 """
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ def infer_body(tensors: list[Tensor], kind: ModelKind) -> dict[str, Any]:
     for tensor in tensors:
         if tensor.name in body:
             raise InvalidRequestError(f"input '{tensor.name}' is given twice", param=tensor.name)
+        if tensor.array.ndim and tensor.array.shape[0] == 0:
+            raise InvalidRequestError(f"input '{tensor.name}' has shape {tensor.shape}: its first dimension is the "
+                                      "batch size, which must be at least 1", param=tensor.name)
         spec = specs.get(tensor.name)
         body[tensor.name] = _value(tensor, spec.kind if spec is not None else None)
     body.pop("stop", None)  # false: an ordinary request (true is a stop signal, handled before)

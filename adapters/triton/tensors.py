@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.errors import InvalidRequestError
+from runtime.errors import InvalidRequestError, brief
 
 # KServe datatype -> little-endian numpy dtype (BYTES: Python bytes objects).
 DTYPES: dict[str, np.dtype] = {
@@ -43,14 +43,19 @@ class Tensor:
 
 
 def _checked_shape(name: str, datatype: str, shape: Any) -> tuple[tuple[int, ...], int]:
-    if datatype not in DTYPES:
+    if not isinstance(datatype, str) or datatype not in DTYPES:
         raise InvalidRequestError(
-            f"input '{name}' has datatype '{datatype}'; expected one of {', '.join(DTYPES)}", param=name)
+            f"input '{name}' has datatype {_brief(datatype)}; expected one of {', '.join(DTYPES)}", param=name)
     if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
                                                        for d in shape):
         raise InvalidRequestError(f"input '{name}' must have a shape of non-negative integers, got {shape!r}",
                                   param=name)
     return tuple(shape), math.prod(shape)
+
+
+def _brief(value: Any) -> str:
+    """`value` as quoted in an error: short, whatever was sent."""
+    return brief(f"'{value}'" if isinstance(value, str) else repr(value), 40)
 
 
 def _flat_json(name: str, data: Any) -> list[Any]:

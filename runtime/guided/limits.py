@@ -22,10 +22,11 @@ longer than MAX_COMPILE_SECONDS (runtime/guided/compiler.py).
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
-from runtime.errors import InvalidRequestError
+from runtime.errors import InvalidRequestError, brief
 from runtime.guided.grammars import guided_kind
 from runtime.request import GuidedDecoding
 
@@ -72,6 +73,8 @@ class _Walk:
                 if not data:
                     self._keywords(node)
                 for key, sub in node.items():
+                    if not isinstance(key, str):
+                        raise _not_json(self.param, f"a key {_brief(key)}")
                     self.chars += len(key) + 4
                     stack.append((sub, depth + 1, data or key in ("enum", "const")))
             elif isinstance(node, list):
@@ -81,8 +84,10 @@ class _Walk:
                 if data and len(node) > MAX_LITERAL_CHARS:
                     raise _too_large(self.param, f"an enum or const string longer than {MAX_LITERAL_CHARS} characters")
                 self.chars += len(node) + 2
-            else:  # numbers, booleans, null
+            elif node is None or isinstance(node, (bool, int)) or (isinstance(node, float) and math.isfinite(node)):
                 self.chars += 8
+            else:  # what a message from another process may hold that JSON cannot (bytes, NaN, extensions)
+                raise _not_json(self.param, _brief(node))
             if self.chars > MAX_CHARS:
                 raise _too_large(self.param, f"longer than {MAX_CHARS} characters")
 
@@ -158,6 +163,14 @@ def pattern_repeats(pattern: str) -> tuple[int, int]:
 
 def _int(digits: str) -> int:
     return int(digits) if len(digits) < 10 else _HUGE
+
+
+def _not_json(param: str, what: str) -> InvalidRequestError:
+    return InvalidRequestError(f"The guided decoding constraint is not JSON: it holds {what}.", param=param)
+
+
+def _brief(value: Any) -> str:
+    return f"{type(value).__name__} {brief(repr(value), 40)}"
 
 
 def _too_large(param: str, what: str) -> InvalidRequestError:

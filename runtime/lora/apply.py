@@ -116,7 +116,7 @@ class LoraDelta:
         self.batch = batch
         self.stacks = stacks
         self.expand: Callable[..., torch.Tensor] | None = None
-        if stacks.weight is not None:  # CUDA: A folded under the base weight (runtime/lora/slots.py)
+        if batch.cuda:  # A folded under the base weight (runtime/lora/slots.py), or beside an FP8 one
             from runtime.cuda.lora_kernels import lora_expand  # Triton is needed on CUDA only
 
             self.expand = lora_expand
@@ -125,16 +125,23 @@ class LoraDelta:
         if not self.batch.active:
             return linear.base(x)
         if self.expand is not None:
-            return self._folded(x)
+            return self._folded(x, linear)
         return self._add_updates(x, linear.base(x))
 
-    def _folded(self, x: torch.Tensor) -> torch.Tensor:
-        """CUDA: one matmul over [W; A_all] gives y and h_all; then the gathered expand kernel (decode
-        sizes), or the all-slots product masked by each token's slot (many tokens: it reads B once)."""
+    def _folded(self, x: torch.Tensor, linear: Linear) -> torch.Tensor:
+        """CUDA: one matmul over [W; A_all] gives y and h_all (an FP8 W: its own product, h_all beside it); then
+        the gathered expand kernel (decode sizes), or the all-slots product masked by each token's slot (many
+        tokens: it reads B once)."""
         stacks, batch = self.stacks, self.batch
         out, rank, slots = stacks.out_features, stacks.matmul_rank, stacks.num_slots
         width = out + rank * slots
-        y_ext = F.linear(x, stacks.weight[:width], None if stacks.bias is None else stacks.bias[:width])  # type: ignore[index]
+        if stacks.weight is None:
+            y = linear.base(x)
+            if rank == 0:
+                return y
+            y_ext = torch.cat((y, F.linear(x, stacks.a[:rank].reshape(rank * slots, -1))), dim=1)
+        else:
+            y_ext = F.linear(x, stacks.weight[:width], None if stacks.bias is None else stacks.bias[:width])
         if rank == 0:  # no adapter touches this Linear yet
             return y_ext
         if x.shape[0] <= EXPAND_TOKENS:

@@ -129,7 +129,7 @@ class LoraManager:
             existing = self.registry.by_id.get(task.task_id)
         if existing is not None and existing.path is not None:
             raise InvalidRequestError(
-                f"lora_task_id {task.task_id} is the adapter '{existing.name}' loaded from {existing.path}; "
+                f"lora_task_id {task.task_id} is the adapter '{existing.name}' loaded by name; "
                 "send the id alone to use it", param="lora_task_id")
         if existing is not None:
             return None  # cached: the cached weights serve, as in TensorRT-LLM

@@ -23,6 +23,7 @@ import torch
 from runtime.errors import InvalidRequestError
 from runtime.lora.targets import LoraTargets
 from runtime.lora.weights import LoraPair, LoraWeights
+from runtime.models.fp8 import FP8
 from runtime.models.linear import Linear
 
 
@@ -157,13 +158,17 @@ class DeviceSlots:
             stacks.clear(slot)
         return True
 
+    def _folds(self, linear: Linear) -> bool:
+        """A under the base weight in one buffer: on CUDA, for 16-bit weights (an FP8 weight has its own product)."""
+        return self.device.type == "cuda" and linear.weight.dtype != FP8
+
     def allocate(self, module: str) -> LinearSlots:
         """The stacks of `module`, allocated (zeros) on first use."""
         stacks = self.linears.get(module)
         if stacks is None:
             linear = self.targets.modules[module]
             stacks = LinearSlots(linear.in_features, linear.out_features, self.num_slots, self.capacity(module),
-                                 self.device, self.dtype, base=linear if self.device.type == "cuda" else None)
+                                 self.device, self.dtype, base=linear if self._folds(linear) else None)
             self.linears[module] = stacks
             self.version += 1
             for callback in self.on_allocate:

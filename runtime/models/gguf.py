@@ -29,6 +29,7 @@ from gguf import GGUFReader, Keys
 from gguf.quants import dequantize
 from tqdm.auto import tqdm
 
+from runtime.cache import cache_folder
 from runtime.device import DTYPES
 
 logger = logging.getLogger(__name__)
@@ -101,29 +102,66 @@ def resolve_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) 
     if done.is_dir():
         logger.debug("GGUF %s: using the checkpoint converted before, cached in %s", gguf_file, done / name)
         return str(done / name)
-    root.mkdir(parents=True, exist_ok=True)
-    # written into a temporary folder and renamed, so a crash or a concurrent start never sees half a folder
-    work = Path(tempfile.mkdtemp(prefix=f".{done.name}-", dir=root))
+    needed = _converted_bytes(gguf_file, dtype)
+    _check_room(root, needed)
     try:
-        started = time.perf_counter()
-        stored = _convert(gguf_file, work / name, dtype)
+        # written into a temporary folder and renamed, so a crash or a concurrent start never sees half a folder
+        work = Path(tempfile.mkdtemp(prefix=f".{done.name}-", dir=root))
         try:
-            work.rename(done)
-        except OSError:  # another process finished the same conversion first
-            if not done.is_dir():
-                raise
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+            started = time.perf_counter()
+            stored = _convert(gguf_file, work / name, dtype)
+            try:
+                work.rename(done)
+            except OSError:  # another process finished the same conversion first
+                if not done.is_dir():
+                    raise
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    except OSError as exc:  # unwritable, full: one line that says what to do, not a traceback
+        raise CacheFolderError(root, needed, exc.strerror or str(exc)) from None
     logger.info("GGUF %s converted to %s checkpoint in %.1f s, cached in %s",
                 gguf_file, stored, time.perf_counter() - started, done / name)
     return str(done / name)
 
 
+class CacheFolderError(ValueError):
+    """The converted checkpoint cannot be written to the cache folder (a start-up error of one line)."""
+
+    def __init__(self, root: Path, needed: int, reason: str) -> None:
+        super().__init__(f"cannot write the converted GGUF checkpoint to {root}: {reason}; it needs about "
+                         f"{-(-needed // 2**20)} MiB free there. Set XDG_CACHE_HOME to a writable folder with room "
+                         "(the cache is $XDG_CACHE_HOME/trtllm-gateway/gguf, by default under ~/.cache).")
+
+
+def _check_room(root: Path, needed: int) -> None:
+    """CacheFolderError when `root` cannot be made or holds less than `needed` bytes free."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+        free = shutil.disk_usage(root).free
+        if free < needed:
+            raise OSError(28, f"only {free // 2**20} MiB free")
+    except OSError as exc:
+        raise CacheFolderError(root, needed, exc.strerror or str(exc)) from None
+
+
+def _converted_bytes(gguf_file: Path, dtype: str) -> int:
+    """About the size of the converted checkpoint: its weights in the target dtype, and a margin for the rest."""
+    reader = GGUFReader(gguf_file)
+    target = DTYPES[dtype] if dtype != "auto" else _exact_dtype(reader)
+    weights = sum(int(t.n_elements) for t in reader.tensors) * target.itemsize
+    return weights + gguf_file.stat().st_size // 10 + 16 * 2**20  # tokenizer files, config
+
+
 def unconverted_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) -> Path | None:
-    """The GGUF file resolve_gguf(path, dtype) would convert (none converted before is cached); else None."""
+    """The GGUF file resolve_gguf(path, dtype) would convert (none converted before is cached); else None.
+    CacheFolderError when the cache cannot take the conversion: said at once, before the port opens."""
     gguf_file = _gguf_file(Path(path))
-    if gguf_file is None or _converted(gguf_file, dtype, cache_dir or _default_cache_dir()).is_dir():
+    root = cache_dir or _default_cache_dir()
+    if gguf_file is None or _converted(gguf_file, dtype, root).is_dir():
         return None
+    _check_room(root, _converted_bytes(gguf_file, dtype))
     return gguf_file
 
 
@@ -153,8 +191,7 @@ def _gguf_file(path: Path) -> Path | None:
 
 
 def _default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "trtllm-gateway" / "gguf"
+    return cache_folder("gguf")
 
 
 def _convert(gguf_file: Path, out: Path, dtype: str) -> str:

@@ -4,7 +4,8 @@ Each fused part keeps its checkpoint name and width (`parts`), so the loader can
 delta can be applied per part. `delta` is the seam for per-token low-rank updates: when set, the
 layer's output is `delta(x, linear)`, which computes the projection itself (with `base`, or folding
 more rows into the same matmul, as the CUDA LoRA path does) and adds the updates. On CPU, `cpu_weight`
-holds faster forms of the weight (runtime/models/cpu_weights.py) that `base` picks from.
+holds faster forms of the weight (runtime/models/cpu_weights.py) that `base` picks from. An FP8 Linear
+(runtime/models/fp8.py) holds `weight` in float8_e4m3fn with its `weight_scale` (and maybe `input_scale`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.models.cpu_weights import CpuWeight
+from runtime.models.fp8 import FP8, fp8_linear
 
 Delta = Callable[[torch.Tensor, "Linear"], torch.Tensor]
 
@@ -41,6 +43,9 @@ class Linear(nn.Module):
         self.bias = (
             nn.Parameter(torch.empty(self.out_features, dtype=dtype), requires_grad=False) if bias else None
         )
+        # FP8 weights (runtime/models/fp8_checkpoint.py makes them parameters): float32 [out] and [1]
+        self.register_parameter("weight_scale", None)
+        self.register_parameter("input_scale", None)
         self.delta: Delta | None = None
         self.cpu_weight: CpuWeight | None = None  # prepacked and quantized forms on CPU (prepare_cpu_weights)
 
@@ -53,6 +58,8 @@ class Linear(nn.Module):
         """The projection without adapters."""
         if self.cpu_weight is not None:
             return self.cpu_weight.linear(x, self.weight, self.bias)
+        if self.weight.dtype == FP8:
+            return fp8_linear(x, self.weight, self.weight_scale, self.input_scale, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def part_range(self, part: str) -> tuple[int, int]:

@@ -4,26 +4,31 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
 from runtime.models.base import CausalLM
+from runtime.models.fp8_checkpoint import Fp8Reader, checkpoint_is_fp8, quantize_model
 from runtime.models.linear import Linear
 from runtime.models.moe import Experts
 from runtime.models.registry import UnsupportedArchitectureError, check_supported, model_class
 from runtime.models.spec import ModelSpec
 
+Quantization = Literal["none", "fp8"]
+
 
 def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
-               context_window: int | None = None) -> CausalLM:
+               context_window: int | None = None, quantization: Quantization = "none") -> CausalLM:
     """Our CausalLM for the folder `path` (config.json + model.safetensors or sharded with an index).
 
     dtype None keeps the checkpoint's dtype (float32 if config.json names none). Tensors are
     converted and moved as they are copied in; a progress bar counts them. `context_window`: the served
-    context (max_model_len), which picks LongRoPE's factors. Raises UnsupportedArchitectureError for
-    architectures or options we do not implement.
+    context (max_model_len), which picks LongRoPE's factors. FP8 checkpoints keep their FP8 weights where the
+    device multiplies them (runtime/models/fp8_checkpoint.py); `quantization` "fp8" quantizes a 16-bit checkpoint's
+    projections. Raises UnsupportedArchitectureError for architectures or options we do not implement.
     """
     folder = Path(path)
     spec = ModelSpec.from_pretrained(folder)
@@ -38,7 +43,13 @@ def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device
     except ValueError as exc:  # an option of this config that we do not implement (rope type, activation, ...)
         raise UnsupportedArchitectureError(spec.architecture, str(exc)) from exc
     files = checkpoint_files(folder)
-    _fill(model, files)
+    try:
+        fp8 = Fp8Reader(model, files, torch.device(device)) if checkpoint_is_fp8(folder, spec.config) else None
+    except ValueError as exc:  # a quantization scheme we do not read
+        raise UnsupportedArchitectureError(spec.architecture, str(exc)) from exc
+    _fill(model, files, fp8)
+    if fp8 is None and quantization == "fp8":
+        quantize_model(model)
     return model.eval()
 
 
@@ -57,7 +68,7 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return found
 
 
-def _fill(model: CausalLM, files: list[Path]) -> None:
+def _fill(model: CausalLM, files: list[Path], fp8: Fp8Reader | None) -> None:
     params = dict(model.named_parameters())
     loaded: dict[str, set[str | None]] = {name: set() for name in params}
     keys: list[tuple[Path, list[str]]] = []
@@ -68,16 +79,24 @@ def _fill(model: CausalLM, files: list[Path]) -> None:
         for file, names in keys:
             with safe_open(str(file), framework="pt", device="cpu") as f:
                 for name in names:
-                    target = model.checkpoint_target(name)
-                    if target is not None:
+                    # an FP8 weight and its scales come out together once all are read (fp8_checkpoint.py)
+                    ready = fp8.accept(name, f.get_tensor(name)) if fp8 is not None and fp8.takes(name) else [
+                        (name, None)]
+                    for ready_name, read in ready:
+                        target = model.checkpoint_target(ready_name)
+                        if target is None:
+                            continue
                         param_name, part = target
                         if param_name not in params:
-                            raise ValueError(f"checkpoint tensor {name!r} in {file.name} matches no model parameter")
-                        tensor = model.convert_tensor(param_name, f.get_tensor(name))
+                            raise ValueError(f"checkpoint tensor {ready_name!r} in {file.name} matches no model "
+                                             "parameter")
+                        tensor = model.convert_tensor(param_name, f.get_tensor(name) if read is None else read)
                         if tensor is not None:  # None: held until what it combines with is read (gpt_oss.py)
                             _copy(model, param_name, part, tensor)
                             loaded[param_name].add(part)
                     bar.update(1)
+    if fp8 is not None:
+        fp8.finish()  # (an FP8 weight whose scale never came is named there)
     missing = [name for name, parts in loaded.items() if not _complete(model, name, parts)]
     if missing:
         raise ValueError(f"checkpoint is missing weights for: {', '.join(missing)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from runtime.models.activation import get_activation
 from runtime.models.base import CausalLM
+from runtime.models.fp8_checkpoint import QUANT_METHODS, check_quantization_config
 from runtime.models.gpt2 import GPT2LMHeadModel
 from runtime.models.gpt_oss import GptOssForCausalLM
 from runtime.models.llama import LlamaForCausalLM
@@ -61,6 +62,13 @@ def check_supported(spec: ModelSpec) -> None:
     if spec.architecture == "GptOssForCausalLM" and (config.get("quantization_config") or {}).get(
             "quant_method") == "mxfp4":
         refused.pop("quantization_config")  # OpenAI's own files: dequantized on load (gpt_oss.py)
+    quantization = config.get("quantization_config") or {}
+    if quantization.get("quant_method") in QUANT_METHODS:  # FP8 checkpoints (fp8_checkpoint.py)
+        refused.pop("quantization_config")
+        try:
+            check_quantization_config(quantization)
+        except ValueError as exc:
+            raise UnsupportedArchitectureError(spec.architecture, str(exc)) from exc
     for key, what in refused.items():
         if config.get(key):
             raise UnsupportedArchitectureError(spec.architecture, f"not supported: {what} ({key})")

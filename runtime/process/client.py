@@ -14,8 +14,9 @@ request in flight then ends with an error delta, `ready` turns False (the gatewa
 and the server exit non-zero). `shutdown` drains in the core, then waits for it to exit, killing it if needed.
 
 Several front ends (--api-servers N, gateway/api_servers.py) share one core: front end 0 starts it with a
-socket pair for each, the others attach to theirs (`FrontEnd`), learn the core's pid from its Ready message
-and leave its shutdown to front end 0.
+socket pair for each, the others attach to theirs (`FrontEnd`: an Attach message, answered by Ready, which
+also ends what an earlier process of the same front end left running: a restarted front end attaches the same
+way), learn the core's pid from its Ready message and leave its shutdown to front end 0.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ from runtime.llm_engine import describe_model
 from runtime.output_text import FrontEndText, text_in_front_end
 from runtime.process.core import Addresses, CoreArgs
 from runtime.process.messages import (
-    Abort, AddRequest, LoraCall, LoraReply, Phase, Ready, Rejected, Shutdown, StartFailed, StepOutputs, ToCore,
-    encoder, rebuild_error, to_front_end,
+    Abort, AddRequest, Attach, LoraCall, LoraReply, Phase, Ready, Rejected, Shutdown, StartFailed, StepOutputs,
+    ToCore, encoder, rebuild_error, to_front_end,
 )
 from runtime.request import GenerationRequest, OutputDelta
 from runtime.tokenizer import Tokenizer
@@ -169,20 +170,26 @@ class EngineClient(Engine):
 
     async def _first_message(self) -> Ready:
         assert self._receiver is not None
+        attached = self._process is not None  # front end 0 started the core: it says Ready unasked
         while True:
+            if not attached:  # (until the core has connected, there is no one to send it to)
+                try:
+                    self._send(Attach(self.front_end.index))
+                    attached = True
+                except zmq.Again:
+                    pass
             if await self._receiver.poll(200):
                 msg = to_front_end.decode(await self._receiver.recv())
                 if isinstance(msg, StartFailed):
                     raise EngineFailedError(f"the engine core failed to start: {msg.error}")
+                if isinstance(msg, Ready):
+                    return msg
                 if isinstance(msg, Phase):
                     self._phase = msg.text
-                    continue
-                if isinstance(msg, StepOutputs):
-                    # Ready and step outputs leave the core on different sockets: a front end that starts
-                    # while others already serve may see their steps' stats first (none of its own requests)
-                    continue
-                assert isinstance(msg, Ready), msg
-                return msg
+                # Ready and step outputs leave the core on different sockets: a front end that starts while others
+                # already serve may see their steps' stats first, and a restarted one what its earlier process was
+                # sent (none of that is about its own requests)
+                continue
             if self._failure is not None:
                 raise EngineFailedError(self._failure)
 

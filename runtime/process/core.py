@@ -2,21 +2,26 @@
 
     python -m runtime.process.core < CoreArgs as msgpack    # started by EngineClient, not by hand
 
-The front end has already tokenized and validated each request; here a request is only handed to the step
-thread (after its grammar compiles, when it has one). The step thread sends each step's deltas itself
-(SocketOutbox), so per step there is one message and no hop through this process's event loop. This loop
-sends the rest on its own socket: Ready/StartFailed, refusals and LoRA replies.
+The front end has already tokenized and validated each request; here it is checked again (a message is decoded,
+not trusted) and handed to the step thread (after its grammar compiles, when it has one). Nothing in one message
+ends the core: one it cannot decode, check or compile is refused alone (`Rejected`, an InvalidRequestError naming
+the field, for its front end to answer in its dialect), and one that names no request or front end is dropped.
+The step thread sends each step's deltas itself (SocketOutbox), so per step there is one message and no hop
+through this process's event loop. This loop sends the rest on its own socket: Ready/StartFailed, refusals and
+LoRA replies.
 
 Signals: SIGINT and SIGTERM are ignored. The front end drains first and then sends Shutdown; Ctrl-C or a
 group-wide SIGTERM reaches both processes, and the core must keep serving while the front end drains. If the
-front end dies anyway, the core notices that its parent is gone within PARENT_POLL s and exits.
+front end dies anyway, the kernel kills the core with it (Linux; elsewhere it notices within PARENT_POLL s).
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import os
+import re
 import signal
 import sys
 import threading
@@ -31,14 +36,15 @@ import zmq.asyncio
 from runtime.config import EngineConfig
 from runtime.delivery import Outbox, Pending
 from runtime.engine import EngineStats
+from runtime.errors import brief
 from runtime.llm_engine import NativeEngine
 from runtime.process.messages import (
-    STATS_PERIOD, Abort, AddRequest, LoraCall, LoraReply, Phase, Ready, Rejected, Shutdown, StartFailed, StepOutputs,
-    encoder, error_info, to_core,
+    STATS_PERIOD, Abort, AddRequest, Attach, ErrorInfo, LoraCall, LoraReply, Phase, Ready, Rejected, Shutdown,
+    StartFailed, StepOutputs, encoder, error_info, to_core,
 )
 from runtime.request import OutputDelta
 from runtime.request_state import RequestState
-from runtime.validation import PreparedRequest
+from runtime.validation import PreparedRequest, check_prepared
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +125,10 @@ class SocketOutbox(Outbox):
             owned_requests, owned_ids = columns.get(index, ([], []))
             if deltas or owned_requests or stats is not None:
                 message = StepOutputs(deltas, stats, owned_requests, owned_ids, now)
-                socket.send(encoder.encode(message), copy=False)
+                try:
+                    socket.send(encoder.encode(message), zmq.NOBLOCK, copy=False)
+                except zmq.Again:  # a dead front end's queue is full: never block the step thread for it
+                    pass
 
 
 class CoreServer:
@@ -151,8 +160,18 @@ class CoreServer:
 
     async def _tell_all(self, msg: object) -> None:
         data = encoder.encode(msg)
-        for control in self._controls:
-            await control.send(data)
+        for index in range(len(self._controls)):
+            await self._tell(index, data)
+
+    async def _tell(self, front_end: int, data: bytes) -> None:
+        """Send to one front end; dropped when its queue is full (a dead front end's, until it is restarted)."""
+        try:
+            await self._controls[front_end].send(data, zmq.NOBLOCK)
+        except zmq.Again:
+            logger.warning("front end %d is not reading; a message to it was dropped", front_end)
+
+    def _ready(self) -> Ready:
+        return Ready(self.engine.lora_adapters() or {}, self.engine.stats(), os.getpid(), self.engine.phase)
 
     async def serve(self) -> int:
         """Start the engine, then serve until Shutdown (0) or the engine dies (1)."""
@@ -164,8 +183,7 @@ class CoreServer:
             await self._tell_all(StartFailed(f"{type(exc).__name__}: {exc}"))
             phases.cancel()
             return 1
-        await self._tell_all(Ready(self.engine.lora_adapters() or {}, self.engine.stats(), os.getpid(),
-                                   self.engine.phase))
+        await self._tell_all(self._ready())
         watcher = asyncio.create_task(self._watch_engine())
         receiver = asyncio.create_task(self._receive())
         done, _ = await asyncio.wait({watcher, receiver}, return_when=asyncio.FIRST_COMPLETED)
@@ -189,7 +207,12 @@ class CoreServer:
 
     async def _receive(self) -> None:
         while True:
-            msg = to_core.decode(await self._inbox.recv())
+            data = await self._inbox.recv()
+            try:
+                msg = to_core.decode(data)
+            except Exception as exc:  # noqa: BLE001 - wrong types, shapes or extensions: refused, never fatal
+                await self._refuse_malformed(data, exc)
+                continue
             if isinstance(msg, AddRequest):
                 self._spawn(self._add(msg))
             elif isinstance(msg, Abort):
@@ -199,27 +222,65 @@ class CoreServer:
                     self.engine.abort(request_id)
             elif isinstance(msg, LoraCall):
                 self._spawn(self._lora(msg))
+            elif isinstance(msg, Attach):
+                self._attach(msg.front_end)
             elif isinstance(msg, Shutdown):
                 self._stopping = True
-                await asyncio.gather(*self._tasks)  # requests handed over before the shutdown are served
+                # requests handed over before the shutdown are served (a failed hand-over was answered already)
+                await asyncio.gather(*self._tasks, return_exceptions=True)
                 await self.engine.shutdown(msg.drain_timeout)
                 return
+
+    def _attach(self, front_end: int) -> None:
+        """A front end (re)starts: abort what its earlier process left running, and say Ready to it."""
+        if not 0 <= front_end < len(self._controls):
+            return
+        left = [request_id for request_id, owner in list(self._owners.items()) if owner == front_end]
+        for request_id in left:
+            if request_id in self._adding:
+                self._aborted_while_adding.add(request_id)
+            self.engine.abort(request_id)
+        if left:
+            logger.warning("front end %d restarted: aborted the %d requests its earlier process left", front_end,
+                           len(left))
+        self._spawn(self._tell(front_end, encoder.encode(self._ready())))
 
     def _spawn(self, coro: object) -> None:
         task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _refuse_malformed(self, data: bytes, exc: Exception) -> None:
+        """Refuse a message that does not decode as what it claims to be, to the request and front end it names."""
+        addressee = _addressee(data, len(self._controls))
+        if addressee is None:
+            logger.error("dropped a message that names no request of a front end: %s", brief(exc))
+            return
+        request_id, front_end = addressee
+        match = _FIELD_PATH.search(str(exc))
+        names = re.findall(r"\.(\w+)", match[1]) if match else []
+        param = names[-1] if names else None
+        reason = _FIELD_PATH.sub("", str(exc)) if match else f"{type(exc).__name__}: {exc}"
+        error = ErrorInfo("InvalidRequestError", brief(f"Invalid value for '{param or 'the request'}': {reason}"),
+                          {"param": param})
+        await self._tell(front_end, encoder.encode(Rejected(request_id, error)))
+
     async def _add(self, msg: AddRequest) -> None:
         request_id = msg.request.request_id
+        if not 0 <= msg.front_end < len(self._controls):
+            logger.error("dropped request %s of an unknown front end %d", brief(request_id), msg.front_end)
+            return
         self._adding.add(request_id)
         self._owners[request_id] = msg.front_end
         try:
             prepared = PreparedRequest(msg.prompt_token_ids, msg.max_tokens, msg.bad_words_ids)
-            await self.engine.submit(msg.request, prepared)
+            engine = self.engine
+            check_prepared(msg.request, prepared, vocab_size=engine.spec.vocab_size,
+                           context_window=engine.model_info.context_window, config=engine.config)
+            await engine.submit(msg.request, prepared)
         except Exception as exc:  # noqa: BLE001 - every refusal goes back to its caller
             self._owners.pop(request_id, None)
-            await self._controls[msg.front_end].send(encoder.encode(Rejected(request_id, error_info(exc))))
+            await self._tell(msg.front_end, encoder.encode(Rejected(request_id, error_info(exc))))
             return
         finally:
             self._adding.discard(request_id)
@@ -252,8 +313,30 @@ class CoreServer:
         self._context.term()
 
 
+_FIELD_PATH = re.compile(r" - at `\$((?:\.\w+|\[\d+\])*)[^`]*`")  # where msgspec says the bad value is
+def _addressee(data: bytes, front_ends: int) -> tuple[str, int] | None:
+    """(request id, front end) of a malformed AddRequest, read leniently; None when it names neither."""
+    try:
+        raw = msgspec.msgpack.decode(data)  # plain values: extensions stay msgspec.msgpack.Ext
+    except Exception:  # noqa: BLE001 - not even msgpack
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("request"), dict):
+        return None
+    request_id, front_end = raw["request"].get("request_id"), raw.get("front_end", 0)
+    if not isinstance(request_id, str) or type(front_end) is not int or not 0 <= front_end < front_ends:
+        return None
+    return request_id, front_end
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal the kernel sends when the parent dies
+
+
 def exit_when_orphaned(parent_pid: int) -> None:
-    """Exit (1) within PARENT_POLL s of the parent process's death."""
+    """Die with the parent process: on Linux the kernel kills this process the moment its parent dies (it would
+    otherwise step on for streams no one reads, holding the GPU); a poll every PARENT_POLL s covers other systems
+    and a parent that died before the request was made."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
     def watch() -> None:
         while os.getppid() == parent_pid:

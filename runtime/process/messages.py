@@ -1,11 +1,13 @@
 """What the front end and the engine-core process say to each other, and how it is encoded (msgpack).
 
 Front end -> core: `AddRequest` (a request already tokenized and validated by the front end), `Abort`,
-`LoraCall` (load/unload an adapter), `Shutdown`.
+`LoraCall` (load/unload an adapter), `Shutdown`, `Attach` (a front end that did not start the core, or was
+restarted, says it is there: the core answers `Ready`).
 With --api-servers N there are N front ends; each request's outputs go back to the one that sent it.
 Core -> front end: `Ready` (or `StartFailed`) once, then `StepOutputs` (one per engine step that produced
 anything: every request's new deltas or token ids, and the engine's stats at most every STATS_PERIOD s),
-`Rejected` (a request the core refused after it was handed over: queue full, grammar, adapter), `LoraReply`.
+`Rejected` (a request the core refused after it was handed over: queue full, grammar, adapter), `LoraReply`,
+`Phase` (what a starting or warming core is doing, for /health).
 
 The request/delta dataclasses of runtime.request travel as they are (msgspec encodes dataclasses); tensors
 (context/generation logits) and numpy arrays (Triton LoRA weights) travel as msgpack extensions.
@@ -58,6 +60,13 @@ class Shutdown(msgspec.Struct, tag="shutdown"):
     drain_timeout: float
 
 
+class Attach(msgspec.Struct, tag="attach"):
+    """Front end `front_end` starts (a restarted one too): what an earlier process of that front end left
+    running is aborted, and the core answers Ready."""
+
+    front_end: int
+
+
 class Ready(msgspec.Struct, tag="ready"):
     adapters: dict[str, str]
     stats: EngineStats
@@ -99,7 +108,7 @@ class LoraReply(msgspec.Struct, tag="lora_reply"):
     front_end: int = 0
 
 
-ToCore = Union[AddRequest, Abort, LoraCall, Shutdown]
+ToCore = Union[AddRequest, Abort, LoraCall, Shutdown, Attach]
 ToFrontEnd = Union[Ready, StartFailed, StepOutputs, Rejected, LoraReply, Phase]
 
 

@@ -1,5 +1,5 @@
-"""benchmarks/hostile.py for 1 s per phase with one sender of lone surrogates (its own gateway process on the
-demo model)."""
+"""benchmarks/hostile.py for 1 s per phase with one sender of lone surrogates (HTTP) and malformed messages
+(gRPC), beside the prober of both transports (its own gateway process on the demo model)."""
 
 from __future__ import annotations
 
@@ -16,12 +16,16 @@ pytestmark = pytest.mark.benchmark_smoke
 
 # the gateway it starts runs the engine in the gateway's process (TRTLLM_GATEWAY_ENGINE_PROCESS=false): the script runs
 # the same, without a second torch process to start (3-4 s here); the engine-core process is served in tests/e2e
-def test_lone_surrogates_beside_the_prober(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lone_surrogates_and_malformed_grpc_messages_beside_the_prober(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "hostile.json"
     monkeypatch.setenv("TRTLLM_GATEWAY_ENGINE_PROCESS", "false")
-    assert hostile.main(["--duration", "1", "--senders", "1", "--only", "lone_surrogate", "--json", str(out)]) == 0
+    assert hostile.main(["--duration", "1", "--senders", "1", "--only", "lone_surrogate", "--only",
+                         "grpc_malformed_stream", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert result["server_5xx"] == 0
-    assert set(result["hostile_statuses"]) == {"lone_surrogate 400"}, result["hostile_statuses"]
+    assert result["server_5xx"] == 0 and result["server_exited"] is False
+    assert set(result["hostile_statuses"]) <= {"lone_surrogate 400", "grpc_malformed_stream OK (error response)"}, \
+        result["hostile_statuses"]
     for phase in ("idle", "hostile"):
         assert positive(result[phase]["count"], result[phase]["p50_ms"], result[phase]["p99_ms"])
+        assert positive(result["by_kind"]["grpc_infer"][phase]["count"])

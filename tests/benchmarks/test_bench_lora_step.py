@@ -25,3 +25,20 @@ def test_decode_and_prefill_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert [(r["batch"], r["new_tokens_per_seq"]) for r in results] == [(2, 1), (2, 8)]
     assert all(positive(r["base_ms"], r["lora_ms"], r["ratio"]) for r in results)
     assert "top operators by self_cpu_time_total" in capsys.readouterr().out  # --profile
+
+
+def test_replayed_hands_the_graphs_the_steps_columns() -> None:
+    """On CUDA `replayed` asked the engine's decode graphs about a list of inputs, which they read as columns
+    (`'list' object has no attribute 'counts'`); the CPU run never asks (no graphs)."""
+    from types import SimpleNamespace
+
+    from runtime.step_inputs import StepInput
+
+    class Graphs:  # the engine's DecodeGraphs as `accepts` reads its argument
+        def accepts(self, inputs: lora_step.StepInputs) -> bool:
+            return inputs.counts == [1, 1]
+
+    engine = SimpleNamespace(runner=SimpleNamespace(graphs=Graphs()))
+    rows = [StepInput([5], 3, [0]), StepInput([6], 4, [1])]
+    assert lora_step.replayed(engine, rows) == "graph"  # type: ignore[arg-type]
+    assert lora_step.replayed(engine, rows[:1]) == "eager"  # type: ignore[arg-type]

@@ -1,5 +1,6 @@
 """--api-servers N (the real process): N front ends on one port share one engine core; SIGTERM drains them all
-and leaves no process behind; a front end that dies takes the server down (non-zero), never half of it."""
+and leaves no process behind; a front end that dies is restarted while the others serve on (their streams run to
+their end), and when the first one dies the others end their streams properly before they exit."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import json
 import signal
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
 import pytest
 
-from tests.e2e.conftest import MODEL_NAME, free_port
+from tests.e2e.conftest import MODEL_NAME, free_port, wait_for
 from tests.e2e.test_shutdown import Served, start_together, stop_all
 
 BODY = {"model": MODEL_NAME, "prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0, "ignore_eos": True}
@@ -31,7 +34,8 @@ def tree(served: Served) -> tuple[psutil.Process, psutil.Process]:
 # second ends it); the drain test its own.
 FRONT_ENDS = {"test_front_ends_share_the_port_and_the_engine_core": 2,
               "test_sigterm_drains_every_front_end_and_leaves_no_process": 3,
-              "test_a_dead_front_end_stops_the_server_nonzero": 2}
+              "test_a_dead_front_end_is_restarted_and_the_others_streams_run_to_their_end": 2,
+              "test_when_the_first_front_end_dies_the_others_end_their_streams_properly": 2}
 
 
 @pytest.fixture(scope="module")
@@ -113,11 +117,101 @@ def test_sigterm_drains_every_front_end_and_leaves_no_process(servers: Callable[
     assert not alive
 
 
-def test_a_dead_front_end_stops_the_server_nonzero(servers: Callable[[int], Served]) -> None:
-    served = servers(2)  # the server the sharing test used, if that ran: this test ends it
+def served_by(url: str, front_ends: list[psutil.Process], stack: ExitStack, max_tokens: int = 200,
+              first_token: Callable[[], None] = lambda: None) -> tuple[int, Any]:
+    """A stream opened on `url` and held open in `stack`: (the pid of the front end serving it, its lines).
+    `first_token` runs as soon as its first event is read."""
+    client = stack.enter_context(httpx.Client(timeout=60))
+    body = {**BODY, "max_tokens": max_tokens, "stream": True}
+    response = stack.enter_context(client.stream("POST", url + "/v1/completions", json=body))
+    assert response.status_code == 200
+    lines = response.iter_lines()
+    assert next(lines).startswith("data: ")  # in flight
+    first_token()
+    port = response.extensions["network_stream"].get_extra_info("socket").getsockname()[1]
+    owner = next(p.pid for p in front_ends if any(c.raddr and c.raddr.port == port
+                                                  for c in p.net_connections(kind="tcp")))
+    return owner, lines
+
+
+class Streams:
+    """Streams held open on a server, each with the process of the front end that serves it."""
+
+    def __init__(self, url: str, front_ends: list[psutil.Process]) -> None:
+        self.url, self.front_ends = url, front_ends
+        self.stack = ExitStack()
+        self.held: list[tuple[int, Any]] = []  # (front end's pid, the stream's lines)
+
+    def open_until_each_front_end_has_one(self, tries: int = 40) -> None:
+        for _ in range(tries):
+            self.held.append(served_by(self.url, self.front_ends, self.stack))
+            if {p.pid for p in self.front_ends} <= {pid for pid, _ in self.held}:
+                return
+        raise AssertionError("the kernel never handed a connection to every front end")
+
+    def rest(self, pid: int) -> list[list[str]]:
+        """The remaining lines of each stream that front end `pid` serves."""
+        return [[line for line in lines if line] for owner, lines in self.held if owner == pid]
+
+
+def restarts(url: str) -> float:
+    metrics = httpx.get(url + "/metrics").text
+    return float(next(line.split()[-1] for line in metrics.splitlines()
+                      if line.startswith("trtllm_gateway_front_end_restarts_total")))
+
+
+def test_a_dead_front_end_is_restarted_and_the_others_streams_run_to_their_end(
+        servers: Callable[[int], Served]) -> None:
+    """Killing one front end exited the whole server after ~25 s, cutting the other front ends' streams with no
+    error event and no [DONE]."""
+    served = servers(2)
     other, core = tree(served)
-    other.kill()
-    assert served.proc.wait(60) == 1
-    assert core.wait(30) is not None or not core.is_running()
-    # (the start-up line "... (front end 1 of 2)" alone met the check as it was: "front end 1" in the log)
-    assert f"front end 1 (process {other.pid}) exited unexpectedly" in served.log.read_text()
+    first = psutil.Process(served.proc.pid)
+    assert restarts(served.url) == 0
+    streams = Streams(served.url, [first, other])
+    with streams.stack:
+        streams.open_until_each_front_end_has_one()
+        other.kill()
+        for rest in streams.rest(first.pid):  # the surviving front end's streams end as usual
+            assert rest[-1] == "data: [DONE]" and '"finish_reason":"length"' in rest[-2]
+    wait_for(lambda: len(first.children()) == 2 and other.pid not in {p.pid for p in first.children()}, 60,
+             "the front end to be restarted")
+    (new, _) = tree(served)
+    wait_for(lambda: restarts(served.url) == 1, 60, "the restart to be counted")
+
+    def new_one_serves() -> bool:  # every request is served meanwhile; the new front end once it is up
+        with ExitStack() as stack:
+            owner, lines = served_by(served.url, [first, new], stack, max_tokens=4)
+            assert [line for line in lines if line][-1] == "data: [DONE]"
+        return owner == new.pid
+
+    wait_for(new_one_serves, 180, "the restarted front end to serve")
+    assert served.proc.poll() is None and core.is_running()
+
+
+def test_when_the_first_front_end_dies_the_others_end_their_streams_properly(
+        servers: Callable[[int], Served]) -> None:
+    """The first front end cannot be restarted (it is the process the orchestrator runs): the others end every
+    stream with an error event and the end marker, and exit non-zero with the core."""
+    served = servers(2)
+    other, core = tree(served)
+    first = psutil.Process(served.proc.pid)
+    streams = Streams(served.url, [first, other])
+    with streams.stack:
+        streams.open_until_each_front_end_has_one()
+        # the core frozen as soon as a stream of the other front end got its first token (so that one has ~199
+        # tokens to go), and while the first dies: a running core finishes the tiny model's streams in a fraction
+        # of a second, before it sees its parent gone, and no stream would be failed by its death
+        for _ in range(40):
+            streams.held.append(served_by(served.url, [first, other], streams.stack, first_token=core.suspend))
+            if streams.held[-1][0] == other.pid:
+                break
+            core.resume()
+        first.kill()
+        served.proc.wait(30)
+        core.resume()
+        ends = [rest[-2:] for rest in streams.rest(other.pid)]
+    assert all(end[-1] == "data: [DONE]" for end in ends), ends  # each one finished, or:
+    assert any('"error"' in end[0] and "engine" in end[0] for end in ends), ends  # failed by the core's death
+    other.wait(60)  # (not our child: its exit code cannot be read here)
+    core.wait(30)

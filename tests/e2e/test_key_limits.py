@@ -1,5 +1,6 @@
 """Per-API-key limits through the real server: --key-max-concurrency and --key-tokens-per-minute answer
-429 with Retry-After in the caller's dialect, for that key only."""
+429 with Retry-After in the caller's dialect, for that key only, on HTTP and gRPC alike (one implementation:
+a gRPC call takes the key's slots and is charged as an HTTP request is)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,27 @@ import math
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
-from tests.e2e.conftest import MODEL_NAME, RunningServer, launch, wait_for
+from tests.e2e.conftest import MODEL_NAME, RunningServer, free_port, launch, wait_for
+
+grpcclient = pytest.importorskip("tritonclient.grpc")
+from tritonclient.utils import InferenceServerException  # noqa: E402
 
 CONC_A, CONC_B, TOK_A, TOK_B, TOK_CUT = "key-conc-a", "key-conc-b", "key-tok-a", "key-tok-b", "key-tok-cut"
+TOK_GRPC, TOK_HTTP = "key-tok-grpc", "key-tok-http"
 TOKENS_PER_MINUTE = 120  # 2 tokens per second
 BODY = {"model": MODEL_NAME, "prompt": "count", "temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
 def limited(tiny_model_dir: Path) -> Iterator[RunningServer]:
-    srv = launch(tiny_model_dir, "native", gateway=dict(api_key=[CONC_A, CONC_B, TOK_A, TOK_B, TOK_CUT], key_max_concurrency=1,
+    keys = [CONC_A, CONC_B, TOK_A, TOK_B, TOK_CUT, TOK_GRPC, TOK_HTTP]
+    srv = launch(tiny_model_dir, "native", gateway=dict(api_key=keys, key_max_concurrency=1, grpc_port=free_port(),
                                                         key_tokens_per_minute=TOKENS_PER_MINUTE))
     yield srv
     srv.stop()
@@ -29,6 +37,17 @@ def limited(tiny_model_dir: Path) -> Iterator[RunningServer]:
 
 def auth(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
+
+
+def grpc_infer(server: RunningServer, key: str, max_tokens: int) -> Any:
+    """A tritonclient ModelInfer call with `key` (raises InferenceServerException)."""
+    inputs = []
+    for name, array in (("text_input", np.array([["count"]]).astype(object)),
+                        ("max_tokens", np.array([[max_tokens]], dtype=np.int32))):
+        inputs.append(grpcclient.InferInput(name, list(array.shape), "BYTES" if array.dtype == object else "INT32"))
+        inputs[-1].set_data_from_numpy(array)
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.settings.grpc_port}") as c:
+        return c.infer("ensemble", inputs, headers=auth(key))
 
 
 def test_second_request_of_a_key_in_flight_is_429_in_both_dialects(limited: RunningServer) -> None:
@@ -49,8 +68,13 @@ def test_second_request_of_a_key_in_flight_is_429_in_both_dialects(limited: Runn
         assert t.status_code == 429 and t.headers["retry-after"] == "1"
         assert list(t.json()) == ["error"] and "--key-max-concurrency" in t.json()["error"]
 
+        with pytest.raises(InferenceServerException) as err:  # gRPC shares the key's slots (it was served)
+            grpc_infer(limited, CONC_A, 2)
+        assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED" and "--key-max-concurrency" in err.value.message()
+
         other = c.post("/v1/completions", headers=auth(CONC_B), json={**BODY, "max_tokens": 2})
         assert other.status_code == 200  # another key is not affected
+        assert grpc_infer(limited, CONC_B, 2).as_numpy("text_output") is not None
         assert c.get("/v1/models", headers=auth(CONC_A)).status_code == 200  # reads are not limited
         rest = [line for line in lines if line]
     assert rest[-1] == "data: [DONE]"  # the held stream was not disturbed
@@ -102,3 +126,20 @@ def test_a_stream_cut_before_its_usage_chunk_is_still_charged(limited: RunningSe
     assert delivered >= TOKENS_PER_MINUTE + 10  # cut then, before the end of its 240 tokens and their usage chunk
     assert refused.status_code == 429, refused.text
     assert refused.json()["error"]["type"] == "tokens"
+
+
+def test_grpc_calls_are_charged_and_refused_like_http_ones(limited: RunningServer) -> None:
+    """gRPC requests on an exhausted key were served and never charged (30 x 200 tokens where HTTP said 429)."""
+    for _ in range(2):  # 120 in the bucket: spent over gRPC
+        grpc_infer(limited, TOK_GRPC, 100)
+    r = httpx.post(limited.url + "/v1/completions", headers=auth(TOK_GRPC), json={**BODY, "max_tokens": 2}, timeout=60)
+    assert r.status_code == 429 and r.json()["error"]["type"] == "tokens"  # HTTP sees what gRPC spent
+    with pytest.raises(InferenceServerException) as err:
+        grpc_infer(limited, TOK_GRPC, 2)
+    assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED" and "--key-tokens-per-minute" in err.value.message()
+    with httpx.Client(base_url=limited.url, timeout=60, headers=auth(TOK_HTTP)) as c:  # and the other way round
+        for _ in range(2):
+            assert c.post("/v1/completions", json={**BODY, "max_tokens": 100}).status_code == 200
+    with pytest.raises(InferenceServerException) as err:
+        grpc_infer(limited, TOK_HTTP, 2)
+    assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"

@@ -198,3 +198,30 @@ def test_run_time_loading_is_off_by_default(tiny_model_dir, adapters) -> None:
         assert r.status_code == 404 and "--enable-lora-loading" in r.json()["error"]["message"]
     finally:
         srv.stop()
+
+
+def test_without_a_lora_root_only_the_caches_lora_folder_serves_and_errors_never_show_resolved_paths(
+        tiny_model_dir: Path, adapters: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--enable-lora-loading alone loaded adapters from any folder, and its errors told which paths existed."""
+    import shutil
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    srv = start(tiny_model_dir, adapters, enable_lora_loading=True)
+    try:
+        url = srv.base_url + "/load_lora_adapter"
+        root = tmp_path / "cache" / "trtllm-gateway" / "lora"
+        outside = httpx.post(url, json={"lora_name": "x", "lora_path": str(adapters["poet"])})
+        missing = httpx.post(url, json={"lora_name": "x", "lora_path": str(adapters["root"] / "nope")})
+        assert (outside.status_code, missing.status_code) == (400, 400)
+        assert outside.json()["error"]["message"].replace(str(adapters["poet"]), "P") == \
+            missing.json()["error"]["message"].replace(str(adapters["root"] / "nope"), "P")
+        shutil.copytree(adapters["poet"], root / "poet")
+        assert httpx.post(url, json={"lora_name": "poet", "lora_path": "poet"}).status_code == 200
+        (root / "empty").mkdir()
+        (root / "link").symlink_to(root / "empty")
+        for given in ("empty", "link"):
+            r = httpx.post(url, json={"lora_name": "y", "lora_path": given})
+            message = r.json()["error"]["message"]
+            assert r.status_code == 400 and f"'{given}'" in message and str(root) not in message, message
+    finally:
+        srv.stop()

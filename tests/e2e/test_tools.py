@@ -228,3 +228,30 @@ def test_langchain_bind_tools_yields_tool_calls(hermes: RunningServer, tool_choi
     for chunk in bound.stream("Weather in Paris?"):
         streamed = chunk if streamed is None else streamed + chunk
     assert [(c["name"], c["args"]) for c in streamed.tool_calls] == [(call["name"], call["args"])]
+
+
+class Place(BaseModel):
+    city: str = Field(max_length=6)
+
+
+class Trip(BaseModel):
+    """Plan a trip: pydantic writes the nested models as $defs and $ref."""
+
+    start: Place
+    stops: list[Place] = Field(max_length=2)
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "Trip"}}])
+def test_a_tool_with_defs_and_refs_can_be_forced_on_chat_and_responses(hermes: RunningServer, choice) -> None:
+    """Both were 400 "Cannot find field '$defs'" (the same schema worked as response_format)."""
+    tool = openai.pydantic_function_tool(Trip)
+    assert "$defs" in tool["function"]["parameters"]
+    reply = client(hermes).chat.completions.parse(model=MODEL_NAME, messages=MESSAGES, tools=[tool],
+                                                  tool_choice=choice, temperature=1.0, seed=3, max_tokens=300)
+    assert isinstance(reply.choices[0].message.tool_calls[0].function.parsed_arguments, Trip)
+    flat = {"type": "function", "name": "Trip", "parameters": tool["function"]["parameters"], "strict": True}
+    named = {"type": "function", "name": "Trip"} if isinstance(choice, dict) else choice
+    response = client(hermes).responses.create(model=MODEL_NAME, input="Plan it", tools=[flat], tool_choice=named,
+                                               temperature=1.0, extra_body={"seed": 3}, max_output_tokens=300)
+    (call,) = [item for item in response.output if item.type == "function_call"]
+    assert call.name == "Trip" and Trip.model_validate_json(call.arguments)

@@ -76,7 +76,12 @@ class Stream:
     def __init__(self, client: Any) -> None:
         self.results: queue.Queue[Any] = queue.Queue()
         self.client = client
-        client.start_stream(callback=lambda result, error: self.results.put(error or result))
+        self.answered = threading.Event()  # set by the first response
+        client.start_stream(callback=self._add)
+
+    def _add(self, result: Any, error: Any) -> None:
+        self.results.put(error or result)
+        self.answered.set()
 
     def close(self) -> list[Any]:
         self.client.stop_stream()  # waits until the server ends the stream
@@ -124,32 +129,36 @@ def test_stream_text_to_the_ensemble_matches_generate(client: Any, grpc_server: 
     assert {r.get_response().id for r in results} == {"7"}
 
 
+def ids_inputs(server: RunningServer, asked: int, streaming: bool = True) -> list[Any]:
+    """inflight_batcher_llm_client.py's inputs for PROMPT, `asked` tokens."""
+    ids = np.array([server.engine.tokenizer.encode(PROMPT)], dtype=np.int32)
+    return [tensor(grpcclient, "input_ids", ids),
+            tensor(grpcclient, "input_lengths", np.array([[ids.shape[1]]], dtype=np.int32)),
+            tensor(grpcclient, "request_output_len", np.array([[asked]], dtype=np.uint32)),
+            tensor(grpcclient, "end_id", np.array([[-1]], dtype=np.int32)),
+            tensor(grpcclient, "streaming", np.array([[streaming]]))]
+
+
+STOP = [tensor(grpcclient, "input_ids", np.empty([1, 1], dtype=np.int32)),
+        tensor(grpcclient, "input_lengths", np.zeros([1, 1], dtype=np.int32)),
+        tensor(grpcclient, "request_output_len", np.array([[0]], dtype=np.uint32)),
+        tensor(grpcclient, "stop", np.array([[True]]))]
+
+
+def generated_tokens(results: list[Any]) -> int:
+    assert all(not isinstance(r, Exception) for r in results), [str(r) for r in results]
+    return sum(r.as_numpy("output_ids").size for r in results if r.as_numpy("output_ids") is not None)
+
+
 def test_token_ids_to_tensorrt_llm_with_a_stop_signal(client: Any, grpc_server: RunningServer) -> None:
     """inflight_batcher_llm_client.py --streaming --stop-after-ms: the stop request ends the first early."""
-    tok = grpc_server.engine.tokenizer
-    ids = np.array([tok.encode(PROMPT)], dtype=np.int32)
-    asked = grpc_server.engine.model_info.context_window - ids.shape[1]  # far more than the time to stop takes
-    inputs = [tensor(grpcclient, "input_ids", ids),
-              tensor(grpcclient, "input_lengths", np.array([[ids.shape[1]]], dtype=np.int32)),
-              tensor(grpcclient, "request_output_len", np.array([[asked]], dtype=np.uint32)),
-              tensor(grpcclient, "end_id", np.array([[-1]], dtype=np.int32)),
-              tensor(grpcclient, "streaming", np.array([[True]]))]
-    first_seen = threading.Event()
-    results: list[Any] = []
-
-    def callback(result: Any, error: Any) -> None:
-        results.append(error or result)
-        first_seen.set()
-
-    client.start_stream(callback=callback)
-    client.async_stream_infer("tensorrt_llm", inputs, request_id="12345")
-    assert first_seen.wait(60)
-    stop = [tensor(grpcclient, "input_ids", np.empty([1, 1], dtype=np.int32)),
-            tensor(grpcclient, "input_lengths", np.zeros([1, 1], dtype=np.int32)),
-            tensor(grpcclient, "request_output_len", np.array([[0]], dtype=np.uint32)),
-            tensor(grpcclient, "stop", np.array([[True]]))]
-    client.async_stream_infer("tensorrt_llm", stop, request_id="12345")
-    client.stop_stream()
+    # far more than the time to stop takes
+    asked = grpc_server.engine.model_info.context_window - len(grpc_server.engine.tokenizer.encode(PROMPT))
+    stream = Stream(client)
+    client.async_stream_infer("tensorrt_llm", ids_inputs(grpc_server, asked), request_id="12345")
+    assert stream.answered.wait(60)
+    client.async_stream_infer("tensorrt_llm", STOP, request_id="12345")
+    results = stream.close()
     assert all(not isinstance(r, Exception) for r in results), [str(r) for r in results]
     generated = [r for r in results if r.as_numpy("output_ids") is not None]
     cancel = [r for r in results if r.as_numpy("output_ids") is None]
@@ -279,6 +288,104 @@ def test_beams_and_guided_decoding_take_the_generate_path(client: Any, grpc_serv
              "guided_decoding_guide": np.array([["[0-9]{3}"]]).astype(object)}
     digits = client.infer("ensemble", text_inputs(grpcclient, [PROMPT], 3, **guide)).as_numpy("text_output")[0]
     assert len(digits) == 3 and digits.decode().isdigit()
+
+
+def test_a_schema_that_is_valid_json_but_no_object_is_a_400_on_every_path(client: Any,
+                                                                          grpc_server: RunningServer) -> None:
+    """The probe's critical case: `guided_decoding: "1"` reached the engine core, which died, and the server with it."""
+    url = grpc_server.url + "/v2/models/ensemble"
+    for value in ("1", "[]", "true", '"s"', "[" * 100_000):
+        r = httpx.post(url + "/generate", json={"text_input": "x", "max_tokens": 2, "guided_decoding": value},
+                       timeout=60)
+        assert r.status_code == 400 and "input 'guided_decoding'" in r.json()["error"], r.text
+    r = httpx.post(url + "/infer", timeout=60, json={"inputs": [
+        {"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": ["x"]},
+        {"name": "max_tokens", "datatype": "INT32", "shape": [1, 1], "data": [2]},
+        {"name": "guided_decoding", "datatype": "BYTES", "shape": [1, 1], "data": ["1"]}]})
+    assert r.status_code == 400 and "must be a JSON schema object" in r.json()["error"]
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("ensemble", text_inputs(grpcclient, [PROMPT], 2, guided_decoding=np.array([["1"]]).astype(object)))
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "JSON schema object" in err.value.message()
+    assert client.is_server_ready() and grpc_server.engine.ready
+    assert generate_text(grpc_server, PROMPT, 2)  # still serving
+
+
+def test_an_empty_batch_and_a_datatype_that_is_no_string_are_400s(client: Any, grpc_server: RunningServer) -> None:
+    """Both were 500s (INTERNAL over gRPC)."""
+    empty = [tensor(grpcclient, "text_input", np.empty((0, 1), dtype=object)),
+             tensor(grpcclient, "max_tokens", np.empty((0, 1), dtype=np.int32))]
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("ensemble", empty)
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "batch size" in err.value.message()
+    url = grpc_server.url + "/v2/models/ensemble/infer"
+    r = httpx.post(url, json={"inputs": [{"name": "text_input", "shape": [0, 1], "datatype": "BYTES", "data": []},
+                                         {"name": "max_tokens", "shape": [0, 1], "datatype": "INT32", "data": []}]})
+    assert r.status_code == 400 and "batch size" in r.json()["error"]
+    for datatype in (["BYTES"], {"a": 1}):
+        r = httpx.post(url, json={"inputs": [{"name": "text_input", "shape": [1, 1], "datatype": datatype,
+                                              "data": ["x"]}]})
+        assert r.status_code == 400 and "input 'text_input' has datatype" in r.json()["error"]
+
+
+def test_a_malformed_message_is_answered_on_a_stream_and_unary(grpc_server: RunningServer) -> None:
+    """A message that is no ModelInferRequest left a stream open for ever (unary: UNKNOWN)."""
+    import grpc
+
+    with grpc.insecure_channel(grpc_url(grpc_server)) as channel:
+        raw = {"request_serializer": lambda b: b, "response_deserializer": lambda b: b}
+        stream = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer", **raw)
+        responses = list(stream(iter([b"\xff\xff\xff not protobuf"]), timeout=30))
+        from tritonclient.grpc import service_pb2 as pb
+
+        (only,) = [pb.ModelStreamInferResponse.FromString(r) for r in responses]
+        assert only.error_message.startswith("the message is not a valid ModelInferRequest")
+        with pytest.raises(grpc.RpcError) as err:
+            channel.unary_unary("/inference.GRPCInferenceService/ModelInfer", **raw)(b"\xff\xff", timeout=30)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_grpc_errors_are_logged_with_the_calls_request_id(client: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """They were logged as 'request None'."""
+    bad = text_inputs(grpcclient, [PROMPT], 4)
+    bad[1] = tensor(grpcclient, "max_tokens", np.array([[4.5]], dtype=np.float32))
+    with caplog.at_level("INFO", logger="gateway.errors"):
+        with pytest.raises(InferenceServerException):
+            client.infer("ensemble", bad, headers={"x-request-id": "probe-42"})
+        with pytest.raises(InferenceServerException):
+            client.infer("ensemble", bad)
+    lines = [r.getMessage() for r in caplog.records if "rejected with 400" in r.getMessage()]
+    assert lines[0].startswith("request probe-42 rejected") and "None" not in lines[1]
+
+
+def test_a_stop_sent_before_the_first_token_still_stops_the_request(client: Any, grpc_server: RunningServer) -> None:
+    """--stop-after-ms 20 ran to the full length: the request was stoppable only after its first token."""
+    asked = grpc_server.engine.model_info.context_window - len(grpc_server.engine.tokenizer.encode(PROMPT))
+    stream = Stream(client)
+    client.async_stream_infer("tensorrt_llm", ids_inputs(grpc_server, asked), request_id="early")
+    client.async_stream_infer("tensorrt_llm", STOP, request_id="early")  # before the request is even parsed
+    assert generated_tokens(stream.close()) < asked // 2
+
+
+def test_a_stop_reaches_neither_another_stream_nor_requests_without_an_id(tiny_model_dir: Any) -> None:
+    """Any connection could stop another's request by its id, and a stop with the empty id (tritonclient's
+    default) ended every id-less request of the model."""
+    srv = launch(tiny_model_dir, "native", {"grpc_port": free_port()})
+    asked = 60
+    try:
+        with grpcclient.InferenceServerClient(grpc_url(srv)) as mine, \
+                grpcclient.InferenceServerClient(grpc_url(srv)) as theirs:
+            stream = Stream(mine)
+            mine.async_stream_infer("tensorrt_llm", ids_inputs(srv, asked), request_id="shared-id")
+            mine.async_stream_infer("tensorrt_llm", ids_inputs(srv, asked))  # no id
+            assert stream.answered.wait(60)
+            other = Stream(theirs)
+            theirs.async_stream_infer("tensorrt_llm", STOP, request_id="shared-id")  # another client's stream
+            other.close()
+            mine.async_stream_infer("tensorrt_llm", STOP)  # the empty id, on the same stream
+            results = stream.close()
+        assert generated_tokens(results) == 2 * asked
+    finally:
+        srv.stop()
 
 
 def end_to_end_calls(module: Any, client: Any, prompt: str, output_len: int, log_probs: bool = True) -> None:

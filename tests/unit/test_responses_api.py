@@ -22,7 +22,7 @@ from adapters.openai.validation import parse_request
 from gateway.app import create_app
 from gateway.cli import parse_serve_args
 from gateway.errors import openai_error_body
-from gateway.response_store import ResponseStore, StoredResponse
+from gateway.response_store import ResponseStore, StoredResponse, entry_bytes
 from gateway.settings import Settings
 from runtime.demo import demo_model_path
 from runtime.errors import EngineFailedError, InvalidRequestError
@@ -129,7 +129,7 @@ def test_text_formats_and_forced_calls(demo_tokenizer: Tokenizer) -> None:
     ({"input": [{"role": "user"}]}, "input[0]", False),
     ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0]", False),
     ({"input": [{"role": "user", "content": 5}]}, "input[0].content", False),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]", True),
+    ({"input": [{"type": "web_search_call", "id": "ws_1"}]}, "input[0]", True),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]",
      True),
     ({"input": [{"type": "function_call_output", "call_id": "c", "output": [{"type": "input_file"}]}]},
@@ -279,48 +279,75 @@ class Clock:
         return self.now
 
 
-def entry(name: str) -> StoredResponse:
-    return StoredResponse({"id": name}, [])
+def entry(name: str, owner: bytes = b"", padding: int = 0) -> StoredResponse:
+    return StoredResponse({"id": name, "padding": "x" * padding}, [], owner)
 
 
 def test_store_keeps_the_newest_up_to_its_size() -> None:
-    store = ResponseStore(2, None)
+    store = ResponseStore(2, None, 2**20).owned_by(b"")
     for name in ("a", "b", "c"):
-        store.put(name, entry(name))
-    assert store.get("a") is None and store.get("b").response == {"id": "b"} and len(store) == 2
-    store.put("b", entry("b"))  # stored again: the newest now, so "c" goes first
-    store.put("d", entry("d"))
-    assert (store.get("c"), len(store)) == (None, 2)
+        store.store.put(name, entry(name))
+    assert store.get("a") is None and store.get("b").response["id"] == "b" and len(store.store) == 2
+    store.store.put("b", entry("b"))  # stored again: the newest now, so "c" goes first
+    store.store.put("d", entry("d"))
+    assert (store.get("c"), len(store.store)) == (None, 2)
     assert store.delete("b") is True and store.delete("b") is False and store.get("b") is None
+
+
+def test_store_keeps_the_newest_up_to_its_bytes() -> None:
+    """Bounded by count only, 200 responses of 5 MB each took 1.1 GB."""
+    size = entry_bytes(entry("a", padding=1000))
+    store = ResponseStore(100, None, 3 * size)
+    for name in "abcd":
+        store.put(name, entry(name, padding=1000))
+    assert [store.get(n, b"") is not None for n in "abcd"] == [False, True, True, True]
+    assert store.bytes == 3 * size
+    store.delete("b", b"")
+    assert store.bytes == 2 * size
+    store.put("huge", entry("huge", padding=4 * size))  # larger than the whole store: not kept
+    assert store.get("huge", b"") is None and store.get("c", b"") is not None and store.bytes == 2 * size
+
+
+def test_a_stored_response_is_only_its_owners() -> None:
+    store = ResponseStore(10, None, 2**20)
+    store.owned_by(b"alice").put("a", {"id": "a"}, [])
+    assert store.owned_by(b"bob").get("a") is None and store.owned_by(b"").get("a") is None
+    assert store.owned_by(b"bob").delete("a") is False
+    assert store.owned_by(b"alice").get("a").response == {"id": "a"}
 
 
 def test_store_forgets_after_the_ttl() -> None:
     clock = Clock()
-    store = ResponseStore(10, 30.0, clock=clock)
+    store = ResponseStore(10, 30.0, 2**20, clock=clock)
     store.put("a", entry("a"))
     clock.now += 10
     store.put("b", entry("b"))
     clock.now += 19.9
-    assert store.get("a") is not None and len(store) == 2
+    assert store.get("a", b"") is not None and len(store) == 2
     clock.now += 0.1  # a: 30 s old
-    assert store.get("a") is None and store.get("b") is not None and len(store) == 1
+    assert store.get("a", b"") is None and store.get("b", b"") is not None and len(store) == 1
     clock.now += 10
-    assert store.delete("b") is False and len(store) == 0
+    assert store.delete("b", b"") is False and len(store) == 0 and store.bytes == 0
 
 
 def test_store_of_size_zero_keeps_nothing_and_bad_bounds_are_refused() -> None:
-    store = ResponseStore(0, None)
+    store = ResponseStore(0, None, 2**20)
     store.put("a", entry("a"))
-    assert store.get("a") is None
+    assert store.get("a", b"") is None
     with pytest.raises(ValueError, match="responses-store-size"):
-        ResponseStore(-1, None)
+        ResponseStore(-1, None, 2**20)
     with pytest.raises(ValueError, match="responses-store-ttl"):
-        ResponseStore(1, 0)
+        ResponseStore(1, 0, 2**20)
+    with pytest.raises(ValueError, match="responses-store-bytes"):
+        ResponseStore(1, None, -1)
 
 
 def test_store_flags() -> None:
-    settings = parse_serve_args(["--responses-store-size", "5", "--responses-store-ttl", "none"], environ={})
-    assert (settings.responses_store_size, settings.responses_store_ttl) == (5, None)
+    settings = parse_serve_args(["--responses-store-size", "5", "--responses-store-ttl", "none",
+                                 "--responses-store-bytes", "1000"], environ={})
+    assert (settings.responses_store_size, settings.responses_store_ttl, settings.responses_store_bytes) == \
+        (5, None, 1000)
+    assert parse_serve_args([], environ={}).responses_store_bytes == 256 * 2**20
     defaults = parse_serve_args([], environ={"TRTLLM_GATEWAY_RESPONSES_STORE_TTL": "60"})
     assert (defaults.responses_store_size, defaults.responses_store_ttl) == (1000, 60.0)
 
@@ -382,6 +409,15 @@ def test_previous_response_continues_the_conversation(client: TestClient, engine
                                           "<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n")
 
 
+def test_input_of_reasoning_items_alone_is_400_naming_input(client: TestClient) -> None:
+    """Found by the schema fuzzer: a conversation of reasoning items only became a chat request with no message,
+    which failed as a 500."""
+    r = client.post("/v1/responses", json={"input": [{"type": "reasoning", "summary": [], "content": []}]})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert (error["type"], error["param"]) == ("invalid_request_error", "input") and "no message" in error["message"]
+
+
 def test_unstored_or_unknown_responses_are_404(client: TestClient) -> None:
     body = client.post("/v1/responses", json={"input": "hi", "max_output_tokens": 1, "store": False}).json()
     assert body["store"] is False and client.get(f"/v1/responses/{body['id']}").status_code == 404
@@ -414,6 +450,50 @@ def test_store_size_bounds_the_app_store(engine: ScriptedEngine) -> None:
         assert [c.get(f"/v1/responses/{i}").status_code for i in ids] == [404, 200]
 
 
+def test_store_bytes_bound_the_app_store(engine: ScriptedEngine) -> None:
+    with serve(engine, responses_store_bytes=1) as c:  # less than any response
+        done = c.post("/v1/responses", json={"input": "hi", "max_output_tokens": 1}).json()
+        assert c.get(f"/v1/responses/{done['id']}").status_code == 404
+
+
+def test_responses_are_readable_continuable_and_deletable_only_with_the_key_that_made_them(
+        engine: ScriptedEngine) -> None:
+    alice, bob = {"authorization": "Bearer alice"}, {"authorization": "Bearer bob"}
+    with serve(engine, api_key=["alice", "bob"]) as c:
+        made = c.post("/v1/responses", headers=alice, json={"input": "hi", "max_output_tokens": 1}).json()
+        rid = made["id"]
+        assert c.get(f"/v1/responses/{rid}", headers=bob).json() == not_found(rid)
+        r = c.post("/v1/responses", headers=bob, json={"input": "more", "previous_response_id": rid})
+        assert (r.status_code, r.json()) == (404, not_found(rid, "previous_response_id"))
+        assert c.delete(f"/v1/responses/{rid}", headers=bob).status_code == 404
+        r = c.get(f"/v1/responses/{rid}/input_items", headers=bob)
+        assert (r.status_code, r.json()) == (404, not_found(rid))
+        assert c.get(f"/v1/responses/{rid}/input_items", headers=alice).json()["data"][0]["content"][0]["text"] == "hi"
+        assert c.get(f"/v1/responses/{rid}", headers=alice).json() == made  # bob's attempts changed nothing
+        assert c.post("/v1/responses", headers=alice, json={"input": "more", "previous_response_id": rid}).status_code \
+            == 200
+        assert c.delete(f"/v1/responses/{rid}", headers=alice).status_code == 200
+
+
+@pytest.mark.parametrize("metadata, message, param, code", [
+    ({f"k{i}": "v" for i in range(17)}, "Invalid 'metadata': too many properties. Expected an object with at most 16 "
+     "properties, but got an object with 17 properties instead.", "metadata", "object_above_max_properties"),
+    ({"k" * 65: "v"}, "Invalid 'metadata': string too long. Expected a key with maximum length 64, but got a key with "
+     "length 65 instead.", "metadata", "string_above_max_length"),
+    ({"k": "v" * 513}, "Invalid 'metadata.k': string too long. Expected a string with maximum length 512, but got a "
+     "string with length 513 instead.", "metadata.k", "string_above_max_length"),
+])
+def test_metadata_is_validated_as_openai_does(client: TestClient, metadata: dict[str, str], message: str, param: str,
+                                              code: str) -> None:
+    """It was stored and echoed whatever its size (5 MB a response)."""
+    r = client.post("/v1/responses", json={"input": "hi", "max_output_tokens": 1, "metadata": metadata})
+    assert (r.status_code, r.json()) == (400, {"error": {"message": message, "type": "invalid_request_error",
+                                                         "param": param, "code": code}})
+    edge = {f"{i:0>64}": "v" * 512 for i in range(16)}
+    r = client.post("/v1/responses", json={"input": "hi", "max_output_tokens": 1, "metadata": edge})
+    assert r.status_code == 200 and r.json()["metadata"] == edge
+
+
 def test_input_items_are_listed_as_the_sdks_item_types() -> None:
     """Each kind of input item in OpenAI's listed shape (the SDK's typed item parses it, strictly): ids kept where
     the client sent one, given where not."""
@@ -435,3 +515,29 @@ def test_input_items_are_listed_as_the_sdks_item_types() -> None:
         kind.model_validate(item, strict=True)
     assert page["data"][1]["content"] == [{"type": "output_text", "text": "Looking.", "annotations": []}]
     assert page["data"][3]["output"] == "sunny" and page["has_more"] is False
+
+
+def test_reasoning_items_replay_as_the_reasoning_of_the_next_assistant_turn() -> None:
+    """A reasoning model's output (adapters/openai/output_reader.py) sent back as input: its reasoning item is the
+    `reasoning_content` of the turn after it (gpt-oss's template reads it as `thinking`), and is listed as the
+    SDK's reasoning item."""
+    from adapters.openai.responses_input_items import input_item_list, with_ids
+
+    output = [{"id": "rs_1", "type": "reasoning", "status": "completed", "summary": [],
+               "content": [{"type": "reasoning_text", "text": "Need the weather."}]},
+              {"id": "fc_1", "type": "function_call", "status": "completed", "call_id": "c1", "name": "get_weather",
+               "arguments": '{"city": "Paris"}'},
+              {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+              {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "Sunny."}]},
+              {"type": "message", "role": "assistant", "content": "It is sunny."}]
+    req = parse(input="weather?", tools=[WEATHER])
+    replay = chat_messages(chat_completion_request(req, output_items(output)))
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    assert replay == [
+        {"role": "assistant", "tool_calls": [call], "reasoning_content": "Need the weather.", "content": ""},
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "assistant", "reasoning_content": "Sunny.", "content": "It is sunny."}]
+    listed = input_item_list(with_ids(output_items(output)), {"order": "asc"})["data"]
+    sdk.ResponseReasoningItem.model_validate(listed[0], strict=True)
+    assert listed[0]["content"] == [{"type": "reasoning_text", "text": "Need the weather."}]
+    assert listed[3]["id"].startswith("rs_")

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import xgrammar as xgr
+from pydantic import BaseModel
+from transformers import AutoTokenizer
 
 from adapters.openai.requests import ChatCompletionRequest
 from adapters.openai.tools import (
@@ -18,6 +21,9 @@ from adapters.openai.tools import (
     with_tool_calls,
 )
 from runtime.errors import InvalidRequestError
+from runtime.guided import GuidedCompiler
+from runtime.guided.grammars import build_grammar
+from tests.tiny_models import build_tiny_model
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {
     "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}
@@ -177,6 +183,61 @@ def test_unenforceable_parameters_are_a_400() -> None:
     assert info.value.param == "tools" and "'not' at #" in str(info.value)
     with pytest.raises(InvalidRequestError, match="unique"):
         chat(tools=[TOOL, TOOL])
+
+
+def test_a_call_nested_past_the_json_decoders_stack_is_read_as_text_not_a_crash() -> None:
+    text = '<tool_call>{"arguments": ' + "[" * 100_000 + "]" * 100_000 + ', "name": "f"}</tool_call>'
+    assert HERMES.parse(text) == (text, [])  # was RecursionError: a 500
+
+
+class Address(BaseModel):
+    city: str
+    zip: str
+
+
+class Person(BaseModel):  # pydantic writes the nested models as $defs and $ref
+    name: str
+    home: Address
+    friends: list[Person] = []
+
+
+PERSON_TOOL = {"type": "function", "function": {"name": "add", "parameters": Person.model_json_schema()}}
+
+
+@pytest.fixture(scope="module")
+def compiler(tmp_path_factory: pytest.TempPathFactory) -> GuidedCompiler:
+    tok = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path_factory.mktemp("tools"), "llama"))
+    return GuidedCompiler(tok, 300, [0])
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}])
+@pytest.mark.parametrize("template", ["<tool_call>", "llama", "[TOOL_CALLS]"])
+def test_forced_calls_of_tools_with_defs_and_refs_compile_and_match_their_calls(
+        compiler: GuidedCompiler, choice: object, template: str) -> None:
+    """400 "Cannot find field '$defs'" before: the parameters sat under the call's `arguments`, where their
+    `#/$defs/...` references no longer resolved; the same schema worked as response_format."""
+    assert "$defs" in PERSON_TOOL["function"]["parameters"]
+    req = chat(tools=[PERSON_TOOL, TOOL], tool_choice=choice)
+    fmt = tool_call_format(template)
+    compiled = compiler.compile(chat_guided(req.tools, req.tool_choice, None, fmt))
+    args = {"name": "Ada", "home": {"city": "Paris", "zip": "75001"}, "friends": [
+        {"name": "Bob", "home": {"city": "Rome", "zip": "00100"}, "friends": []}]}
+    call = json.dumps({"name": "add", fmt.args_key: args}, separators=(", ", ": "))
+    for text, ok in ((call, True), (call.replace('"zip": "00100"', '"zip": 100'), False)):
+        body = {"<tool_call>": f"<tool_call>\n{text}\n</tool_call>", "[TOOL_CALLS]": f"[TOOL_CALLS][{text}]"}
+        matcher = xgr.GrammarMatcher(compiled)
+        assert (matcher.accept_string(body.get(template, text)) and matcher.is_completed()) is ok, text
+    assert PERSON_TOOL["function"]["parameters"] == Person.model_json_schema()  # the request's schema is untouched
+
+
+def test_references_outside_the_definitions_follow_the_parameters() -> None:
+    recursive = {"type": "object", "properties": {"next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}},
+                 "required": ["next"]}
+    req = chat(tools=[{"type": "function", "function": {"name": "f", "parameters": recursive}}], tool_choice="required")
+    tag = chat_guided(req.tools, req.tool_choice, None, LLAMA3_JSON).structural_tag
+    body = tag["format"]["elements"][0]["json_schema"]  # llama's calls hold their arguments as "parameters"
+    assert body["properties"]["parameters"]["properties"]["next"]["anyOf"][0] == {"$ref": "#/properties/parameters"}
+    build_grammar(chat_guided(req.tools, req.tool_choice, None, LLAMA3_JSON))  # resolves
 
 
 SMOLLM2_TEXT = ('Sure. <tool_call>[\n{"name": "f", "arguments": {"x": 1}},\n{"name": "g", "arguments": {}}\n]'

@@ -14,6 +14,7 @@ from adapters.openai.tools import HERMES, SMOLLM2
 from adapters.openai.translate import chat_request
 from runtime.demo import demo_model_path
 from runtime.tokenizer import Tokenizer
+from tests.chat_families import CALL, ROUND_TRIP, TOOLS
 
 # SmolLM2-135M-Instruct's template as the default model's GGUF file carries it: it ignores `tools`, and
 # concatenates `content`, so an assistant turn without content used to fail inside it.
@@ -24,16 +25,7 @@ SMOLLM2_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 HERMES_TEMPLATE = (Path(demo_model_path()).parent / "chat_template.jinja").read_text()
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather of a city",
-                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                          "required": ["city"]}}}]
-CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
-CONVERSATION = [
-    {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [CALL]},
-    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
-]
+CONVERSATION = ROUND_TRIP
 
 
 def with_template(tokenizer: Tokenizer, template: str) -> Tokenizer:
@@ -92,8 +84,10 @@ def test_an_assistant_turn_with_calls_and_no_content_renders(tokenizer: Tokenize
     without = [{k: v for k, v in m.items() if v is not None} for m in CONVERSATION]
     for tok in (smollm2, hermes, concatenates):
         assert prompt(tok, CONVERSATION, tools=TOOLS) == prompt(tok, without, tools=TOOLS)
+    # it renders tools but not calls: the call reaches the model as text in the format it answers in
     assert prompt(concatenates, CONVERSATION, tools=TOOLS) == \
-        "1system:Be brief.user:Weather in Paris?assistant:tool:sunny"
+        '1system:Be brief.user:Weather in Paris?assistant:{"name": "get_weather", "parameters": {"city": "Paris"}}' \
+        'tool:sunny'
 
 
 def test_a_template_that_renders_tools_gets_arguments_as_objects(hermes: Tokenizer) -> None:

@@ -109,7 +109,7 @@ def test_speculation_and_guided_decoding(tokenizer: Tokenizer) -> None:
                             "guided_decoding_guide_type": "json_schema", "guided_decoding_guide": '{"type": "object"}'})
     req = gen.requests[0]
     assert (req.num_draft_tokens, req.use_draft_logits) == (3, True)
-    assert req.guided == GuidedDecoding(json_schema={"type": "object"})
+    assert req.guided == GuidedDecoding(json_schema={"type": "object"}, param="guided_decoding_guide")
     assert parse(tokenizer, {**DOC_EXAMPLE, "guided_decoding_guide_type": "json"}).requests[0].guided == \
         GuidedDecoding(json_object=True)
     assert parse(tokenizer, DOC_EXAMPLE).requests[0].num_draft_tokens is None
@@ -166,6 +166,14 @@ def test_ids_model(tokenizer: Tokenizer) -> None:
         ({**DOC_EXAMPLE, "lora_weights": [[0.1]], "lora_config": [[0, 0, 1]]}, "need a lora_task_id"),
         ({**DOC_EXAMPLE, "end_id": -2}, "input 'end_id' must be a token id or -1"),
         ({**DOC_EXAMPLE, "guided_decoding_guide_type": "xml"}, "must be one of json, json_schema, regex"),
+        # valid JSON that is no schema object reached the engine core, which died on it
+        *(({**DOC_EXAMPLE, "guided_decoding": value}, "input 'guided_decoding' must be a JSON schema object, got JSON")
+          for value in ("1", "[]", "true", '"s"', "null")),
+        ({**DOC_EXAMPLE, "guided_decoding_guide_type": "json_schema", "guided_decoding_guide": "[1]"},
+         "input 'guided_decoding_guide' must be a JSON schema object, got JSON list"),
+        # 100k brackets were a 500 (RecursionError)
+        ({**DOC_EXAMPLE, "guided_decoding": "[" * 100_000}, "input 'guided_decoding' is nested too deeply"),
+        ({**DOC_EXAMPLE, "guided_decoding": "{"}, "input 'guided_decoding' is not valid JSON"),
         ([1, 2], "the request body must be a JSON object"),
         ({**DOC_EXAMPLE, "parameters": [1]}, "'parameters' must be a JSON object"),
     ],

@@ -79,6 +79,12 @@ def test_wrong_dtypes_and_unknown_inputs_are_named(tokenizer: Tokenizer) -> None
                     model_version="1", kind="text", tokenizer=tokenizer, request_id="r")
     with pytest.raises(InvalidRequestError, match="unexpected inference output 'logits'"):
         check_requested_outputs(["text_output", "logits"], "text", "ensemble")
+    # an empty batch (was an IndexError: a 500, INTERNAL over gRPC)
+    with pytest.raises(InvalidRequestError, match=r"input 'text_input' has shape \[0, 1\]: its first dimension is "
+                                                  "the batch size, which must be at least 1"):
+        parse_infer([t("text_input", np.empty((0, 1), dtype=object), "BYTES"),
+                     t("max_tokens", np.empty((0, 1), np.int32), "INT32")], model_name="ensemble",
+                    model_version="1", kind="text", tokenizer=tokenizer, request_id="r")
 
 
 def test_outputs_are_selected_and_a_batch_is_stacked(tokenizer: Tokenizer) -> None:

@@ -44,6 +44,8 @@ def test_json_tensors_nested_or_flat() -> None:
     ("BYTES", [1], [3], "input 'x' of datatype BYTES must hold strings"),
     ("BF17", [1], [3], "input 'x' has datatype 'BF17'; expected one of BOOL"),
     ("FP32", [-1], [3], "input 'x' must have a shape of non-negative integers"),
+    (["BYTES"], [1], ["a"], "input 'x' has datatype ['BYTES']; expected one of BOOL"),  # these two were 500s
+    ({"a": 1}, [1], ["a"], "input 'x' has datatype {'a': 1}; expected one of BOOL"),
 ])
 def test_bad_json_tensors_name_the_input(datatype: str, shape: list[int], data: list, message: str) -> None:
     with pytest.raises(InvalidRequestError) as err:

@@ -1,0 +1,113 @@
+"""Issue 44's FP8 figures on one GPU, same run, Llama-3.1-8B shape, random weights: bf16 vs FP8 (--quantization fp8).
+
+    python -m benchmarks.gpu_quant --out /tmp/quant                   # on an H200: under 300 s
+    TRITON_INTERPRET=1 python -m benchmarks.gpu_quant --smoke --device cpu --out DIR   # tiny shapes, seconds
+
+Phases (each one's result, or its traceback, lands in DIR/gpu_quant.json as it ends; the run exits 1 if any raised):
+  bandwidth_tb_s   the measured copy bandwidth (bytes read + written per second): the floors' rate
+  kernels          per projection shape of the 8B (q/k/v, o, gate/up, down): the one-token GEMV (runtime/cuda/gemv.py)
+                   on bf16 and on FP8 weights, each in us against its weight-bytes floor, FP8 also at a few other
+                   tiles (FP8 rows are half the bytes: the bf16 tile table may not suit them); and a 256-row product,
+                   cuBLAS bf16 vs FP8 tensor cores with per-token activation quantization (runtime/models/fp8.py)
+  bf16, fp8        NativeEngine (CUDA graphs) over the 8B shape: batch-1 decode inter-token gap against the step's
+                   weight-bytes floor (gpu_families.floor_bytes: FP8 weights count 1 byte, their scales 4 per row),
+                   and 256 requests of 128 in / 128 out, output tok/s; `fp8_vs_bf16` the throughput ratio
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks import gpu_families as gf
+from benchmarks.cuda_decode_attention import per_call_us
+from benchmarks.gpu_bench import bandwidth_tb_s
+
+# the 8B's projections as (out, in): q/k/v, o, gate/up, down
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+SMOKE_SHAPES = {"qkv": (96, 64), "o": (64, 64), "gate_up": (256, 64), "down": (64, 128)}
+FP8_TILES = [(4, 2048, 4), (8, 2048, 8), (8, 4096, 8), (16, 1024, 4), (16, 2048, 8)]  # (BLOCK_N, BLOCK_K, warps)
+ROWS = 256
+MIN_BYTES = 256 * 2**20  # weight copies per shape: more than the H200's 50 MB L2 holds
+
+
+def kernel_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: float, min_bytes: int) -> dict[str, Any]:
+    from runtime.cuda import gemv as gemv_module
+    from runtime.models.fp8 import dequantize, fp8_linear, quantize_rows
+
+    g = torch.Generator().manual_seed(0)
+    res: dict[str, Any] = {}
+    for name, (n, k) in shapes.items():
+        copies = max(2, -(-min_bytes // (n * k * 2)))
+        bf16 = [(torch.randn(n, k, generator=g) * k**-0.5).to(device, torch.bfloat16) for _ in range(copies)]
+        fp8 = [quantize_rows(w) for w in bf16]
+        x = torch.randn(1, k, generator=g).to(device, torch.bfloat16)
+        want = F.linear(x.float(), dequantize(*fp8[0], torch.float32))
+        got = gemv_module.gemv(x, fp8[0][0], scale=fp8[0][1]).float()
+        figures: dict[str, Any] = {"fp8_max_rel_err": ((got - want).abs().max() / want.abs().max()).item()}
+        figures["bf16_us"] = per_call_us(lambda i: gemv_module.gemv(x, bf16[i]), copies)
+        figures["fp8_us"] = per_call_us(lambda i: gemv_module.gemv(x, fp8[i][0], scale=fp8[i][1]), copies)
+        figures["bf16_floor_us"] = n * k * 2 / (bandwidth * 1e12) * 1e6
+        figures["fp8_floor_us"] = (n * k + 4 * n) / (bandwidth * 1e12) * 1e6
+        figures["bf16_vs_floor"] = figures["bf16_us"] / figures["bf16_floor_us"]
+        figures["fp8_vs_floor"] = figures["fp8_us"] / figures["fp8_floor_us"]
+        for tile in FP8_TILES:
+            gemv_module.FP8_TILES[(n, k)] = tile
+            figures["fp8_tile_{}x{}x{}_us".format(*tile)] = per_call_us(
+                lambda i: gemv_module.gemv(x, fp8[i][0], scale=fp8[i][1]), copies)
+            del gemv_module.FP8_TILES[(n, k)]
+        rows = torch.randn(ROWS, k, generator=g).to(device, torch.bfloat16)
+        figures[f"rows_{ROWS}_bf16_us"] = per_call_us(lambda i: F.linear(rows, bf16[i]), copies)
+        figures[f"rows_{ROWS}_fp8_us"] = per_call_us(lambda i: fp8_linear(rows, fp8[i][0], fp8[i][1], None, None),
+                                                     copies)
+        res[name] = figures
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--skip", default="", help="comma-separated phases to leave out: kernels, bf16, fp8")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes and loads: the code runs, nothing more")
+    args = parser.parse_args(argv)
+    import runtime.llm_engine
+
+    runtime.llm_engine.load_model = gf.random_model  # random weights at the 8B shape, no checkpoint on disk
+    model_type, shape = (gf.SMOKE_SHAPES if args.smoke else gf.SHAPES)["llama-3.1-8b"]
+    sizes = gf.SMOKE_SIZES if args.smoke else dict(prompt=gf.PROMPT, output=gf.OUTPUT, batch=gf.BATCH)
+    skip = set(filter(None, args.skip.split(",")))
+    phases = gf.Phases(args.out / "gpu_quant.json", {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device, "sizes": sizes,
+        "date": time.strftime("%Y-%m-%d")}, printed=1200)
+    results, record = phases.results, phases.record
+    bandwidth = record("bandwidth_tb_s", lambda: bandwidth_tb_s(1 / 64 if args.smoke else 1.0, args.device))
+    if "kernels" not in skip and isinstance(bandwidth, float):
+        record("kernels", lambda: kernel_figures(args.device, SMOKE_SHAPES if args.smoke else SHAPES, bandwidth,
+                                                 0 if args.smoke else MIN_BYTES))
+    folder = gf.write_config(args.out / "llama-3.1-8b", model_type, shape)
+    for quantization in ("bf16", "fp8"):
+        if quantization in skip:
+            continue
+        figures = record(quantization, lambda: asyncio.run(gf.engine_figures(
+            folder, args.device, sizes, quantization="fp8" if quantization == "fp8" else "none")))
+        if "error" not in figures and isinstance(bandwidth, float):
+            figures["floor_b1_ms"] = figures["floor_bytes"] / (bandwidth * 1e12) * 1e3
+            figures["vs_floor"] = figures["decode_b1_itl_ms"] / figures["floor_b1_ms"]
+    key = f"throughput_{sizes['batch']}_tok_s"
+    if key in results.get("fp8", {}) and key in results.get("bf16", {}):
+        results["fp8_vs_bf16"] = results["fp8"][key] / results["bf16"][key]
+        results["b1_fp8_vs_bf16"] = results["fp8"]["decode_b1_itl_ms"] / results["bf16"]["decode_b1_itl_ms"]
+    phases.write()
+    return 1 if phases.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

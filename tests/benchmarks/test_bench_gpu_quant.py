@@ -1,0 +1,29 @@
+"""benchmarks/gpu_quant.py in seconds on the CPU: every phase runs on tiny shapes (the GEMVs in Triton's interpreter)
+and writes its figures (the timings mean nothing here; the FP8 GEMV's error against its dequantized weight does)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.benchmarks.smoke import output_of, positive, run_module
+
+pytestmark = pytest.mark.benchmark_smoke
+pytest.importorskip("triton")
+
+
+def test_every_phase_runs_and_writes_its_figures(tmp_path: Path) -> None:
+    proc = run_module("gpu_quant", "--smoke", "--device", "cpu", "--out", str(tmp_path), timeout=240,
+                      env={"TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0, output_of(proc)
+    result = json.loads((tmp_path / "gpu_quant.json").read_text())
+    assert set(result["kernels"]) == {"qkv", "o", "gate_up", "down"}
+    for figures in result["kernels"].values():
+        assert figures["fp8_max_rel_err"] < 2e-2  # bf16 outputs (truncated by the interpreter)
+        assert figures["fp8_floor_us"] < figures["bf16_floor_us"]
+    for quantization in ("bf16", "fp8"):
+        figures = result[quantization]
+        assert positive(figures["decode_b1_itl_ms"], figures["throughput_8_tok_s"], figures["vs_floor"]), figures
+    assert positive(result["fp8_vs_bf16"], result["b1_fp8_vs_bf16"])

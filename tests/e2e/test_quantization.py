@@ -1,0 +1,37 @@
+"""--quantization fp8 through the HTTP server: a 16-bit checkpoint served with its projections quantized at load to
+E4M3 per output channel gives, on /v1/completions, transformers' greedy ids over those E4M3 weights (on the CPU the
+engine serves them dequantized; on an H100/H200 on the FP8 tensor cores)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import httpx
+from safetensors.torch import load_file, save_file
+
+from tests.e2e.conftest import MODEL_NAME, launch
+from tests.engine_harness import hf_greedy, load_hf
+from tests.fp8_checkpoints import PROJECTION, to_e4m3
+
+
+def test_quantization_fp8_serves_the_greedy_ids_of_the_e4m3_weights(tiny_model_dir: Path, tmp_path: Path) -> None:
+    reference = tmp_path / "e4m3"
+    shutil.copytree(tiny_model_dir, reference)
+    weights = load_file(str(reference / "model.safetensors"))
+    for name in [n for n in weights if PROJECTION.search(n)]:
+        values, scale = to_e4m3(weights[name], per_channel=True)
+        weights[name] = values.float() * scale
+    save_file(weights, str(reference / "model.safetensors"))
+    prompt = [7, 99, 31, 250, 4, 18]
+    want = hf_greedy(load_hf(reference), prompt, 16)
+    assert want != hf_greedy(load_hf(tiny_model_dir), prompt, 16)  # the E4M3 rounding shows in these ids
+    server = launch(tiny_model_dir, "native", quantization="fp8")
+    try:
+        body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 16, "temperature": 0, "ignore_eos": True,
+                "logprobs": 0}
+        reply = httpx.post(server.base_url + "/completions", json=body, timeout=60).json()
+    finally:
+        server.stop()
+    assert reply["choices"][0]["logprobs"]["tokens"] == [server.engine.tokenizer.token_text(t) for t in want], reply
+    assert reply["usage"]["completion_tokens"] == 16
