@@ -1,10 +1,10 @@
 """Demo model on CPU: our gateway against transformers' sequential `generate` and against
 `transformers serve --continuous-batching`, on the same model and the same load, in one run.
 
-    python -m benchmarks.peer_cpu                                   # concurrency 1,8,32; fp32 and bf16
+    python -m benchmarks.peer_cpu                                   # concurrency 1,8,32; our server's defaults
     python -m benchmarks.peer_cpu --dtypes float32 --no-transformers-serve --duration 5
     python -m benchmarks.peer_cpu --append-results                  # also a dated section in RESULTS.md
-    python -m benchmarks.peer_cpu --model default --dtypes bfloat16 --peer llama.cpp   # SmolLM2 vs llama.cpp
+    python -m benchmarks.peer_cpu --model default --peer llama.cpp  # SmolLM2 vs llama.cpp (issue 47's check)
 
 Baselines, each measured in this run:
 - `generate`: transformers' AutoModelForCausalLM.generate, one prompt at a time (greedy, exactly
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="checkpoint folder, a .gguf file, or `default` (SmolLM2-135M-Instruct); "
                                                 "default: the embedded demo model")
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
-    p.add_argument("--dtypes", default="float32,bfloat16",
+    p.add_argument("--dtypes", default=DEFAULTS,
                    help=f"our engine's dtypes, comma list; `{DEFAULTS}`: our server with no engine flags, as users start it")
     p.add_argument("--baseline-dtype", default="float32", help="dtype of generate and transformers serve")
     p.add_argument("--input-tokens", type=int, default=128)
