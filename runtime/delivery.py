@@ -1,6 +1,7 @@
-"""Hand-off of deltas from the engine's step thread to whoever waits for them.
+"""Hand-off of the engine core's step outputs from its thread to whoever waits for them.
 
-Each step the engine queues its deltas in an Outbox; `flush` then hands the step's batch over in one go:
+After each step the core's driver hands the StepOutput (runtime/step_output.py) to an Outbox, which passes it on
+in one go:
 - `Outbox` (in-process): ONE `loop.call_soon_threadsafe` per event loop, which puts the deltas into the
   per-request asyncio queues read by `read_batches`;
 - `runtime.process.core.SocketOutbox`: one message to the front-end process.
@@ -21,6 +22,7 @@ from typing import Any
 
 from runtime.request import OutputDelta, coalesce
 from runtime.request_state import RequestState
+from runtime.step_output import StepOutput
 
 END = object()  # queued after a request's last delta
 
@@ -28,7 +30,7 @@ Pending = list[tuple[RequestState, list[OutputDelta], bool]]  # (request, its de
 
 
 class Outbox:
-    """Deltas produced by the step thread, waiting for the next `flush`. Used by the step thread only."""
+    """Step outputs waiting for the next `flush`. Used by the core's thread only."""
 
     def __init__(self, stream_interval: int = 1) -> None:
         self.stream_interval = stream_interval  # EngineConfig has checked that it is at least 1
@@ -37,9 +39,16 @@ class Outbox:
         # streamed request's since its last hand-off (an empty list once its first delta went out).
         self._held: dict[str, list[OutputDelta]] = {}
 
+    def put(self, out: StepOutput) -> None:
+        """Queue a step's outputs (its plain tokens before its deltas: StepOutput's order) and hand them over."""
+        for state, token_id in zip(out.token_states, out.token_ids):
+            self.add_token(state, token_id)
+        for state, deltas, final in out.deltas:
+            self.emit(state, deltas, final)
+        self.flush()
+
     def emit(self, state: RequestState, deltas: list[OutputDelta], final: bool = False) -> None:
         """Queue `deltas` of `state` (stamped with the time they were produced); `final`: its last ones."""
-        state.decorate(deltas)
         now = time.monotonic()
         for d in deltas:
             d.time = now
@@ -61,8 +70,8 @@ class Outbox:
         self._pending.append((state, deltas, final))
 
     def add_token(self, state: RequestState, token_id: int) -> None:
-        """A token of a `token_only` request that needs no delta of its own (RequestState.add_plain_token).
-        In-process it becomes one; the engine core's outbox sends it as an id (runtime/process/core.py)."""
+        """A plain token (StepOutput's columns). In-process it becomes a delta; the engine core's outbox sends it as
+        an id (runtime/process/core.py)."""
         self.emit(state, [OutputDelta(state.request_id, 0, [token_id])])
 
     def flush(self) -> None:

@@ -132,6 +132,7 @@ class RequestState:
             self.prompt_token_ids,
             self.max_tokens,
             num_samples=opts.n,
+            beam_width=opts.beam_width,
             cache_salt=self.adapter_key,
             needs_prompt_logits=self.wants_prompt_logits,
         )
@@ -188,20 +189,22 @@ class RequestState:
     # ---- output side --------------------------------------------------------------------------
     def add_token(
         self,
-        seq: Sequence,
+        index: int,
         token_id: int,
         logprob: float,
         top: list[tuple[int, float]],
         sample_logits: torch.Tensor | None,
+        num_tokens: int,
     ) -> OutputDelta:
-        """`seq` (already extended with `token_id`) produced a token: its delta, finished or not."""
+        """Sample `index` produced `token_id`, which makes its sequence `num_tokens` long: its delta, finished or
+        not (whether it finished is recorded here; the scheduler then frees the sequence)."""
         opts = self.options
-        s = self.samples[seq.index]
+        s = self.samples[index]
         s.num_tokens += 1
         s.cumulative_logprob += logprob
         if s.guide is not None:
             s.guide.accept_tokens([token_id])
-        delta = OutputDelta(request_id=self.request_id, index=seq.index, token_ids=[token_id])
+        delta = OutputDelta(request_id=self.request_id, index=index, token_ids=[token_id])
         if opts.logprobs is not None:
             delta.logprobs = [TokenLogprob(token_id, logprob, top[: opts.logprobs])]
         if opts.return_generation_logits and sample_logits is not None:
@@ -219,7 +222,7 @@ class RequestState:
             delta.text, matched = s.text.push((token_id,), may_stop)
             if matched is not None:
                 self._finish(s, "stop", matched)
-        if s.finish_reason is None and (s.num_tokens >= self.max_tokens or seq.num_tokens >= self.context_window):
+        if s.finish_reason is None and (s.num_tokens >= self.max_tokens or num_tokens >= self.context_window):
             self._finish(s, "length", None)
         if s.finish_reason is not None:
             self._close_sample(s, delta)
@@ -229,7 +232,7 @@ class RequestState:
     def add_plain_token(self, seq: Sequence, token_id: int) -> bool:
         """`add_token`'s fast lane for a `token_only` request: counts `token_id` and returns True when it needs no
         delta (not the request's first token, and it cannot end the sample); False, counting nothing, otherwise:
-        the caller then appends it to `seq` and calls add_token. `seq` is not extended yet."""
+        the caller then calls add_token. `seq` is not extended yet."""
         s = self.samples[0]
         if (not self._sent_first or token_id in self._ending_ids or s.num_tokens + 1 >= self.max_tokens
                 or seq.num_tokens + 1 >= self.context_window):

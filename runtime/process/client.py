@@ -43,7 +43,7 @@ from runtime.config import EngineConfig
 from runtime.delivery import END, Mailbox, read_batches
 from runtime.engine import Engine, EngineStats, deltas_of
 from runtime.errors import EngineFailedError, EngineNotReadyError, InvalidRequestError
-from runtime.llm_engine import describe_model
+from runtime.core_loader import describe_model
 from runtime.output_text import FrontEndText, text_in_front_end
 from runtime.process.core import Addresses, CoreArgs
 from runtime.process.messages import (
@@ -80,7 +80,8 @@ class EngineClient(Engine):
     def __init__(self, config: EngineConfig, front_end: FrontEnd = FrontEnd()) -> None:
         self.config = config
         self.front_end = front_end
-        self.model_path, self.spec, _, _, self.model_info = describe_model(config)
+        model = describe_model(config)
+        self.model_path, self.spec, self.model_info = model.path, model.spec, model.info
         self._stats = EngineStats(max_batch_size=config.max_batch_size, max_num_tokens=config.max_num_tokens)
         self._adapters: dict[str, str] | None = None  # the core's, once it is ready
         self._queues: dict[str, tuple[Mailbox, int]] = {}  # request id -> (its deltas, samples)

@@ -36,7 +36,6 @@ from runtime.process.messages import (
     STATS_PERIOD, Abort, AddRequest, LoraCall, LoraReply, Ready, Rejected, Shutdown, StartFailed, StepOutputs,
     encoder, error_info, to_core,
 )
-from runtime.request import OutputDelta
 from runtime.request_state import RequestState
 from runtime.validation import PreparedRequest
 
@@ -65,12 +64,11 @@ class CoreArgs:
 
 
 class SocketOutbox(Outbox):
-    """Sends each step's deltas in one message per front end (to the one that sent each request), with the
+    """Sends each step's outputs in one message per front end (to the one that sent each request), with the
     engine's stats at most every STATS_PERIOD s (and whenever a request ends, so the front ends' view is exact
-    when idle). A streamed `token_only` request's tokens that need no delta travel as two columns of the message
+    when idle). A streamed request's plain tokens (StepOutput's columns) travel as two columns of the message
     (request ids, token ids): no delta is built, encoded and decoded per token. The front end hands out a
-    message's columns before its deltas, so a token that follows a delta of its request in the same message (two
-    steps' outputs in one flush) goes as a delta too."""
+    message's columns before its deltas, as StepOutput orders them."""
 
     def __init__(self, sockets: list[zmq.Socket], owners: dict[str, int], stats: Callable[[], EngineStats],
                  stream_interval: int = 1) -> None:
@@ -81,15 +79,9 @@ class SocketOutbox(Outbox):
         self._stats_sent = 0.0
         self._token_requests: list[str] = []  # the columns of the next message
         self._token_ids: list[int] = []
-        self._with_deltas: set[str] = set()  # requests with deltas in the next message
-
-    def emit(self, state: RequestState, deltas: list[OutputDelta], final: bool = False) -> None:
-        super().emit(state, deltas, final)
-        self._with_deltas.add(state.request_id)
 
     def add_token(self, state: RequestState, token_id: int) -> None:
-        # as a delta: held back (not streamed, or a stream interval), or behind a delta in this message
-        if not (state.request.stream and self.stream_interval == 1) or state.request_id in self._with_deltas:
+        if not (state.request.stream and self.stream_interval == 1):  # held back: as a delta
             super().add_token(state, token_id)
             return
         self._token_requests.append(state.request_id)
@@ -98,7 +90,6 @@ class SocketOutbox(Outbox):
     def send(self, pending: Pending) -> None:
         requests, token_ids = self._token_requests, self._token_ids
         self._token_requests, self._token_ids = [], []
-        self._with_deltas.clear()
         now = time.monotonic()
         stats = None
         if now - self._stats_sent >= STATS_PERIOD or any(final for _, _, final in pending):

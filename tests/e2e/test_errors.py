@@ -113,13 +113,13 @@ def test_queue_full_is_429_with_retry_after_and_others_finish(one_slot_server: R
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     url = one_slot_server.url
     engine = one_slot_server.engine
-    original = engine._postprocess
+    original = engine.scheduler.update_from_output
 
-    def slow(*args, **kwargs):  # ~2 s for the running request's 200 tokens: it cannot end before the checks
+    def slow(*args, **kwargs):  # ~2 s for the running request's 200 steps: it cannot end before the checks
         time.sleep(0.01)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "_postprocess", slow)
+    monkeypatch.setattr(engine.scheduler, "update_from_output", slow)
     waiting_result: dict[str, httpx.Response] = {}
     with httpx.Client(base_url=url, timeout=60) as c, c.stream("POST", "/v1/completions",
                                                                json={**LONG, "stream": True}) as running:
@@ -167,7 +167,7 @@ def poisoned(in_process_server: RunningServer, monkeypatch: pytest.MonkeyPatch) 
     comes after the first outputs: mid-stream for streams."""
     server = in_process_server
     engine = server.engine
-    original = engine._postprocess
+    original = engine.scheduler._update_entry
     steps: dict[str, int] = {}
 
     def faulty(state, *args, **kwargs):
@@ -177,7 +177,7 @@ def poisoned(in_process_server: RunningServer, monkeypatch: pytest.MonkeyPatch) 
                 raise RuntimeError("injected fault")
         return original(state, *args, **kwargs)
 
-    monkeypatch.setattr(engine, "_postprocess", faulty)
+    monkeypatch.setattr(engine.scheduler, "_update_entry", faulty)
     return server
 
 
@@ -233,7 +233,7 @@ def test_request_timeout_aborts_and_frees_blocks(start_server) -> None:
     def held_step() -> int:
         nonlocal steps
         steps += 1
-        deadlines = [s.request.deadline for s in engine._requests.values() if s.request.deadline is not None]
+        deadlines = [s.request.deadline for s in engine.core.requests.values() if s.request.deadline is not None]
         if steps > 4 and deadlines:
             time.sleep(max(0.0, max(deadlines) - time.monotonic()))
         return step()

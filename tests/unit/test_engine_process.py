@@ -31,6 +31,7 @@ from runtime.process.core import SocketOutbox
 from runtime.process.messages import StepOutputs, to_front_end
 from runtime.request import GuidedDecoding, OutputDelta
 from runtime.request_state import RequestState
+from runtime.step_output import StepOutput
 from runtime.validation import PreparedRequest
 from tests.engine_harness import Collected, collect, request, wait_for
 from tests.lora_adapters import make_peft_adapter, peft_greedy
@@ -184,8 +185,9 @@ async def test_a_streamed_plain_requests_middle_tokens_travel_as_ids_not_deltas(
 
 
 def test_a_token_behind_a_delta_of_its_request_in_one_message_goes_as_a_delta() -> None:
-    """Two steps' outputs may share a message (a step collected, then a synchronous one): the front end hands
-    out the columns first, so a request's token may go there only while the message holds no delta of it."""
+    """Two steps' outputs may share a step output, and so a message (a step collected, then a synchronous one): the
+    front end hands out the columns first, so a request's token may go there only while the message holds no delta
+    of it."""
     sent: list[StepOutputs] = []
 
     class Socket:
@@ -196,13 +198,15 @@ def test_a_token_behind_a_delta_of_its_request_in_one_message_goes_as_a_delta() 
     a, b = (RequestState(request(r, [1, 2], 8), PreparedRequest([1, 2], 8, []),
                          tokenizer=None, eos_token_ids=[0], context_window=64,  # type: ignore[arg-type]
                          device=torch.device("cpu"), makes_text=False) for r in ("a", "b"))
-    outbox.add_token(a, 5)  # ids first, then a's delta: the front end keeps that order
-    outbox.emit(a, [OutputDelta("a", 0, [6])])
-    outbox.emit(b, [OutputDelta("b", 0, [7])])
-    outbox.add_token(b, 8)
-    outbox.flush()
-    outbox.add_token(b, 9)  # a new message: b has no delta there
-    outbox.flush()
+    out = StepOutput()
+    out.add_token(a, 5)  # ids first, then a's delta: the front end keeps that order
+    out.emit(a, [OutputDelta("a", 0, [6])])
+    out.emit(b, [OutputDelta("b", 0, [7])])
+    out.add_token(b, 8)
+    outbox.put(out)
+    out = StepOutput()
+    out.add_token(b, 9)  # a new message: b has no delta there
+    outbox.put(out)
     assert [(m.token_requests, m.token_ids) for m in sent] == [(["a"], [5]), (["b"], [9])]
     assert [(r, d.token_ids) for r, ds, _ in sent[0].deltas for d in ds] == [("a", [6]), ("b", [7]), ("b", [8])]
 

@@ -43,7 +43,7 @@ def _run(state: RequestState, tokens: list[int], stop_after: int | None = None) 
             deltas += state.end_all("abort")
             break
         seq.add_sampled(token)
-        deltas.append(state.add_token(seq, token, -0.5, [], None))
+        deltas.append(state.add_token(seq.index, token, -0.5, [], None, seq.num_tokens))
         deltas[-1].logprobs = [TokenLogprob(token, -0.5, [])]
         if state.finished:
             break

@@ -26,7 +26,7 @@ def test_add_plain_token_takes_only_tokens_that_cannot_end_the_sample() -> None:
     seq = state.new_sequence()
     assert not state.add_plain_token(seq, 4)  # the first token carries the prompt facts: a delta
     seq.add_sampled(4)
-    state.decorate([state.add_token(seq, 4, 0.0, [], None)])
+    state.decorate([state.add_token(seq.index, 4, 0.0, [], None, seq.num_tokens)])
     for _ in range(2):
         assert state.add_plain_token(seq, 4)
         seq.add_sampled(4)
@@ -35,7 +35,7 @@ def test_add_plain_token_takes_only_tokens_that_cannot_end_the_sample() -> None:
     seq.add_sampled(4)
     assert not state.add_plain_token(seq, 4)  # the 5th of 5: "length"
     assert state.samples[0].num_tokens == 4 and state.samples[0].finish_reason is None
-    delta = state.add_token(seq, 4, 0.0, [], None)
+    delta = state.add_token(seq.index, 4, 0.0, [], None, seq.num_tokens)
     assert delta.finish_reason == "length" and state.usage().completion_tokens == 5
 
 
