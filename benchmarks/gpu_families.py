@@ -171,9 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", default="", help="comma-separated phases to leave out: engine, hf")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and loads: the code runs, nothing more")
     args = parser.parse_args(argv)
-    import runtime.llm_engine
+    import runtime.core_loader
 
-    runtime.llm_engine.load_model = random_model  # random weights at real shapes, no checkpoint on disk
+    runtime.core_loader.load_model = random_model  # random weights at real shapes, no checkpoint on disk
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
     sizes = SMOKE_SIZES if args.smoke else dict(prompt=PROMPT, output=OUTPUT, batch=BATCH)
     skip = set(filter(None, args.skip.split(",")))

@@ -27,11 +27,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runtime.detokenizer import IncrementalDetokenizer
 from runtime.errors import InvalidRequestError, UnsupportedOptionError
 from runtime.request import OutputDelta, SamplingOptions, TokenLogprob
 from runtime.sequence import Sequence
-from runtime.tokenizer import Tokenizer
 
 
 def check_beam_options(opts: SamplingOptions) -> None:
@@ -92,19 +90,15 @@ class BeamSearch:
         request_id: str,
         options: SamplingOptions,
         *,
-        prompt_token_ids: list[int],
         max_tokens: int,
         context_window: int,
         eos_token_ids: list[int],
-        tokenizer: Tokenizer,
     ) -> None:
         self.request_id = request_id
         self.options = options
         self.width = options.beam_width
-        self.prompt_token_ids = prompt_token_ids
         self.max_tokens = max_tokens
         self.context_window = context_window
-        self.tokenizer = tokenizer
         eos = [] if options.ignore_eos else eos_token_ids
         self.stop_ids = list(dict.fromkeys([*eos, *options.stop_token_ids]))
         self.num_candidates = max(2, 1 + len(self.stop_ids)) * self.width
@@ -200,26 +194,16 @@ class BeamSearch:
 
     # ---- output -------------------------------------------------------------------------------
     def final_deltas(self) -> list[OutputDelta]:
-        """One delta per returned beam (index = rank, best first) with its whole output."""
+        """One delta per returned beam (index = rank, best first) with its whole output (its text is the front end's:
+        a stop token's is not shown, as without beam search)."""
         opts = self.options
-        deltas = []
-        for rank, hyp in enumerate(self.finished):
-            shown = hyp.token_ids
-            keep_stop = opts.include_stop_str_in_output and hyp.stopped_by in opts.stop_token_ids
-            if hyp.stopped_by is not None and not keep_stop:
-                shown = shown[:-1]  # a stop token's text is not emitted (as without beam search)
-            detok = IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids, opts.skip_special_tokens)
-            text = detok.push(shown) + detok.flush()
-            stop_reason = hyp.stopped_by if hyp.stopped_by in opts.stop_token_ids else None
-            deltas.append(OutputDelta(
-                request_id=self.request_id,
-                index=rank,
-                token_ids=list(hyp.token_ids),
-                text=text,
-                logprobs=[TokenLogprob(t.token_id, t.logprob, t.top[: opts.logprobs]) for t in hyp.logprobs]
-                if opts.logprobs is not None else None,
-                finish_reason="stop" if hyp.stopped_by is not None else "length",
-                stop_reason=stop_reason,
-                cumulative_logprob=hyp.cumulative_logprob,
-            ))
-        return deltas
+        return [OutputDelta(
+            request_id=self.request_id,
+            index=rank,
+            token_ids=list(hyp.token_ids),
+            logprobs=[TokenLogprob(t.token_id, t.logprob, t.top[: opts.logprobs]) for t in hyp.logprobs]
+            if opts.logprobs is not None else None,
+            finish_reason="stop" if hyp.stopped_by is not None else "length",
+            stop_reason=hyp.stopped_by if hyp.stopped_by in opts.stop_token_ids else None,
+            cumulative_logprob=hyp.cumulative_logprob,
+        ) for rank, hyp in enumerate(self.finished)]

@@ -70,11 +70,27 @@ class EngineCore:
         else:
             self.lora.enqueue(state.request_id)
 
-    def abort(self, request_id: str) -> None:
-        """End a request now ("abort"); unknown ids are ignored. Its last deltas come with the next step's output."""
+    def abort(self, request_id: str, index: int | None = None) -> None:
+        """End a request now ("abort"), or only its sample `index` (a stop string matched in the front end); unknown
+        ids are ignored. The deltas come with the next step's output."""
         state = self.requests.get(request_id)
-        if state is not None:
+        if state is None:
+            return
+        if index is None or state.beam is not None:
             self._end(state, state.end_all("abort"))
+            return
+        seq = state.seqs.get(index) if 0 <= index < len(state.samples) else None
+        if seq is None or seq.num_samples > 1:
+            return  # ended already, or its samples have not forked yet (no text was made for it)
+        delta = state.end_sample(index, "abort")
+        if delta is None:
+            return
+        state.seqs.pop(index)
+        self.scheduler.finish(seq)
+        if state.finished:
+            self._end(state, [delta])
+        else:
+            self._out.emit(state, [delta])
 
     def has_work(self) -> bool:
         return self.scheduler.has_work() or self._inflight is not None or self.lora.has_admissible()

@@ -3,57 +3,57 @@
 The core (runtime/engine_core.py) knows no threads: this class gives it one. Requests and aborts from the event
 loop wait in an inbox guarded by a Condition; the step thread takes them, calls `core.step()`, publishes the stats
 and hands the step's output to the outbox (runtime/delivery.py: in-process, one `loop.call_soon_threadsafe` per
-step and event loop into per-request asyncio queues read by `generate_batches`; in the engine-core process, one
-message to the front end). The thread sleeps on the Condition while idle.
+step and event loop into per-request asyncio queues read by `generate_batches`, whose text the front-end half makes:
+runtime/async_engine.py; in the engine-core process, one message to the front end). The thread sleeps on the
+Condition while idle.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from runtime.block_manager import BlockManager
+from runtime.async_engine import AsyncEngine
 from runtime.config import EngineConfig
 from runtime.core_loader import describe_model, load_core
-from runtime.delivery import Outbox, read_batches
-from runtime.engine import Engine, EngineStats, deltas_of
+from runtime.delivery import Outbox
+from runtime.engine import EngineStats
 from runtime.engine_core import EngineCore
 from runtime.errors import EngineNotReadyError, InvalidRequestError, QueueFullError
 from runtime.guided import GuidedCompiler, GuideState
 from runtime.lora import LoraManager
 from runtime.model_runner import ModelRunner
-from runtime.output_text import text_in_front_end
-from runtime.request import GenerationRequest, OutputDelta
+from runtime.output_processor import OutputProcessor
+from runtime.request import GenerationRequest
 from runtime.request_state import RequestState
 from runtime.scheduler import Scheduler
 from runtime.speculative import Speculator
 from runtime.step_output import StepOutput
-from runtime.validation import PreparedRequest, validate_request
-from runtime.workers import WorkerPool, is_heavy
+from runtime.validation import PreparedRequest
+from runtime.workers import WorkerPool
 
 logger = logging.getLogger(__name__)
 
 
-class NativeEngine(Engine):
+class NativeEngine(AsyncEngine):
     """In-flight batching over a paged KV cache, in-process (see the module docstring)."""
 
-    def __init__(self, config: EngineConfig, outbox: Outbox | None = None, text_in_front_end: bool = False) -> None:
+    def __init__(self, config: EngineConfig, outbox: Outbox | None = None) -> None:
         self.config = config
-        # the engine-core process: requests that `output_text.text_in_front_end` picks get no text here
-        self._text_in_front_end = text_in_front_end
         self.model = describe_model(config)
-        self.model_path, self.spec, self.device = self.model.path, self.model.spec, self.model.device
+        self.model_path, self.spec = self.model.path, self.model.spec
+        self.device, self.dtype = self.model.device, self.model.dtype
         self.model_info = self.model.info
         self.core: EngineCore | None = None  # once loaded
         self._cond = threading.Condition()
         self._inbox: list[RequestState] = []  # guarded by _cond, like the three fields below
-        self._aborts: list[str] = []
+        self._aborts: list[tuple[str, int | None]] = []  # (request id, the sample to end or None: all)
         self._active_ids: set[str] = set()
         self._num_waiting = 0  # the core's waiting requests as of the last step
         # the engine-core process passes one that sends to the front end
@@ -101,7 +101,7 @@ class NativeEngine(Engine):
             return
         loaded = load_core(self.config, self.model, on_lora_ready=self._wake)
         self.tokenizer, self.eos_token_ids = loaded.tokenizer, loaded.eos_token_ids
-        _ = self.tokenizer.byte_pieces  # the detokenizers' table, built at load time, not on the first request
+        self.outputs = OutputProcessor(self.tokenizer)
         st, blocks = self._stats, loaded.core.block_manager.num_blocks
         st.kv_blocks_total = st.kv_blocks_free = blocks
         st.kv_tokens_per_block = self.config.kv_block_size
@@ -130,7 +130,7 @@ class NativeEngine(Engine):
         while self._busy() and time.monotonic() < deadline and self._thread.is_alive():
             await asyncio.sleep(0.01)
         with self._cond:
-            self._aborts.extend(self._active_ids)
+            self._aborts.extend((request_id, None) for request_id in self._active_ids)
             self._stopping = True
             self._cond.notify()
         await asyncio.to_thread(self._thread.join)
@@ -157,19 +157,10 @@ class NativeEngine(Engine):
         self.lora.unregister(name)
 
     # ---- requests -----------------------------------------------------------------------------
-    def generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
-        return deltas_of(self.generate_batches(request))
-
-    async def generate_batches(self, request: GenerationRequest) -> AsyncIterator[list[OutputDelta]]:
-        """Every delta already queued for the request, in one list per wake-up (one or more steps')."""
-        self._check_ready()  # preparing needs the loaded tokenizer
-        prepared = await self._prepare.call(is_heavy(request), self._validate, request)
+    async def _add(self, request: GenerationRequest, prepared: PreparedRequest) -> asyncio.Queue[Any]:
         queue: asyncio.Queue[Any] = asyncio.Queue()
         await self.submit(request, prepared, queue)
-        # the consumer leaving early (client gone) aborts the request, which frees its blocks
-        async with contextlib.aclosing(read_batches(queue, lambda: self.abort(request.request_id))) as batches:
-            async for batch in batches:
-                yield batch
+        return queue
 
     async def submit(self, request: GenerationRequest, prepared: PreparedRequest,
                      queue: asyncio.Queue[Any] | None = None) -> None:
@@ -184,10 +175,6 @@ class NativeEngine(Engine):
         if not self.ready:
             reason = "shutting down" if self._thread is not None else "not started"
             raise EngineNotReadyError(f"The engine is {reason}")
-
-    def _validate(self, request: GenerationRequest) -> PreparedRequest:
-        return validate_request(request, tokenizer=self.tokenizer, vocab_size=self.spec.vocab_size,
-                                context_window=self.model_info.context_window, config=self.config)
 
     def _submit(self, request: GenerationRequest, prepared: PreparedRequest,
                 new_guide: Callable[[], GuideState] | None, queue: asyncio.Queue[Any] | None) -> RequestState:
@@ -206,14 +193,12 @@ class NativeEngine(Engine):
         state = RequestState(
             request,
             prepared,
-            tokenizer=self.tokenizer,
             eos_token_ids=self.eos_token_ids,
             context_window=self.model_info.context_window,
             device=self.device,
             loop=asyncio.get_running_loop() if queue is not None else None,
             queue=queue,
             new_guide=new_guide,
-            makes_text=not (self._text_in_front_end and text_in_front_end(request.sampling)),
         )
         with self._cond:
             if request.request_id in self._active_ids:
@@ -233,10 +218,10 @@ class NativeEngine(Engine):
                 self._guided_compiler = GuidedCompiler(self.tokenizer.hf, self.spec.vocab_size, self.eos_token_ids)
             return self._guided_compiler
 
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, index: int | None = None) -> None:
         with self._cond:
             if request_id in self._active_ids:
-                self._aborts.append(request_id)
+                self._aborts.append((request_id, index))
                 self._cond.notify()
 
     def _wake(self) -> None:
@@ -272,8 +257,8 @@ class NativeEngine(Engine):
             self._num_waiting += len(inbox)  # still counted against max_queue_size until the next publish
         for state in inbox:
             core.add_request(state)
-        for request_id in aborts:
-            core.abort(request_id)
+        for request_id, index in aborts:
+            core.abort(request_id, index)
         out = core.step()
         with self._stats_lock:
             core.publish_stats(self._stats)

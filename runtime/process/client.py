@@ -3,11 +3,12 @@
     engine = EngineClient(config)      # what runtime.build_engine returns for backend "native"
     await engine.start()               # spawns the engine-core process (runtime/process/core.py)
 
-Split (vLLM v1's): this process keeps HTTP, tokenization, chat templates and validation; the core process
-keeps the scheduler, KV blocks, model, sampler, LoRA and speculation, with a GIL of its own. They talk over
-two ZeroMQ ipc:// sockets with msgpack messages (runtime/process/messages.py): requests and aborts in, one
-message per engine step out. A receiver task puts each step's deltas into the per-request asyncio queues
-that `generate_batches` reads, as the in-process engine does.
+Split (vLLM v1's): this process keeps HTTP, tokenization, chat templates, validation and the text of the outputs
+(runtime/async_engine.py, runtime/output_processor.py); the core process keeps the scheduler, KV blocks, model,
+sampler, LoRA and speculation, with a GIL of its own. They talk over two ZeroMQ ipc:// sockets with msgpack
+messages (runtime/process/messages.py): requests and aborts in, one message per engine step out. A receiver task
+puts each step's token-level deltas into the per-request queues that `generate_batches` reads, as the in-process
+engine does.
 
 Failure contract: the core's exit is seen at once (a pidfd of it is watched by the event loop). Every
 request in flight then ends with an error delta, `ready` turns False (the gateway's watcher makes /health 503
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
 import itertools
 import logging
 import os
@@ -30,7 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,12 +39,13 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from runtime.async_engine import AsyncEngine
 from runtime.config import EngineConfig
-from runtime.delivery import END, Mailbox, read_batches
-from runtime.engine import Engine, EngineStats, deltas_of
-from runtime.errors import EngineFailedError, EngineNotReadyError, InvalidRequestError
 from runtime.core_loader import describe_model
-from runtime.output_text import FrontEndText, text_in_front_end
+from runtime.delivery import END, Mailbox
+from runtime.engine import EngineStats
+from runtime.errors import EngineFailedError, EngineNotReadyError, InvalidRequestError
+from runtime.output_processor import OutputProcessor
 from runtime.process.core import Addresses, CoreArgs
 from runtime.process.messages import (
     Abort, AddRequest, LoraCall, LoraReply, Ready, Rejected, Shutdown, StartFailed, StepOutputs, ToCore, encoder,
@@ -52,8 +53,8 @@ from runtime.process.messages import (
 )
 from runtime.request import GenerationRequest, OutputDelta
 from runtime.tokenizer import Tokenizer
-from runtime.validation import PreparedRequest, validate_request
-from runtime.workers import WorkerPool, is_heavy
+from runtime.validation import PreparedRequest
+from runtime.workers import WorkerPool
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class FrontEnd:
         return Addresses(f"ipc://{folder}/to-core-{i}", f"ipc://{folder}/to-front-end-{i}")
 
 
-class EngineClient(Engine):
+class EngineClient(AsyncEngine):
     """The front end's handle on the engine-core process (see the module docstring)."""
 
     def __init__(self, config: EngineConfig, front_end: FrontEnd = FrontEnd()) -> None:
@@ -116,7 +117,8 @@ class EngineClient(Engine):
         if front_end.index == 0:
             self._spawn_core([front_end.addresses(self._folder, i) for i in range(front_end.count)])
         try:  # the tokenizer (and its detokenizing table: text is made here) loads while the core starts
-            self.tokenizer = await asyncio.to_thread(_load_tokenizer, self.config.tokenizer or self.model_path)
+            self.outputs = await asyncio.to_thread(_output_processor, self.config.tokenizer or self.model_path)
+            self.tokenizer = self.outputs.tokenizer
             ready = await self._first_message()
             if self._process is None:  # attached: watch the core that front end 0 started
                 self._watch_core(ready.pid)
@@ -294,13 +296,7 @@ class EngineClient(Engine):
                     future.set_exception(rebuild_error(msg.error))
 
     # ---- requests -----------------------------------------------------------------------------
-    def generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
-        return deltas_of(self.generate_batches(request))
-
-    async def generate_batches(self, request: GenerationRequest) -> AsyncIterator[list[OutputDelta]]:
-        """Every delta already received for the request, in one list per wake-up (one or more steps')."""
-        self._check_ready()
-        prepared = await self._prepare.call(is_heavy(request), self._validate, request)
+    async def _add(self, request: GenerationRequest, prepared: PreparedRequest) -> Mailbox:
         self._check_ready()
         request_id = request.request_id
         if request_id in self._queues:
@@ -310,29 +306,10 @@ class EngineClient(Engine):
                                                 prepared.bad_words_ids, self.front_end.index))
         except OverflowError as exc:  # an option the engine ignores, holding a number past 64 bits
             raise InvalidRequestError(f"A number in the request is out of range: {exc}") from exc
-        text = (FrontEndText(self.tokenizer, request.sampling, prepared.prompt_token_ids)
-                if text_in_front_end(request.sampling) else None)
         queue = Mailbox()
         self._queues[request_id] = (queue, request.sampling.n)
         self._send(message)
-        # the consumer leaving early (client gone) aborts the request in the core
-        async with contextlib.aclosing(read_batches(queue, lambda: self._forget(request_id))) as batches:
-            async for batch in batches:
-                if text is not None:
-                    batch = self._with_text(text, request_id, batch)
-                if batch:
-                    yield batch
-
-    def _with_text(self, text: FrontEndText, request_id: str, batch: list[OutputDelta]) -> list[OutputDelta]:
-        """`batch` with its text made here; a stop string matched here ends the request in the core."""
-        out = []
-        for delta in batch:
-            done, abort = text.process(delta)
-            if abort:
-                self.abort(request_id)
-            if done is not None:
-                out.append(done)
-        return out
+        return queue
 
     def _forget(self, request_id: str) -> None:
         self._queues.pop(request_id, None)
@@ -344,13 +321,9 @@ class EngineClient(Engine):
         if not self.ready:
             raise EngineNotReadyError(f"The engine is {'shutting down' if self._process else 'not started'}")
 
-    def _validate(self, request: GenerationRequest) -> PreparedRequest:
-        return validate_request(request, tokenizer=self.tokenizer, vocab_size=self.spec.vocab_size,
-                                context_window=self.model_info.context_window, config=self.config)
-
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, index: int | None = None) -> None:
         if self._started and self._failure is None and not self._stopping:
-            self._send(Abort([request_id]))
+            self._send(Abort([request_id], index))
 
     def stats(self) -> EngineStats:
         return self._stats.copy()
@@ -374,10 +347,8 @@ class EngineClient(Engine):
         await future
 
 
-def _load_tokenizer(path: str) -> Tokenizer:
-    tokenizer = Tokenizer.from_pretrained(path)
-    _ = tokenizer.byte_pieces  # built now, not on the first request's first token
-    return tokenizer
+def _output_processor(tokenizer_path: str) -> OutputProcessor:
+    return OutputProcessor(Tokenizer.from_pretrained(tokenizer_path))
 
 
 def _with_our_packages(environ: Mapping[str, str]) -> dict[str, str]:

@@ -127,8 +127,7 @@ class CoreServer:
         self._outputs = [self._push(self._step_context, pair) for pair in addresses]
         self._owners: dict[str, int] = {}
         self.engine = NativeEngine(config, outbox=SocketOutbox(self._outputs, self._owners,
-                                                               lambda: self.engine.stats(), config.stream_interval),
-                                  text_in_front_end=True)
+                                                               lambda: self.engine.stats(), config.stream_interval))
         self._adding: set[str] = set()  # requests whose grammar is compiling
         self._aborted_while_adding: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -171,9 +170,9 @@ class CoreServer:
                 self._spawn(self._add(msg))
             elif isinstance(msg, Abort):
                 for request_id in msg.request_ids:
-                    if request_id in self._adding:
+                    if request_id in self._adding and msg.index is None:
                         self._aborted_while_adding.add(request_id)
-                    self.engine.abort(request_id)
+                    self.engine.abort(request_id, msg.index)
             elif isinstance(msg, LoraCall):
                 self._spawn(self._lora(msg))
             elif isinstance(msg, Shutdown):

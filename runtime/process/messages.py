@@ -1,7 +1,7 @@
 """What the front end and the engine-core process say to each other, and how it is encoded (msgpack).
 
-Front end -> core: `AddRequest` (a request already tokenized and validated by the front end), `Abort`,
-`LoraCall` (load/unload an adapter), `Shutdown`.
+Front end -> core: `AddRequest` (a request already tokenized and validated by the front end), `Abort` (of requests,
+or of one sample whose stop string the front end matched), `LoraCall` (load/unload an adapter), `Shutdown`.
 With --api-servers N there are N front ends; each request's outputs go back to the one that sent it.
 Core -> front end: `Ready` (or `StartFailed`) once, then `StepOutputs` (one per engine step that produced
 anything: every request's new deltas or token ids, and the engine's stats at most every STATS_PERIOD s),
@@ -45,6 +45,7 @@ class AddRequest(msgspec.Struct, tag="add"):
 
 class Abort(msgspec.Struct, tag="abort"):
     request_ids: list[str]
+    index: int | None = None  # None: the whole requests; else only that sample of each (a stop string matched)
 
 
 class LoraCall(msgspec.Struct, tag="lora"):

@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from runtime.errors import PromptTooLongError
+from runtime.request_state import RequestState
 from tests.e2e.conftest import MODEL_NAME, RunningServer, reference_greedy, scrape, wait_for
 
 CONTEXT = 256  # max_position_embeddings of the tiny model
@@ -163,21 +164,21 @@ def in_process_server(tiny_model_dir) -> Iterator[RunningServer]:
 
 @pytest.fixture
 def poisoned(in_process_server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> RunningServer:
-    """Output processing raises at the third step of any request whose prompt holds POISON, so the failure
-    comes after the first outputs: mid-stream for streams."""
+    """Output processing raises at the third token of any request whose prompt holds POISON, so the failure
+    comes after the first outputs: mid-stream for streams. (Its second and third tokens take the fast lane of
+    requests whose output is their ids, RequestState.add_plain_token.)"""
     server = in_process_server
-    engine = server.engine
-    original = engine.scheduler._update_entry
-    steps: dict[str, int] = {}
+    original = RequestState.add_plain_token
+    tokens: dict[str, int] = {}
 
-    def faulty(state, *args, **kwargs):
+    def faulty(state: RequestState, *args, **kwargs):
         if POISON in (state.request.prompt or ""):
-            steps[state.request_id] = steps.get(state.request_id, 0) + 1
-            if steps[state.request_id] >= 3:
+            tokens[state.request_id] = tokens.get(state.request_id, 1) + 1
+            if tokens[state.request_id] >= 3:
                 raise RuntimeError("injected fault")
         return original(state, *args, **kwargs)
 
-    monkeypatch.setattr(engine.scheduler, "_update_entry", faulty)
+    monkeypatch.setattr(RequestState, "add_plain_token", faulty)
     return server
 
 

@@ -138,6 +138,24 @@ async def test_outputs_equal_in_process_and_split_and_refusals_come_back(checkpo
         await split.shutdown()
 
 
+@pytest.mark.parametrize("engine_process", [False, True])
+async def test_a_stop_string_ends_one_sample_of_several_in_the_core(checkpoint: Path, engine_process: bool) -> None:
+    """n = 2, seeded: a stop string that only sample 1's text holds cuts sample 1 there and ends it in the core (which
+    then makes fewer tokens), while sample 0 comes out as without the stop string; usage counts the kept tokens."""
+    async with started(checkpoint, engine_process) as engine:
+        ref = await collect(engine, request("ref", [5, 6, 7], 30, n=2, temperature=1.0, seed=7))
+        one, zero = ref.text[1], ref.text[0]
+        at, stop = next((k, one[k : k + 3]) for k in range(2, 20) if one[k : k + 3] not in zero + one[: k + 2])
+        await wait_for(lambda: engine.stats().generation_tokens_total == 60 and engine.stats().running == 0)
+        out = await collect(engine, request("cut", [5, 6, 7], 30, n=2, temperature=1.0, seed=7, stop=[stop]))
+        assert (out.text[0], out.finish[0], out.tokens[0]) == (zero, "length", ref.tokens[0])
+        assert (out.text[1], out.finish[1], out.stop_reason[1]) == (one[:at], "stop", stop)
+        assert out.tokens[1] == ref.tokens[1][: len(out.tokens[1])] and len(out.tokens[1]) < 12
+        assert out.usage is not None and out.usage.completion_tokens == 30 + len(out.tokens[1])
+        await wait_for(lambda: engine.stats().running == 0)
+        assert engine.stats().generation_tokens_total - 60 <= 30 + len(out.tokens[1]) + 2  # sample 1 ended early
+
+
 async def test_the_core_sends_a_streams_tokens_in_groups_with_a_stream_interval(checkpoint: Path) -> None:
     async with started(checkpoint, engine_process=False) as local:
         want = await collect(local, request("grouped", [5, 6, 7], 11))
@@ -195,9 +213,8 @@ def test_a_token_behind_a_delta_of_its_request_in_one_message_goes_as_a_delta() 
             sent.append(to_front_end.decode(data))
 
     outbox = SocketOutbox([Socket()], {}, EngineStats)  # type: ignore[list-item]
-    a, b = (RequestState(request(r, [1, 2], 8), PreparedRequest([1, 2], 8, []),
-                         tokenizer=None, eos_token_ids=[0], context_window=64,  # type: ignore[arg-type]
-                         device=torch.device("cpu"), makes_text=False) for r in ("a", "b"))
+    a, b = (RequestState(request(r, [1, 2], 8), PreparedRequest([1, 2], 8, []), eos_token_ids=[0],
+                         context_window=64, device=torch.device("cpu")) for r in ("a", "b"))
     out = StepOutput()
     out.add_token(a, 5)  # ids first, then a's delta: the front end keeps that order
     out.emit(a, [OutputDelta("a", 0, [6])])

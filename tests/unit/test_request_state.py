@@ -5,19 +5,16 @@ from __future__ import annotations
 import torch
 
 from runtime.request_state import RequestState
-from runtime.tokenizer import Tokenizer
 from runtime.validation import PreparedRequest
 from tests.engine_harness import request
 
 EOS = 8
 
 
-def state_of(max_tokens: int, tokenizer: Tokenizer | None = None, **sampling: object) -> RequestState:
-    """A request's state; with a tokenizer it makes its text (the in-process engine), else the front end does."""
+def state_of(max_tokens: int, **sampling: object) -> RequestState:
     req = request("r", [1, 2, 3], max_tokens, **sampling)
-    return RequestState(req, PreparedRequest([1, 2, 3], max_tokens, []), tokenizer=tokenizer,  # type: ignore[arg-type]
-                        eos_token_ids=[EOS], context_window=100, device=torch.device("cpu"),
-                        makes_text=tokenizer is not None)
+    return RequestState(req, PreparedRequest([1, 2, 3], max_tokens, []), eos_token_ids=[EOS], context_window=100,
+                        device=torch.device("cpu"))
 
 
 def test_add_plain_token_takes_only_tokens_that_cannot_end_the_sample() -> None:
@@ -39,8 +36,8 @@ def test_add_plain_token_takes_only_tokens_that_cannot_end_the_sample() -> None:
     assert delta.finish_reason == "length" and state.usage().completion_tokens == 5
 
 
-def test_requests_needing_more_than_ids_take_no_fast_lane(tokenizer: Tokenizer) -> None:
-    assert not state_of(5, tokenizer).token_only  # text made in the engine
+def test_requests_needing_more_than_ids_take_no_fast_lane() -> None:
+    assert state_of(5, stop=["x"]).token_only  # stop strings are matched on text, in the front end
     assert not state_of(5, logprobs=1).token_only
     assert not state_of(5, n=2).token_only
     assert not state_of(5, prompt_logprobs=0).token_only
