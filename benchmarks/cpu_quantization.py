@@ -43,6 +43,7 @@ async def _speed(model: str, dtype: str, quantization: str, args: argparse.Names
                                        max_num_tokens=2048, max_kv_tokens=max(16 * (args.prompt + args.output + 16), 8192),
                                        cpu_quantization=quantization))
     await engine.start()
+    await engine.warmed_up()  # the CPU's compiled steps, built while eager ones serve
 
     def req(rid: str) -> GenerationRequest:
         return GenerationRequest(rid, prompt_token_ids=[(7 * i + len(rid)) % 200 + 10 for i in range(args.prompt)],

@@ -86,14 +86,14 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
     return {"streams": args.streams, "step_ms": args.step_ms, **result}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--step-ms", type=float, default=2.3)
     parser.add_argument("--output", type=int, default=128, help="tokens per request")
     parser.add_argument("--core", help=argparse.SUPPRESS)  # the synthetic core's process: its socket folder
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.core:
         synthetic_core(args.core, args.step_ms / 1000)
         return

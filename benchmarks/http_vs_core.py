@@ -79,7 +79,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         before = _scrape(server.base_url)
                         load = asyncio.ensure_future(asyncio.to_thread(http_load, server, folder, s, args.streams,
                                                                        clients=args.client_processes))
-                        busy = await _busiest(server, load)
+                        busy = await _busiest(server, load, window=min(2.0, s.http_s / 2))
                         summary = await load
                         pair["http_tok_s"] = summary["output_token_throughput"]
                         pair["http_events_s"] = summary["events_per_s"]
@@ -108,7 +108,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 async def _busiest(server: Any, load: asyncio.Future[Any], window: float = 2.0) -> float:
     """The front ends' CPU seconds per wall second over their busiest `window` s while `load` runs (1.0: one
-    core saturated): a figure of the steady part, free of the load generator's start-up and drain."""
+    core saturated): a figure of the steady part, free of the load generator's start-up and drain (shorter than a
+    round: a smoke run's rounds last 1 s)."""
     samples = [(time.perf_counter(), server.front_end_cpu_seconds())]
     while not load.done():
         await asyncio.sleep(0.25)
@@ -128,7 +129,7 @@ def _scrape(base_url: str) -> dict[str, float]:
             "steps": value("engine_iterations_total"), "eager_steps": value("engine_eager_iterations_total")}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.http_vs_core", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", type=int, default=64)
@@ -146,7 +147,7 @@ def main() -> int:
     parser.add_argument("--out", default="/tmp/http_vs_core")
     parser.add_argument("--work", default="/tmp/gpu_bench_models", help="folder for the random checkpoint")
     parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU, 1 s rounds: proves the code runs")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke:
         args.device, args.seconds, args.streams = "cpu", min(args.seconds, 1.0), min(args.streams, 8)
         args.rounds, args.consumers, args.api_servers = min(args.rounds, 2), min(args.consumers, 2), min(args.api_servers, 2)

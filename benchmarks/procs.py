@@ -55,7 +55,10 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {' '.join(self.cmd)}")
             try:
-                if httpx.get(self.base_url + self.ready_path, timeout=2).status_code == 200:
+                r = httpx.get(self.base_url + self.ready_path, timeout=2)
+                # the gateway's /health names a "phase" while it still builds faster steps in the background
+                if r.status_code == 200 and "phase" not in (r.json() if "json" in r.headers.get("content-type", "")
+                                                            else {}):
                     return
             except httpx.HTTPError:
                 pass

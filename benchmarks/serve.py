@@ -1,7 +1,7 @@
 """Load generator for OpenAI-compatible and Triton generate endpoints.
 
     python -m benchmarks.serve --base-url http://127.0.0.1:8000 --api completions --concurrency 8
-    trtllm-gateway bench --api chat --request-rate 4 --num-prompts 200 --goodput ttft:500 tpot:50
+    python -m benchmarks.serve --api chat --request-rate 4 --num-prompts 200 --goodput ttft:500 tpot:50
     python -m benchmarks.serve --sweep-concurrency 1,8,32 --duration 15   # writes PNGs to benchmarks/results/
 
 Reports request and token throughput, TTFT, TPOT, ITL and end-to-end latency (mean, p50, p90, p99),
@@ -43,9 +43,11 @@ class TokenCounter:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="trtllm-gateway bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m benchmarks.serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("target")
-    g.add_argument("--base-url", default="http://127.0.0.1:8000")
+    g.add_argument("--base-url", default="http://127.0.0.1:8000",
+                   help="the server's HTTP address (default: %(default)s)")
     g.add_argument("--api", choices=API_KINDS, default="completions",
                    help="completions, chat, triton (/v2/models/{m}/generate[_stream]) or triton-grpc (ModelStreamInfer)")
     g.add_argument("--grpc-url", help="host:port of the KServe v2 gRPC service (default: the base URL's host, port 8001)")
@@ -58,11 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--tokenizer", help="tokenizer folder (default: the demo model's)")
     g.add_argument("--dataset", help="JSONL file of {\"prompt\": ..., \"max_tokens\": ...} (default: synthetic)")
     g.add_argument("--num-prompts", type=int, default=200, help="distinct prompts; also the number of requests unless --num-requests/--duration")
-    g.add_argument("--input-mean", type=float, default=128)
-    g.add_argument("--input-std", type=float, default=5)
-    g.add_argument("--output-mean", type=float, default=20)
-    g.add_argument("--output-std", type=float, default=2)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--input-mean", type=float, default=128,
+                   help="synthetic prompts' mean length in tokens (default: %(default)s)")
+    g.add_argument("--input-std", type=float, default=5, help="their standard deviation (default: %(default)s)")
+    g.add_argument("--output-mean", type=float, default=20,
+                   help="mean max_tokens asked per request (default: %(default)s)")
+    g.add_argument("--output-std", type=float, default=2, help="its standard deviation (default: %(default)s)")
+    g.add_argument("--seed", type=int, default=0,
+                   help="seed of the synthetic prompts and lengths (default: %(default)s)")
     g = p.add_argument_group("load")
     g.add_argument("--concurrency", type=int, default=None, help="requests in flight (closed loop; default 1), or the cap with --request-rate")
     g.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals per second (default: closed loop)")
@@ -128,7 +133,7 @@ def _run_point(target: Target, prompts: list[Prompt], spec: LoadSpec, console: C
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of `python -m benchmarks.serve` and `trtllm-gateway bench`; returns the exit code."""
+    """Entry point of `python -m benchmarks.serve`; returns the exit code."""
     args = build_parser().parse_args(argv)
     console = Console(stderr=args.quiet)
     goodput = Goodput.parse(args.goodput)

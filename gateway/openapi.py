@@ -101,10 +101,21 @@ def _generate(summary: str, request: type[BaseModel], response: type[BaseModel],
     }}
 
 
+_ITEM_LIST = {"type": "object", "required": ["object", "data", "first_id", "last_id", "has_more"], "properties": {
+    "object": {"const": "list"}, "has_more": {"type": "boolean"},
+    "data": {"type": "array", "items": {"type": "object", "required": ["id", "type"],
+                                        "properties": {"id": {"type": "string"}, "type": {"type": "string"}}}},
+    "first_id": {"type": ["string", "null"]}, "last_id": {"type": ["string", "null"]}}}
+
+
 def _responses() -> dict[str, Any]:
-    """POST /v1/responses, and GET/DELETE of a stored response."""
+    """POST /v1/responses, GET/DELETE of a stored response, and its input items."""
     response = {"application/json": {"schema": _ref(ResponseObject)}}
     stored = [{"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    pages = [{"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100}},
+             {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"]}},
+             {"name": "after", "in": "query", "schema": {"type": "string"}},
+             {"name": "include", "in": "query", "schema": {"type": "array", "items": {"type": "string"}}}]
     return {
         "/v1/responses": {"post": {
             "summary": "Response (OpenAI's Responses API)",
@@ -122,6 +133,11 @@ def _responses() -> dict[str, Any]:
                        "responses": {"200": {"description": "Deleted", "content": {
                            "application/json": {"schema": _ref(ResponseDeleted)}}},
                            **_errors(_GET_MODEL_ERRORS)}}},
+        "/v1/responses/{response_id}/input_items": {"get": {
+            "summary": "The items a stored response was generated from (its conversation), one page",
+            "parameters": [*stored, *pages],
+            "responses": {"200": {"description": "A page of items", "content": {
+                "application/json": {"schema": _ITEM_LIST}}}, **_errors(("400", *_GET_MODEL_ERRORS))}}},
     }
 
 

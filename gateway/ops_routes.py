@@ -10,15 +10,19 @@ from starlette.routing import BaseRoute, Route
 
 async def health(request: Request) -> Response:
     """200 {"status": "ready"} once the engine serves; 503 while loading, draining, after a failed start or
-    after the engine died."""
+    after the engine died. While the engine starts, or builds faster code while it serves, "phase" says what
+    it is doing ("converting the GGUF file ...", "compiling one-stream decode steps ...")."""
     state = request.app.state
     if state.drain.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     if state.fatal_error or state.startup_error:
         return JSONResponse({"status": "failed", "error": state.fatal_error or state.startup_error}, status_code=503)
-    if state.engine.ready:
-        return JSONResponse({"status": "ready"})
-    return JSONResponse({"status": "loading"}, status_code=503)
+    engine = state.engine
+    ready = engine.ready
+    body = {"status": "ready" if ready else "loading"}
+    if engine.phase is not None:
+        body["phase"] = engine.phase
+    return JSONResponse(body, status_code=200 if ready else 503)
 
 
 async def metrics(request: Request) -> Response:

@@ -1,4 +1,5 @@
-"""OpenAI Responses API routes: POST /v1/responses, GET and DELETE /v1/responses/{response_id}.
+"""OpenAI Responses API routes: POST /v1/responses, GET and DELETE /v1/responses/{response_id}, and
+GET /v1/responses/{response_id}/input_items (adapters/openai/responses_input_items.py).
 
 POST takes the chat route's path (`serve_generation`): the request becomes the equivalent chat request
 over the conversation (adapters/openai/responses_input.py) and the deltas become Responses events or one
@@ -16,6 +17,7 @@ from starlette.routing import BaseRoute, Route
 
 from adapters.limits import RequestLimits, over_limit
 from adapters.openai.responses_input import output_items, responses_request
+from adapters.openai.responses_input_items import input_item_list, with_ids
 from adapters.openai.responses_objects import ResponseDeleted
 from adapters.openai.responses_output import ResponsesOutput
 from adapters.openai.responses_request import InputItem, ResponsesRequest
@@ -47,7 +49,7 @@ class _Plan:
 
     def __call__(self, req: ResponsesRequest, response_id: str, model: str, adapter: str | None,
                  tokenizer: Tokenizer) -> tuple[list[GenerationRequest], ResponsesOutput]:
-        items = [*_history(self._store, req.previous_response_id), *req.input]
+        items = with_ids([*_history(self._store, req.previous_response_id), *req.input])
         if len(items) > self._limits.max_messages:  # the chat template renders them all
             raise over_limit("input", "number of items (with those of previous responses)", len(items),
                              self._limits.max_messages)
@@ -78,6 +80,19 @@ async def retrieve_response(request: Request) -> Response:
     return JSONResponse(entry.response)
 
 
+async def list_input_items(request: Request) -> Response:
+    """GET .../input_items: the stored conversation up to this response's own output, one page of it."""
+    response_id, store = _stored(request)
+    try:
+        entry = store.get(response_id)
+        if entry is None:
+            raise ResponseNotFoundError(response_id)
+        inputs = entry.items[: len(entry.items) - len(entry.response["output"])]
+        return JSONResponse(input_item_list(inputs, request.query_params))
+    except Exception as exc:
+        return openai_error_response(exc, request_id_of(request.scope))
+
+
 async def delete_response(request: Request) -> Response:
     response_id, store = _stored(request)
     if not store.delete(response_id):
@@ -90,6 +105,7 @@ def responses_routes() -> list[BaseRoute]:
         Route("/v1/responses", create_response, methods=["POST"]),
         Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
         Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+        Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
     ]
 
 

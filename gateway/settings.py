@@ -3,7 +3,8 @@
 Options are generated from the dataclass fields of `Settings` (HTTP side) and `EngineConfig`
 (engine side), so a field, its flag `--max-batch-size` and its env var
 `TRTLLM_GATEWAY_MAX_BATCH_SIZE` always share one name. A field's help text is its trailing comment
-in the source, and section comments become help groups, so documentation lives next to the field.
+in the source, and `# section: TITLE` lines become help groups, so documentation lives next to the field
+(other comment lines are for developers and stay out of the help).
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ PUBLIC_PATHS = ("/health", "/metrics", "/v2/health/live", "/v2/health/ready")
 class Settings:
     """The gateway's configuration; engine knobs live in `engine`."""
 
-    # server
+    # section: server
     host: str = "127.0.0.1"  # interface to listen on (0.0.0.0: all)
-    port: int = 8000  # TCP port
+    port: int = 8000  # HTTP port (OpenAI and Triton HTTP APIs)
     api_servers: int = 1  # HTTP front-end processes sharing the port and one engine core (native backend)
     log_level: Literal["debug", "info", "warning", "error"] = "info"  # log verbosity
     log_format: Literal["text", "json"] = "text"  # json: one JSON object per line, with request ids
@@ -41,14 +42,14 @@ class Settings:
     request_timeout: float | None = None  # seconds a request may run before it is aborted (none: no limit)
     read_timeout: float = 30.0  # seconds a client may take to send its headers, or stay silent mid-body; then it is cut off (408)
     cors_origins: list[str] = field(default_factory=list)  # origins allowed by CORS (* for any); empty: CORS off
-    # security
+    # section: security
     api_key: list[str] = field(default_factory=list)  # accepted bearer token (repeatable); none: no authentication
     api_keys_file: str | None = None  # file with one accepted bearer token per line (# comments)
     admin_api_key: list[str] = field(default_factory=list)  # bearer token required by admin routes (LoRA loading)
     public_paths: list[str] = field(default_factory=lambda: list(PUBLIC_PATHS))  # paths open without a key
     key_max_concurrency: int | None = None  # generation requests one API key may have in flight (none: no limit); over it: 429
     key_tokens_per_minute: int | None = None  # prompt + generated tokens one API key may use per minute (none: no limit); over it: 429
-    # request limits
+    # section: request limits
     max_body_bytes: int = 8 * 1024 * 1024  # largest request body; over it: 413
     max_json_depth: int = 32  # deepest nesting of the JSON body
     max_n: int = 16  # largest n (samples per prompt)
@@ -58,13 +59,13 @@ class Settings:
     max_logit_bias: int = 300  # most logit_bias entries (Triton: embedding_bias_words)
     max_messages: int = 1024  # most chat messages per request
     max_prompts: int = 256  # most prompts in one /v1/completions request or Triton batch
-    # LoRA
+    # section: LoRA
     enable_lora_loading: bool = False  # allow POST /v1/load_lora_adapter and /v1/unload_lora_adapter
     lora_root: list[str] = field(default_factory=list)  # folders run-time adapter paths must lie in (none: any)
-    # Responses API
+    # section: Responses API
     responses_store_size: int = 1000  # most responses kept for GET /v1/responses/{id} and previous_response_id; the oldest go first (0: none)
     responses_store_ttl: float | None = 3600.0  # seconds a stored response is kept (none: until the size limit drops it)
-    # Triton
+    # section: Triton
     triton_model_repo: str | None = None  # Triton TensorRT-LLM model repository: engine settings from its config.pbtxt (flags win)
     exclude_input_in_output: bool = False  # Triton generate: answer without the prompt unless a request says otherwise
     metrics_port: int | None = None  # also serve /metrics on this port (Triton used 8002)
@@ -173,7 +174,7 @@ def _parse_bool(text: str, what: str) -> bool:
 
 
 _FIELD_LINE = re.compile(r"^\s+(\w+)\s*:[^#]*?(?:#\s*(?P<doc>.*))?$")
-_SECTION_LINE = re.compile(r"^\s+#\s*(?P<section>.+)$")
+_SECTION_LINE = re.compile(r"^\s+#\s*section:\s*(?P<section>.+)$")
 
 
 def _field_docs(cls: type) -> dict[str, tuple[str, str]]:
@@ -204,8 +205,9 @@ def options() -> list[Option]:
             if f.name == "engine" and cls is Settings:
                 continue
             doc, section = docs.get(f.name, ("", "engine"))
-            result.append(Option(f.name, cls, hints[f.name], _default(f), doc or f.name.replace("_", " "),
-                                 section))
+            if not doc:  # the help would be the option's own name
+                raise RuntimeError(f"{cls.__name__}.{f.name} has no help: write it as the field's trailing comment")
+            result.append(Option(f.name, cls, hints[f.name], _default(f), doc, section))
     names = [o.name for o in result]
     duplicates = {n for n in names if names.count(n) > 1}
     if duplicates:  # one name per option everywhere: a clash would make a flag ambiguous

@@ -232,7 +232,8 @@ async def start_grpc_server(app: Starlette, port: int, host: str) -> grpc.aio.Se
     except RuntimeError:  # newer grpcio raises where older ones returned 0
         bound = 0
     if bound == 0:
-        raise OSError(f"cannot listen for gRPC on {address} (--grpc-port; none turns gRPC off)")
+        raise OSError(f"cannot listen for gRPC on {address} (is the port taken?): pass another port with --grpc-port N "
+                      "(`make serve GRPC_PORT=N`), or --grpc-port none to serve no gRPC")
     await server.start()
     log.info("KServe v2 gRPC on %s", address)
     return server

@@ -7,7 +7,8 @@ ModelStreamInfer (gateway.triton_grpc).
 Requests take the generate path (adapters.triton.parse_generate, GenerationStream, the Triton
 metrics' timer), so batching, LoRA, speculation, guided decoding and beams behave as on /generate.
 Model names: the served name, `ensemble`, `tensorrt_llm_bls`, `tensorrt_llm`, and a served LoRA
-adapter's name (text in, text out, through that adapter).
+adapter's name (text in, text out, through that adapter); `preprocessing` and `postprocessing` are the tokenizer
+alone (adapters.triton.tokenizer_models), answered without the engine's step loop.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from adapters.triton.inputs import ModelKind
 from adapters.triton.metadata import model_config, model_names
 from adapters.triton.outputs import PromptResult, StreamRenderer, complete_outputs
 from adapters.triton.tensors import Tensor
+from adapters.triton.tokenizer_models import TOKENIZER_MODELS, run_tokenizer_model
 from gateway.errors import ModelNotFoundError, ServerDrainingError
 from gateway.generation import GenerationStream
 from gateway.openai_routes import state_adapters, state_engine
@@ -63,7 +65,7 @@ class TritonModel:
 def resolve_model(state: State, name: str, version: str = "") -> TritonModel:
     """The model a Triton client addresses; UnknownModelError (404) for names and versions we do not serve."""
     engine: Engine = state.engine
-    kind = model_kind(name, engine.model_info.name)
+    kind = name if name in TOKENIZER_MODELS else model_kind(name, engine.model_info.name)
     adapter = None
     if kind is None and name in state_adapters(state, engine):
         kind, adapter = "text", name
@@ -224,9 +226,33 @@ def _stop(state: State, call: InferCall, model: TritonModel) -> InferAnswer:
     return InferAnswer(model.name, model.version, call.id)
 
 
+async def _tokenizer_answer(state: State, call: InferCall, model: TritonModel) -> InferAnswer:
+    """The answer of the preprocessing or postprocessing model: the tokenizer's work, in a worker thread when
+    large, timed in the Triton metrics as any model."""
+    if state.drain.draining:
+        raise ServerDrainingError()
+    engine = state_engine(state)
+    if call.requested is not None:
+        check_requested_outputs(call.requested, model.kind, model.name)
+    timer = inference_timer(state, model)
+    ok = False
+    try:
+        heavy = sum(t.array.size for t in call.tensors) > HEAVY_CHARS
+        outputs = await state.prepare.call(heavy, run_tokenizer_model, model.kind, call.tensors, engine.tokenizer)
+        if call.requested is not None:
+            outputs = [t for name in call.requested for t in outputs if t.name == name]
+        ok = True
+        return InferAnswer(model.name, model.version, call.id, outputs)
+    finally:
+        if timer is not None:
+            timer.finish(ok)
+
+
 async def infer_unary(state: State, call: InferCall) -> InferAnswer:
     """The complete answer of an infer request (a batch: its rows stacked on the batch dimension)."""
     model = resolve_model(state, call.model, call.version)
+    if model.kind in TOKENIZER_MODELS:
+        return await _tokenizer_answer(state, call, model)
     if is_stop_signal(call.tensors):
         return _stop(state, call, model)
     timer = inference_timer(state, model)
@@ -251,6 +277,9 @@ async def infer_stream(state: State, call: InferCall) -> AsyncIterator[InferAnsw
     """A decoupled request's answers: one per delta with `stream` true, else one complete answer per prompt
     (and sample), as the backend's decoupled mode. The last one is `final`."""
     model = resolve_model(state, call.model, call.version)
+    if model.kind in TOKENIZER_MODELS:
+        yield await _tokenizer_answer(state, call, model)
+        return
     if is_stop_signal(call.tensors):
         yield _stop(state, call, model)
         return

@@ -15,7 +15,8 @@
   .../stats; POST /v2/repository/index.
 
 Model names: the served model name, `ensemble`, `tensorrt_llm_bls` (text in, text out),
-`tensorrt_llm` (token ids in, token ids out) and the served LoRA adapters (text); version "1" only.
+`tensorrt_llm` (token ids in, token ids out), the served LoRA adapters (text), and the tokenizer steps
+`preprocessing` and `postprocessing` (infer only); version "1" only.
 Errors use Triton's `{"error": "..."}` through gateway.errors; an unknown model or version is a 404.
 """
 
@@ -33,6 +34,7 @@ from adapters.triton import ResponseCollector, StreamRenderer, TritonGenerate, p
 from adapters.triton.http_infer import HEADER_LENGTH, parse_http_infer, render_http_infer, split_http_body
 from adapters.triton.inputs import ModelKind
 from adapters.triton.metadata import model_metadata, model_ready, repository_index, server_metadata
+from adapters.triton.tokenizer_models import TOKENIZER_MODELS
 from gateway.disconnect import DisconnectWatch, until_disconnected
 from gateway.errors import ClientDisconnected, ModelNotFoundError, log_error, triton_error_body, \
     triton_error_response
@@ -44,6 +46,7 @@ from gateway.streaming import sse_response
 from gateway.triton_infer import InferCall, TritonModel, apply_adapter, inference_timer, infer_unary, \
     model_configuration, model_statistics, resolve_model, served_model_names, serving
 from gateway.triton_metrics import InferenceTimer
+from runtime.errors import InvalidRequestError
 from runtime.request import OutputDelta
 from runtime.tokenizer import Tokenizer
 from runtime.workers import HEAVY_CHARS, WorkerPool
@@ -109,6 +112,9 @@ async def _generate(request: Request, streaming: bool) -> Response:
     timer: InferenceTimer | None = None
     try:
         model = _resolve(request)
+        if model.kind in TOKENIZER_MODELS:  # the backend's tokenizer models are not decoupled LLM models either
+            raise InvalidRequestError(f"model '{model.name}' answers KServe infer requests "
+                                      f"(POST /v2/models/{model.name}/infer), not generate")
         timer = inference_timer(request.app.state, model)
         raw = await read_body(request)
         engine = ready_engine(request)

@@ -9,43 +9,51 @@ from typing import Literal
 SchedulerPolicy = Literal["max_utilization", "guaranteed_no_evict"]
 
 
+def _cpu_compile_default() -> bool:
+    return os.environ.get("TRTLLM_GATEWAY_CPU_COMPILE", "true").lower() not in ("0", "false", "no", "off")
+
+
 @dataclass
 class EngineConfig:
     """Knobs of both backends. Field names match the CLI flags (`--max-batch-size` -> max_batch_size)."""
 
+    # section: model and engine
     model: str | None = None  # checkpoint folder or .gguf file; "demo": the embedded demo model; unset: SmolLM2-135M-Instruct
     tokenizer: str | None = None  # tokenizer folder when it differs from `model`
     served_model_name: str | None = None  # default: the folder's name ("demo" for the demo model)
-    backend: Literal["native", "trtllm"] = "native"
+    backend: Literal["native", "trtllm"] = "native"  # native: our PyTorch runtime; trtllm: TensorRT-LLM (the trtllm extra)
     engine_process: bool = True  # native backend: run the engine core in its own process (off: in this one)
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     dtype: str = "auto"  # "auto" | "bfloat16" | "float16" | "float32"
-    seed: int = 0
+    seed: int = 0  # seed of the sampler's random numbers for requests that give no seed
     max_model_len: int | None = None  # default: the model's context window
-    # batching and KV cache
-    max_batch_size: int = 64
+    # a runaway answer without max_tokens (a forced tool call's arguments degenerating) filled the 8192-token context
+    # of the default model in 10 minutes on CPU; OpenAI's own limits are the model's output cap
+    default_max_tokens: int | None = 2048  # most tokens a request without max_tokens generates, within the context window (none: up to its end, as vLLM)
+    # section: batching and KV cache
+    max_batch_size: int = 64  # most sequences in one step
     max_num_tokens: int = 2048  # tokens per step (prefill + decode)
     max_queue_size: int = 1024  # waiting requests; over it: QueueFullError
     kv_block_size: int = 16  # tokens per KV block
     max_kv_tokens: int | None = None  # KV cache size in tokens; None: from kv_cache_fraction
     kv_cache_fraction: float = 0.9  # of free device memory after weights (GPU); of a budget on CPU
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
-    scheduler_policy: SchedulerPolicy = "max_utilization"
-    max_beam_width: int = 4
-    # LoRA
-    lora_modules: dict[str, str] = field(default_factory=dict)  # name -> PEFT folder
+    enable_prefix_caching: bool = True  # reuse the KV blocks of a prompt prefix computed before
+    enable_chunked_prefill: bool = True  # split long prompts over several steps, beside running decodes
+    scheduler_policy: SchedulerPolicy = "max_utilization"  # max_utilization: admit while blocks are free, preempting when they run out; guaranteed_no_evict: admit only what can finish
+    max_beam_width: int = 4  # widest beam search a request may ask for
+    # section: LoRA
+    lora_modules: dict[str, str] = field(default_factory=dict)  # LoRA adapters served from the start, as NAME=PEFT folder
     max_loras: int = 8  # adapter slots on the device
     max_cpu_loras: int = 32  # adapters kept in host memory
-    max_lora_rank: int = 64
-    # speculative decoding
-    speculative: Literal["none", "draft", "ngram"] = "none"
-    draft_model: str | None = None
+    max_lora_rank: int = 64  # largest adapter rank accepted
+    # section: speculative decoding
+    speculative: Literal["none", "draft", "ngram"] = "none"  # speculative decoding: a draft model proposes tokens, or n-grams of the context do
+    draft_model: str | None = None  # the draft model's checkpoint folder (--speculative draft); none: the served model's shipped draft, where there is one
     # drafts per step: the default model's draft on CPU 1.16x at 2 vs 0.85x at 4 (acceptance 0.53 vs 0.38), n-gram on
     # the H100 2.27x vs 2.14x; only the demo pair's n-gram on CPU did better at 4 (1.70x vs 1.63x; benchmarks/RESULTS.md)
-    num_draft_tokens: int = 2
-    ngram_min: int = 1
-    ngram_max: int = 4
+    num_draft_tokens: int = 2  # tokens proposed per speculative step
+    ngram_min: int = 1  # shortest n-gram of the context matched to propose tokens (--speculative ngram)
+    ngram_max: int = 4  # longest n-gram matched
     # no speculation in steps where more sequences decode (TRT-LLM's max_concurrency; None: always). On the H100
     # a draft model breaks even at 2 streams and loses at 4 (n-gram: 1.46x at 2, 1.02x at 4). A limit measured while
     # serving, per number of decoding sequences, lost to this one on the H200 (benchmarks/RESULTS.md, 2026-11-27)
@@ -54,21 +62,21 @@ class EngineConfig:
     # plain ones (by 3%), trying the other kind now and then (runtime/speculative/guard.py; a compute-bound CPU lost
     # 0.49-0.82x at one stream without it). The native engine's; TensorRT-LLM gets the limit alone
     speculative_guard: bool = True  # plain steps where measured ones beat speculation (within the concurrency limit)
-    # CPU execution
+    # section: CPU execution
     cpu_threads: int | None = None  # torch threads of the native runtime on CPU; default $OMP_NUM_THREADS, else all cores but one
     cpu_quantization: Literal["none", "int8", "int4"] = "none"  # weight-only int8/int4 copies of the projections for decode steps of few rows (runtime/models/cpu_weights.py); prepacked bf16 serves bigger batches
-    # GPU execution
-    enable_cuda_graphs: bool = True
-    # CPU: compile code at start-up: the paged decode-attention kernel (runtime/cpu/paged_attention.py) and, where
-    # it pays (with --cpu-quantization, or float32), single-stream decode steps (runtime/cpu/compiled_decode.py);
-    # the default follows $TRTLLM_GATEWAY_CPU_COMPILE here too, so a test suite can turn it off for every engine it builds
-    cpu_compile: bool = field(default_factory=lambda: os.environ.get("TRTLLM_GATEWAY_CPU_COMPILE", "true").lower()
-                              not in ("0", "false", "no", "off"))
+    # The kernel is runtime/cpu/paged_attention.py, the compiled steps runtime/cpu/compiled_decode.py; both are built
+    # in the background while eager steps serve. The default follows $TRTLLM_GATEWAY_CPU_COMPILE, so that a test
+    # suite can turn it off for every engine it builds
+    cpu_compile: bool = field(default_factory=_cpu_compile_default)  # build the C++ decode-attention kernel and, where it pays (float32, or with --cpu-quantization), compile one-stream decode steps
+    # section: GPU execution
+    enable_cuda_graphs: bool = True  # replay decode and prefill steps from captured CUDA graphs
     async_scheduling: bool | None = None  # prepare step N+1 while the device runs step N; default: on for CUDA
+    # section: streaming
     stream_interval: int = 1  # a stream's tokens go out in groups of this many (its first at once): fewer, larger events for less host work per token
-    # TensorRT-LLM only
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
+    # section: TensorRT-LLM only
+    tensor_parallel_size: int = 1  # GPUs each layer is split over
+    pipeline_parallel_size: int = 1  # GPUs the layers are spread over, in stages
     trtllm_extra: dict[str, object] = field(default_factory=dict)  # pass-through LLM(...) kwargs
 
     def __post_init__(self) -> None:

@@ -15,6 +15,7 @@ import torch
 from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig
 from runtime.cpu.paged_attention import use_cpu_kernels
+from runtime.cpu.warm_up import CpuWarmUp
 from runtime.default_model import DEMO, resolve_model
 from runtime.device import cpu_thread_count, dtype_name, resolve_device, resolve_dtype
 from runtime.engine import ModelInfo
@@ -27,6 +28,7 @@ from runtime.models.cpu_weights import prepare_cpu_weights
 from runtime.sampler import Sampler
 from runtime.scheduler import Scheduler
 from runtime.speculative import build_speculator, load_proposer
+from runtime.startup import StartupPhases
 from runtime.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -69,20 +71,25 @@ class LoadedCore:
     tokenizer: Tokenizer
     eos_token_ids: list[int]  # the tokenizer's and the checkpoint's
     memory_bytes: dict[str, int]  # weights and KV cache, by where they live
+    cpu_warm_up: CpuWarmUp | None  # the CPU's kernel and compiled steps, to build in the background once serving
 
 
-def load_core(config: EngineConfig, model: ModelDescription, on_lora_ready: Callable[[], None]) -> LoadedCore:
-    """Load tokenizer, weights and KV cache, capture graphs, and build the core (blocking)."""
+def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhases,
+              on_lora_ready: Callable[[], None], stopping: Callable[[], bool]) -> LoadedCore:
+    """Load tokenizer, weights and KV cache, capture graphs, and build the core (blocking). `phases` says what it is
+    doing; `stopping()`: the engine no longer serves (the CPU's background warm-up then gives up)."""
     cfg, device, dtype, spec = config, model.device, model.dtype, model.spec
     if device.type == "cpu":
         torch.set_num_threads(cpu_thread_count(cfg.cpu_threads))  # process-wide: the step thread's matmuls
         logger.info("CPU: %d torch threads", torch.get_num_threads())
-    tokenizer = Tokenizer.from_pretrained(cfg.tokenizer or model.path)
+    with phases.phase("loading the tokenizer"):
+        tokenizer = Tokenizer.from_pretrained(cfg.tokenizer or model.path)
     eos_token_ids = list(dict.fromkeys(tokenizer.eos_token_ids + spec.eos_token_ids))
     window = model.info.context_window
-    weights = load_model(model.path, dtype, device, window)
+    with phases.phase("loading the weights"):
+        weights = load_model(model.path, dtype, device, window)
     if device.type == "cpu":
-        use_cpu_kernels(cfg.cpu_compile)
+        use_cpu_kernels(False)  # until the kernel is built (runtime/cpu/warm_up.py), whatever engines did before
         added = prepare_cpu_weights(weights, cfg.cpu_quantization)
         if added:
             logger.info("CPU: prepacked%s weights (%.0f MB more)", "" if cfg.cpu_quantization == "none" else
@@ -96,17 +103,21 @@ def load_core(config: EngineConfig, model: ModelDescription, on_lora_ready: Call
     bytes_per_token = kv_cache_bytes_per_token(spec, dtype)
     bytes_per_token += getattr(proposer, "kv_bytes_per_token", 0)  # a draft model's cache gets as many blocks
     blocks = num_kv_blocks(cfg, bytes_per_token, window, device, activations)
-    runner.allocate_kv_cache(blocks)
+    # a compiled step on CPU pays with --cpu-quantization or float32 (not against the prepacked bf16 products,
+    # which inductor cannot call: 45 vs 52 ms a SmolLM2 step on the 2-core box, RESULTS.md); it is warmed up
+    # in one more block, which the block manager never hands out
+    compile_steps = device.type == "cpu" and cfg.cpu_compile and (cfg.cpu_quantization != "none" or
+                                                                   dtype != torch.bfloat16)
+    runner.allocate_kv_cache(blocks + compile_steps)
     # a speculative step brings 1 + num_draft_tokens rows per sequence
     decode_rows = cfg.max_batch_size * (1 + (cfg.num_draft_tokens if proposer is not None else 0))
     max_blocks = -(-window // cfg.kv_block_size)
     if cfg.enable_cuda_graphs and device.type == "cuda":
         runner.capture_decode_graphs(decode_rows, max_blocks, lora_version=lambda: lora.slots.version)
         runner.capture_prefill_graphs(cfg.max_num_tokens, max_blocks, lora_version=lambda: lora.slots.version)
-    # a compiled step cannot call the prepacked bf16 products (inductor takes only its own), which lost more than
-    # compiling gained for bf16 without quantization (45 vs 52 ms a SmolLM2 step on the 2-core box, RESULTS.md)
-    if cfg.cpu_compile and device.type == "cpu" and (cfg.cpu_quantization != "none" or dtype != torch.bfloat16):
-        runner.compile_decode(max_blocks)
+    cpu_warm_up = None
+    if device.type == "cpu" and cfg.cpu_compile:
+        cpu_warm_up = CpuWarmUp(runner, phases, compile_steps, max_blocks, scratch_block=blocks, stopping=stopping)
     # blocks outside every layer's window are given back, unless a draft model (full attention) reads them
     sliding = spec.sliding_window if cfg.speculative != "draft" else None
     block_manager = BlockManager(blocks, cfg.kv_block_size, cfg.enable_prefix_caching, sliding)
@@ -122,4 +133,4 @@ def load_core(config: EngineConfig, model: ModelDescription, on_lora_ready: Call
     param_bytes = sum(p.numel() * p.element_size() for p in weights.parameters())
     param_bytes += getattr(proposer, "weight_bytes", 0) + getattr(getattr(proposer, "runner", None), "kv_cache_bytes", 0)
     memory = {"gpu" if device.type == "cuda" else "cpu": param_bytes + runner.kv_cache_bytes}
-    return LoadedCore(core, tokenizer, eos_token_ids, memory)
+    return LoadedCore(core, tokenizer, eos_token_ids, memory, cpu_warm_up)

@@ -35,6 +35,19 @@ def default_model_file() -> Path:
     raise ValueError(missing + f" ({_DISTRIBUTION} is installed but holds no {_FILE})")
 
 
+def gguf_to_convert(model: str | None, dtype: str = "auto") -> str | None:
+    """The name `model` is served under when resolve_model will first convert a GGUF file (tens of seconds);
+    None when it resolves at once."""
+    from runtime.models.gguf import unconverted_gguf
+
+    if model == DEMO:
+        return None
+    gguf_file = unconverted_gguf(str(default_model_file()) if model is None else model, dtype)
+    if gguf_file is None:
+        return None
+    return DEFAULT_MODEL_NAME if model is None else gguf_file.stem
+
+
 def resolve_model(model: str | None, dtype: str = "auto") -> tuple[str, str]:
     """(checkpoint folder, the name it is served under unless --served-model-name says otherwise)."""
     from runtime.models.gguf import resolve_gguf

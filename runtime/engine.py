@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import asyncio
 import dataclasses
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
@@ -116,6 +117,17 @@ class Engine(abc.ABC):
     def ready(self) -> bool:
         """True once started and until shutdown begins."""
         return False
+
+    @property
+    def phase(self) -> str | None:
+        """What the engine is doing while it starts, or builds faster code while it serves (None: neither)."""
+        return None
+
+    async def warmed_up(self, poll: float = 0.1) -> None:
+        """Return once the started engine builds nothing in the background: its steps are those it keeps serving
+        with (what benchmarks measure)."""
+        while self.phase is not None:
+            await asyncio.sleep(poll)
 
     # LoRA adapters at run time. Defaults: a backend that only serves the configured adapters.
     def lora_adapters(self) -> dict[str, str] | None:

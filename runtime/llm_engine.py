@@ -22,6 +22,7 @@ from runtime.block_manager import BlockManager
 from runtime.async_engine import AsyncEngine
 from runtime.config import EngineConfig
 from runtime.core_loader import describe_model, load_core
+from runtime.cpu.warm_up import CpuWarmUp
 from runtime.delivery import Outbox
 from runtime.engine import EngineStats
 from runtime.engine_core import EngineCore
@@ -34,6 +35,7 @@ from runtime.request import GenerationRequest
 from runtime.request_state import RequestState
 from runtime.scheduler import Scheduler
 from runtime.speculative import Speculator
+from runtime.startup import StartupPhases
 from runtime.step_output import StepOutput
 from runtime.validation import PreparedRequest
 from runtime.workers import WorkerPool
@@ -56,7 +58,9 @@ class NativeEngine(AsyncEngine):
         self._aborts: list[tuple[str, int | None]] = []  # (request id, the sample to end or None: all)
         self._active_ids: set[str] = set()
         self._num_waiting = 0  # the core's waiting requests as of the last step
-        # the engine-core process passes one that sends to the front end
+        # the engine-core process passes one that sends to the front end, which makes the text; in-process, the
+        # deltas go to this engine's own `generate_batches`, and the text is made here
+        self._in_process = outbox is None
         self.outbox = outbox or Outbox(config.stream_interval)
         self._thread: threading.Thread | None = None
         self._accepting = False
@@ -67,6 +71,12 @@ class NativeEngine(AsyncEngine):
         self._guided_compiler: GuidedCompiler | None = None
         self._guided_lock = threading.Lock()
         self._prepare = WorkerPool("prepare")  # tokenizing large prompts and bad words, off the event loop
+        self.phases = StartupPhases()
+        self.cpu_warm_up: CpuWarmUp | None = None  # the CPU's kernel and compiled steps, built while serving
+
+    @property
+    def phase(self) -> str | None:
+        return self.phases.current
 
     # the core's parts, for tests and benchmarks
     @property
@@ -99,9 +109,13 @@ class NativeEngine(AsyncEngine):
         """Load tokenizer, weights and KV cache (blocking; `start` runs it in a worker thread)."""
         if self.core is not None:
             return
-        loaded = load_core(self.config, self.model, on_lora_ready=self._wake)
+        loaded = load_core(self.config, self.model, self.phases, on_lora_ready=self._wake,
+                           stopping=lambda: not self._accepting)
         self.tokenizer, self.eos_token_ids = loaded.tokenizer, loaded.eos_token_ids
-        self.outputs = OutputProcessor(self.tokenizer)
+        self.cpu_warm_up = loaded.cpu_warm_up
+        if self._in_process:
+            with self.phases.phase("building the detokenizer's table"):
+                self.outputs = OutputProcessor(self.tokenizer)
         st, blocks = self._stats, loaded.core.block_manager.num_blocks
         st.kv_blocks_total = st.kv_blocks_free = blocks
         st.kv_tokens_per_block = self.config.kv_block_size
@@ -121,6 +135,8 @@ class NativeEngine(AsyncEngine):
         self._thread = threading.Thread(target=self._run, name="native-engine", daemon=True)
         self._accepting = True
         self._thread.start()
+        if self.cpu_warm_up is not None:
+            self.cpu_warm_up.start()
 
     async def shutdown(self, drain_timeout: float = 0.0) -> None:
         self._accepting = False

@@ -164,13 +164,14 @@ class ModelRunner:
         if isinstance(self.graphs, DecodeGraphs):
             self.mixed_graphs = MixedGraphs(self.graphs, self.prefill_graphs, lora_version)
 
-    def compile_decode(self, max_blocks_per_seq: int) -> None:
-        """Compile single-stream decode steps on CPU (after allocate_kv_cache; slow: about a minute, less once
-        inductor has it cached on disk)."""
+    def compile_decode(self, max_blocks_per_seq: int, scratch_block: int) -> CompiledDecode:
+        """Single-stream decode steps on CPU, compiled and warmed up in KV block `scratch_block` (after
+        allocate_kv_cache; slow: about a minute). Setting them as `graphs` makes steps use them."""
         from runtime.cpu.compiled_decode import CompiledDecode
 
-        self.graphs = CompiledDecode(self.model, self.kv_caches, self.block_size, max_blocks_per_seq, self.lora)
-        self.graphs.warm_up()
+        graphs = CompiledDecode(self.model, self.kv_caches, self.block_size, max_blocks_per_seq, self.lora)
+        graphs.warm_up(scratch_block)
+        return graphs
 
     @property
     def kv_cache_bytes(self) -> int:

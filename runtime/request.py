@@ -18,7 +18,7 @@ FinishReason = Literal["stop", "length", "abort", "error", "tool_calls"]
 class SamplingOptions:
     """Per-request decoding knobs. Neutral defaults mean "off"."""
 
-    max_tokens: int | None = None  # None: up to the context window
+    max_tokens: int | None = None  # None: the engine's default_max_tokens, within the context window
     temperature: float = 1.0  # 0: greedy
     top_k: int = 0  # 0: all tokens
     top_p: float = 1.0
@@ -46,6 +46,13 @@ class SamplingOptions:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    def output_limit(self, room: int, default: int | None) -> int:
+        """The tokens this request may generate: its max_tokens, else `default` (EngineConfig.default_max_tokens;
+        None: no default) within the `room` the prompt leaves in the context window."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return room if default is None else min(default, room)
 
 
 @dataclass

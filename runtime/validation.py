@@ -61,7 +61,7 @@ def validate_request(
         raise InvalidRequestError("The prompt is empty", param="prompt")
 
     prompt_len = len(ids)
-    max_tokens = opts.max_tokens if opts.max_tokens is not None else context_window - prompt_len
+    max_tokens = opts.output_limit(context_window - prompt_len, config.default_max_tokens)
     if prompt_len + max(max_tokens, 1) > context_window:
         raise PromptTooLongError(prompt_len, max(max_tokens, 1), context_window)
     if opts.min_tokens > max_tokens:

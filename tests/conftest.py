@@ -1,14 +1,35 @@
-"""Shared test setup: the repository root on sys.path (so `pytest` works like `python -m pytest`), and no
-compiled CPU decode steps unless a test asks for them (compiling takes tens of seconds per engine)."""
+"""Shared test setup: the repository root on sys.path (so `pytest` works like `python -m pytest`), no compiled
+CPU decode steps unless a test asks for them (compiling takes tens of seconds per engine), and progress as a line
+per test file. Servers that tests start take their ports from tests/ports.py (distinct per xdist worker)."""
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 os.environ.setdefault("TRTLLM_GATEWAY_CPU_COMPILE", "false")  # inherited by the servers tests start too
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # one thread per worker process, and per server it starts (an engine's default is all cores but one): workers
+    # run side by side, and torch threads oversubscribing the cores wait on each other
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+pytest_plugins = ["tests.progress"]  # a line per finished test file (tests/progress.py)
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads() -> Iterator[None]:
+    """Engines and scripts run in the test process set torch's thread count process-wide (a training script: 2,
+    guided_overhead: 1); put it back, so that it stays one per xdist worker."""
+    torch = sys.modules.get("torch")
+    threads = torch.get_num_threads() if torch is not None else None
+    yield
+    if torch is not None:
+        torch.set_num_threads(threads)

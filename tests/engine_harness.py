@@ -41,6 +41,7 @@ async def running_engine(checkpoint: Path, **config: Any) -> AsyncIterator[Nativ
     config.setdefault("dtype", "float32")
     engine = NativeEngine(EngineConfig(model=str(checkpoint), **config))
     await engine.start()
+    await engine.warmed_up()  # with cpu_compile: the kernel and compiled steps, built while eager steps serve
     try:
         yield engine
     finally:

@@ -3,7 +3,8 @@ pytest process (TRITON_INTERPRET must be set before Triton is first imported, wh
 session may already have done). On a CUDA machine the same tests run natively, in process.
 
 One child runs every test file of the session that calls run_in_interpreter (each child costs seconds to start
-here: Python, torch, Triton and pytest's plugins), and each file's test checks its own results in that run."""
+here: Python, torch, Triton and pytest's plugins), and each file's test checks its own results in that run; under
+pytest-xdist, one child per file."""
 
 from __future__ import annotations
 
@@ -29,8 +30,12 @@ _runs: dict[Path, subprocess.CompletedProcess[str]] = {}  # test file -> the chi
 
 def _files_to_run(test_file: Path) -> list[Path]:
     """`test_file` and every other test module of this session that imported run_in_interpreter (pytest imports
-    all of them at collection, before any test runs) and whose file has not run yet."""
+    all of them at collection, before any test runs) and whose file has not run yet. Under pytest-xdist, only
+    `test_file`: each worker collects every module, but runs only the files it is given, so each worker's child
+    ran them all (the same kernels two or three times over)."""
     files = {test_file}
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        return [test_file]
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
         if path and getattr(module, "run_in_interpreter", None) is run_in_interpreter:

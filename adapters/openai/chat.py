@@ -7,7 +7,8 @@ from typing import Any
 from adapters.openai.choices import EndpointOutput
 from adapters.openai.logprobs import chat_logprobs
 from adapters.openai.requests import ChatCompletionRequest
-from adapters.openai.tools import ToolCallStream, calls_tools, tool_call_format, with_tool_calls
+from adapters.openai.tool_prompt import tool_format
+from adapters.openai.tools import ToolCallStream, calls_tools, with_tool_calls
 from adapters.openai.responses import (
     ChatChoice,
     ChatChoiceLogprobs,
@@ -34,15 +35,21 @@ class ChatOutput(EndpointOutput):
         super().__init__(req, response_id, model, tokenizer, created)
         # tool calls are parsed out of the text when tools are in play (adapters/openai/tools.py)
         parallel = req.parallel_tool_calls is not False
-        self._tool_format = (tool_call_format(tokenizer.hf.chat_template, parallel)
-                             if calls_tools(req.tools, req.tool_choice) else None)
+        self._tool_format = tool_format(tokenizer, parallel) if calls_tools(req.tools, req.tool_choice) else None
         self._tool_streams: dict[int, ToolCallStream] = {}
         self._logprobs: dict[int, list[ChatTokenLogprob]] = {}
 
     def _logprob_entries(self, delta: OutputDelta) -> list[ChatTokenLogprob] | None:
+        """The delta's logprobs, without the stop token that ended it where the backend delivers it (OpenAI's content
+        has no `<|im_end|>`), unless its text is in the output (include_stop_str_in_output with a stop token id)."""
         if not self.req.logprobs or delta.logprobs is None:
             return None
-        return chat_logprobs(self._tok, self.req.top_logprobs or 0, delta.token_ids, delta.logprobs)
+        ids, entries = delta.token_ids, delta.logprobs
+        if delta.finish_reason == "stop" and ids and not isinstance(delta.stop_reason, str):
+            ended_by = ids[-1] in self._tok.eos_token_ids if delta.stop_reason is None else ids[-1] == delta.stop_reason
+            if ended_by and not (self.req.include_stop_str_in_output and delta.stop_reason is not None):
+                ids, entries = ids[:-1], entries[:-1]
+        return chat_logprobs(self._tok, self.req.top_logprobs or 0, ids, entries)
 
     def _chunk(self, choice: dict[str, Any], not_yet: int = 0) -> dict[str, Any]:
         # OpenAI: every chunk has usage null when usage is requested; vLLM's continuous usage: the counts so far

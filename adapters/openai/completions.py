@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from adapters.openai.choices import EndpointOutput
+from adapters.openai.choices import ChoiceTracker, EndpointOutput
 from adapters.openai.logprobs import CompletionLogprobsBuilder, merge_completion_logprobs
 from adapters.openai.requests import CompletionRequest
 from adapters.openai.responses import (
@@ -39,6 +39,8 @@ class CompletionOutput(EndpointOutput):
     def __init__(self, req: CompletionRequest, response_id: str, model: str, tokenizer: Tokenizer,
                  created: int | None = None) -> None:
         super().__init__(req, response_id, model, tokenizer, created)
+        self._tracker = ChoiceTracker(req.samples)  # best_of > n: every sample is a choice until the n best are kept
+        self._scores: dict[int, float] = {}  # choice -> its tokens' summed logprob, to rank samples
         self._prompts = req.prompts()
         self._lp_builders: dict[int, CompletionLogprobsBuilder] = {}
         self._logprobs: dict[int, list[CompletionLogprobs]] = {}
@@ -87,16 +89,29 @@ class CompletionOutput(EndpointOutput):
         self._text.setdefault(choice, []).append(text)
         if logprobs is not None:
             self._logprobs.setdefault(choice, []).append(logprobs)
+        entries = item[1].logprobs or []
+        self._scores[choice] = self._scores.get(choice, 0.0) + sum(e.logprob for e in entries)
 
     def response(self) -> dict[str, Any]:
         choices = [
             CompletionChoice(
-                index=i,
+                index=index,
                 text="".join(self._text[i]),
                 logprobs=merge_completion_logprobs(self._logprobs.get(i, [])) if self.req.logprobs is not None
                 else None,
                 finish_reason=self._tracker.finish_reasons.get(i),
             )
-            for i in sorted(self._text)
+            for index, i in enumerate(self._returned())
         ]
         return self._with_usage(Completion, choices)
+
+    def _returned(self) -> list[int]:
+        """The choices to return, in order: all of them, or per prompt the n samples of highest cumulative logprob
+        (best_of > n; usage still counts every sample, as OpenAI bills them)."""
+        if not self.req.ranks_samples:
+            return sorted(self._text)
+        samples, out = self.req.samples, []
+        for prompt in range(len(self._prompts)):
+            ranked = sorted((i for i in self._text if i // samples == prompt), key=lambda i: -self._scores[i])
+            out += ranked[: self.req.n]
+        return out

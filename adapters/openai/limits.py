@@ -14,6 +14,8 @@ def check_limits(req: SamplingFields, limits: RequestLimits) -> None:
     """Raise InvalidRequestError (400, naming the field) when `req` is over any limit."""
     if req.n > limits.max_n:
         raise over_limit("n", "got n =", req.n, limits.max_n)
+    if isinstance(req, CompletionRequest) and req.samples > limits.max_n:  # best_of: samples generated, as n
+        raise over_limit("best_of", "got best_of =", req.samples, limits.max_n)
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     check_words("stop", stops, limits.max_stop_strings, limits.max_stop_string_length, noun="stop strings")
     if req.logit_bias and len(req.logit_bias) > limits.max_logit_bias:

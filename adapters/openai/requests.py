@@ -1,7 +1,7 @@
 """Request schemas of POST /v1/completions and /v1/chat/completions (pydantic v2).
 
 Unknown fields are ignored, as the OpenAI API does. Fields that ARE in the OpenAI spec but that we
-cannot honour yet (functions, suffix, best_of > n, audio ...) are rejected with a 400
+cannot honour yet (functions, suffix, audio ...) are rejected with a 400
 naming the field rather than silently ignored: a client relying on them would get wrong output.
 vLLM's sampling extras (top_k, min_p, repetition_penalty, ...) are accepted in the body.
 """
@@ -255,8 +255,11 @@ class CompletionRequest(SamplingFields):
 
     @model_validator(mode="after")
     def _checks(self) -> CompletionRequest:
-        if self.best_of is not None and self.best_of != self.n:
-            raise UnsupportedFieldError("best_of", "must equal n (best_of > n is not supported)")
+        if self.best_of is not None and self.best_of < self.n:
+            raise InvalidRequestError(f"best_of ({self.best_of}) must be at least n ({self.n})", param="best_of")
+        if self.ranks_samples and self.stream:
+            raise InvalidRequestError("best_of greater than n cannot be streamed: the best are known at the end",
+                                      param="best_of")
         p = self.prompt
         if isinstance(p, list) and (not p or any(isinstance(x, list) and not x for x in p)):
             raise InvalidRequestError("prompt must not be empty", param="prompt")
@@ -264,6 +267,16 @@ class CompletionRequest(SamplingFields):
             raise InvalidRequestError("max_tokens 0 generates nothing; it is for scoring a prompt with echo: true "
                                       "and logprobs", param="max_tokens")
         return self
+
+    @property
+    def samples(self) -> int:
+        """Completions generated per prompt: best_of of them, of which the n best are returned."""
+        return self.best_of or self.n
+
+    @property
+    def ranks_samples(self) -> bool:
+        """best_of > n: the n of highest cumulative logprob are returned (vLLM's ranking)."""
+        return self.samples > self.n
 
     @property
     def scores_prompt(self) -> bool:

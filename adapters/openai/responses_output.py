@@ -31,7 +31,8 @@ from adapters.openai.responses_objects import (
     ResponseUsage,
 )
 from adapters.openai.responses_request import ResponsesRequest
-from adapters.openai.tools import ToolCallStream, calls_tools, tool_call_format
+from adapters.openai.tool_prompt import tool_format
+from adapters.openai.tools import ToolCallStream, calls_tools
 from runtime.request import OutputDelta
 from runtime.tokenizer import Tokenizer
 
@@ -67,7 +68,7 @@ class ResponsesOutput:
         self._on_done = on_done
         self._tracker = ChoiceTracker(1)
         parallel = req.parallel_tool_calls is not False
-        self._tools = (ToolCallStream(tool_call_format(tokenizer.hf.chat_template, parallel))
+        self._tools = (ToolCallStream(tool_format(tokenizer, parallel))
                        if calls_tools(req.chat_tools(), req.chat_tool_choice()) else None)
         self._items: list[OutputItem] = []
         self._parts: list[str] | None = None  # the open (last) item's text or arguments so far; None: none open

@@ -54,6 +54,7 @@ class InputItem(_Base):
     `input[i].field` in the 400 rather than lost among union branches."""
 
     type: Literal["message", "function_call", "function_call_output"] = "message"
+    id: str | None = None  # the item's id, listed by GET /v1/responses/{id}/input_items (one is given if none)
     role: Literal["user", "system", "developer", "assistant"] | None = None  # message
     content: str | list[TextPart] | None = None  # message
     call_id: str | None = None  # function_call, function_call_output

@@ -5,7 +5,10 @@ Formats, detected from the chat template text:
 - Hermes/Qwen: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, possibly several, with free
   text around them;
 - Mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` after any free text;
-- Llama 3 JSON: the whole answer is `{"name": ..., "parameters": {...}}` (several joined by ";").
+- Llama 3 JSON: the whole answer is `{"name": ..., "parameters": {...}}` (several joined by ";");
+- SmolLM2: `<tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>`, the list of Mistral's layout between
+  tags (SmolLM2-1.7B-Instruct's function-calling format; the format of our own tool prompt for templates that
+  ignore tools, adapters/openai/tool_prompt.py). An empty list is no call.
 
 A call's `arguments` is the model's own JSON text (OpenAI's too). A call whose name and arguments key have
 been read streams at once: a first entry with its id and name, then the argument text as it arrives. A
@@ -66,7 +69,7 @@ class ToolCallFormat:
                         {"type": "const_string", "value": "\n" + self.end}]
         elif self.layout == "list":
             elements = [{"type": "const_string", "value": self.begin + "["}, *elements,
-                        {"type": "const_string", "value": "]"}]
+                        {"type": "const_string", "value": "]" + self.end}]
         return {"type": "sequence", "elements": elements}
 
     def parse(self, text: str) -> tuple[str | None, list[ToolCall]]:
@@ -87,6 +90,7 @@ class ToolCallFormat:
 HERMES = ToolCallFormat("hermes", "arguments", "tags", "<tool_call>", "</tool_call>")
 MISTRAL = ToolCallFormat("mistral", "arguments", "list", "[TOOL_CALLS]")
 LLAMA3_JSON = ToolCallFormat("llama3_json", "parameters", "json")
+SMOLLM2 = ToolCallFormat("smollm2", "arguments", "list", "<tool_call>", "</tool_call>")
 
 
 def tool_call_format(chat_template: Any, parallel: bool = True) -> ToolCallFormat:
@@ -297,6 +301,9 @@ class ToolCallStream:
         fmt = self.fmt
         if fmt.layout == "list" and not call.started:  # the list's "[" and separators before a call
             call.body = call.body.lstrip().removeprefix("[").lstrip().removeprefix(",").lstrip()
+            if call.body.startswith("]"):  # the list ends (or was empty): no call here
+                self._call, self._buf, self._mode = None, call.body, "after"
+                return True
         if not call.started and (m := _HEADER.match(call.body)):
             call.started, call.index, call.args_start = True, self._seen, m.end()
             self._seen += 1
@@ -376,7 +383,19 @@ class ToolCallStream:
             self._buf, self._mode, self._call = rest[1:], "call", _OpenCall()
             return True
         if fmt.layout == "list" and rest.startswith("]"):
-            self._buf, self._mode = rest[1:], "text"
-            return True
+            return self._list_end(rest[1:], final)
         self._buf, self._mode = rest, "content"
+        return True
+
+    def _list_end(self, tail: str, final: bool) -> bool:
+        """After a list's "]": its closing tag where the format has one (SmolLM2's), then text again."""
+        end = self.fmt.end
+        closing = tail.lstrip()
+        if end and closing.startswith(end):
+            tail = closing[len(end):]
+        elif end and end.startswith(closing):  # the closing tag, still arriving (or cut off at the end: dropped)
+            if not final:
+                return False
+            tail = ""
+        self._buf, self._mode = tail, "text"
         return True

@@ -1,10 +1,10 @@
 """OpenAI tools: schemas, request checks and the decoding constraint for tool_choice.
 
-The chat template renders `tools` into the prompt; the model answers with calls in the template's
-format (adapters/openai/tool_calls.py reads them, streamed or whole). tool_choice "required" or a named
-function constrains decoding (runtime/guided) to exactly one call whose arguments match the function's
-`parameters` schema; "auto" parses whatever the model wrote (only the first call when
-parallel_tool_calls is false); "none" renders no tools at all.
+The chat template renders `tools` into the prompt, or we do where it ignores them (adapters/openai/tool_prompt.py);
+the model answers with calls in that prompt's format (adapters/openai/tool_calls.py reads them, streamed or
+whole). tool_choice "required" or a named function constrains decoding (runtime/guided) to exactly one call whose
+arguments match the function's `parameters` schema; "auto" parses whatever the model wrote (only the first call
+when parallel_tool_calls is false); "none" renders no tools at all.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from adapters.openai.response_format import ResponseFormat, response_format_guided
 # The output side, re-exported: callers import tools from one place.
-from adapters.openai.tool_calls import HERMES, LLAMA3_JSON, MISTRAL, ToolCall, ToolCallFormat, ToolCallStream, \
-    tool_call_format
+from adapters.openai.tool_calls import HERMES, LLAMA3_JSON, MISTRAL, SMOLLM2, ToolCall, ToolCallFormat, \
+    ToolCallStream, tool_call_format
 from runtime.errors import InvalidRequestError
 from runtime.schema_check import check_schema
 from runtime.request import GuidedDecoding
@@ -105,9 +105,10 @@ def template_tools(tools: list[ToolSpec] | None, choice: ToolChoice | None) -> l
 
 
 def chat_guided(tools: list[ToolSpec] | None, choice: ToolChoice | None, response_format: ResponseFormat | None,
-                chat_template: Any) -> GuidedDecoding | None:
-    """The one decoding constraint of a chat request: a forced tool call, or the response format."""
-    from_tools = tool_guided(tools or [], choice, tool_call_format(chat_template)) if tools else None
+                fmt: ToolCallFormat) -> GuidedDecoding | None:
+    """The one decoding constraint of a chat request: a forced tool call (in the prompt's format `fmt`), or the
+    response format."""
+    from_tools = tool_guided(tools or [], choice, fmt) if tools else None
     from_format = response_format_guided(response_format)
     if from_tools is not None and from_format is not None:
         raise InvalidRequestError("response_format cannot be combined with a forced tool_choice "
@@ -115,6 +116,6 @@ def chat_guided(tools: list[ToolSpec] | None, choice: ToolChoice | None, respons
     return from_tools or from_format
 
 
-__all__ = ["HERMES", "LLAMA3_JSON", "MISTRAL", "FunctionSpec", "NamedToolChoice", "ToolCall", "ToolCallFormat",
-           "ToolCallStream", "ToolChoice", "ToolSpec", "calls_tools", "chat_guided", "check_tools", "template_tools",
-           "tool_call_format", "tool_guided", "with_tool_calls"]
+__all__ = ["HERMES", "LLAMA3_JSON", "MISTRAL", "SMOLLM2", "FunctionSpec", "NamedToolChoice", "ToolCall",
+           "ToolCallFormat", "ToolCallStream", "ToolChoice", "ToolSpec", "calls_tools", "chat_guided", "check_tools",
+           "template_tools", "tool_call_format", "tool_guided", "with_tool_calls"]

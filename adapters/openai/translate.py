@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from adapters.openai.requests import ChatCompletionRequest, CompletionRequest, SamplingFields
+from adapters.openai.tool_prompt import prompt_conversation, tool_format
 from adapters.openai.tools import chat_guided, template_tools
 from runtime.request import GenerationRequest, SamplingOptions
 from runtime.tokenizer import Tokenizer
@@ -46,8 +47,11 @@ def completion_requests(req: CompletionRequest, response_id: str,
     """One GenerationRequest per prompt (choices are later indexed prompt_index * n + sample)."""
     prompts = req.prompts()
     # Scoring a prompt runs one step (the engine always generates); the output drops that token.
-    sampling = sampling_options(req, max_tokens=1 if req.scores_prompt else req.max_tokens, logprobs=req.logprobs,
+    # best_of > n ranks samples by their tokens' logprobs: asked for (0: the sampled token's) even when not shown
+    logprobs = 0 if req.logprobs is None and req.ranks_samples else req.logprobs
+    sampling = sampling_options(req, max_tokens=1 if req.scores_prompt else req.max_tokens, logprobs=logprobs,
                                 prompt_logprobs=req.logprobs if req.echo else None)
+    sampling.n = req.samples
     out = []
     for rid, prompt in zip(engine_request_ids(response_id, len(prompts)), prompts, strict=True):
         text, ids = (prompt, None) if isinstance(prompt, str) else (None, list(prompt))
@@ -58,7 +62,8 @@ def completion_requests(req: CompletionRequest, response_id: str,
 
 
 def chat_messages(req: ChatCompletionRequest) -> list[dict]:
-    """Messages as the chat template expects them: plain dicts, content as one string.
+    """Messages as the chat template expects them: plain dicts, content as one string ("" for an assistant turn
+    that only calls tools: templates concatenate it, as vLLM passes it).
 
     OpenAI's newer "developer" role is the system role under another name; templates know "system".
     """
@@ -66,16 +71,18 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict]:
     for m in req.messages:
         d = m.model_dump(exclude_none=True, exclude={"content", "role"})
         d["role"] = "system" if m.role == "developer" else m.role
-        d["content"] = m.text()
+        d["content"] = m.text() or ""
         out.append(d)
     return out
 
 
 def chat_request(req: ChatCompletionRequest, response_id: str, tokenizer: Tokenizer,
                  adapter: str | None = None) -> GenerationRequest:
-    """The chat prompt (template applied) as one GenerationRequest."""
-    prompt = tokenizer.apply_chat_template(chat_messages(req), tools=template_tools(req.tools, req.tool_choice),
-                                           add_generation_prompt=True, **(req.chat_template_kwargs or {}))
+    """The chat prompt (template applied; tools by it or by us, adapters/openai/tool_prompt.py) as one
+    GenerationRequest."""
+    messages, tools = prompt_conversation(chat_messages(req), template_tools(req.tools, req.tool_choice), tokenizer)
+    prompt = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                           **(req.chat_template_kwargs or {}))
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return GenerationRequest(
         request_id=response_id,
@@ -85,7 +92,7 @@ def chat_request(req: ChatCompletionRequest, response_id: str, tokenizer: Tokeni
         num_draft_tokens=req.num_draft_tokens,
         add_special_tokens=False,  # the template already wrote BOS and friends
         stream=bool(req.stream),
-        guided=chat_guided(req.tools, req.tool_choice, req.response_format, tokenizer.hf.chat_template),
+        guided=chat_guided(req.tools, req.tool_choice, req.response_format, tool_format(tokenizer)),
     )
 
 

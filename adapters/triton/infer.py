@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from adapters.triton.generate import TritonGenerate, parse_generate
-from adapters.triton.inputs import IDS_MODEL_OUTPUTS, TEXT_MODEL_OUTPUTS, ModelKind, specs_by_name
+from adapters.triton.inputs import ModelKind, output_specs, specs_by_name
 from adapters.triton.outputs import OutputTensor
 from adapters.triton.tensors import Tensor, output_tensor
 from adapters.limits import RequestLimits
@@ -78,7 +78,7 @@ def parse_infer(tensors: list[Tensor], *, model_name: str, model_version: str, k
 
 def check_requested_outputs(names: list[str], kind: ModelKind, model_name: str) -> None:
     """400 naming an output the model does not have."""
-    known = {name for name, _, _ in (TEXT_MODEL_OUTPUTS if kind == "text" else IDS_MODEL_OUTPUTS)}
+    known = {name for name, _, _ in output_specs(kind)}
     unknown = [n for n in names if n not in known]
     if unknown:
         raise InvalidRequestError(f"unexpected inference output '{unknown[0]}' for model '{model_name}'",

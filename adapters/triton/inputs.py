@@ -17,7 +17,9 @@ from typing import Any, Literal
 from runtime.errors import InvalidRequestError
 
 Kind = Literal["text", "ids", "lengths", "str", "int", "uint64", "float", "bool", "words", "floats", "ints2d", "floats2d"]
-ModelKind = Literal["text", "ids"]
+# "preprocessing" / "postprocessing": the backend's tokenizer models (adapters/triton/tokenizer_models.py),
+# served over infer only; the generate path takes "text" and "ids"
+ModelKind = Literal["text", "ids", "preprocessing", "postprocessing"]
 
 _UINT64_MAX = 2**64 - 1
 _INT32_MAX = 2**31 - 1
@@ -104,6 +106,9 @@ IDS_MODEL_INPUTS: tuple[InputSpec, ...] = (
     _s("bad_words_list", "ints2d", "INT32", (2, -1), supported=False),
     _s("embedding_bias", "floats", "FP32", (-1,)),
     *_COMMON,
+    # encoder-decoder models' decoder start; the backend ignores it for decoder-only models, as we do (its
+    # end_to_end_test.py sends the preprocessing model's DECODER_INPUT_ID)
+    _s("decoder_input_ids", "ids", "INT32", (-1,)),
     _s("draft_input_ids", "ids", "INT32", (-1,), supported=False),
     _s("stop", "bool", "BOOL", supported=False),
 )
@@ -125,13 +130,60 @@ IDS_MODEL_OUTPUTS: tuple[OutputSpec, ...] = (
     *_COMMON_OUTPUTS,
 )
 
+# The backend's preprocessing and postprocessing models (all_models/inflight_batcher_llm/*/config.pbtxt, v0.19.0);
+# their multimodal tensors are accepted names only.
+PREPROCESSING_INPUTS: tuple[InputSpec, ...] = (
+    _s("QUERY", "str", "BYTES", required=True),
+    _s("REQUEST_OUTPUT_LEN", "int", "INT32", required=True),
+    _s("BAD_WORDS_DICT", "words", "BYTES", (-1,)),
+    _s("STOP_WORDS_DICT", "words", "BYTES", (-1,)),
+    _s("EMBEDDING_BIAS_WORDS", "words", "BYTES", (-1,)),
+    _s("EMBEDDING_BIAS_WEIGHTS", "floats", "FP32", (-1,)),
+    _s("END_ID", "int", "INT32"),
+    _s("PAD_ID", "int", "INT32"),
+    _s("DECODER_QUERY", "str", "BYTES", supported=False),
+    _s("IMAGE_BYTES", "ints2d", "UINT8", (-1, -1, -1, -1), supported=False),
+    _s("IMAGE_URL", "str", "BYTES", supported=False),
+    _s("VIDEO_BYTES", "ints2d", "UINT8", (-1, -1, -1, -1), supported=False),
+    _s("PROMPT_TABLE_EXTRA_ID", "uint64", "UINT64", supported=False),
+)
+PREPROCESSING_OUTPUTS: tuple[OutputSpec, ...] = (
+    ("INPUT_ID", "INT32", (-1,)),
+    ("REQUEST_INPUT_LEN", "INT32", (1,)),
+    ("DECODER_INPUT_ID", "INT32", (-1,)),
+    ("REQUEST_DECODER_INPUT_LEN", "INT32", (1,)),
+    ("BAD_WORDS_IDS", "INT32", (2, -1)),
+    ("STOP_WORDS_IDS", "INT32", (2, -1)),
+    ("EMBEDDING_BIAS", "FP32", (-1,)),
+    ("REQUEST_OUTPUT_LEN", "INT32", (-1,)),
+    ("OUT_END_ID", "INT32", (1,)),
+    ("OUT_PAD_ID", "INT32", (1,)),
+)
+POSTPROCESSING_INPUTS: tuple[InputSpec, ...] = (
+    _s("TOKENS_BATCH", "ints2d", "INT32", (-1, -1), required=True),
+    _s("SEQUENCE_LENGTH", "ints2d", "INT32", (-1,), required=True),
+)
+POSTPROCESSING_OUTPUTS: tuple[OutputSpec, ...] = (("OUTPUT", "BYTES", (-1,)),)
+
+_INPUTS: dict[ModelKind, tuple[InputSpec, ...]] = {
+    "text": TEXT_MODEL_INPUTS, "ids": IDS_MODEL_INPUTS, "preprocessing": PREPROCESSING_INPUTS,
+    "postprocessing": POSTPROCESSING_INPUTS}
+_OUTPUTS: dict[ModelKind, tuple[OutputSpec, ...]] = {
+    "text": TEXT_MODEL_OUTPUTS, "ids": IDS_MODEL_OUTPUTS, "preprocessing": PREPROCESSING_OUTPUTS,
+    "postprocessing": POSTPROCESSING_OUTPUTS}
+
 # Top-level body members that are not model inputs.
 _ENVELOPE = {"parameters", "id"}
 
 
 def input_specs(kind: ModelKind) -> tuple[InputSpec, ...]:
     """The input table of a model kind."""
-    return TEXT_MODEL_INPUTS if kind == "text" else IDS_MODEL_INPUTS
+    return _INPUTS[kind]
+
+
+def output_specs(kind: ModelKind) -> tuple[OutputSpec, ...]:
+    """The output table of a model kind."""
+    return _OUTPUTS[kind]
 
 
 def _index(specs: Iterable[InputSpec]) -> dict[str, InputSpec]:
@@ -142,7 +194,7 @@ def _index(specs: Iterable[InputSpec]) -> dict[str, InputSpec]:
     return out
 
 
-_INDEX: dict[ModelKind, dict[str, InputSpec]] = {"text": _index(TEXT_MODEL_INPUTS), "ids": _index(IDS_MODEL_INPUTS)}
+_INDEX: dict[ModelKind, dict[str, InputSpec]] = {kind: _index(specs) for kind, specs in _INPUTS.items()}
 
 
 def read_inputs(body: Any, kind: ModelKind, model_name: str) -> dict[str, Any]:

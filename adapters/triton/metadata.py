@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from adapters.triton.generate import IDS_MODEL_NAME, TEXT_MODEL_NAMES
-from adapters.triton.inputs import IDS_MODEL_OUTPUTS, TEXT_MODEL_OUTPUTS, ModelKind, input_specs
+from adapters.triton.inputs import ModelKind, input_specs, output_specs
+from adapters.triton.tokenizer_models import TOKENIZER_MODELS
 from adapters.triton.model_repo import PARAMETER_FIELDS
 from runtime.config import EngineConfig
 
@@ -37,7 +38,7 @@ def server_metadata() -> dict[str, Any]:
 def model_names(served_model_name: str, adapters: Iterable[str] = ()) -> list[str]:
     """Every model name the Triton dialect answers to: the served name first, the backend's models, the
     served LoRA adapters."""
-    names = [served_model_name, *TEXT_MODEL_NAMES, IDS_MODEL_NAME, *adapters]
+    names = [served_model_name, *TEXT_MODEL_NAMES, IDS_MODEL_NAME, *TOKENIZER_MODELS, *adapters]
     return list(dict.fromkeys(names))
 
 
@@ -51,13 +52,9 @@ def _platform(name: str, kind: ModelKind) -> tuple[str, str]:
     """(platform, backend) as Triton reports them for the backend's models."""
     if kind == "ids":
         return "tensorrtllm", "tensorrtllm"
-    if name == "tensorrt_llm_bls":
+    if name == "tensorrt_llm_bls" or kind in TOKENIZER_MODELS:
         return "python", "python"
     return "ensemble", ""
-
-
-def _outputs(kind: ModelKind) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
-    return TEXT_MODEL_OUTPUTS if kind == "text" else IDS_MODEL_OUTPUTS
 
 
 def model_metadata(name: str, kind: ModelKind, version: str = "1") -> dict[str, Any]:
@@ -71,7 +68,7 @@ def model_metadata(name: str, kind: ModelKind, version: str = "1") -> dict[str, 
             for s in input_specs(kind)
             if s.supported
         ],
-        "outputs": [{"name": n, "datatype": dt, "shape": [-1, *dims]} for n, dt, dims in _outputs(kind)],
+        "outputs": [{"name": n, "datatype": dt, "shape": [-1, *dims]} for n, dt, dims in output_specs(kind)],
     }
 
 
@@ -118,9 +115,9 @@ def model_config(
         if s.supported
     ]
     config["output"] = [{"name": n, "data_type": _config_type(dt), "dims": list(dims)}
-                        for n, dt, dims in _outputs(kind)]
-    # Every model streams over generate_stream, like the backend's decoupled mode.
-    config["model_transaction_policy"] = {"decoupled": True}
+                        for n, dt, dims in output_specs(kind)]
+    # Every generating model streams over generate_stream, like the backend's decoupled mode.
+    config["model_transaction_policy"] = {"decoupled": kind not in TOKENIZER_MODELS}
     config["parameters"] = _backend_parameters(engine, exclude_input_in_output) if kind == "ids" else {}
     return config
 

@@ -9,7 +9,8 @@ it packed none here), so the engine compiles only where the one-row step has non
 or a float32 model. It is the CPU's counterpart of the CUDA graphs (runtime/cuda/graphs.py)
 and takes the same decode-shaped rows (runtime/cuda/graphs.py's pack_rows).
 
-- Row counts: only ROW_COUNTS are compiled, one graph each, at start-up (`warm_up`); other steps run eagerly.
+- Row counts: only ROW_COUNTS are compiled, one graph each, while eager steps serve (`warm_up`, from
+  runtime/cpu/warm_up.py); other steps run eagerly.
 - The attention span (blocks gathered per row) is dynamic, so one graph serves every sequence length; it is
   at least MIN_BLOCKS blocks (the mask hides the padding), since torch would specialise a one-block span.
 - The KV write is one `index_put_` into each layer's cache tensor (runtime/models/attention.py): written
@@ -112,15 +113,16 @@ class CompiledDecode:
             return self._forward(packed, blocks, bias)
 
     @torch.inference_mode()
-    def warm_up(self) -> None:
-        """Compile the graph of every row count served. Call it before serving: the warm-up rows store their K/V
-        in slot 0, which no request has written yet."""
+    def warm_up(self, scratch_block: int) -> None:
+        """Compile the graph of every row count served. The warm-up rows store their K/V in KV block
+        `scratch_block`, which no sequence may use: it runs while eager steps serve (runtime/cpu/warm_up.py)."""
         started = time.perf_counter()
         for rows in self.row_counts:
             t = time.perf_counter()
             packed = torch.zeros((PACKED_ROWS, rows), dtype=torch.long)
             packed[LENGTHS] = 1
-            tables = torch.zeros((rows, MIN_BLOCKS), dtype=torch.int32)
+            packed[SLOTS] = scratch_block * self.block_size
+            tables = torch.full((rows, MIN_BLOCKS), scratch_block, dtype=torch.int32)
             self._step(packed, tables, compile_allowed=True)
             logger.info("CPU compiled decode: %d row%s in %.1f s", rows, "s" if rows > 1 else "", time.perf_counter() - t)
         logger.info("CPU compiled decode: %d graphs (rows %s) in %.1f s", len(self.row_counts),

@@ -1,7 +1,10 @@
 """GuidedDecoding -> xgrammar Grammar (not yet compiled against a vocabulary).
 
-JSON is generated compactly (no free whitespace): a model, even a tiny random one, then cannot stall
-inside unbounded whitespace, and every schema with bounded strings and numbers forces termination.
+JSON is generated compactly (no free whitespace), and every run of digits the schema leaves unbounded (an integer
+without both bounds, a number's integer part, fraction or exponent, any number of a json_object) is cut short: an
+integer part holds at most MAX_DIGITS digits, an int64's, a fraction or exponent one fewer. A model, even a tiny
+random one, then cannot stall inside whitespace or a number ("population": 1111... ran to max_tokens on the default
+model), and every schema with bounded strings forces termination.
 Tool calls come as a structural tag (xgrammar's / TensorRT-LLM's format); the subset we build
 (`sequence`, `or`, `const_string`, `json_schema`) is assembled here so that its JSON is compact too.
 """
@@ -56,10 +59,26 @@ def _xgrammar_message(exc: Exception) -> str:
     return re.sub(r"^\[[0-9:]+\] \S+:[0-9]+: ", "", str(exc).strip())
 
 
+MAX_DIGITS = 19  # the most digits of an integer (part) where the schema sets no bound: int64's
+
+_DIGIT_RULE = re.compile(r"^(\w+) ::= \(\(\[0-9\]\)\)$", re.M)  # xgrammar's rule for one digit
+
+
 def _json(schema: Any, param: str) -> xgr.Grammar:
     check_schema(schema, param=param)
-    return xgr.Grammar.from_json_schema(json.dumps(_length_as_pattern(schema)), any_whitespace=False,
-                                        strict_mode=True)
+    grammar = xgr.Grammar.from_json_schema(json.dumps(_length_as_pattern(schema)), any_whitespace=False,
+                                           strict_mode=True)
+    return xgr.Grammar.from_ebnf(_bounded_digits(str(grammar)))
+
+
+def _bounded_digits(ebnf: str) -> str:
+    """xgrammar's JSON grammar (its EBNF text) with each unbounded repeat of a digit, `[0-9]*` or a one-digit rule's
+    `{n, -1}`, cut to MAX_DIGITS - 1 repeats (integers: after their leading digit)."""
+    more = MAX_DIGITS - 1
+    ebnf = ebnf.replace("[0-9]*", f"[0-9]{{0, {more}}}")
+    for rule in _DIGIT_RULE.findall(ebnf):
+        ebnf = re.sub(rf"\b{rule}\{{(\d+), -1\}}", rf"{rule}{{\1, {more}}}", ebnf)
+    return ebnf
 
 
 def _length_as_pattern(schema: Any) -> Any:

@@ -95,21 +95,15 @@ def resolve_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) 
     gguf_file = _gguf_file(Path(path))
     if gguf_file is None:
         return path
-    if dtype != "auto" and dtype not in DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r} (use auto, {', '.join(DTYPES)})")
     root = cache_dir or _default_cache_dir()
-    stat = gguf_file.stat()
-    key = hashlib.sha256(
-        f"{gguf_file.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{dtype}\0{_FORMAT_VERSION}".encode()
-    ).hexdigest()[:16]
+    done = _converted(gguf_file, dtype, root)
     name = gguf_file.stem  # the served model name defaults to the checkpoint folder's name
-    done = root / key
     if done.is_dir():
         logger.debug("GGUF %s: using the checkpoint converted before, cached in %s", gguf_file, done / name)
         return str(done / name)
     root.mkdir(parents=True, exist_ok=True)
     # written into a temporary folder and renamed, so a crash or a concurrent start never sees half a folder
-    work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
+    work = Path(tempfile.mkdtemp(prefix=f".{done.name}-", dir=root))
     try:
         started = time.perf_counter()
         stored = _convert(gguf_file, work / name, dtype)
@@ -123,6 +117,25 @@ def resolve_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) 
     logger.info("GGUF %s converted to %s checkpoint in %.1f s, cached in %s",
                 gguf_file, stored, time.perf_counter() - started, done / name)
     return str(done / name)
+
+
+def unconverted_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) -> Path | None:
+    """The GGUF file resolve_gguf(path, dtype) would convert (none converted before is cached); else None."""
+    gguf_file = _gguf_file(Path(path))
+    if gguf_file is None or _converted(gguf_file, dtype, cache_dir or _default_cache_dir()).is_dir():
+        return None
+    return gguf_file
+
+
+def _converted(gguf_file: Path, dtype: str, root: Path) -> Path:
+    """The cache folder of `gguf_file` converted to `dtype`, keyed by the file's path, size and mtime."""
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r} (use auto, {', '.join(DTYPES)})")
+    stat = gguf_file.stat()
+    key = hashlib.sha256(
+        f"{gguf_file.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{dtype}\0{_FORMAT_VERSION}".encode()
+    ).hexdigest()[:16]
+    return root / key
 
 
 def _gguf_file(path: Path) -> Path | None:

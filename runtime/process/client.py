@@ -30,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,14 +43,15 @@ import zmq.asyncio
 from runtime.async_engine import AsyncEngine
 from runtime.config import EngineConfig
 from runtime.core_loader import describe_model
+from runtime.default_model import gguf_to_convert
 from runtime.delivery import END, Mailbox
-from runtime.engine import EngineStats
+from runtime.engine import EngineStats, ModelInfo
 from runtime.errors import EngineFailedError, EngineNotReadyError, InvalidRequestError
 from runtime.output_processor import OutputProcessor
 from runtime.process.core import Addresses, CoreArgs
 from runtime.process.messages import (
-    Abort, AddRequest, LoraCall, LoraReply, Ready, Rejected, Shutdown, StartFailed, StepOutputs, ToCore, encoder,
-    rebuild_error, to_front_end,
+    Abort, AddRequest, LoraCall, LoraReply, Phase, Ready, Rejected, Shutdown, StartFailed, StepOutputs, ToCore,
+    encoder, rebuild_error, to_front_end,
 )
 from runtime.request import GenerationRequest, OutputDelta
 from runtime.tokenizer import Tokenizer
@@ -81,8 +83,14 @@ class EngineClient(AsyncEngine):
     def __init__(self, config: EngineConfig, front_end: FrontEnd = FrontEnd()) -> None:
         self.config = config
         self.front_end = front_end
-        model = describe_model(config)
-        self.model_path, self.spec, self.model_info = model.path, model.spec, model.info
+        # a GGUF file to convert first (tens of seconds) is converted in start(), while the port is open (with several
+        # front ends, before they start: each would convert it)
+        self._converting = gguf_to_convert(config.model, config.dtype) if front_end.count == 1 else None
+        if self._converting is None:
+            self._describe()
+        else:  # what the gateway needs before start(); requests wait for readiness
+            self.model_info = ModelInfo(config.served_model_name or self._converting, 0, 0, "native")
+        self._phase: str | None = None
         self._stats = EngineStats(max_batch_size=config.max_batch_size, max_num_tokens=config.max_num_tokens)
         self._adapters: dict[str, str] | None = None  # the core's, once it is ready
         self._queues: dict[str, tuple[Mailbox, int]] = {}  # request id -> (its deltas, samples)
@@ -100,11 +108,25 @@ class EngineClient(AsyncEngine):
         self._failure: str | None = None
         self._prepare = WorkerPool("prepare")  # tokenizing large prompts and bad words, off the event loop
 
+    def _describe(self) -> None:
+        model = describe_model(self.config)
+        self.model_path, self.spec, self.model_info = model.path, model.spec, model.info
+
+    @property
+    def phase(self) -> str | None:
+        return self._phase
+
     # ---- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
         if self._started:
             return
         self._started = True
+        if self._converting is not None:
+            self._phase = "converting the GGUF file into a checkpoint (once: it is cached for the next starts)"
+            started = time.perf_counter()
+            await asyncio.to_thread(self._describe)
+            logger.info("start-up: %s: %.1f s", self._phase, time.perf_counter() - started)
+        self._phase = "starting the engine core"
         front_end = self.front_end
         self._folder = front_end.folder or tempfile.mkdtemp(prefix="trtllm-gateway-")
         addresses = front_end.addresses(self._folder)
@@ -127,7 +149,7 @@ class EngineClient(AsyncEngine):
             self._kill()
             self._close()
             raise
-        self._adapters, self._stats = ready.adapters, ready.stats
+        self._adapters, self._stats, self._phase = ready.adapters, ready.stats, ready.phase
         self._receiving = asyncio.create_task(self._receive())
         self._accepting = True
         logger.info("engine core running in process %d (front end %d of %d)", ready.pid, front_end.index + 1,
@@ -155,6 +177,9 @@ class EngineClient(AsyncEngine):
                 msg = to_front_end.decode(await self._receiver.recv())
                 if isinstance(msg, StartFailed):
                     raise EngineFailedError(f"the engine core failed to start: {msg.error}")
+                if isinstance(msg, Phase):
+                    self._phase = msg.text
+                    continue
                 if isinstance(msg, StepOutputs):
                     # Ready and step outputs leave the core on different sockets: a front end that starts
                     # while others already serve may see their steps' stats first (none of its own requests)
@@ -280,6 +305,8 @@ class EngineClient(AsyncEngine):
             self._deliver(msg.deltas)
             if msg.stats is not None:
                 self._stats = msg.stats
+        elif isinstance(msg, Phase):
+            self._phase = msg.text
         elif isinstance(msg, Rejected):
             entry = self._queues.pop(msg.request_id, None)
             if entry is not None:

@@ -33,7 +33,7 @@ from runtime.delivery import Outbox, Pending
 from runtime.engine import EngineStats
 from runtime.llm_engine import NativeEngine
 from runtime.process.messages import (
-    STATS_PERIOD, Abort, AddRequest, LoraCall, LoraReply, Ready, Rejected, Shutdown, StartFailed, StepOutputs,
+    STATS_PERIOD, Abort, AddRequest, LoraCall, LoraReply, Phase, Ready, Rejected, Shutdown, StartFailed, StepOutputs,
     encoder, error_info, to_core,
 )
 from runtime.request_state import RequestState
@@ -146,22 +146,36 @@ class CoreServer:
 
     async def serve(self) -> int:
         """Start the engine, then serve until Shutdown (0) or the engine dies (1)."""
+        phases = asyncio.create_task(self._report_phases())
         try:
             await self.engine.start()
         except Exception as exc:  # noqa: BLE001 - the front end reports it
             logger.exception("engine failed to start")
             await self._tell_all(StartFailed(f"{type(exc).__name__}: {exc}"))
+            phases.cancel()
             return 1
-        await self._tell_all(Ready(self.engine.lora_adapters() or {}, self.engine.stats(), os.getpid()))
+        await self._tell_all(Ready(self.engine.lora_adapters() or {}, self.engine.stats(), os.getpid(),
+                                   self.engine.phase))
         watcher = asyncio.create_task(self._watch_engine())
         receiver = asyncio.create_task(self._receive())
         done, _ = await asyncio.wait({watcher, receiver}, return_when=asyncio.FIRST_COMPLETED)
         watcher.cancel()
         receiver.cancel()
+        phases.cancel()
         if receiver in done:
             receiver.result()  # a broken message loop fails loudly
             return 0
         return 1
+
+    async def _report_phases(self, poll: float = 0.1) -> None:
+        """Tell the front ends each change of the engine's start-up phase (their /health shows it)."""
+        told: str | None = None
+        while True:
+            phase = self.engine.phase
+            if phase != told:
+                await self._tell_all(Phase(phase))
+                told = phase
+            await asyncio.sleep(poll)
 
     async def _receive(self) -> None:
         while True:

@@ -63,6 +63,13 @@ class Ready(msgspec.Struct, tag="ready"):
     adapters: dict[str, str]
     stats: EngineStats
     pid: int = 0  # the core's process id (front ends that did not start it watch it by this)
+    phase: str | None = None  # what it builds in the background while it serves (later changes: Phase)
+
+
+class Phase(msgspec.Struct, tag="phase"):
+    """What the core is doing while it starts or warms up (runtime/startup.py); None: done."""
+
+    text: str | None
 
 
 class StartFailed(msgspec.Struct, tag="start_failed"):
@@ -94,7 +101,7 @@ class LoraReply(msgspec.Struct, tag="lora_reply"):
 
 
 ToCore = Union[AddRequest, Abort, LoraCall, Shutdown]
-ToFrontEnd = Union[Ready, StartFailed, StepOutputs, Rejected, LoraReply]
+ToFrontEnd = Union[Ready, StartFailed, StepOutputs, Rejected, LoraReply, Phase]
 
 
 def _enc_hook(obj: Any) -> Any:

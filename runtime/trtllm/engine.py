@@ -69,6 +69,7 @@ class TrtllmEngine(Engine):
         self._sampling_ctx = SamplingContext(
             context_window=self.folder.context_window, vocab_size=self.folder.vocab_size,
             eos_token_ids=tuple(self.tokenizer.eos_token_ids), default_seed=config.seed,
+            default_max_tokens=config.default_max_tokens,
             max_beam_width=config.max_beam_width, speculative="speculative_config" in self.llm_kwargs,
             num_draft_tokens=_draft_len(self.llm_kwargs.get("speculative_config")),
             context_logits=self.folder.context_logits)

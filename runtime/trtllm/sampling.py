@@ -29,6 +29,7 @@ class SamplingContext:
     vocab_size: int  # logits width, for embedding_bias
     eos_token_ids: tuple[int, ...]
     default_seed: int  # EngineConfig.seed, used when the request gives none
+    default_max_tokens: int | None  # EngineConfig.default_max_tokens, used when the request gives none
     max_beam_width: int
     speculative: bool  # a speculative decoding config is active
     num_draft_tokens: int = 0  # its draft length (fixed when the LLM is built)
@@ -91,8 +92,7 @@ def sampling_kwargs(request: GenerationRequest, prompt_len: int, ctx: SamplingCo
     """The SamplingParams keyword arguments for `request` (values only; no tensorrt_llm needed)."""
     s = request.sampling
     check_supported(request, ctx)
-    room = ctx.context_window - prompt_len
-    max_tokens = room if s.max_tokens is None else s.max_tokens
+    max_tokens = s.output_limit(ctx.context_window - prompt_len, ctx.default_max_tokens)
     if max_tokens < 1 or prompt_len + max_tokens > ctx.context_window:
         raise PromptTooLongError(prompt_len, max(max_tokens, 1), ctx.context_window)
     # No end_id: TensorRT-LLM then takes the tokenizer's eos id (our eos_token_ids[0], from the same

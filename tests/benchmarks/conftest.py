@@ -24,16 +24,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "benchmark_smoke: a benchmark script run end to end on the CPU in seconds")
 
 
-@pytest.fixture(autouse=True)
-def _keep_torch_threads() -> Iterator[None]:
-    """Scripts run in this process set torch's thread count process-wide (guided_overhead: 1); put it back."""
-    import torch
-
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with its tokenizer (tests/tiny_models.py)."""

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import math
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 
 from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, RunningServer
+from tests.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,8 +39,6 @@ def thread_server(model: Path, **engine_options: Any) -> RunningServer:
     from gateway.settings import Settings
     from runtime.config import EngineConfig
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     options = {**DEFAULT_ENGINE_OPTIONS, "served_model_name": "tiny", "model": str(model), **engine_options}
     return RunningServer(Settings(grpc_port=None, host="127.0.0.1", port=port, drain_timeout=0.0, engine=EngineConfig(**options)))

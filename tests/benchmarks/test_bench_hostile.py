@@ -8,18 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmarks.smoke import output_of, positive, run_module
+from benchmarks import hostile
+from tests.benchmarks.smoke import positive
 
 pytestmark = pytest.mark.benchmark_smoke
 
 
 # the gateway it starts runs the engine in the gateway's process (TRTLLM_GATEWAY_ENGINE_PROCESS=false): the script runs
 # the same, without a second torch process to start (3-4 s here); the engine-core process is served in tests/e2e
-def test_lone_surrogates_beside_the_prober(tmp_path: Path) -> None:
+def test_lone_surrogates_beside_the_prober(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "hostile.json"
-    proc = run_module("hostile", "--duration", "1", "--senders", "1", "--only", "lone_surrogate", "--json", str(out),
-                      env={"TRTLLM_GATEWAY_ENGINE_PROCESS": "false"})
-    assert proc.returncode == 0, output_of(proc)
+    monkeypatch.setenv("TRTLLM_GATEWAY_ENGINE_PROCESS", "false")
+    assert hostile.main(["--duration", "1", "--senders", "1", "--only", "lone_surrogate", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["server_5xx"] == 0
     assert set(result["hostile_statuses"]) == {"lone_surrogate 400"}, result["hostile_statuses"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import serve
-from tests.benchmarks.smoke import positive, thread_server
+from tests.benchmarks.smoke import positive
 from tests.e2e.conftest import RunningServer
 
 pytestmark = pytest.mark.benchmark_smoke
@@ -55,3 +55,9 @@ def test_client_processes_split_the_load_and_merge_the_results(gateway: RunningS
     summary = json.loads(out.read_text())["points"][0]["summary"]
     assert (summary["completed"], summary["failed"]) == (7, 0), summary["errors"]  # 4 + 3 requests
     assert summary["mean_output_tokens"] == 4.0 and positive(summary["client_cpu_s"], summary["ttft_ms"]["p50"])
+
+
+def test_help_names_the_command_that_runs_it() -> None:
+    """It once called itself `trtllm-gateway bench`, a command that does not exist."""
+    text = serve.build_parser().format_help()
+    assert text.startswith("usage: python -m benchmarks.serve ") and "trtllm-gateway bench" not in text

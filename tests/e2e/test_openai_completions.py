@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import openai
 import pytest
 
@@ -156,6 +157,31 @@ def test_seed_reproducible_and_n_samples_differ(client: openai.OpenAI) -> None:
     b = client.completions.create(**args)
     assert [c.text for c in a.choices] == [c.text for c in b.choices]
     assert a.choices[0].text != a.choices[1].text
+
+
+def test_best_of_returns_the_samples_of_highest_cumulative_logprob(client: openai.OpenAI, http: httpx.Client) -> None:
+    """best_of samples are generated (and billed), the n of highest summed token logprob returned best first, with
+    logprobs only when asked; the same seed's n=best_of request shows every sample and its logprobs."""
+    args = dict(model=MODEL_NAME, prompt=["A tiny model", "the cat"], max_tokens=6, temperature=1.0, seed=99,
+                extra_body={"ignore_eos": True})
+    every = client.completions.create(**args, n=4, logprobs=0)
+    score = {c.index: sum(c.logprobs.token_logprobs) for c in every.choices}
+    best = client.completions.create(**args, n=2, best_of=4)
+    ranked = [sorted(range(4 * p, 4 * p + 4), key=lambda i: -score[i]) for p in (0, 1)]
+    expected = [every.choices[i].text for best_of_prompt in ranked for i in best_of_prompt[:2]]
+    assert [c.text for c in best.choices] == expected and [c.index for c in best.choices] == [0, 1, 2, 3]
+    assert all(c.logprobs is None for c in best.choices)
+    assert best.usage.completion_tokens == every.usage.completion_tokens == 2 * 4 * 6
+    shown = client.completions.create(**args, n=1, best_of=4, logprobs=1)
+    assert [c.text for c in shown.choices] == [expected[0], expected[2]]
+    assert [sum(c.logprobs.token_logprobs) for c in shown.choices] == pytest.approx(
+        [max(score[i] for i in range(4 * p, 4 * p + 4)) for p in (0, 1)], abs=1e-4)
+    for body, message in (({"n": 3, "best_of": 2}, "best_of (2) must be at least n (3)"),
+                          ({"best_of": 2, "stream": True},
+                           "best_of greater than n cannot be streamed: the best are known at the end")):
+        r = http.post("/v1/completions", json={"model": MODEL_NAME, "prompt": "hi", **body})
+        assert r.status_code == 400 and r.json()["error"]["message"] == message
+        assert r.json()["error"]["param"] == "best_of"
 
 
 async def test_async_client_concurrent_streams(aclient: openai.AsyncOpenAI) -> None:

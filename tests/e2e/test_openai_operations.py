@@ -13,7 +13,7 @@ import pytest
 
 from gateway.settings import Settings
 from runtime.config import EngineConfig
-from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, MODEL_NAME, RunningServer, free_port, scrape, wait_for
+from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, MODEL_NAME, RunningServer, free_port, loading, scrape, wait_for
 
 
 def test_health_is_503_while_loading_then_200(tiny_model_dir: Path) -> None:
@@ -27,12 +27,7 @@ def test_health_is_503_while_loading_then_200(tiny_model_dir: Path) -> None:
     srv.engine.load = lambda: (gate.wait(60), load())[1]  # type: ignore[method-assign]
     srv._thread.start()
     try:
-        def answers() -> bool:
-            try:
-                return httpx.get(srv.url + "/health").status_code == 503
-            except httpx.TransportError:
-                return False
-        wait_for(answers, 30, "the server to listen")
+        wait_for(lambda: loading(srv.url), 30, "the server to listen")
         assert httpx.get(srv.url + "/health").json() == {"status": "loading"}
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi"})
         assert r.status_code == 503 and r.headers["retry-after"] == "1"

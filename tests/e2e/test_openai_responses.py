@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
+import httpx
 import openai
 import pytest
 from pydantic import BaseModel, Field
@@ -200,6 +201,34 @@ def test_retrieve_and_delete(client: openai.OpenAI) -> None:
         with pytest.raises(openai.NotFoundError) as err:
             call(r.id)
         assert err.value.status_code == 404 and err.value.body["message"] == f"Response with id '{r.id}' not found."
+
+
+def test_input_items_list_the_conversation_in_pages(client: openai.OpenAI, demo: RunningServer) -> None:
+    """OpenAI's list: the items the response was generated from (the earlier response's input and output, then its
+    own input), newest first by default, `limit` and `after` paging through them with stable ids."""
+    r1 = client.responses.create(model=MODEL, input=GOES_ON, max_output_tokens=2, temperature=0)
+    r2 = client.responses.create(model=MODEL, previous_response_id=r1.id, max_output_tokens=2, temperature=0,
+                                 input=[{"role": "user", "content": [{"type": "input_text", "text": "more"}]}])
+    page = client.responses.input_items.list(r2.id, order="asc")
+    assert [(i.type, i.role) for i in page.data] == [("message", "user"), ("message", "assistant"),
+                                                    ("message", "user")]
+    assert [i.content[0].text for i in page.data] == [GOES_ON, r1.output_text, "more"]
+    assert page.data[1].id == r1.output[0].id and page.data[1].content[0].type == "output_text"
+    assert page.data[0].content[0].type == "input_text" and page.has_more is False
+    assert (page.first_id, page.last_id) == (page.data[0].id, page.data[-1].id)
+    newest_first = client.responses.input_items.list(r2.id)
+    assert [i.id for i in newest_first.data] == [i.id for i in reversed(page.data)]
+    one = client.responses.input_items.list(r2.id, order="asc", limit=1)
+    assert [i.id for i in one.data] == [page.data[0].id] and one.has_more is True
+    assert [i.id for i in client.responses.input_items.list(r2.id, order="asc", limit=1, after=one.last_id).data] \
+        == [page.data[1].id]
+    assert [i.id for i in client.responses.input_items.list(r2.id, order="asc", limit=1)] == [i.id for i in page.data]
+    assert [i.id for i in client.responses.input_items.list(r1.id).data] == [page.data[0].id]  # the same ids
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list("resp_missing")
+    for query, param in (({"limit": 0}, "limit"), ({"order": "up"}, "order"), ({"after": "msg_x"}, "after")):
+        r = httpx.get(f"{demo.base_url}/responses/{r2.id}/input_items", params=query)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
 
 
 def test_unstored_responses_cannot_be_retrieved_or_continued(client: openai.OpenAI) -> None:

@@ -161,6 +161,7 @@ CHAT = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "m
     ("/v1/chat/completions", {"logit_bias": {"1": 1, "2": 1, "3": 1}}, "logit_bias", "entries 3"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}] * 4}, "messages", "messages 4"),
     ("/v1/completions", {"prompt": ["a", "b", "c"]}, "prompt", "prompts 3"),
+    ("/v1/completions", {"prompt": "a", "best_of": 5}, "best_of", "best_of = 5"),
 ])
 def test_field_limits_are_400_naming_the_field(secured: RunningServer, path: str, extra: dict, param: str,
                                                fragment: str) -> None:

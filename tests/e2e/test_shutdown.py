@@ -154,6 +154,16 @@ def test_sigterm_drains_streams_in_flight_then_exits_0(served: Served) -> None:
         results.append({"done": rest[-1] == "data: [DONE]", "usage": events[-1].get("usage"),
                         "id": r.headers["x-request-id"]})
 
+    # A request whose body is still to come holds the drain open until the probes below are done: the streams alone
+    # could all finish first under load, and the server then exits (its port closed: the probes were refused).
+    # `Expect: 100-continue`: the server answers "100 Continue" once the request is in the app, counted in flight.
+    held_body = json.dumps({"model": MODEL_NAME, "prompt": "held", "max_tokens": 3, "temperature": 0}).encode()
+    held = socket.create_connection(("127.0.0.1", served.port), timeout=60)
+    held.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                 b"Expect: 100-continue\r\nx-request-id: drain-held\r\nContent-Length: %d\r\n\r\n" % len(held_body))
+    held_answer = held.makefile("rb")
+    assert held_answer.readline() == b"HTTP/1.1 100 Continue\r\n" and held_answer.readline() == b"\r\n"
+
     threads = [threading.Thread(target=stream, args=(i,)) for i in range(STREAMS)]
     for t in threads:
         t.start()
@@ -170,6 +180,10 @@ def test_sigterm_drains_streams_in_flight_then_exits_0(served: Served) -> None:
     assert r.status_code == 503 and r.headers["retry-after"] == "1"
     assert r.json()["error"]["code"] == "service_unavailable"
 
+    held.sendall(held_body)  # the request accepted before the drain completes
+    assert held_answer.readline() == b"HTTP/1.1 200 OK\r\n"
+    assert json.loads(held_answer.read().split(b"\r\n\r\n", 1)[1])["usage"]["completion_tokens"] == 3
+    held.close()
     for t in threads:
         t.join(120)
     assert proc.wait(60) == 0
@@ -181,7 +195,7 @@ def test_sigterm_drains_streams_in_flight_then_exits_0(served: Served) -> None:
     # JSON logs: one object per line; the access lines carry the request ids the clients saw.
     records = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
     access = [rec for rec in records if rec["logger"] == "gateway.access"]
-    assert {f"drain-{i}" for i in range(STREAMS)} <= {rec["request_id"] for rec in access}
+    assert {f"drain-{i}" for i in range(STREAMS)} | {"drain-held"} <= {rec["request_id"] for rec in access}
     assert all(rec["status"] == 200 for rec in access if rec["request_id"].startswith("drain-"))
     assert not any("stream 0" in line for line in log_path.read_text().splitlines())  # no prompts logged
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Literal
 
 import httpx
@@ -19,6 +18,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import BaseModel, Field
 
 from tests.e2e.conftest import MODEL_NAME, RunningServer, launch
+from tests.tiny_models import build_tiny_model
 
 
 class Pet(BaseModel):
@@ -29,8 +29,11 @@ class Pet(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def native(tiny_model_dir: Path) -> Iterator[RunningServer]:
-    srv = launch(tiny_model_dir, "native")
+def native(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """The tiny model with room for the tool prompt its template gets from us (about 1,000 tokens; LangChain's
+    function_calling method sends a tool)."""
+    model = build_tiny_model(tmp_path_factory.mktemp("structured"), "llama", max_position_embeddings=2048)
+    srv = launch(model, "native", max_num_tokens=2048, max_kv_tokens=16384)
     yield srv
     srv.stop()
 

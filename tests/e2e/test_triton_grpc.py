@@ -94,7 +94,7 @@ def test_health_metadata_config_index_and_statistics(client: Any, grpc_server: R
     assert client.is_server_live() and client.is_server_ready()
     meta = client.get_server_metadata(as_json=True)
     assert meta["name"] == "trtllm-gateway" and "generate" in meta["extensions"]
-    for model in ("ensemble", "tensorrt_llm_bls", "tensorrt_llm", MODEL_NAME):
+    for model in ("ensemble", "tensorrt_llm_bls", "tensorrt_llm", "preprocessing", "postprocessing", MODEL_NAME):
         assert client.is_model_ready(model)
     ids = client.get_model_metadata("tensorrt_llm", as_json=True)
     assert {"name": "input_ids", "datatype": "INT32", "shape": ["-1", "-1"]} in ids["inputs"]
@@ -103,7 +103,8 @@ def test_health_metadata_config_index_and_statistics(client: Any, grpc_server: R
     assert config["model_transaction_policy"] == {"decoupled": True}
     assert config["parameters"]["max_tokens_in_paged_kv_cache"]["string_value"] == "4096"
     index = client.get_model_repository_index(as_json=True)["models"]
-    assert {m["name"] for m in index} == {MODEL_NAME, "ensemble", "tensorrt_llm_bls", "tensorrt_llm"}
+    assert {m["name"] for m in index} == {MODEL_NAME, "ensemble", "tensorrt_llm_bls", "tensorrt_llm", "preprocessing",
+                                          "postprocessing"}
     assert all(m["state"] == "READY" for m in index)
     with pytest.raises(InferenceServerException) as err:
         client.get_model_metadata("nope")
@@ -278,3 +279,56 @@ def test_beams_and_guided_decoding_take_the_generate_path(client: Any, grpc_serv
              "guided_decoding_guide": np.array([["[0-9]{3}"]]).astype(object)}
     digits = client.infer("ensemble", text_inputs(grpcclient, [PROMPT], 3, **guide)).as_numpy("text_output")[0]
     assert len(digits) == 3 and digits.decode().isdigit()
+
+
+def end_to_end_calls(module: Any, client: Any, prompt: str, output_len: int, log_probs: bool = True) -> None:
+    """The calls of the backend's tools/inflight_batcher_llm/end_to_end_test.py (test_functionality_ifb, v0.19.0) on
+    one prompt: preprocessing -> tensorrt_llm -> postprocessing by hand, then the ensemble, whose text and log
+    probs must be the chain's. Its tensors as the script prepares them (tritonclient, [1, 1] each)."""
+    def inputs(**arrays: np.ndarray) -> list[Any]:
+        return [tensor(module, name, array) for name, array in arrays.items()]
+
+    query, words = np.array([[prompt]]).astype(object), np.array([[""]], dtype=object)
+    out_len = np.ones_like(query).astype(np.int32) * output_len
+    pre = client.infer("preprocessing", inputs(QUERY=query, BAD_WORDS_DICT=words, STOP_WORDS_DICT=words,
+                                               REQUEST_OUTPUT_LEN=out_len), request_id="0")
+    flags = {"return_log_probs": np.array([[True]], dtype=bool)} if log_probs else {}
+    ids = client.infer("tensorrt_llm", inputs(
+        input_ids=pre.as_numpy("INPUT_ID"), decoder_input_ids=pre.as_numpy("DECODER_INPUT_ID"),
+        input_lengths=pre.as_numpy("REQUEST_INPUT_LEN"), request_output_len=pre.as_numpy("REQUEST_OUTPUT_LEN"),
+        end_id=pre.as_numpy("OUT_END_ID"), pad_id=pre.as_numpy("OUT_PAD_ID"), **flags), request_id="0")
+    output_ids, lengths = ids.as_numpy("output_ids").astype(np.int32), ids.as_numpy("sequence_length")
+    post = client.infer("postprocessing", inputs(TOKENS_BATCH=output_ids, SEQUENCE_LENGTH=lengths), request_id="0")
+    names = ["text_output", *(["cum_log_probs", "output_log_probs"] if log_probs else [])]
+    ensemble = client.infer("ensemble", inputs(text_input=query, max_tokens=out_len, bad_words=words, stop_words=words,
+                                               **flags),
+                            outputs=[module.InferRequestedOutput(name) for name in names], request_id="0")
+    assert post.as_numpy("OUTPUT") == ensemble.as_numpy("text_output")
+    assert post.as_numpy("OUTPUT")[0].decode().startswith(prompt)  # exclude_input_in_output is false by default
+    if log_probs:
+        assert ids.as_numpy("cum_log_probs") == ensemble.as_numpy("cum_log_probs")
+        assert (ids.as_numpy("output_log_probs") == ensemble.as_numpy("output_log_probs")).all()
+
+
+@pytest.mark.parametrize("module", [grpcclient, httpclient], ids=["grpc", "http"])
+def test_the_backends_end_to_end_script_calls(module: Any, grpc_server: RunningServer) -> None:
+    url = grpc_url(grpc_server) if module is grpcclient else grpc_server.url.removeprefix("http://")
+    with module.InferenceServerClient(url) as client:
+        end_to_end_calls(module, client, PROMPT, 6)
+        assert client.get_model_metadata("preprocessing", **({"as_json": True} if module is grpcclient else {}))[
+            "platform"] == "python"
+    r = httpx.post(grpc_server.url + "/v2/models/preprocessing/generate", json={"QUERY": PROMPT})
+    assert (r.status_code, r.json()) == (400, {"error": "model 'preprocessing' answers KServe infer requests "
+                                                        "(POST /v2/models/preprocessing/infer), not generate"})
+
+
+def test_a_taken_grpc_port_fails_the_start_saying_what_to_pass(tiny_model_dir: Any) -> None:
+    """`make serve` on a machine where 8001 is taken once failed with no way out named."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen()
+        with pytest.raises(RuntimeError, match=r"cannot listen for gRPC on 127\.0\.0\.1:\d+ .*--grpc-port N "
+                                               r"\(`make serve GRPC_PORT=N`\), or --grpc-port none"):
+            launch(tiny_model_dir, "native", {"grpc_port": taken.getsockname()[1]})

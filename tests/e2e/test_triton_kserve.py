@@ -153,7 +153,8 @@ def test_tritonclient_reads_the_repository_index_and_statistics(http: httpx.Clie
     tritonclient_http = pytest.importorskip("tritonclient.http")
     client = tritonclient_http.InferenceServerClient(server.url.removeprefix("http://"))
     index = client.get_model_repository_index()
-    assert {m["name"] for m in index} == {MODEL_NAME, "ensemble", "tensorrt_llm_bls", "tensorrt_llm"}
+    assert {m["name"] for m in index} == {MODEL_NAME, "ensemble", "tensorrt_llm_bls", "tensorrt_llm", "preprocessing",
+                                          "postprocessing"}
     assert all(m["version"] == "1" and m["state"] == "READY" for m in index)
 
     before = client.get_inference_statistics("tensorrt_llm_bls")["model_stats"][0]

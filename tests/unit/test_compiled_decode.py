@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
 
+from runtime.config import EngineConfig
 from runtime.cpu.compiled_decode import CompiledDecode
-from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
+from runtime.llm_engine import NativeEngine
+from runtime.model_runner import ModelRunner
+from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine, wait_for
 from tests.tiny_models import build_tiny_model
 
 
@@ -52,3 +56,30 @@ async def test_a_draft_model_speculates_beside_compiled_steps() -> None:
         async with running_engine(Path("demo"), cpu_compile=True, speculative=mode, max_kv_tokens=4096) as engine:
             outputs[mode] = (await collect(engine, request(mode, [5, 9, 17], max_tokens=16))).tokens[0]
     assert outputs["draft"] == outputs["none"]
+
+
+async def test_eager_steps_serve_while_the_compiled_steps_build(checkpoint: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine serves before its compiled steps exist (a warm restart of the default model waited 75 s for them):
+    eager steps serve meanwhile, its phase says what it builds, then the compiled steps take over, same tokens."""
+    gate = threading.Event()
+    compile_decode = ModelRunner.compile_decode
+    monkeypatch.setattr(ModelRunner, "compile_decode",
+                        lambda runner, *args: (gate.wait(120), compile_decode(runner, *args))[1])
+    engine = NativeEngine(EngineConfig(model=str(checkpoint), device="cpu", dtype="float32", kv_block_size=4,
+                                       max_kv_tokens=1024, cpu_compile=True))
+    await engine.start()
+    try:
+        assert engine.ready and engine.runner.graphs is None
+        await wait_for(lambda: engine.phase == "compiling one-stream decode steps")
+        eager = (await collect(engine, request("eager", [5, 9, 17], max_tokens=14))).tokens[0]
+        assert engine.runner.graphs is None and engine.phase == "compiling one-stream decode steps"
+        gate.set()
+        await asyncio.wait_for(engine.warmed_up(), 300)
+        assert isinstance(engine.runner.graphs, CompiledDecode)
+        steps = engine.runner.eager_steps
+        compiled = (await collect(engine, request("compiled", [5, 9, 17], max_tokens=14))).tokens[0]
+        assert compiled == eager and engine.runner.eager_steps == steps + 1  # the prompt's step alone ran eagerly
+    finally:
+        gate.set()
+        await engine.shutdown()

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors import safe_open
 
 from runtime.config import EngineConfig
@@ -30,7 +31,7 @@ def test_training_script_runs(tmp_path: Path) -> None:
 
     out = tmp_path / "draft"
     main(["--device", "cpu", "--prompts", "2", "--held-out", "1", "--max-new-tokens", "4", "--steps", "1",
-          "--batch-size", "2", "--drafts", "1x64", "--out", str(out)])
+          "--batch-size", "2", "--drafts", "1x64", "--out", str(out), "--threads", str(torch.get_num_threads())])
     config = json.loads((out / "config.json").read_text())
     assert (config["num_hidden_layers"], config["intermediate_size"]) == (1, 64)
     with safe_open(str(out / "model.safetensors"), "pt") as weights:

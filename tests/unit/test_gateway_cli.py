@@ -28,6 +28,19 @@ def test_every_option_is_documented_with_its_env_var() -> None:
     assert len(options()) >= 40
 
 
+def test_help_groups_are_titled_sections_and_no_help_is_the_option_name() -> None:
+    """Groups come from `# section:` lines only: the prose comments beside the fields once became group titles
+    ("serving, per number of decoding sequences, lost to this one on the H200 ..."), and options without a
+    trailing comment got their own name as help ("num draft tokens")."""
+    assert [*dict.fromkeys(opt.group for opt in options())] == [
+        "server", "security", "request limits", "LoRA", "Responses API", "Triton", "model and engine",
+        "batching and KV cache", "speculative decoding", "CPU execution", "GPU execution", "streaming",
+        "TensorRT-LLM only"]
+    for opt in options():
+        assert opt.help.lower() != opt.name.replace("_", " ") and len(opt.help) > 12, opt.name
+    assert "--cpu-compile" in serve_help().split("CPU execution:")[1].split("GPU execution:")[0]
+
+
 def test_list_flags_repeat_and_take_several_values() -> None:
     s = parse_serve_args(["--api-key", "a", "--api-key", "b", "c", "--cors-origins", "https://x"], environ={})
     assert s.api_key == ["a", "b", "c"] and s.cors_origins == ["https://x"]

@@ -354,3 +354,37 @@ async def test_smollm2_q4_1_greedy_equals_transformers(monkeypatch: pytest.Monke
     expected = await expected_ids
     assert out.tokens[0] == expected
     assert "Paris" in tokenizer.decode(expected)
+
+
+def test_the_port_answers_while_a_gguf_file_converts(models_root: Path, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway listens before a GGUF file is converted (SmolLM2's first start kept the port closed 25 s):
+    /health is 503 naming the phase meanwhile, then the engine serves the converted checkpoint."""
+    import threading
+
+    import httpx
+
+    from gateway.settings import Settings
+    from runtime.config import EngineConfig
+    from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, RunningServer, free_port, loading, wait_for
+
+    path = write_gguf(build_tiny_model(models_root, "llama"), tmp_path / "tiny.gguf")
+    gate = threading.Event()
+    convert = gguf_module._convert
+    monkeypatch.setattr(gguf_module, "_convert", lambda *args: (gate.wait(60), convert(*args))[1])
+    engine = EngineConfig(**{**DEFAULT_ENGINE_OPTIONS, "model": str(path), "engine_process": True})
+    server = RunningServer(Settings(grpc_port=None, port=free_port(), drain_timeout=0.0, engine=engine))
+    server._thread.start()
+    try:
+        wait_for(lambda: loading(server.url), 60, "the server to listen")
+        assert httpx.get(server.url + "/health").json() == {
+            "status": "loading",
+            "phase": "converting the GGUF file into a checkpoint (once: it is cached for the next starts)"}
+        gate.set()
+        wait_for(lambda: httpx.get(server.url + "/health").status_code == 200, 120, "readiness")
+        r = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": [5, 9, 17], "max_tokens": 4,
+                                                             "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+    finally:
+        gate.set()
+        server.stop()

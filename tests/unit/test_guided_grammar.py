@@ -69,6 +69,28 @@ def test_json_schema_accepts_exactly_valid_compact_json(compiler, tok) -> None:
     assert g.accept_tokens(ids(tok, '{"n": 12')) < len(ids(tok, '{"n": 12'))  # maximum 9
 
 
+def test_numbers_and_whitespace_the_schema_leaves_unbounded_are_bounded(compiler, tok) -> None:
+    """An int64's 19 digits for an integer (part), 18 for a fraction or exponent, any json_object value too: a model
+    writing `1111...` must come to an end (the README's parse() of an integer field ran to max_tokens)."""
+    schema = {"type": "object", "properties": {"i": {"type": "integer"}, "m": {"type": "integer", "minimum": 1},
+                                               "x": {"type": "number"}}, "required": ["i", "m", "x"]}
+
+    def accepted(text: str, **constraint) -> bool:
+        return guide(compiler, **constraint).accept_tokens(ids(tok, text) + [EOS]) == len(ids(tok, text)) + 1
+
+    nines, fraction = "9" * 19, "9" * 18
+    assert accepted(f'{{"i": -{nines}, "m": {nines}, "x": -{nines}.{fraction}e-{fraction}}}', json_schema=schema)
+    more = nines + "9"
+    for text in (f'{{"i": {more}, "m": 1, "x": 1}}', f'{{"i": 1, "m": {more}, "x": 1}}',
+                 f'{{"i": 1, "m": 1, "x": {more}}}', f'{{"i": 1, "m": 1, "x": 1.{nines}}}',
+                 f'{{"i": 1, "m": 1, "x": 1e{nines}}}'):
+        assert not accepted(text, json_schema=schema), text
+    assert accepted(f'{{"a": [{nines}]}}', json_object=True) and not accepted(f'{{"a": [{more}]}}', json_object=True)
+    # nor inside whitespace: the separators are exactly ", " and ": "
+    assert not accepted('{"a":  [1]}', json_object=True) and not accepted('{"a": [1] }', json_object=True)
+    assert not accepted('{"i": 1,\n "m": 1, "x": 1}', json_schema=schema)
+
+
 def test_json_object_and_structural_tag(compiler, tok) -> None:
     g = guide(compiler, json_object=True)
     assert g.accept_tokens(ids(tok, '{"a": [1, {"b": null}]}') + [EOS]) == len(ids(tok, '{"a": [1, {"b": null}]}')) + 1

@@ -188,12 +188,25 @@ async def test_prompt_too_long_names_both_numbers(models) -> None:
             await engine.generate(request("x", [5] * 250, 10)).__anext__()
         assert (err.value.prompt_tokens, err.value.max_tokens, err.value.context_window) == (250, 10, 256)
         assert err.value.param == "max_tokens" and "260 tokens" in err.value.message
-        # max_tokens unset: up to the window, finishing with "length" at exactly 256 tokens
+        # max_tokens unset: up to the window (the default of 2048 is past it), "length" at exactly 256 tokens
         req = GenerationRequest("fill", prompt_token_ids=[5] * 250,
                                 sampling=SamplingOptions(temperature=0.0, ignore_eos=True))
         out = await collect(engine, req)
         assert out.usage.completion_tokens == 6 and out.finish == {0: "length"}
         await wait_for(lambda: engine.stats().kv_blocks_used == 0)
+
+
+async def test_requests_without_max_tokens_stop_at_the_default(models) -> None:
+    """EngineConfig.default_max_tokens: a request that sets no max_tokens generates that many, or what the context
+    window has room for when that is less; one that sets it is not held to it."""
+    path, _ = models["llama"]
+    async with running_engine(path, default_max_tokens=12) as engine:
+        unset = SamplingOptions(temperature=0.0, ignore_eos=True)
+        for prompt, generated in (([5] * 20, 12), ([5] * 250, 6)):
+            out = await collect(engine, GenerationRequest(f"p{len(prompt)}", prompt_token_ids=prompt, sampling=unset))
+            assert out.usage.completion_tokens == generated and out.finish == {0: "length"}
+        out = await collect(engine, request("set", [5] * 20, 30))
+        assert out.usage.completion_tokens == 30
 
 
 async def test_exact_usage_with_stop_token_and_text_prompt(models) -> None:

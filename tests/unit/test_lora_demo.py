@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from runtime.demo import DEMO_DIR, demo_model_path
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
@@ -48,7 +49,8 @@ def test_terse_training_script_runs(tmp_path: Path) -> None:
 
     # one step of 2 questions, one sample answer, 2 held-out questions measured (batches of 2: padded, as in a real
     # run): a faster suite
-    main(["--steps", "1", "--batch-size", "2", "--samples", "1", "--held-out", "2", "--out", str(tmp_path / "terse")])
+    main(["--steps", "1", "--batch-size", "2", "--samples", "1", "--held-out", "2", "--out", str(tmp_path / "terse"),
+          "--threads", str(torch.get_num_threads())])  # this process's (one per xdist worker), not the script's 2
     config = json.loads((tmp_path / "terse" / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and (tmp_path / "terse" / "adapter_model.safetensors").is_file()
     assert "held-out answers" in (tmp_path / "terse" / "ADAPTER.md").read_text()

@@ -89,7 +89,7 @@ def test_items_become_chat_messages() -> None:
         {"role": "assistant", "content": "Looking.", "tool_calls": [call(1, '{"city":"P"}'), call(2, '{"city":"R"}')]},
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
         {"role": "tool", "tool_call_id": "c2", "content": "rain"},
-        {"role": "assistant", "content": None, "tool_calls": [call(3, "{}")]},
+        {"role": "assistant", "content": "", "tool_calls": [call(3, "{}")]},
     ]
 
 
@@ -412,3 +412,26 @@ def test_store_size_bounds_the_app_store(engine: ScriptedEngine) -> None:
     with serve(engine, responses_store_size=1) as c:
         ids = [c.post("/v1/responses", json={"input": "hi", "max_output_tokens": 1}).json()["id"] for _ in range(2)]
         assert [c.get(f"/v1/responses/{i}").status_code for i in ids] == [404, 200]
+
+
+def test_input_items_are_listed_as_the_sdks_item_types() -> None:
+    """Each kind of input item in OpenAI's listed shape (the SDK's typed item parses it, strictly): ids kept where
+    the client sent one, given where not."""
+    from adapters.openai.responses_input_items import input_item_list, with_ids
+
+    req = parse(input=[
+        {"role": "user", "content": "weather?"},
+        {"type": "message", "role": "assistant", "id": "msg_1", "content": "Looking."},
+        {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "get_weather", "arguments": '{"city":"P"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+    ])
+    items = with_ids(req.input)
+    assert [i.id for i in items[1:3]] == ["msg_1", "fc_1"] and items[0].id.startswith("msg_")
+    assert items[3].id.startswith("fco_") and with_ids(items) == items  # ids given once
+    page = input_item_list(items, {"order": "asc"})
+    kinds = (sdk.ResponseInputMessageItem, sdk.ResponseOutputMessage, sdk.ResponseFunctionToolCallItem,
+             sdk.ResponseFunctionToolCallOutputItem)
+    for kind, item in zip(kinds, page["data"], strict=True):
+        kind.model_validate(item, strict=True)
+    assert page["data"][1]["content"] == [{"type": "output_text", "text": "Looking.", "annotations": []}]
+    assert page["data"][3]["output"] == "sunny" and page["has_more"] is False

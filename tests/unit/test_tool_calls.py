@@ -11,6 +11,7 @@ from adapters.openai.tools import (
     HERMES,
     LLAMA3_JSON,
     MISTRAL,
+    SMOLLM2,
     ToolCallStream,
     chat_guided,
     tool_call_format,
@@ -152,21 +153,21 @@ def test_finish_reason() -> None:
 
 def test_forced_choices_build_one_call_constraint() -> None:
     req = chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "f"}})
-    tag = chat_guided(req.tools, req.tool_choice, req.response_format, "<tool_call>").structural_tag
+    tag = chat_guided(req.tools, req.tool_choice, req.response_format, HERMES).structural_tag
     elements = tag["format"]["elements"]
     assert [e["type"] for e in elements] == ["const_string", "json_schema", "const_string"]
     assert elements[1]["json_schema"]["properties"] == {"name": {"const": "f"},
                                                         "arguments": TOOL["function"]["parameters"]}
     two = chat(tools=[TOOL, {"type": "function", "function": {"name": "g"}}], tool_choice="required")
-    tag = chat_guided(two.tools, two.tool_choice, None, "llama").structural_tag
+    tag = chat_guided(two.tools, two.tool_choice, None, LLAMA3_JSON).structural_tag
     assert tag["format"]["type"] == "or"
     assert [e["elements"][0]["json_schema"]["properties"]["name"] for e in tag["format"]["elements"]] == \
         [{"const": "f"}, {"const": "g"}]
     assert "parameters" in tag["format"]["elements"][1]["elements"][0]["json_schema"]["properties"]
     auto = chat(tools=[TOOL])
-    assert chat_guided(auto.tools, auto.tool_choice, auto.response_format, "<tool_call>") is None
+    assert chat_guided(auto.tools, auto.tool_choice, auto.response_format, HERMES) is None
     fmt = chat(response_format={"type": "json_object"})
-    assert chat_guided(fmt.tools, fmt.tool_choice, fmt.response_format, "").json_object
+    assert chat_guided(fmt.tools, fmt.tool_choice, fmt.response_format, LLAMA3_JSON).json_object
 
 
 def test_unenforceable_parameters_are_a_400() -> None:
@@ -176,3 +177,23 @@ def test_unenforceable_parameters_are_a_400() -> None:
     assert info.value.param == "tools" and "'not' at #" in str(info.value)
     with pytest.raises(InvalidRequestError, match="unique"):
         chat(tools=[TOOL, TOOL])
+
+
+SMOLLM2_TEXT = ('Sure. <tool_call>[\n{"name": "f", "arguments": {"x": 1}},\n{"name": "g", "arguments": {}}\n]'
+                '</tool_call>')
+
+
+def test_smollm2_calls_are_a_list_between_tags() -> None:
+    content, calls = SMOLLM2.parse(SMOLLM2_TEXT)
+    assert content == "Sure." and [(c.name, c.arguments) for c in calls] == [("f", '{"x": 1}'), ("g", "{}")]
+    assert SMOLLM2.parse("<tool_call>[]</tool_call>") == ("", [])  # an empty list: no call
+    assert SMOLLM2.parse("[TOOL_CALLS][]") == ("[TOOL_CALLS][]", [])  # another format's markup is text
+    cut = SMOLLM2.parse('<tool_call>[{"name": "f", "arguments": {"x": 1}}]</tool_')  # cut in the closing tag
+    assert cut[0] is None and [(c.name, c.arguments) for c in cut[1]] == [("f", '{"x": 1}')]
+
+
+def test_smollm2_calls_stream_as_openai_deltas() -> None:
+    """Character by character: the same calls as the whole text, and neither the tags nor the list in content."""
+    content, calls, _ = merged(SMOLLM2, SMOLLM2_TEXT + " Done.", 1)
+    assert content == "Sure. Done."
+    assert [(c["name"], c["arguments"]) for c in calls] == [("f", '{"x": 1}'), ("g", "{}")]

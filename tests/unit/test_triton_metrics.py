@@ -3,7 +3,6 @@ the separate metrics port (Triton's 8002)."""
 
 from __future__ import annotations
 
-import socket
 import time
 
 import httpx
@@ -13,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.triton_metrics import exposition, register, start_metrics_server
 from runtime.engine import EngineStats
+from tests.ports import free_port
 
 STATS = EngineStats(
     waiting=3, running=5, paused=2, scheduled=4, context_requests=1, generation_requests=3, context_tokens=77,
@@ -83,9 +83,7 @@ def test_inference_counters_book_each_phase() -> None:
 def test_metrics_port_serves_the_same_registry() -> None:
     registry = CollectorRegistry()
     register(registry, StatsOnly())  # type: ignore[arg-type]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     start_metrics_server(registry, port, "127.0.0.1")
     r = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")

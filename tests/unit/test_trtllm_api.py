@@ -116,7 +116,7 @@ def test_backend_passes_only_recorded_names(fake_trtllm, tmp_path):
     guided = GenerationRequest("g", prompt="hi", sampling=replace(everything, min_tokens=0),
                                guided=GuidedDecoding(regex="a+"))
     ctx = SamplingContext(context_window=256, vocab_size=300, eos_token_ids=(0, 2), default_seed=0,
-                          max_beam_width=4, speculative=False)
+                          default_max_tokens=None, max_beam_width=4, speculative=False)
     for r in (req, guided):
         assert set(sampling_kwargs(r, 3, ctx)) <= set(SNAP["classes"]["SamplingParams"]["fields"])
     beam = GenerationRequest("b", prompt="hi", sampling=SamplingOptions(beam_width=2, length_penalty=0.5))

@@ -77,6 +77,14 @@ async def test_every_sampling_option_reaches_sampling_params(fake_trtllm, model_
         assert torch.equal(sp.embedding_bias, bias)
 
 
+async def test_requests_without_max_tokens_get_the_default_within_the_window(fake_trtllm, model_dir):
+    async with running(make_config(model_dir, max_model_len=64, default_max_tokens=12)) as engine:
+        calls = recording(engine)
+        for prompt in ([5] * 10, [5] * 60):
+            await collect(engine, GenerationRequest(f"d{len(prompt)}", prompt_token_ids=prompt))
+        assert [c["sampling_params"].max_tokens for c in calls] == [12, 4]
+
+
 @pytest.mark.parametrize("request_kw, option", [
     ({"num_draft_tokens": 3}, "num_draft_tokens"),
     ({"use_draft_logits": True}, "use_draft_logits"),
