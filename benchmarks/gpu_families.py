@@ -88,14 +88,16 @@ def write_config(folder: Path, model_type: str, shape: dict[str, Any]) -> Path:
 def random_model(path: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
                  context_window: int | None = None) -> Any:
     """runtime.models.load_model's signature: our model for `path`/config.json, N(0, 0.02) matrices, unit norms."""
-    from runtime.models import ModelSpec
-    from runtime.models.registry import check_supported, model_class
+    from runtime.architectures import check_supported
+    from runtime.device import DTYPES
+    from runtime.model_spec import ModelSpec
+    from runtime.models.registry import model_class
 
     spec = ModelSpec.from_pretrained(path)
     spec.context_window = context_window or spec.context_window
     check_supported(spec)
     with torch.device(device):
-        model = model_class(spec.architecture)(spec, dtype or spec.torch_dtype)
+        model = model_class(spec.architecture)(spec, dtype or DTYPES[spec.dtype])
     gen = torch.Generator(device=device).manual_seed(0)
     for param in model.parameters():
         if param.dim() > 1:

@@ -33,7 +33,7 @@ import msgspec
 
 from gateway.settings import Settings
 from runtime.process.client import EngineClient, FrontEnd
-from runtime.process.core import exit_when_orphaned
+from runtime.process.parent import exit_when_orphaned
 
 log = logging.getLogger("gateway.api_servers")
 

@@ -27,29 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runtime.errors import InvalidRequestError, UnsupportedOptionError
 from runtime.request import OutputDelta, SamplingOptions, TokenLogprob
 from runtime.sequence import Sequence
-
-
-def check_beam_options(opts: SamplingOptions) -> None:
-    """Reject options that beam search cannot honour (named in the error). Call when beam_width > 1."""
-    if opts.n != 1:
-        raise InvalidRequestError(
-            f"n must be 1 with beam search (beam_width {opts.beam_width} returns {opts.beam_width} beams)", param="n"
-        )
-    unsupported = {
-        "stop": bool(opts.stop),
-        "repetition_penalty": opts.repetition_penalty != 1.0,
-        "presence_penalty": opts.presence_penalty != 0.0,
-        "frequency_penalty": opts.frequency_penalty != 0.0,
-        "logit_bias": bool(opts.logit_bias),
-        "bad_words": bool(opts.bad_words),
-        "return_generation_logits": opts.return_generation_logits,
-    }
-    for option, used in unsupported.items():
-        if used:
-            raise UnsupportedOptionError(option, "native", "not available with beam search (beam_width > 1)")
 
 
 @dataclass

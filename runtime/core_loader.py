@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,17 +17,19 @@ from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig
 from runtime.cpu.paged_attention import use_cpu_kernels
 from runtime.cpu.warm_up import CpuWarmUp
-from runtime.default_model import DEMO, resolve_model
-from runtime.device import cpu_thread_count, dtype_name, resolve_device, resolve_dtype
+from runtime.default_model import DEMO
+from runtime.device import DTYPES, cpu_thread_count, dtype_name, resolve_device, resolve_dtype
 from runtime.engine import ModelInfo
 from runtime.engine_core import EngineCore
 from runtime.kv_cache import num_kv_blocks
 from runtime.lora import LoraManager
 from runtime.model_runner import ModelRunner
-from runtime.models import ModelSpec, check_supported, kv_cache_bytes_per_token, load_model
+from runtime.model_spec import ModelSpec
+from runtime.models import kv_cache_bytes_per_token, load_model
 from runtime.models.cpu_weights import prepare_cpu_weights
 from runtime.sampler import Sampler
 from runtime.scheduler import Scheduler
+from runtime.served_model import describe_served_model
 from runtime.speculative import build_speculator, load_proposer
 from runtime.startup import StartupPhases
 from runtime.tokenizer import Tokenizer
@@ -46,21 +49,13 @@ class ModelDescription:
 
 
 def describe_model(config: EngineConfig) -> ModelDescription:
-    """What `config` serves, without loading weights; ValueError names what we do not serve."""
-    model_path, default_name = resolve_model(config.model, config.dtype)
-    spec = ModelSpec.from_pretrained(model_path)
-    check_supported(spec)  # one line at start-up naming what we do not serve, before any weight is read
+    """What `config` serves and on which device and dtype, without loading weights; ValueError names what we do not
+    serve."""
+    served = describe_served_model(config)
     device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device, spec.torch_dtype)
-    window = config.max_model_len or spec.max_position_embeddings
-    if window > spec.max_position_embeddings:
-        raise ValueError(
-            f"max_model_len {window} exceeds the model's max_position_embeddings ({spec.max_position_embeddings})"
-        )
-    name = config.served_model_name or default_name
-    info = ModelInfo(name=name, context_window=window, vocab_size=spec.vocab_size, backend="native",
-                     dtype=dtype_name(dtype), device=str(device))
-    return ModelDescription(model_path, spec, device, dtype, info)
+    dtype = resolve_dtype(config.dtype, device, DTYPES[served.spec.dtype])
+    info = dataclasses.replace(served.info, dtype=dtype_name(dtype), device=str(device))
+    return ModelDescription(served.path, served.spec, device, dtype, info)
 
 
 @dataclass

@@ -23,7 +23,7 @@ from runtime.async_engine import AsyncEngine
 from runtime.config import EngineConfig
 from runtime.core_loader import describe_model, load_core
 from runtime.cpu.warm_up import CpuWarmUp
-from runtime.delivery import Outbox
+from runtime.outbox import Outbox
 from runtime.engine import EngineStats
 from runtime.engine_core import EngineCore
 from runtime.errors import EngineNotReadyError, InvalidRequestError, QueueFullError

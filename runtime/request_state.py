@@ -260,7 +260,7 @@ class RequestState:
             last = deltas[-1]
             last.usage = self.usage()
             if self.options.return_context_logits and self.context_logits:
-                last.context_logits = torch.cat(self.context_logits)
+                last.context_logits = torch.cat(self.context_logits).float().cpu().numpy()
 
     def usage(self) -> Usage:
         return Usage(
@@ -278,4 +278,4 @@ class RequestState:
         """Mark `delta` as the sample's last."""
         delta.finish_reason, delta.stop_reason = s.finish_reason, s.stop_reason
         if self.options.return_generation_logits and s.generation_logits:
-            delta.generation_logits = torch.stack(s.generation_logits)
+            delta.generation_logits = torch.stack(s.generation_logits).float().cpu().numpy()

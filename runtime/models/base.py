@@ -7,7 +7,7 @@ from torch import nn
 
 from runtime.attention_metadata import AttentionMetadata
 from runtime.models.cpu_weights import CpuWeight
-from runtime.models.spec import ModelSpec
+from runtime.model_spec import ModelSpec
 
 
 class CausalLM(nn.Module):

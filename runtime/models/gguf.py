@@ -14,11 +14,10 @@ factors, stored as tensors; its sliding window; Gemma 3's RoPE scaling; Qwen3-Mo
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ from gguf.quants import dequantize
 from tqdm.auto import tqdm
 
 from runtime.device import DTYPES
+from runtime.gguf_cache import converted, default_cache_dir, gguf_file
 
 logger = logging.getLogger(__name__)
 
@@ -81,9 +81,6 @@ _IN_BLOCK_OF: dict[str, dict[str, str]] = {
 _BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")  # Phi-3's LongRoPE, as tensors
 
-# bump when the converted folder's contents change, so older caches are not reused
-_FORMAT_VERSION = 1
-
 
 def resolve_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) -> str:
     """The converted checkpoint folder for a .gguf file or a folder holding exactly one; other paths as given.
@@ -92,21 +89,21 @@ def resolve_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) 
     the values exact: the file's half type for F16/BF16 files, float32 for quantized ones. cache_dir
     defaults to $XDG_CACHE_HOME (or ~/.cache)/trtllm-gateway/gguf.
     """
-    gguf_file = _gguf_file(Path(path))
-    if gguf_file is None:
+    found = gguf_file(Path(path))
+    if found is None:
         return path
-    root = cache_dir or _default_cache_dir()
-    done = _converted(gguf_file, dtype, root)
-    name = gguf_file.stem  # the served model name defaults to the checkpoint folder's name
+    root = cache_dir or default_cache_dir()
+    done = converted(found, dtype, root)
+    name = found.stem  # the served model name defaults to the checkpoint folder's name
     if done.is_dir():
-        logger.debug("GGUF %s: using the checkpoint converted before, cached in %s", gguf_file, done / name)
+        logger.debug("GGUF %s: using the checkpoint converted before, cached in %s", found, done / name)
         return str(done / name)
     root.mkdir(parents=True, exist_ok=True)
     # written into a temporary folder and renamed, so a crash or a concurrent start never sees half a folder
     work = Path(tempfile.mkdtemp(prefix=f".{done.name}-", dir=root))
     try:
         started = time.perf_counter()
-        stored = _convert(gguf_file, work / name, dtype)
+        stored = _convert(found, work / name, dtype)
         try:
             work.rename(done)
         except OSError:  # another process finished the same conversion first
@@ -115,46 +112,8 @@ def resolve_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) 
     finally:
         shutil.rmtree(work, ignore_errors=True)
     logger.info("GGUF %s converted to %s checkpoint in %.1f s, cached in %s",
-                gguf_file, stored, time.perf_counter() - started, done / name)
+                found, stored, time.perf_counter() - started, done / name)
     return str(done / name)
-
-
-def unconverted_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) -> Path | None:
-    """The GGUF file resolve_gguf(path, dtype) would convert (none converted before is cached); else None."""
-    gguf_file = _gguf_file(Path(path))
-    if gguf_file is None or _converted(gguf_file, dtype, cache_dir or _default_cache_dir()).is_dir():
-        return None
-    return gguf_file
-
-
-def _converted(gguf_file: Path, dtype: str, root: Path) -> Path:
-    """The cache folder of `gguf_file` converted to `dtype`, keyed by the file's path, size and mtime."""
-    if dtype != "auto" and dtype not in DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r} (use auto, {', '.join(DTYPES)})")
-    stat = gguf_file.stat()
-    key = hashlib.sha256(
-        f"{gguf_file.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{dtype}\0{_FORMAT_VERSION}".encode()
-    ).hexdigest()[:16]
-    return root / key
-
-
-def _gguf_file(path: Path) -> Path | None:
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise FileNotFoundError(f"no such GGUF file: {path}")
-        return path
-    if not path.is_dir() or (path / "config.json").exists():
-        return None
-    found = sorted(path.glob("*.gguf"))
-    if len(found) > 1:
-        raise ValueError(f"{path} holds {len(found)} .gguf files ({', '.join(f.name for f in found)}); "
-                         "pass the one to serve")
-    return found[0] if found else None
-
-
-def _default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "trtllm-gateway" / "gguf"
 
 
 def _convert(gguf_file: Path, out: Path, dtype: str) -> str:
@@ -292,3 +251,25 @@ def _stop_ids(reader: GGUFReader) -> list[int] | None:
         if field is not None and int(field.contents()) not in ids:
             ids.append(int(field.contents()))
     return ids or None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Convert one GGUF file into its cached checkpoint folder, in a process of its own (runtime/served_model.py:
+    the front end never loads torch); the error, if any, on stderr's last line."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Convert a GGUF file into the cached checkpoint folder served from it")
+    parser.add_argument("path")
+    parser.add_argument("--dtype", default="auto")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        print(resolve_gguf(args.path, args.dtype))
+    except (OSError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

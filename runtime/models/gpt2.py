@@ -12,7 +12,7 @@ from runtime.models.base import CausalLM
 from runtime.models.embedding import Embedding
 from runtime.models.linear import Linear
 from runtime.models.norm import LayerNorm
-from runtime.models.spec import ModelSpec
+from runtime.model_spec import ModelSpec
 
 # HF stores these as Conv1D, whose weight is [in, out]: the transpose of a Linear's
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")

@@ -24,7 +24,7 @@ from runtime.models.linear import Linear
 from runtime.models.moe import MoE, expert_target
 from runtime.models.norm import RMSNorm
 from runtime.models.rotary_embedding import RopeConfig, RotaryEmbedding
-from runtime.models.spec import ModelSpec
+from runtime.model_spec import ModelSpec
 
 # checkpoint name prefixes -> ours: Gemma 3's multimodal checkpoints (transformers 5 and 4 spellings) keep their text
 # model under language_model; Mixtral's MoE block is "block_sparse_moe"; gpt-oss's router is "router"

@@ -31,9 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -42,18 +40,17 @@ import zmq.asyncio
 
 from runtime.async_engine import AsyncEngine
 from runtime.config import EngineConfig
-from runtime.core_loader import describe_model
 from runtime.default_model import gguf_to_convert
 from runtime.delivery import END, Mailbox
 from runtime.engine import EngineStats, ModelInfo
 from runtime.errors import EngineFailedError, EngineNotReadyError, InvalidRequestError
 from runtime.output_processor import OutputProcessor
-from runtime.process.core import Addresses, CoreArgs
 from runtime.process.messages import (
-    Abort, AddRequest, LoraCall, LoraReply, Phase, Ready, Rejected, Shutdown, StartFailed, StepOutputs, ToCore,
-    encoder, rebuild_error, to_front_end,
+    Abort, AddRequest, Addresses, CoreArgs, LoraCall, LoraReply, Phase, Ready, Rejected, Shutdown, StartFailed,
+    StepOutputs, ToCore, encoder, rebuild_error, to_front_end,
 )
 from runtime.request import GenerationRequest, OutputDelta
+from runtime.served_model import convert_apart, describe_served_model, with_our_packages
 from runtime.tokenizer import Tokenizer
 from runtime.validation import PreparedRequest
 from runtime.workers import WorkerPool
@@ -109,8 +106,10 @@ class EngineClient(AsyncEngine):
         self._prepare = WorkerPool("prepare")  # tokenizing large prompts and bad words, off the event loop
 
     def _describe(self) -> None:
-        model = describe_model(self.config)
-        self.model_path, self.spec, self.model_info = model.path, model.spec, model.info
+        """The served model, from its config.json (a GGUF file converted first, in a child process: no torch here)."""
+        convert_apart(self.config)
+        model = describe_served_model(self.config)
+        self.model_path, self.model_info = model.path, model.info
 
     @property
     def phase(self) -> str | None:
@@ -150,6 +149,7 @@ class EngineClient(AsyncEngine):
             self._close()
             raise
         self._adapters, self._stats, self._phase = ready.adapters, ready.stats, ready.phase
+        self.model_info.dtype, self.model_info.device = ready.dtype, ready.device
         self._receiving = asyncio.create_task(self._receive())
         self._accepting = True
         logger.info("engine core running in process %d (front end %d of %d)", ready.pid, front_end.index + 1,
@@ -159,7 +159,7 @@ class EngineClient(AsyncEngine):
         # a fresh interpreter: no copy of this process's threads, sockets or CUDA state, no re-import of __main__
         args = CoreArgs(self.config, addresses, os.getpid(), logging.getLogger().getEffectiveLevel())
         self._process = subprocess.Popen([sys.executable, "-m", "runtime.process.core"], stdin=subprocess.PIPE,
-                                         env=_with_our_packages(os.environ))
+                                         env=with_our_packages(os.environ))
         assert self._process.stdin is not None
         self._process.stdin.write(msgspec.msgpack.encode(args))
         self._process.stdin.close()
@@ -376,11 +376,3 @@ class EngineClient(AsyncEngine):
 
 def _output_processor(tokenizer_path: str) -> OutputProcessor:
     return OutputProcessor(Tokenizer.from_pretrained(tokenizer_path))
-
-
-def _with_our_packages(environ: Mapping[str, str]) -> dict[str, str]:
-    """`environ` with the folder holding `runtime` first on PYTHONPATH (the core runs `-m runtime.process.core`
-    from whatever working directory the front end has)."""
-    root = str(Path(__file__).resolve().parents[2])
-    paths = [root, *filter(None, environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {**environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}

@@ -9,7 +9,8 @@ sends the rest on its own socket: Ready/StartFailed, refusals and LoRA replies.
 
 Signals: SIGINT and SIGTERM are ignored. The front end drains first and then sends Shutdown; Ctrl-C or a
 group-wide SIGTERM reaches both processes, and the core must keep serving while the front end drains. If the
-front end dies anyway, the core notices that its parent is gone within PARENT_POLL s and exits.
+front end dies anyway, the core notices that its parent is gone within PARENT_POLL s and exits
+(runtime/process/parent.py).
 """
 
 from __future__ import annotations
@@ -19,48 +20,28 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import msgspec
 import zmq
 import zmq.asyncio
 
 from runtime.config import EngineConfig
-from runtime.delivery import Outbox, Pending
+from runtime.outbox import Outbox, Pending
 from runtime.engine import EngineStats
 from runtime.llm_engine import NativeEngine
 from runtime.process.messages import (
-    STATS_PERIOD, Abort, AddRequest, LoraCall, LoraReply, Phase, Ready, Rejected, Shutdown, StartFailed, StepOutputs,
-    encoder, error_info, to_core,
+    STATS_PERIOD, Abort, AddRequest, Addresses, CoreArgs, LoraCall, LoraReply, Phase, Ready, Rejected, Shutdown,
+    StartFailed, StepOutputs, encoder, error_info, to_core,
 )
+from runtime.process.parent import exit_when_orphaned
 from runtime.request_state import RequestState
 from runtime.validation import PreparedRequest
 
 logger = logging.getLogger(__name__)
 
-PARENT_POLL = 0.5  # s between checks that the front end is still alive
 LINGER_MS = 5000  # how long the last messages may take to leave when the core exits
-
-
-@dataclass(frozen=True)
-class Addresses:
-    """ZeroMQ endpoints, bound by the front end."""
-
-    to_core: str  # requests, aborts, LoRA calls, shutdown
-    to_front_end: str  # step outputs and replies
-
-
-@dataclass(frozen=True)
-class CoreArgs:
-    """What the front end hands the core on its stdin."""
-
-    config: EngineConfig
-    addresses: list[Addresses]  # one pair per front end (--api-servers)
-    parent_pid: int
-    log_level: int
 
 
 class SocketOutbox(Outbox):
@@ -154,8 +135,9 @@ class CoreServer:
             await self._tell_all(StartFailed(f"{type(exc).__name__}: {exc}"))
             phases.cancel()
             return 1
+        info = self.engine.model_info
         await self._tell_all(Ready(self.engine.lora_adapters() or {}, self.engine.stats(), os.getpid(),
-                                   self.engine.phase))
+                                   self.engine.phase, info.dtype, info.device))
         watcher = asyncio.create_task(self._watch_engine())
         receiver = asyncio.create_task(self._receive())
         done, _ = await asyncio.wait({watcher, receiver}, return_when=asyncio.FIRST_COMPLETED)
@@ -240,18 +222,6 @@ class CoreServer:
         self._inbox.close(linger=0)
         self._step_context.term()
         self._context.term()
-
-
-def exit_when_orphaned(parent_pid: int) -> None:
-    """Exit (1) within PARENT_POLL s of the parent process's death."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(PARENT_POLL)
-        logger.error("the parent process is gone; process %d exits", os.getpid())
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def main() -> int:

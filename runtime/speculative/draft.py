@@ -18,7 +18,8 @@ import torch
 from runtime.block_manager import BlockManager
 from runtime.decode_rows import MAX_ROWS_PER_SEQ
 from runtime.model_runner import ModelRunner
-from runtime.models import ModelSpec, kv_cache_bytes_per_token, load_model
+from runtime.model_spec import ModelSpec
+from runtime.models import kv_cache_bytes_per_token, load_model
 from runtime.request import SamplingOptions
 from runtime.sampler import Sampler, SamplingRow, processed_probs
 from runtime.sequence import Sequence, SequenceStatus

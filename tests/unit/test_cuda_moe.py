@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter  # noqa: E402
 
 from runtime.models.moe import Experts, route  # noqa: E402
-from runtime.models.spec import MoeSpec  # noqa: E402
+from runtime.model_spec import MoeSpec  # noqa: E402
 
 if RUN_HERE:
     from runtime.cuda import moe as cuda_moe
