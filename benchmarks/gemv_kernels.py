@@ -26,12 +26,13 @@ from benchmarks.cuda_decode_attention import per_call_us
 SHAPES = {"qkv": (3072, 2048, "norm"), "o": (2048, 2048, "residual"), "gate_up": (16384, 2048, "norm"),
           "down": (2048, 8192, "silu+residual"), "lm_head": (128256, 2048, ""),
           # issue 43's shapes (--shapes l8b_qkv,...): Llama-3.1-8B (and Qwen3-8B's q/k/v and o, the same), Qwen3-8B's
-          # MLP and head, Qwen3-30B-A3B's attention and head (its experts run runtime/cuda/moe.py's own kernels)
+          # MLP and head, Qwen3-30B-A3B's attention, router and head (its experts run runtime/cuda/one_token_moe.py's
+          # own kernels: benchmarks/gpu_moe_profile.py)
           "l8b_qkv": (6144, 4096, "norm"), "l8b_o": (4096, 4096, "residual"), "l8b_gate_up": (28672, 4096, "norm"),
           "l8b_down": (4096, 14336, "silu+residual"), "l8b_lm_head": (128256, 4096, ""),
           "q8b_gate_up": (24576, 4096, "norm"), "q8b_down": (4096, 12288, "silu+residual"),
           "q8b_lm_head": (151936, 4096, ""), "q30b_qkv": (5120, 2048, "norm"), "q30b_o": (2048, 4096, "residual"),
-          "q30b_lm_head": (151936, 2048, "")}
+          "q30b_router": (128, 2048, "norm"), "q30b_lm_head": (151936, 2048, "")}
 SMOKE_SHAPES = {"qkv": (48, 32, "norm"), "down": (32, 64, "silu+residual")}
 
 
@@ -54,7 +55,8 @@ def main() -> None:
 
     from runtime.cuda import gemv as gemv_module
     from runtime.cuda import pdl
-    from runtime.cuda.fused import rms_norm, silu_and_mul
+    from runtime.cuda.fused import silu_and_mul
+    from runtime.cuda.norms import rms_norm
 
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.bfloat16)

@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,6 +165,35 @@ def hf_figures(model_type: str, shape: dict[str, Any], device: str, sizes: dict[
     return gm.hf_generate_model(model, 0, sizes["batch"], sizes["prompt"], sizes["output"], device)
 
 
+class Phases:
+    """A device run's phases: each one's result (or its traceback: the later phases still run) goes into `results`,
+    printed and written to `path` as it ends; the memory it freed goes back to the device before the next."""
+
+    def __init__(self, path: Path, results: dict[str, Any], printed: int = 300) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path, self.results, self.printed = path, results, printed
+        self.failed = False
+
+    def record(self, key: str, run: Callable[[], Any]) -> Any:
+        t = time.perf_counter()
+        try:
+            self.results[key] = run()
+        except Exception:  # noqa: BLE001 - a phase's failure is recorded, the later phases still run
+            self.failed = True
+            self.results[key] = {"error": traceback.format_exc()}
+            print(self.results[key]["error"], file=sys.stderr)
+        gc.collect()  # a phase's model (61 GB for the MoE shape) before the next one's
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        print(f"{self.path.stem}: {key} {time.perf_counter() - t:.1f}s: {json.dumps(self.results[key])[:self.printed]}",
+              flush=True)
+        self.write()
+        return self.results[key]
+
+    def write(self) -> None:
+        self.path.write_text(json.dumps(self.results, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
@@ -179,27 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
     sizes = SMOKE_SIZES if args.smoke else dict(prompt=PROMPT, output=OUTPUT, batch=BATCH)
     skip = set(filter(None, args.skip.split(",")))
-    args.out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,
-                               "sizes": sizes, "date": time.strftime("%Y-%m-%d")}
-    failed = False
-
-    def record(key: str, run: Any) -> Any:
-        nonlocal failed
-        t = time.perf_counter()
-        try:
-            results[key] = run()
-        except Exception:  # noqa: BLE001 - a phase's failure is recorded, the later phases still run
-            failed = True
-            results[key] = {"error": traceback.format_exc()}
-            print(results[key]["error"], file=sys.stderr)
-        gc.collect()  # the phase's model (61 GB for the MoE shape) before the next one's
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        print(f"gpu_families: {key} {time.perf_counter() - t:.1f}s: {json.dumps(results[key])[:300]}", flush=True)
-        (args.out / "gpu_families.json").write_text(json.dumps(results, indent=2) + "\n")
-        return results[key]
-
+    phases = Phases(args.out / "gpu_families.json", {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else args.device, "sizes": sizes,
+        "date": time.strftime("%Y-%m-%d")})
+    results, record = phases.results, phases.record
     bandwidth = record("bandwidth_tb_s", lambda: bandwidth_tb_s(1 / 64 if args.smoke else 1.0, args.device))
     for name in args.shapes.split(","):
         model_type, shape = shapes[name]
@@ -215,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     key = f"throughput_{sizes['batch']}_tok_s"
     if key in moe and key in dense:
         results["moe_vs_dense_8b"] = moe[key] / dense[key]
-    (args.out / "gpu_families.json").write_text(json.dumps(results, indent=2) + "\n")
-    return 1 if failed else 0
+    phases.write()
+    return 1 if phases.failed else 0
 
 
 if __name__ == "__main__":

@@ -2,15 +2,16 @@
 
 Why: at decode batch sizes a layer's matmuls take microseconds, and eager RMSNorm (8 kernels),
 RoPE (18) and SwiGLU (2) launches cost as much again, even inside a CUDA graph. Each becomes one
-kernel here, and each residual add joins the RMSNorm after it (Llama models run `_llama_forward`: two
+kernel here (the norms in runtime/cuda/norms.py; Qwen3's and Gemma 3's q/k head norms inside the
+RoPE kernels), and each residual add joins the RMSNorm after it (Llama models run `_llama_forward`: two
 kernels fewer per layer, 32 of a batch-1 step's 213 on the 1B shape, 1.2 us each on an H100), and RoPE
 writes the rotated K and the V of each new token straight into its KV cache slot (one kernel fewer per
 layer); in a step of one-token rows it does so inside the decode-attention kernel (one more fewer). A
 16-bit one-token step goes further: its projections are GEMVs that carry the norms, SwiGLU and residual
-adds (runtime/cuda/gemv.py), four kernels a layer besides attention. They round intermediates to the
-activation dtype where the eager code does, so results match the eager modules (runtime/models/norm.py,
-rotary_embedding.py, llama.py) up to the last bit of the transcendental functions and the order of a
-dot product's sums.
+adds (runtime/cuda/gemv.py), four kernels a layer besides attention (an experts layer's MLP: three,
+runtime/cuda/one_token_moe.py). They round intermediates to the activation dtype where the eager code
+does, so results match the eager modules (runtime/models/norm.py, rotary_embedding.py, llama.py) up to
+the last bit of the transcendental functions and the order of a dot product's sums.
 
 `use_fused_kernels(model)` swaps the `forward` of the matching module instances; model files stay
 device-agnostic and the CPU path is untouched.
@@ -19,6 +20,7 @@ device-agnostic and the CPU path is untouched.
 from __future__ import annotations
 
 import types
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -29,47 +31,10 @@ from torch import nn
 from runtime.attention_metadata import AttentionMetadata
 from runtime.cuda import paged_attention, pdl
 from runtime.cuda.gemv import gemv
+from runtime.cuda.norms import add_rms_norm, rms_norm, scaled_norm
+from runtime.cuda.one_token_moe import one_token_moe
 from runtime.cuda.paged_attention import attend_decode_group, attend_over_cache
 from runtime.cuda.pdl import wait_for_previous_kernel
-
-
-@triton.jit
-def _scaled(normed, w_ptr, offs, mask, dtype, OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr):
-    """The normalised float32 row times the norm's weight, as runtime/models/norm.py's RMSNorm rounds it: cast back
-    before the weight (HF Llama), or (OFFSET + weight) in float32 then cast (Gemma, gpt-oss)."""
-    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    if WEIGHT_F32:
-        return (normed * (OFFSET + w)).to(dtype)
-    return (w * normed.to(dtype).to(tl.float32)).to(dtype)
-
-
-@triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, stride_x, stride_o, eps, N: tl.constexpr, BLOCK: tl.constexpr,
-                     OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr):
-    row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < N
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / N + eps)
-    tl.store(out_ptr + row * stride_o + offs,
-             _scaled(x * rstd, w_ptr, offs, mask, out_ptr.dtype.element_ty, OFFSET, WEIGHT_F32), mask=mask)
-
-
-@triton.jit
-def _add_rms_norm_kernel(x_ptr, r_ptr, w_ptr, sum_ptr, out_ptr, stride_x, stride_r, stride_s, stride_o, eps,
-                         N: tl.constexpr, BLOCK: tl.constexpr, OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr):
-    row = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)
-    mask = offs < N
-    dtype = sum_ptr.dtype.element_ty
-    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    r = tl.load(r_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
-    total = (x + r).to(dtype)  # the residual stream, rounded as the eager add rounds it
-    tl.store(sum_ptr + row * stride_s + offs, total, mask=mask)
-    t = total.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(t * t, axis=0) / N + eps)
-    tl.store(out_ptr + row * stride_o + offs, _scaled(t * rstd, w_ptr, offs, mask, dtype, OFFSET, WEIGHT_F32),
-             mask=mask)
 
 
 @triton.jit
@@ -88,15 +53,27 @@ def _rope_factors(pos_ptr, cos_ptr, sin_ptr, t, stride_cache, D: tl.constexpr, B
 
 
 @triton.jit
-def _rotate(rows, mask, cos, sin, partner, sign, dtype):
+def _rotate(rows, mask, cos, sin, partner, sign, dtype, norm_ptr, eps, D: tl.constexpr, NORM: tl.constexpr,
+            OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr):
     """RoPE of the heads starting at `rows` ([R, 1] pointers; lanes as _rope_factors), in `dtype`, with the eager
     order of roundings (runtime/models/rotary_embedding.py): each product, then the sum. Both kernels below rotate
     through this one function, so a token's K is the same bits whichever of them stored it: speculation's verified
     tokens go through the first, plain decoding through the second. (Written as two half-width products, the first
-    kernel's bf16 K differed from the eager module's in the last bit on about 1 element in 3 on an H100.)"""
+    kernel's bf16 K differed from the eager module's in the last bit on about 1 element in 3 on an H100.)
+
+    NORM: each head RMS-normalised first (Qwen3's and Gemma 3's q/k norms; `norm_ptr` its weight, OFFSET and
+    WEIGHT_F32 as runtime/cuda/norms.py's), its squares summed in float64, where the order of the sum (which
+    differs between the kernels' tiles) almost never reaches the float32 result: the kernels agree bit for bit.
+    (Head norms were two kernels of their own a layer before.)"""
     offs_d = tl.arange(0, cos.shape[0])
     x = tl.load(rows + offs_d[None, :], mask=mask, other=0.0).to(tl.float32)
     x_partner = tl.load(rows + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        wide = x.to(tl.float64)
+        rstd = (1.0 / tl.sqrt(tl.sum(wide * wide, axis=1).to(tl.float32) / D + eps))[:, None]
+        d_mask = offs_d < D
+        x = scaled_norm(x * rstd, norm_ptr, offs_d, d_mask, dtype, OFFSET, WEIGHT_F32).to(tl.float32)
+        x_partner = scaled_norm(x_partner * rstd, norm_ptr, partner, d_mask, dtype, OFFSET, WEIGHT_F32).to(tl.float32)
     return ((x * cos[None, :]).to(dtype).to(tl.float32)
             + sign[None, :] * (x_partner * sin[None, :]).to(dtype).to(tl.float32)).to(dtype)
 
@@ -104,9 +81,9 @@ def _rotate(rows, mask, cos, sin, partner, sign, dtype):
 @triton.jit(do_not_specialize_on_alignment=["pos_ptr", "slot_ptr"])  # step metadata (runtime/cuda/paged_attention.py)
 def _rope_store_kv_kernel(
     pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, qo_ptr, cache_ptr, slot_ptr, v_offset,
-    stride_q, stride_k, stride_v, stride_cache,
+    stride_q, stride_k, stride_v, stride_cache, q_norm_ptr, k_norm_ptr, q_eps, k_eps,
     HQ: tl.constexpr, HK: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, NORM: tl.constexpr, OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -115,12 +92,14 @@ def _rope_store_kv_kernel(
     offs_h = tl.arange(0, BLOCK_H)
     heads = offs_h[:, None] * D + tl.arange(0, BLOCK_D)[None, :]
     mask = (offs_h < HQ)[:, None] & d_mask[None, :]
-    q = _rotate(q_ptr + t * stride_q + offs_h[:, None] * D, mask, cos, sin, partner, sign, dtype)
+    q = _rotate(q_ptr + t * stride_q + offs_h[:, None] * D, mask, cos, sin, partner, sign, dtype, q_norm_ptr, q_eps,
+                D, NORM, OFFSET, WEIGHT_F32)
     tl.store(qo_ptr + t * HQ * D + heads, q, mask=mask)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot >= 0:  # slot < 0: a padded row of a replayed graph, which stores nothing
         mask = (offs_h < HK)[:, None] & d_mask[None, :]
-        k = _rotate(k_ptr + t * stride_k + offs_h[:, None] * D, mask, cos, sin, partner, sign, dtype)
+        k = _rotate(k_ptr + t * stride_k + offs_h[:, None] * D, mask, cos, sin, partner, sign, dtype, k_norm_ptr,
+                    k_eps, D, NORM, OFFSET, WEIGHT_F32)
         tl.store(cache_ptr + slot * HK * D + heads, k.to(cache_ptr.dtype.element_ty), mask=mask)
         v = tl.load(v_ptr + t * stride_v + heads, mask=mask)
         tl.store(cache_ptr + v_offset + slot * HK * D + heads, v.to(cache_ptr.dtype.element_ty), mask=mask)
@@ -131,9 +110,10 @@ def _rope_store_kv_kernel(
 def _rope_decode_kernel(
     pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, cache_ptr, out_ptr, slot_ptr, tables_ptr, seq_lens_ptr,
     scale, v_offset, stride_q, stride_k, stride_v, stride_cache, stride_o, stride_tb, window, sinks_ptr,
+    q_norm_ptr, k_norm_ptr, q_eps, k_eps,
     BLOCK_SIZE: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
-    WINDOWED: tl.constexpr, SINKS: tl.constexpr,
+    WINDOWED: tl.constexpr, SINKS: tl.constexpr, NORM: tl.constexpr, OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr,
 ):
     """_rope_store_kv_kernel then paged_attention's _decode_kernel, for one (sequence, KV head): the new token's
     rotated K and its V of this head go to its slot, its query group is rotated in registers, then attends."""
@@ -147,7 +127,8 @@ def _rope_decode_kernel(
     if slot >= 0:  # slot < 0: a padded row of a replayed graph, which stores nothing
         one = tl.arange(0, 1)[:, None]  # the KV head as a one-row tile, the shape _rotate works on
         mask = (one >= 0) & d_mask[None, :]
-        k = _rotate(k_ptr + b * stride_k + kvh * D + one, mask, cos, sin, partner, sign, dtype)
+        k = _rotate(k_ptr + b * stride_k + kvh * D + one, mask, cos, sin, partner, sign, dtype, k_norm_ptr, k_eps, D,
+                    NORM, OFFSET, WEIGHT_F32)
         row = (slot * HKV + kvh) * D + one + offs_d[None, :]
         tl.store(cache_ptr + row, k.to(cache_ptr.dtype.element_ty), mask=mask)
         v = tl.load(v_ptr + b * stride_v + kvh * D + one + offs_d[None, :], mask=mask)
@@ -155,7 +136,8 @@ def _rope_decode_kernel(
     offs_g = tl.arange(0, BLOCK_G)
     mask = (offs_g < GROUP)[:, None] & d_mask[None, :]
     heads = kvh * GROUP + offs_g
-    q = _rotate(q_ptr + b * stride_q + heads[:, None] * D, mask, cos, sin, partner, sign, dtype)
+    q = _rotate(q_ptr + b * stride_q + heads[:, None] * D, mask, cos, sin, partner, sign, dtype, q_norm_ptr, q_eps, D,
+                NORM, OFFSET, WEIGHT_F32)
     q = (q.to(tl.float32) * scale).to(cache_ptr.dtype.element_ty)
     tl.debug_barrier()  # this program's K/V stores are seen by its loads below
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
@@ -177,53 +159,34 @@ def _silu_mul_kernel(x_ptr, out_ptr, stride_x, I: tl.constexpr, BLOCK: tl.conste
     tl.store(out_ptr + row * I + offs, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0,
-             weight_in_float32: bool = False) -> torch.Tensor:
-    """weight * (x / rms(x)) over the last dim, float32 inside; x [..., N] (offset, weight_in_float32: RMSNorm's)."""
-    x2 = x.reshape(-1, x.shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    n = x2.shape[-1]
-    if x2.shape[0]:
-        block = triton.next_power_of_2(n)
-        _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, x2.stride(0), out.stride(0), eps, N=n, BLOCK=block,
-                                         OFFSET=offset, WEIGHT_F32=weight_in_float32 or offset != 0.0,
-                                         num_warps=min(16, max(1, block // 256)))
-    return out.view(x.shape)
-
-
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0,
-                 weight_in_float32: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + residual, rms_norm(x + residual)) in one kernel; x and residual [T, N]."""
-    total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    n = x.shape[-1]
-    if x.shape[0]:
-        block = triton.next_power_of_2(n)
-        _add_rms_norm_kernel[(x.shape[0],)](x, residual, weight, total, out, x.stride(0), residual.stride(0),
-                                            total.stride(0), out.stride(0), eps, N=n, BLOCK=block, OFFSET=offset,
-                                            WEIGHT_F32=weight_in_float32 or offset != 0.0,
-                                            num_warps=min(16, max(1, block // 256)))
-    return total, out
+def _norm_arguments(norms: tuple[nn.Module, nn.Module] | None,
+                    q: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The RoPE kernels' q/k norm arguments: (weights and epsilons, constexprs); without norms, placeholders."""
+    if norms is None:
+        return (q, q, 0.0, 0.0), {"NORM": False, "OFFSET": 0.0, "WEIGHT_F32": False}
+    q_norm, k_norm = norms
+    return ((q_norm.weight, k_norm.weight, q_norm.eps, k_norm.eps),
+            {"NORM": True, "OFFSET": q_norm.offset, "WEIGHT_F32": q_norm.weight_in_float32})
 
 
 def rope_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   cos_cache: torch.Tensor, sin_cache: torch.Tensor, head_dim: int, kv_cache: torch.Tensor,
-                  slot_mapping: torch.Tensor) -> torch.Tensor:
+                  slot_mapping: torch.Tensor, norms: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
     """Rotate-half RoPE of packed q [T, Hq*D] and k [T, Hk*D] (rows may be strided views), then store_kv
     (runtime/cuda/paged_attention.py) in the same kernel: each token's rotated K and its V go straight to its
-    cache slot (none for slot < 0); returns the rotated q [T, Hq*D]."""
+    cache slot (none for slot < 0); returns the rotated q [T, Hq*D]. `norms`: the (q, k) RMSNorms of every head,
+    applied first (Qwen3, Gemma 3)."""
     tokens = q.shape[0]
     hq, hk = q.shape[1] // head_dim, k.shape[1] // head_dim
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if tokens:
         _, num_blocks, block_size, _, _ = kv_cache.shape
+        norm_args, norm_options = _norm_arguments(norms, q)
         _rope_store_kv_kernel[(tokens,)](
             positions, cos_cache, sin_cache, q, k, v, q_out, kv_cache, slot_mapping,
             num_blocks * block_size * hk * head_dim, q.stride(0), k.stride(0), v.stride(0), cos_cache.stride(0),
-            HQ=hq, HK=hk, BLOCK_H=triton.next_power_of_2(max(hq, hk)), D=head_dim,
-            BLOCK_D=triton.next_power_of_2(head_dim), PDL=pdl.ENABLED, **pdl.launch_options(),
+            *norm_args, HQ=hq, HK=hk, BLOCK_H=triton.next_power_of_2(max(hq, hk)), D=head_dim,
+            BLOCK_D=triton.next_power_of_2(head_dim), PDL=pdl.ENABLED, **norm_options, **pdl.launch_options(),
         )
     return q_out
 
@@ -231,7 +194,8 @@ def rope_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 def rope_decode_attention(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           cos_cache: torch.Tensor, sin_cache: torch.Tensor, kv_cache: torch.Tensor,
                           meta: AttentionMetadata, scale: float, window: int | None = None,
-                          sinks: torch.Tensor | None = None) -> torch.Tensor:
+                          sinks: torch.Tensor | None = None,
+                          norms: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
     """rope_store_kv then decode_attention (runtime/cuda/paged_attention.py) in one kernel, for a step of one new
     token per sequence: q [B, Hq*D], k and v [B, Hkv*D] (rows may be strided views) -> [B, Hq*D]."""
     _, num_blocks, block_size, kv_heads, head_dim = kv_cache.shape
@@ -239,14 +203,15 @@ def rope_decode_attention(positions: torch.Tensor, q: torch.Tensor, k: torch.Ten
     group = width // head_dim // kv_heads
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     tables = meta.block_tables
+    norm_args, norm_options = _norm_arguments(norms, q)
     _rope_decode_kernel[(batch, kv_heads)](
         positions, cos_cache, sin_cache, q, k, v, kv_cache, out, meta.slot_mapping, tables, meta.seq_lens, scale,
         num_blocks * block_size * kv_heads * head_dim, q.stride(0), k.stride(0), v.stride(0), cos_cache.stride(0),
-        out.stride(0), tables.stride(0), window or 0, q if sinks is None else sinks,
+        out.stride(0), tables.stride(0), window or 0, q if sinks is None else sinks, *norm_args,
         BLOCK_SIZE=block_size, HKV=kv_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=paged_attention.DECODE_BLOCK_N,
         PRECISION=paged_attention.precision(kv_cache.dtype), num_warps=paged_attention.DECODE_NUM_WARPS,
-        PDL=pdl.ENABLED, WINDOWED=window is not None, SINKS=sinks is not None, **pdl.launch_options(),
+        PDL=pdl.ENABLED, WINDOWED=window is not None, SINKS=sinks is not None, **norm_options, **pdl.launch_options(),
     )
     return out
 
@@ -280,15 +245,15 @@ def _rope_and_attend(self: nn.Module, positions: torch.Tensor, q: torch.Tensor, 
     """A LlamaAttention's q/k head norms (Qwen3, Gemma 3), RoPE, KV store and attention over the cache (its layer's
     window and sinks): q [T, Hq*D] -> [T, Hq*D]; one kernel when every sequence brings one token, two otherwise."""
     rotary, attn = self.rotary, self.attn
-    q, k = self.head_norms(q, k)
     if rotary.rotary_dim != rotary.head_dim:  # partial rotation (Phi-4-mini): the eager RoPE, then the backend
-        q, k = rotary(positions, q, k)
+        q, k = rotary(positions, *self.head_norms(q, k))
         return attn(q, k, v, kv_cache, meta, self.sinks)
+    norms = None if self.q_norm is None else (self.q_norm, self.k_norm)  # inside the RoPE kernels
     if meta.decode is None and meta.is_decode_only:
         return rope_decode_attention(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, kv_cache, meta,
-                                     attn.scale, attn.window, self.sinks)
+                                     attn.scale, attn.window, self.sinks, norms)
     q = rope_store_kv(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, rotary.head_dim, kv_cache,
-                      meta.step_slots())
+                      meta.step_slots(), norms)
     return attend_over_cache(q.view(q.shape[0], attn.num_heads, attn.head_dim), kv_cache, meta,
                              attn.scale, attn.window, self.sinks).view(q.shape)
 
@@ -337,7 +302,7 @@ def one_token_projections(model: nn.Module) -> bool:
 def _one_token_forward(self: nn.Module, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                        meta: AttentionMetadata) -> torch.Tensor:
     """_llama_forward for one token: four GEMV kernels a layer carry its RMSNorms, SwiGLU and residual adds (an
-    experts layer: its norm and residual add as kernels of their own around the one-token expert kernels)."""
+    experts layer: the router's GEMV and two expert kernels, runtime/cuda/one_token_moe.py)."""
     from runtime.models.llama import LlamaMLP
 
     for i, layer in enumerate(self.layers):
@@ -348,7 +313,7 @@ def _one_token_forward(self: nn.Module, x: torch.Tensor, positions: torch.Tensor
         x = gemv(out, attn.o_proj.weight, attn.o_proj.bias, residual=x, pdl=pdl.ENABLED)
         norm = layer.post_attention_layernorm
         if not isinstance(mlp, LlamaMLP):
-            x = x + mlp(rms_norm(x, norm.weight, norm.eps))
+            x = one_token_moe(mlp, x, norm)
             continue
         h = gemv(x, mlp.gate_up_proj.weight, mlp.gate_up_proj.bias, norm=(norm.weight, norm.eps), pdl=pdl.ENABLED)
         x = gemv(h, mlp.down_proj.weight, mlp.down_proj.bias, silu=True, residual=x, pdl=pdl.ENABLED)

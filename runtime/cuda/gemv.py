@@ -29,16 +29,30 @@ import triton.language as tl
 from runtime.cuda.pdl import launch_options, wait_for_previous_kernel
 
 # (BLOCK_N, BLOCK_K, num_warps) by the weight's (N, K); others get DEFAULT_TILE. Chosen by benchmarks/gemv_kernels.py.
-# H100, 2026-11-27: Llama-3.2-1B's q/k/v, o, gate/up, down and output embedding.
+# H100, 2026-11-27: Llama-3.2-1B's q/k/v, o, gate/up, down and output embedding. H200, 2026-11-28 (PDL launches):
+# Llama-3.1-8B's o (Qwen3-8B's too) and output embedding; DEFAULT_TILE was the best there for Llama-3.1-8B's q/k/v
+# (Qwen3-8B's too), gate/up and down, and Qwen3-8B's gate/up. Not swept yet (DEFAULT_TILE): Qwen3-8B's down and
+# output embedding, Qwen3-30B-A3B's q/k/v, o, router and output embedding.
 TILES: dict[tuple[int, int], tuple[int, int, int]] = {
     (3072, 2048): (8, 2048, 4), (2048, 2048): (2, 1024, 8), (16384, 2048): (4, 1024, 4), (2048, 8192): (4, 2048, 8),
-    (128256, 2048): (2, 1024, 4)}
+    (128256, 2048): (2, 1024, 4), (4096, 4096): (8, 512, 8), (128256, 4096): (16, 256, 4)}
 DEFAULT_TILE = (4, 1024, 4)
 
 
 @triton.jit
-def _input_tile(x_ptr, norm_ptr, cols, col_mask, rstd, K: tl.constexpr, dtype: tl.constexpr,
-                NORM: tl.constexpr, SILU: tl.constexpr):
+def input_rstd(x_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / rms(x) of the projection's input x [K], float32: the NORM prologue's scale."""
+    offs = tl.arange(0, BLOCK_K)
+    squares = tl.zeros([BLOCK_K], tl.float32)
+    for k in range(0, K, BLOCK_K):
+        v = tl.load(x_ptr + k + offs, mask=k + offs < K, other=0.0).to(tl.float32)
+        squares += v * v
+    return 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
+
+
+@triton.jit
+def input_tile(x_ptr, norm_ptr, cols, col_mask, rstd, K: tl.constexpr, dtype: tl.constexpr,
+               NORM: tl.constexpr, SILU: tl.constexpr):
     """The projection's input at `cols`, float32, after the fused prologue (rounded to `dtype` where eager is)."""
     if SILU:
         gate = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
@@ -68,17 +82,13 @@ def _gemv_kernel(
     wait_for_previous_kernel(PDL)  # the input is the previous kernel's output
     rstd = 0.0
     if NORM:
-        squares = tl.zeros([BLOCK_K], tl.float32)
-        for k in range(0, K, BLOCK_K):
-            v = tl.load(x_ptr + k + offs, mask=k + offs < K, other=0.0).to(tl.float32)
-            squares += v * v
-        rstd = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
-    acc = w.to(tl.float32) * _input_tile(x_ptr, norm_ptr, offs, offs < K, rstd, K, dtype, NORM, SILU)[None, :]
+        rstd = input_rstd(x_ptr, eps, K, BLOCK_K)
+    acc = w.to(tl.float32) * input_tile(x_ptr, norm_ptr, offs, offs < K, rstd, K, dtype, NORM, SILU)[None, :]
     for k in range(BLOCK_K, K, BLOCK_K):
         cols = k + offs
         col_mask = cols < K
         w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
-        acc += w.to(tl.float32) * _input_tile(x_ptr, norm_ptr, cols, col_mask, rstd, K, dtype, NORM, SILU)[None, :]
+        acc += w.to(tl.float32) * input_tile(x_ptr, norm_ptr, cols, col_mask, rstd, K, dtype, NORM, SILU)[None, :]
     out = tl.sum(acc, axis=1)
     if BIAS:
         out += tl.load(bias_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)

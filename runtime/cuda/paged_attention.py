@@ -71,9 +71,12 @@ def _store_kv_kernel(
 def first_key_tile(lowest_pos, window, BLOCK_N: tl.constexpr, WINDOWED: tl.constexpr):
     """Where a loop over keys starts for queries at `lowest_pos` and later: 0, or with a window the tile (aligned to
     BLOCK_N) holding the first key the lowest query sees."""
+    # one return of one type: Triton 3.6 refuses a constexpr branch that returns early with another type
     if WINDOWED:
-        return tl.maximum(lowest_pos - window + 1, 0) // BLOCK_N * BLOCK_N
-    return 0
+        start = tl.maximum(lowest_pos - window + 1, 0) // BLOCK_N * BLOCK_N
+    else:
+        start = lowest_pos * 0
+    return start
 
 
 @triton.jit

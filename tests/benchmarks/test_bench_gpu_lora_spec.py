@@ -1,5 +1,6 @@
-"""benchmarks/gpu_lora_spec.sh, the device driver for issues 6 and 7, cannot run here (CUDA); it is checked
-statically: bash parses it, and every `python -m benchmarks.X --flag` it runs names a script and options that exist."""
+"""benchmarks/gpu_lora_spec.sh and gpu_moe.sh, the device drivers for issues 6 and 7 and for issue 43's MoE figures,
+cannot run here (CUDA); they are checked statically: bash parses each, and every `python -m benchmarks.X --flag` it
+runs names a script and options that exist."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import importlib.util
 import re
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -14,18 +16,20 @@ from tests.benchmarks.smoke import REPO_ROOT
 
 pytestmark = pytest.mark.benchmark_smoke
 
-SCRIPT = REPO_ROOT / "benchmarks" / "gpu_lora_spec.sh"
+SCRIPTS = [REPO_ROOT / "benchmarks" / name for name in ("gpu_lora_spec.sh", "gpu_moe.sh")]
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_bash_parses_it() -> None:
-    proc = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True)
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
+def test_bash_parses_it(script: Path) -> None:
+    proc = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 
 
-def test_scripts_and_options_exist() -> None:
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
+def test_scripts_and_options_exist(script: Path) -> None:
     # a command may continue over lines ending in a backslash
-    commands = re.findall(r"python -m benchmarks\.(\w+)((?:[^\n]*\\\n)*[^\n]*)", SCRIPT.read_text())
+    commands = re.findall(r"python -m benchmarks\.(\w+)((?:[^\n]*\\\n)*[^\n]*)", script.read_text())
     assert commands
     for module, args in commands:
         spec = importlib.util.find_spec(f"benchmarks.{module}")

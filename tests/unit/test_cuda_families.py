@@ -63,21 +63,23 @@ def test_fused_layers_equal_the_eager_model(arch: str, tmp_path: Path) -> None:
 
 @kernels
 def test_one_token_gemv_path_of_a_moe_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """bf16 Qwen3-MoE: decode steps through the one-token GEMV path (q/k norms after the fused projection, the experts'
-    one-token kernel in its MoE layers, the dense layer's GEMVs) equal the general fused path's within bf16 rounding
-    (the interpreter rounds bf16 by truncation, so the eager model is no reference for either here)."""
+    """16-bit Qwen3-MoE: decode steps through the one-token path (q/k norms after the fused projection, the router's
+    GEMV and the two one-token expert kernels in its MoE layers, the dense layer's GEMVs) and through the general
+    fused path give the eager model's ids, within float16's rounding. float16, not bfloat16: Triton's interpreter
+    multiplies bfloat16 tiles in tl.dot wrongly (its decode attention returned values near 1e9), and bfloat16's
+    coarser rounding would let near-tied router logits pick other experts than the eager model's."""
     from runtime.cuda import fused as fused_module
 
     path = build_tiny_model(tmp_path, "qwen3_moe")
-    steps = {}
+    eager = _steps(_load(path, torch.float16, "qwen3_moe"), attention.torch_paged_attention).float()
     for one_token in (True, False):
-        model = _load(path, torch.bfloat16, "qwen3_moe")
+        model = _load(path, torch.float16, "qwen3_moe")
         use_fused_kernels(model)
         use_fused_experts(model)
         assert fused_module.one_token_projections(model.model)
         with monkeypatch.context() as patch:
             if not one_token:
                 patch.setattr(fused_module, "one_token_projections", lambda _: False)
-            steps[one_token] = _steps(model, triton_paged_attention).float()
-    assert torch.equal(steps[True][0], steps[False][0])  # the prefill takes the same path
-    assert ((steps[True] - steps[False]).norm() / steps[False].norm()).item() < 2e-2
+            steps = _steps(model, triton_paged_attention).float()
+        assert ((steps - eager).norm() / eager.norm()).item() < 1e-2, one_token
+        assert torch.equal(steps.argmax(-1), eager.argmax(-1)), one_token

@@ -19,13 +19,14 @@ from runtime.models.rotary_embedding import RopeConfig, RotaryEmbedding  # noqa:
 
 if RUN_HERE:
     from runtime.cuda import fused
-    from runtime.cuda.fused import add_rms_norm, rms_norm, rope_decode_attention, rope_store_kv, silu_and_mul
+    from runtime.cuda.fused import rope_decode_attention, rope_store_kv, silu_and_mul
+    from runtime.cuda.norms import add_rms_norm, rms_norm
     from runtime.cuda.gemv import gemv
     from runtime.cuda.paged_attention import decode_attention, prefill_tiles, store_kv, triton_paged_attention
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=25)
+    run_in_interpreter(__file__, passed=31)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -267,12 +268,18 @@ def test_a_one_token_step_through_fused_projections_equals_the_unfused_step(tmp_
 
 @kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_and_decode_attention_in_one_kernel_equal_the_two_kernels(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("head_norms", [False, True])
+def test_rope_and_decode_attention_in_one_kernel_equal_the_two_kernels(dtype: torch.dtype, head_norms: bool) -> None:
     """rope_decode_attention: the same bits, in the output and in the cache, as rope_store_kv then
     decode_attention, over several key tiles (plain decoding goes through the first, speculation's verified tokens
-    through the second); a padded row (slot -1, length 0) stores nothing and gives zeros; in bf16 on a GPU, the
-    stored K is the eager module's."""
+    through the second), with and without q/k head norms in them; a padded row (slot -1, length 0) stores nothing
+    and gives zeros; in bf16 on a GPU, the stored K is the eager module's."""
     g = torch.Generator().manual_seed(6)
+    norms = None
+    if head_norms:
+        norms = (RMSNorm(D, 1e-6, dtype=dtype).to(DEVICE), RMSNorm(D, 1e-6, dtype=dtype).to(DEVICE))
+        for norm in norms:
+            norm.weight.data = torch.randn(D, generator=g).to(DEVICE, dtype)
     query_lens, context_lens = [1, 1, 1], [150, 7, 0]
     _, _, _, cache, meta = _case(query_lens, context_lens, seed=6, num_blocks=128)
     cache = cache.to(dtype)
@@ -282,14 +289,16 @@ def test_rope_and_decode_attention_in_one_kernel_equal_the_two_kernels(dtype: to
     q, k, v = qkv.split([H * D, HKV * D, HKV * D], dim=-1)  # strided views, as the fused projection gives
     positions = torch.tensor(context_lens, device=DEVICE)
     want_cache = cache.clone()
-    rotated = rope_store_kv(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, D, want_cache, meta.slot_mapping)
+    rotated = rope_store_kv(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, D, want_cache, meta.slot_mapping,
+                            norms)
     want = decode_attention(rotated.view(3, H, D), want_cache, meta, D**-0.5).view(3, H * D)
     got_cache = cache.clone()
-    got = rope_decode_attention(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, got_cache, meta, D**-0.5)
+    got = rope_decode_attention(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, got_cache, meta, D**-0.5,
+                                norms=norms)
     assert torch.equal(got_cache, want_cache)
     assert torch.equal(got, want)
     assert torch.count_nonzero(got[2]) == 0
-    if torch.cuda.is_available() and dtype == torch.bfloat16:  # the interpreter casts to bf16 by truncation
+    if torch.cuda.is_available() and dtype == torch.bfloat16 and not head_norms:  # the interpreter truncates bf16
         _, eager_k = rotary(positions, q, k)  # the eager module's K, bit for bit
         assert torch.equal(got_cache[0].view(-1, HKV * D)[meta.slot_mapping[:2]], eager_k[:2])
 
@@ -363,3 +372,31 @@ def test_norm_kernels_follow_gemma_and_gpt_oss_conventions(dtype: torch.dtype) -
                                    atol=tol + 1e-6)
         _, normed = add_rms_norm(x, residual, norm.weight, norm.eps, offset, in_float32)
         torch.testing.assert_close(normed, norm(x + residual), rtol=tol, atol=tol + 1e-6)
+
+
+@kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("offset", [0.0, 1.0])
+def test_rope_kernel_norms_each_head_first(dtype: torch.dtype, offset: float) -> None:
+    """rope_store_kv with q/k head norms (Qwen3's convention, and Gemma's (1 + weight) in float32) from strided views
+    of a fused q/k/v output: the eager modules' norms then RoPE, in q and in the cache's K, within a rounding step
+    (the norm's sum of squares in another order)."""
+    g = torch.Generator().manual_seed(17)
+    rotary = RotaryEmbedding(D, 128, RopeConfig(10000.0, "default", {})).to(DEVICE)
+    qkv = torch.randn(3, (H + 2 * HKV) * D, generator=g).to(DEVICE, dtype)
+    q, k, v = qkv.split([H * D, HKV * D, HKV * D], dim=-1)
+    norms = [RMSNorm(D, eps, dtype=dtype, offset=offset).to(DEVICE) for eps in (1e-6, 1e-5)]
+    for norm in norms:
+        norm.weight.data = torch.randn(D, generator=g).to(DEVICE, dtype)
+    positions, slots = torch.tensor([0, 5, 100], device=DEVICE), torch.tensor([3, 40, 77], device=DEVICE)
+    cache = torch.zeros(2, NUM_BLOCKS, BS, HKV, D, device=DEVICE, dtype=dtype)
+    got_q = rope_store_kv(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, D, cache, slots,
+                          (norms[0], norms[1]))
+    want_q, want_k = rotary(positions, norms[0](q.reshape(3, H, D)).view(3, -1),
+                            norms[1](k.reshape(3, HKV, D)).view(3, -1))
+    got_k = cache[0].view(-1, HKV * D)[slots]
+    for got, want in ((got_q, want_q), (got_k, want_k)):
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+        else:
+            assert _bf16_close(got, want)

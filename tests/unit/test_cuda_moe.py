@@ -1,8 +1,11 @@
 """runtime/cuda/moe.py: the fused MoE kernels (grouped GEMMs over expert-sorted pairs; one-token GEMVs reading only
-the chosen experts) against the eager `Experts` (runtime/models/moe.py). On a CUDA machine they run on the GPU,
+the chosen experts) against the eager `Experts` (runtime/models/moe.py), and runtime/cuda/one_token_moe.py's MoE
+layer for one token against the eager router, experts and residual add. On a CUDA machine they run on the GPU,
 elsewhere in Triton's interpreter (tests/triton_interpreter.py)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,15 +13,17 @@ import torch
 pytest.importorskip("triton")
 from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter  # noqa: E402
 
-from runtime.models.moe import Experts, route  # noqa: E402
+from runtime.models.moe import MoE, Experts, route  # noqa: E402
+from runtime.models.norm import RMSNorm  # noqa: E402
 from runtime.model_spec import MoeSpec  # noqa: E402
 
 if RUN_HERE:
     from runtime.cuda import moe as cuda_moe
+    from runtime.cuda.one_token_moe import one_token_moe
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=7)
+    run_in_interpreter(__file__, passed=26)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -49,17 +54,17 @@ SPECS = {
 
 @kernels
 @pytest.mark.parametrize("kind", list(SPECS))
-@pytest.mark.parametrize("tokens", [1, 3, 40])
+@pytest.mark.parametrize("tokens", [1, 3, 40, 300])
 def test_fused_experts_equal_the_eager_experts(kind: str, tokens: int) -> None:
-    """One token (the GEMV kernel), three (still GEMV for top-2, grouped for top-4) and forty (grouped GEMMs, every
-    expert busy); SiLU, and gpt-oss's clamped SwiGLU with biases."""
+    """One token (the GEMV kernel), three (still GEMV for top-2, grouped for top-4), forty (grouped GEMMs, every
+    expert busy) and 300 (another tile: 32-row blocks); SiLU, and gpt-oss's clamped SwiGLU with biases."""
     spec = SPECS[kind]
     experts = _experts(spec, seed=tokens)
     x, weights, ids = _routed(spec, tokens, seed=tokens + 1)
     want = Experts.forward(experts, x, weights, ids)
     got = cuda_moe.fused_experts(experts, x, weights, ids)
     assert ((got - want).norm() / want.norm()).item() < 1e-5
-    if tokens == 40:
+    if tokens >= 40:
         assert torch.bincount(ids.view(-1), minlength=spec.num_experts).min() > 0
 
 
@@ -71,11 +76,145 @@ def test_experts_without_tokens_are_skipped_and_padding_stores_nothing() -> None
     experts = _experts(spec, seed=9)
     x, weights, _ = _routed(spec, 20, seed=10)
     ids = torch.tensor([[1, 6]] * 20, device=DEVICE)
-    sorted_pairs, block_expert, num_sorted = cuda_moe.align(ids, spec.num_experts, cuda_moe.BLOCK_M)
-    assert int(num_sorted) == 2 * cuda_moe.BLOCK_M * 2  # 20 pairs each, padded to 32 rows
+    block_m = cuda_moe.gemm_tile(20, torch.float32)[0]
+    assert block_m == 16
+    sorted_pairs, block_expert, num_sorted = cuda_moe.align(ids, spec.num_experts, block_m)
+    assert int(num_sorted) == 2 * block_m * 2  # 20 pairs each, padded to 32 rows
     assert block_expert[:4].tolist() == [1, 1, 6, 6]
     valid = sorted_pairs[: int(num_sorted)]
     assert sorted(valid[valid < 40].tolist()) == list(range(40))
     want = Experts.forward(experts, x, weights, ids)
     got = cuda_moe.fused_experts(experts, x, weights, ids)
     assert ((got - want).norm() / want.norm()).item() < 1e-5
+
+
+@kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_every_tile_of_the_grouped_gemms_gives_the_eager_result(dtype: torch.dtype,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each of GEMM_TILES' tiles (as float32 fits them; float16 takes them whole, as bfloat16 does) on 40 tokens of
+    gpt-oss's experts: blocks of up to 128 rows, most of them padding, and tiles wider than the matrices."""
+    spec = SPECS["gpt_oss"]
+    experts = _experts(spec, seed=20).to(dtype)
+    x, weights, ids = _routed(spec, 40, seed=21)
+    x = x.to(dtype)
+    want = Experts.forward(experts, x, weights, ids).float()
+    for _, tile in cuda_moe.GEMM_TILES:
+        monkeypatch.setattr(cuda_moe, "gemm_tile",
+                            lambda tokens, dtype, memory, tile=tile: cuda_moe.fit_tile(tile, dtype, memory))
+        got = cuda_moe.fused_experts(experts, x, weights, ids).float()
+        assert ((got - want).norm() / want.norm()).item() < (1e-5 if dtype == torch.float32 else 2e-3), tile
+
+
+ONE_TOKEN_SPECS = {
+    **SPECS,
+    # softmax over every expert without renormalising (Qwen3-MoE's norm_topk_prob false); E and k not powers of 2
+    "odd": MoeSpec(num_experts=6, top_k=3, intermediate_size=INTER, renormalize=False),
+}
+
+
+def _moe_layer(spec: MoeSpec, dtype: torch.dtype, seed: int) -> tuple[MoE, RMSNorm]:
+    g = torch.Generator().manual_seed(seed)
+    moe = MoE(spec, SimpleNamespace(hidden_size=HIDDEN, hidden_act="silu"), dtype)  # type: ignore[arg-type]
+    norm = RMSNorm(HIDDEN, 1e-6, dtype=dtype)
+    for param in [*moe.parameters(), norm.weight]:
+        param.data = (torch.randn(param.shape, generator=g) * 0.3 + (param is norm.weight)).to(DEVICE, dtype)
+    return moe, norm
+
+
+@kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("kind", list(ONE_TOKEN_SPECS))
+def test_one_token_moe_layer_equals_the_eager_layer(kind: str, dtype: torch.dtype) -> None:
+    """x + MoE(RMSNorm(x)) for one token: the router's GEMV, the chosen experts' gate/up and down kernels (each
+    picking the experts from the logits itself) against the eager modules: routings with and without the softmax
+    first and renormalisation, gpt-oss's biases and clamped SwiGLU. float16 rather than bfloat16: the interpreter
+    rounds bfloat16 by truncation."""
+    spec = ONE_TOKEN_SPECS[kind]
+    moe, norm = _moe_layer(spec, dtype, seed=30)
+    for seed in range(3):  # three tokens, three routings
+        x = torch.randn(1, HIDDEN, generator=torch.Generator().manual_seed(31 + seed)).to(DEVICE, dtype)
+        want = (x + moe(norm(x))).float()
+        got = one_token_moe(moe, x, norm).float()
+        assert ((got - want).norm() / want.norm()).item() < (1e-5 if dtype == torch.float32 else 1e-3), seed
+
+
+@kernels
+@pytest.mark.parametrize(("experts", "top_k", "tokens", "block_m"),
+                         [(128, 8, 256, 32), (6, 3, 300, 128), (128, 8, 1, 16)])
+def test_align_puts_each_experts_pairs_in_its_padded_run(experts: int, top_k: int, tokens: int, block_m: int) -> None:
+    """Qwen3-30B-A3B's 256-row decode step, a prefill-sized block and a single token: every expert's run starts at
+    the padded lengths of the runs before it and holds exactly its pairs (in any order), then padding; each block
+    names the expert whose run it is in."""
+    g = torch.Generator().manual_seed(40)
+    ids = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(tokens)]).to(DEVICE)
+    sorted_pairs, block_expert, num_sorted = cuda_moe.align(ids, experts, block_m)
+    counts = torch.bincount(ids.view(-1).cpu(), minlength=experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    starts = (torch.cumsum(padded, 0) - padded).tolist()
+    assert int(num_sorted) == int(padded.sum())
+    runs = sorted_pairs.cpu()
+    flat = ids.view(-1).cpu()
+    for e in range(experts):
+        run = runs[starts[e] : starts[e] + int(padded[e])]
+        assert sorted(run[: int(counts[e])].tolist()) == torch.nonzero(flat == e).view(-1).tolist(), e
+        assert (run[int(counts[e]) :] == ids.numel()).all(), e
+        assert (block_expert.cpu()[starts[e] // block_m : (starts[e] + int(padded[e])) // block_m] == e).all(), e
+    assert (runs[int(num_sorted) :] == ids.numel()).all()
+    assert (block_expert.cpu()[int(num_sorted) // block_m :] == experts - 1).all()  # blocks past the runs
+
+
+@pytest.mark.parametrize(("shared_memory", "tile"), [
+    (232448, (128, 256, 64, 8, 4)),  # H200 (and H100): the table's tile
+    (166912, (128, 256, 64, 8, 3)),  # A100: a stage fewer
+    (101376, (128, 128, 64, 8, 2)),  # L40S: two stages and half as wide
+])
+def test_grouped_gemm_tiles_fit_the_gpus_shared_memory(shared_memory: int, tile: tuple[int, ...]) -> None:
+    """A prefill chunk's bf16 tile on GPUs with less shared memory than the H200 it was tuned on."""
+    from runtime.cuda.moe import SHARED_MEMORY_SLACK, gemm_tile
+
+    got = gemm_tile(4096, torch.bfloat16, shared_memory)
+    assert got == tile
+    block_m, block_n, block_k, _, stages = got
+    assert stages * (block_m + block_n) * block_k * 2 + SHARED_MEMORY_SLACK <= shared_memory
+    assert gemm_tile(4096, torch.bfloat16) == gemm_tile(4096, torch.bfloat16, 232448)  # no limit: the table's
+
+
+if RUN_HERE:
+    import triton
+    import triton.language as tl
+
+    from runtime.cuda.one_token_moe import _top_k
+
+    @triton.jit
+    def _top_k_probe(logits_ptr, ids_ptr, weights_ptr, E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr,
+                     BLOCK_TOPK: tl.constexpr, SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr):
+        ids, weights = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TOPK, SOFTMAX_FIRST, RENORMALIZE)
+        tl.store(ids_ptr + tl.arange(0, BLOCK_TOPK), ids)
+        tl.store(weights_ptr + tl.arange(0, BLOCK_TOPK), weights)
+
+
+@kernels
+@pytest.mark.parametrize("kind", list(ONE_TOKEN_SPECS))
+def test_the_kernels_top_k_picks_routes_experts_in_its_order_ties_to_the_lower_id(kind: str) -> None:
+    """The expert kernels' `_top_k` against `route`: the same ids slot by slot and the same weights on random
+    logits; on logits with ties, equal values in the order of their ids; unused slots id 0 and weight 0."""
+    spec = ONE_TOKEN_SPECS[kind]
+    g = torch.Generator().manual_seed(40)
+    block_e, block_topk = triton.next_power_of_2(spec.num_experts), triton.next_power_of_2(spec.top_k)
+    tied = torch.tensor([1.0, 3.0, 3.0, -2.0, 3.0, 1.0, 0.5, 3.0])[: spec.num_experts]
+    tied = tied.to(DEVICE)
+    for logits in (torch.randn(spec.num_experts, generator=g).to(DEVICE), tied):
+        ids = torch.full((block_topk,), -1, dtype=torch.int32, device=DEVICE)
+        weights = torch.full((block_topk,), -1.0, device=DEVICE)
+        _top_k_probe[(1,)](logits, ids, weights, E=spec.num_experts, BLOCK_E=block_e, TOP_K=spec.top_k,
+                           BLOCK_TOPK=block_topk, SOFTMAX_FIRST=spec.routing == "softmax_topk",
+                           RENORMALIZE=spec.renormalize)
+        want_weights, want_ids = route(logits[None], spec)
+        order = sorted(range(spec.num_experts), key=lambda e: (-logits[e].item(), e))[: spec.top_k]
+        assert ids[: spec.top_k].tolist() == order
+        if logits is not tied:  # torch.topk orders equal values as it likes
+            assert ids[: spec.top_k].tolist() == want_ids[0].tolist()
+        assert torch.allclose(weights[: spec.top_k], want_weights[0].float(), rtol=1e-6, atol=1e-7)
+        assert ids[spec.top_k:].tolist() == [0] * (block_topk - spec.top_k)
+        assert weights[spec.top_k:].tolist() == [0.0] * (block_topk - spec.top_k)

@@ -23,12 +23,14 @@ OTHER_PROMPT = [11, 12, 260, 14, 15, 80, 7]
 
 
 class PagedRunner:
-    """A minimal model runner: packs steps into AttentionMetadata over blocks handed out out of order."""
+    """A minimal model runner: packs steps into AttentionMetadata over blocks handed out out of order; the cache, ids
+    and metadata on the model's device (a CUDA model's kernels index with them)."""
 
     def __init__(self, model: CausalLM, num_blocks: int = 64, seed: int = 0) -> None:
         self.model = model
-        dtype = next(model.parameters()).dtype
-        self.kv_caches = allocate_kv_cache(model.spec, num_blocks, BLOCK_SIZE, dtype, "cpu")
+        weight = next(model.parameters())
+        self.device = weight.device
+        self.kv_caches = allocate_kv_cache(model.spec, num_blocks, BLOCK_SIZE, weight.dtype, self.device)
         self.free = list(range(num_blocks))
         random.Random(seed).shuffle(self.free)  # sequences get scattered, non-contiguous blocks
         self.tables: dict[str, list[int]] = {}
@@ -57,12 +59,16 @@ class PagedRunner:
         starts = [0]
         for q in query_lens:
             starts.append(starts[-1] + q)
+
+        def tensor(values: list, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=self.device)
+
         meta = AttentionMetadata(
-            query_start_loc=torch.tensor(starts, dtype=torch.int32),
-            context_lens=torch.tensor(context_lens, dtype=torch.int32),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-            block_tables=torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64),
+            query_start_loc=tensor(starts, torch.int32),
+            context_lens=tensor(context_lens, torch.int32),
+            seq_lens=tensor(seq_lens, torch.int32),
+            block_tables=tensor([t + [0] * (width - len(t)) for t in tables], torch.int32),
+            slot_mapping=tensor(slots),
             block_size=BLOCK_SIZE,
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
@@ -70,7 +76,7 @@ class PagedRunner:
             seq_lens_host=seq_lens,
         )
         with torch.inference_mode():
-            hidden = self.model(torch.tensor(ids), torch.tensor(positions), self.kv_caches, meta)
+            hidden = self.model(tensor(ids), tensor(positions), self.kv_caches, meta)
             logits = self.model.compute_logits(hidden)
         return list(logits.split(query_lens))
 
