@@ -3,7 +3,8 @@
     python -m benchmarks.ab_table OUT base new      # OUT/<side>-<part>/gpu_bench.json, parts merged per side
 
 Each side's figures come from its own parts (the engine phase, the HTTP phase), run alternately; a part that failed
-or ran out of time leaves its rows empty. The last column is new / base.
+or ran out of time leaves its rows empty. The last column is new / base: under 1 is better for the ms rows, over 1
+for the tok/s rows and HTTP / core.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@
 # one shared random checkpoint. The parts alternate, base-new-new-base (the engine phase, then the HTTP phase), so
 # that a drift of the machine's clocks or temperature falls on both sides alike. Lands in $OUT: log.txt, the table
 # (ab_table.md), and per side and part gpu_bench.json and the servers' logs. BUDGET_S (default 545) bounds the
-# whole run: a part gets at most its cap and what is left; one cut short leaves its rows empty in the table.
+# whole run: a part gets at most its cap (ENGINE_S 200, HTTP_S 130) and what is left; one cut short leaves its rows
+# empty in the table.
 # Figures on an H100 (2026-11-27): the engine phase about 120 s, an HTTP phase 75-80 s (most of it the server's
 # start); so 4 parts take about 420 s plus the checkpoint's creation.
 set -u
@@ -27,7 +28,10 @@ else
 fi
 site=$([[ -d /tmp/site ]] && echo /tmp/site: || true)
 flags=()
-[[ ${SMOKE:-0} == 1 ]] && flags=(--device cpu --smoke)
+if [[ ${SMOKE:-0} == 1 ]]; then  # as the tests run: eager CPU steps (compiling them takes minutes here)
+  flags=(--device cpu --smoke)
+  export TRTLLM_GATEWAY_CPU_COMPILE=false
+fi
 all=bandwidth,logits,greedy_fp32,hf,engine,profile,http,http_batch,http_api2,http_api4,http_batch_api2,http_batch_api4,http_in_process,tserve
 echo "A/B: base $(cat "$base_dir/COMMIT" 2>/dev/null || echo "$base_dir") vs new $(cat "$new_dir/COMMIT" 2>/dev/null || git -C "$new_dir" rev-parse --short HEAD 2>/dev/null || echo "$new_dir")" | tee -a "$L"
 
@@ -43,8 +47,9 @@ part() {  # part SIDE DIR PHASE CAP_S: gpu_bench's PHASE alone, from DIR's tree
   echo "[$side $phase] rc $? at ${SECONDS} s" | tee -a "$L"
 }
 
-part base "$base_dir" engine 200
-part new "$new_dir" engine 200
-part new "$new_dir" http_batch 130
-part base "$base_dir" http_batch 130
+engine_s=${ENGINE_S:-200} http_s=${HTTP_S:-130}  # each part's cap
+part base "$base_dir" engine "$engine_s"
+part new "$new_dir" engine "$engine_s"
+part new "$new_dir" http_batch "$http_s"
+part base "$base_dir" http_batch "$http_s"
 (cd "$new_dir" && PYTHONPATH="$site$new_dir" python -m benchmarks.ab_table "$OUT" base new) | tee "$OUT/ab_table.md" | tee -a "$L"
