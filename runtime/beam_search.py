@@ -15,48 +15,21 @@ same checkpoint gives the same beams:
 
 Each live beam is one Sequence. A round needs the next-token logits of every live beam; a beam whose
 logits arrived waits (it has no uncomputed token, so the scheduler skips it) until its siblings report,
-even across steps and preemptions. The first continuation of a parent reuses its sequence; further ones
-fork it (blocks shared, copy-on-write), and parents without continuations are freed.
+even across steps and preemptions. A round's decision (`BeamRound`: which parent each continuation grows from,
+with which token) is carried out by the scheduler (`Scheduler.grow_beams`): the first continuation of a parent
+reuses its sequence, further ones fork it (blocks shared, copy-on-write), and parents without continuations are
+freed. This module changes no sequence.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-from runtime.detokenizer import IncrementalDetokenizer
-from runtime.errors import InvalidRequestError, UnsupportedOptionError
 from runtime.request import OutputDelta, SamplingOptions, TokenLogprob
-from runtime.sequence import Sequence, SequenceStatus
-from runtime.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from runtime.scheduler import Scheduler
-
-
-def check_beam_options(opts: SamplingOptions) -> None:
-    """Reject options that beam search cannot honour (named in the error). Call when beam_width > 1."""
-    if opts.n != 1:
-        raise InvalidRequestError(
-            f"n must be 1 with beam search (beam_width {opts.beam_width} returns {opts.beam_width} beams)", param="n"
-        )
-    if not (isinstance(opts.length_penalty, (int, float)) and math.isfinite(opts.length_penalty)):
-        raise InvalidRequestError("length_penalty must be a finite number", param="length_penalty")
-    unsupported = {
-        "stop": bool(opts.stop),
-        "repetition_penalty": opts.repetition_penalty != 1.0,
-        "presence_penalty": opts.presence_penalty != 0.0,
-        "frequency_penalty": opts.frequency_penalty != 0.0,
-        "logit_bias": bool(opts.logit_bias),
-        "bad_words": bool(opts.bad_words),
-        "return_generation_logits": opts.return_generation_logits,
-    }
-    for option, used in unsupported.items():
-        if used:
-            raise UnsupportedOptionError(option, "native", "not available with beam search (beam_width > 1)")
+from runtime.sequence import Sequence
 
 
 @dataclass
@@ -79,6 +52,16 @@ class Hypothesis:
     stopped_by: int | None  # the stop token id that ended it; None: length
 
 
+@dataclass
+class BeamRound:
+    """A round's live continuations, best first: the sequence each grows from and its token, score and logprob."""
+
+    parents: list[Sequence]
+    tokens: list[int]
+    scores: list[torch.Tensor]
+    logprobs: list[list[TokenLogprob]]  # each continuation's logprobs so far
+
+
 class BeamSearch:
     """The beam state of one request (see the module docstring)."""
 
@@ -87,19 +70,15 @@ class BeamSearch:
         request_id: str,
         options: SamplingOptions,
         *,
-        prompt_token_ids: list[int],
         max_tokens: int,
         context_window: int,
         eos_token_ids: list[int],
-        tokenizer: Tokenizer,
     ) -> None:
         self.request_id = request_id
         self.options = options
         self.width = options.beam_width
-        self.prompt_token_ids = prompt_token_ids
         self.max_tokens = max_tokens
         self.context_window = context_window
-        self.tokenizer = tokenizer
         eos = [] if options.ignore_eos else eos_token_ids
         self.stop_ids = list(dict.fromkeys([*eos, *options.stop_token_ids]))
         self.num_candidates = max(2, 1 + len(self.stop_ids)) * self.width
@@ -111,7 +90,6 @@ class BeamSearch:
 
     def start(self, seq: Sequence) -> None:
         """The request's first sequence (it prefills the prompt once) is the only beam of round one."""
-        seq.beam_width = self.width  # admission reserves KV room for every beam it will fork into
         self.beams = [Beam(seq, torch.zeros((), dtype=torch.float32))]
 
     @property
@@ -123,20 +101,25 @@ class BeamSearch:
         """Tokens of the returned beams (0 until the search is over)."""
         return sum(len(h.token_ids) for h in self.finished) if self.done else 0
 
-    def advance(self, seq: Sequence, logits: torch.Tensor, scheduler: Scheduler) -> int:
-        """Record `seq`'s next-token logits [1, vocab]; run a round once every live beam reported.
+    def advance(self, seq: Sequence, logits: torch.Tensor) -> BeamRound | None:
+        """Record `seq`'s next-token logits [1, vocab]; once every live beam reported, decide the round.
 
-        Returns the number of tokens appended to live beams.
+        Returns the live continuations for the scheduler to grow (`grown` takes the sequences back); None while
+        siblings are still computing, or when the search is over (`done`).
         """
         if self.done or all(b.seq is not seq for b in self.beams):
-            return 0
+            return None
         self._pending[seq.seq_id] = logits.reshape(-1)
         if any(b.seq.seq_id not in self._pending for b in self.beams):
-            return 0  # siblings still computing
-        return self._round(scheduler)
+            return None  # siblings still computing
+        return self._round()
+
+    def grown(self, round_: BeamRound, seqs: list[Sequence]) -> None:
+        """The scheduler grew `round_`'s continuations into `seqs` (one each, in order): the next round's beams."""
+        self.beams = [Beam(seq, score, logprobs) for seq, score, logprobs in zip(seqs, round_.scores, round_.logprobs)]
 
     # ---- one round ----------------------------------------------------------------------------
-    def _round(self, scheduler: Scheduler) -> int:
+    def _round(self) -> BeamRound | None:
         beams = self.beams
         raw = torch.log_softmax(torch.stack([self._pending.pop(b.seq.seq_id) for b in beams]).float(), dim=-1)
         vocab = raw.shape[-1]
@@ -180,35 +163,12 @@ class BeamSearch:
             self.improvable = self.improvable and best_possible > self.finished[-1].score
         if not live or not self.improvable:
             self.done = True  # the engine frees the remaining sequences when it ends the request
-            return 0
-        self.beams = self._grow(beams, live, raw, tops, scheduler)
-        return len(live)
-
-    def _grow(self, beams: list[Beam], live: list[tuple[int, int, torch.Tensor]], raw: torch.Tensor,
-              tops: torch.return_types.topk | None, scheduler: Scheduler) -> list[Beam]:
-        """Sequences for the next round: reuse each parent once, fork it for further children, free the rest."""
-        used: set[int] = set()
-        seqs = []
-        for parent, _, _ in live:  # all forks before any token is appended
-            source = beams[parent].seq
-            source.beam_width = 1
-            if parent not in used:
-                used.add(parent)
-                seqs.append(source)
-            elif source.status is SequenceStatus.RUNNING:
-                seqs.append(scheduler.fork(source, 0))
-            else:  # a preempted parent holds no blocks: its copy recomputes from scratch, like it will
-                child = source.fork(0)
-                scheduler.add(child)
-                seqs.append(child)
-        for i, beam in enumerate(beams):
-            if i not in used:
-                scheduler.finish(beam.seq)
-        out = []
-        for seq, (parent, token, score) in zip(seqs, live):
-            seq.append_token(token)
-            out.append(Beam(seq, score, beams[parent].logprobs + [self._token_logprob(raw, tops, parent, token)]))
-        return out
+            return None
+        return BeamRound(
+            parents=[beams[parent].seq for parent, _, _ in live], tokens=[token for _, token, _ in live],
+            scores=[score for _, _, score in live],
+            logprobs=[beams[parent].logprobs + [self._token_logprob(raw, tops, parent, token)]
+                      for parent, token, _ in live])
 
     def _token_logprob(self, raw: torch.Tensor, tops: torch.return_types.topk | None, parent: int,
                        token: int) -> TokenLogprob:
@@ -217,26 +177,16 @@ class BeamSearch:
 
     # ---- output -------------------------------------------------------------------------------
     def final_deltas(self) -> list[OutputDelta]:
-        """One delta per returned beam (index = rank, best first) with its whole output."""
+        """One delta per returned beam (index = rank, best first) with its whole output (its text is the front end's:
+        a stop token's is not shown, as without beam search)."""
         opts = self.options
-        deltas = []
-        for rank, hyp in enumerate(self.finished):
-            shown = hyp.token_ids
-            keep_stop = opts.include_stop_str_in_output and hyp.stopped_by in opts.stop_token_ids
-            if hyp.stopped_by is not None and not keep_stop:
-                shown = shown[:-1]  # a stop token's text is not emitted (as without beam search)
-            detok = IncrementalDetokenizer(self.tokenizer, self.prompt_token_ids, opts.skip_special_tokens)
-            text = detok.push(shown) + detok.flush()
-            stop_reason = hyp.stopped_by if hyp.stopped_by in opts.stop_token_ids else None
-            deltas.append(OutputDelta(
-                request_id=self.request_id,
-                index=rank,
-                token_ids=list(hyp.token_ids),
-                text=text,
-                logprobs=[TokenLogprob(t.token_id, t.logprob, t.top[: opts.logprobs]) for t in hyp.logprobs]
-                if opts.logprobs is not None else None,
-                finish_reason="stop" if hyp.stopped_by is not None else "length",
-                stop_reason=stop_reason,
-                cumulative_logprob=hyp.cumulative_logprob,
-            ))
-        return deltas
+        return [OutputDelta(
+            request_id=self.request_id,
+            index=rank,
+            token_ids=list(hyp.token_ids),
+            logprobs=[TokenLogprob(t.token_id, t.logprob, t.top[: opts.logprobs]) for t in hyp.logprobs]
+            if opts.logprobs is not None else None,
+            finish_reason="stop" if hyp.stopped_by is not None else "length",
+            stop_reason=hyp.stopped_by if hyp.stopped_by in opts.stop_token_ids else None,
+            cumulative_logprob=hyp.cumulative_logprob,
+        ) for rank, hyp in enumerate(self.finished)]

@@ -27,7 +27,8 @@ gpt-oss) every block stays: those layers read them; the sliding layers' kernels 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence as Seq
+from collections.abc import Iterable
+from collections.abc import Sequence as Seq
 
 from runtime.block_tables import BlockTables
 from runtime.sequence import Sequence

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 SchedulerPolicy = Literal["max_utilization", "guaranteed_no_evict"]
+DTYPE_NAMES = ("bfloat16", "float16", "float32")  # what `dtype` may name besides "auto"
 
 
 def _cpu_compile_default() -> bool:

@@ -18,7 +18,9 @@ import os
 
 import torch
 
-DTYPES: dict[str, torch.dtype] = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+from runtime.config import DTYPE_NAMES
+
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def resolve_device(name: str) -> torch.device:

@@ -1,21 +1,17 @@
-"""RequestState: the output side of one request in the native engine.
+"""RequestState: the token-level output side of one request in the native engine core.
 
-Turns sampled tokens into OutputDelta objects: incremental text, stop conditions (stop token ids, eos,
-stop strings, max_tokens, context window), logprobs, prompt logprobs, context/generation logits and
-usage. One SampleState per sample index (n > 1 samples each have their own text and stop state). In the
-engine-core process most requests get no text here (`makes_text`): the front end makes it and matches their
-stop strings (runtime/output_text.py).
+Turns sampled tokens into OutputDelta objects without text (the front end's OutputProcessor makes it:
+runtime/output_processor.py): stop conditions on ids (stop token ids, eos, max_tokens, context window, a
+grammar's end), logprobs, prompt logprobs, context/generation logits and usage. One SampleState per sample index.
 
-Stop rules (vLLM's, which OpenAI clients expect):
-- a stop token id or eos ends the sample; the id is in `token_ids` and counted in usage, its text is
-  not emitted (unless include_stop_str_in_output, for stop token ids); stop_reason is the id (None
-  for eos); ignore_eos disables eos only;
-- a stop string ends the sample; the text is cut before it (or after it with
-  include_stop_str_in_output); stop_reason is the string;
+Stop rules (vLLM's, which OpenAI clients expect), token side:
+- a stop token id or eos ends the sample; the id is in `token_ids` and counted in usage; stop_reason is the
+  id (None for eos); ignore_eos disables eos only;
 - no stop condition applies before `min_tokens` tokens were generated;
 - a guided sample ends ("stop", stop_reason None) when its grammar accepts its end token, whatever
   ignore_eos and min_tokens say: the grammar has no more to constrain;
 - otherwise "length" at max_tokens or when the sequence fills the context window.
+Stop strings are matched on text, in the front end, which then ends the sample here (`end_sample`).
 """
 
 from __future__ import annotations
@@ -29,19 +25,22 @@ import torch
 
 from runtime.beam_search import BeamSearch
 from runtime.guided.guide import GuideState
-from runtime.output_text import SampleText
-from runtime.request import FinishReason, GenerationRequest, OutputDelta, TokenLogprob, Usage
+from runtime.request import (
+    FinishReason,
+    GenerationRequest,
+    OutputDelta,
+    TokenLogprob,
+    Usage,
+)
 from runtime.sampler import SamplingRow, compute_logprobs, make_generator
 from runtime.sequence import OutputTokens, Sequence
-from runtime.tokenizer import Tokenizer
 from runtime.validation import PreparedRequest
 
 
 @dataclass
 class SampleState:
-    """Text, stop matching and bookkeeping of one sample."""
+    """Stop state and bookkeeping of one sample."""
 
-    text: SampleText | None  # None: the front end makes the text (runtime/output_text.py)
     generator: torch.Generator | None
     num_tokens: int = 0
     cumulative_logprob: float = 0.0
@@ -59,14 +58,12 @@ class RequestState:
         request: GenerationRequest,
         prepared: PreparedRequest,
         *,
-        tokenizer: Tokenizer,
         eos_token_ids: list[int],
         context_window: int,
         device: torch.device,
         loop: asyncio.AbstractEventLoop | None = None,
         queue: asyncio.Queue[Any] | None = None,
         new_guide: Callable[[], GuideState] | None = None,
-        makes_text: bool = True,
     ) -> None:
         self.request = request
         self.request_id = request.request_id
@@ -80,7 +77,6 @@ class RequestState:
         opts = self.options
         self.samples = [
             SampleState(
-                text=SampleText(tokenizer, opts, self.prompt_token_ids) if makes_text else None,
                 generator=make_generator(opts.seed, i, device),
                 guide=new_guide() if new_guide is not None else None,
             )
@@ -89,8 +85,8 @@ class RequestState:
         self.seqs: dict[int, Sequence] = {}  # live sequences by sample index (by seq_id for beams)
         self._rows: dict[int, list[SamplingRow]] = {}  # sampling rows by seq_id (sampling_rows)
         self.beam = None if opts.beam_width == 1 else BeamSearch(
-            self.request_id, opts, prompt_token_ids=self.prompt_token_ids, max_tokens=self.max_tokens,
-            context_window=context_window, eos_token_ids=eos_token_ids, tokenizer=tokenizer,
+            self.request_id, opts, max_tokens=self.max_tokens, context_window=context_window,
+            eos_token_ids=eos_token_ids,
         )
         self.wants_prompt_logits = opts.prompt_logprobs is not None or opts.return_context_logits
         # one sample, no grammar, no logits returned: what both flags below start from
@@ -102,10 +98,9 @@ class RequestState:
             single_plain and not self.bad_words_ids and opts.repetition_penalty == 1.0
             and opts.presence_penalty == 0.0 and opts.frequency_penalty == 0.0
         )
-        # A request whose tokens need no more than their ids from the engine (text and stop strings made in the
-        # front end, one sample, no logprobs, logits or grammar): `add_plain_token` takes its tokens that cannot end
-        # it, and they travel as ids, not as deltas (the engine core's outbox).
-        self.token_only = single_plain and not makes_text and opts.logprobs is None
+        # A request whose tokens need no more than their ids (one sample, no logprobs, logits or grammar):
+        # `add_plain_token` takes its tokens that cannot end it, and they travel as ids, not as deltas (StepOutput).
+        self.token_only = single_plain and opts.logprobs is None
         # ids that may end a sample (min_tokens and ignore_eos aside): `add_plain_token` leaves them to add_token
         self._ending_ids = frozenset(opts.stop_token_ids) | frozenset(eos_token_ids)
         self.num_cached_tokens = 0
@@ -132,6 +127,7 @@ class RequestState:
             self.prompt_token_ids,
             self.max_tokens,
             num_samples=opts.n,
+            beam_width=opts.beam_width,
             cache_salt=self.adapter_key,
             needs_prompt_logits=self.wants_prompt_logits,
         )
@@ -188,20 +184,22 @@ class RequestState:
     # ---- output side --------------------------------------------------------------------------
     def add_token(
         self,
-        seq: Sequence,
+        index: int,
         token_id: int,
         logprob: float,
         top: list[tuple[int, float]],
         sample_logits: torch.Tensor | None,
+        num_tokens: int,
     ) -> OutputDelta:
-        """`seq` (already extended with `token_id`) produced a token: its delta, finished or not."""
+        """Sample `index` produced `token_id`, which makes its sequence `num_tokens` long: its delta, finished or
+        not (whether it finished is recorded here; the scheduler then frees the sequence)."""
         opts = self.options
-        s = self.samples[seq.index]
+        s = self.samples[index]
         s.num_tokens += 1
         s.cumulative_logprob += logprob
         if s.guide is not None:
             s.guide.accept_tokens([token_id])
-        delta = OutputDelta(request_id=self.request_id, index=seq.index, token_ids=[token_id])
+        delta = OutputDelta(request_id=self.request_id, index=index, token_ids=[token_id])
         if opts.logprobs is not None:
             delta.logprobs = [TokenLogprob(token_id, logprob, top[: opts.logprobs])]
         if opts.return_generation_logits and sample_logits is not None:
@@ -209,17 +207,11 @@ class RequestState:
 
         may_stop = s.num_tokens >= opts.min_tokens
         if may_stop and token_id in opts.stop_token_ids:
-            if s.text is not None:
-                delta.text = s.text.stop_token(token_id)
             self._finish(s, "stop", token_id)
         elif (s.guide is not None and s.guide.complete) or (
                 may_stop and not opts.ignore_eos and token_id in self.eos_token_ids):
             self._finish(s, "stop", None)
-        elif s.text is not None:
-            delta.text, matched = s.text.push((token_id,), may_stop)
-            if matched is not None:
-                self._finish(s, "stop", matched)
-        if s.finish_reason is None and (s.num_tokens >= self.max_tokens or seq.num_tokens >= self.context_window):
+        if s.finish_reason is None and (s.num_tokens >= self.max_tokens or num_tokens >= self.context_window):
             self._finish(s, "length", None)
         if s.finish_reason is not None:
             self._close_sample(s, delta)
@@ -229,7 +221,7 @@ class RequestState:
     def add_plain_token(self, seq: Sequence, token_id: int) -> bool:
         """`add_token`'s fast lane for a `token_only` request: counts `token_id` and returns True when it needs no
         delta (not the request's first token, and it cannot end the sample); False, counting nothing, otherwise:
-        the caller then appends it to `seq` and calls add_token. `seq` is not extended yet."""
+        the caller then calls add_token. `seq` is not extended yet."""
         s = self.samples[0]
         if (not self._sent_first or token_id in self._ending_ids or s.num_tokens + 1 >= self.max_tokens
                 or seq.num_tokens + 1 >= self.context_window):
@@ -239,18 +231,22 @@ class RequestState:
 
     def end_all(self, reason: FinishReason, error: str | None = None) -> list[OutputDelta]:
         """Final deltas for every unfinished sample (abort, deadline, failure)."""
-        deltas = []
-        for index, s in enumerate(self.samples):
-            if s.finish_reason is None:
-                delta = OutputDelta(request_id=self.request_id, index=index, error=error)
-                self._finish(s, reason, None)
-                if reason != "error":
-                    self._close_sample(s, delta)
-                else:
-                    delta.finish_reason = reason
-                delta.cumulative_logprob = self._cumulative(s)
-                deltas.append(delta)
-        return deltas
+        return [delta for index in range(len(self.samples)) if (delta := self.end_sample(index, reason, error))]
+
+    def end_sample(self, index: int, reason: FinishReason, error: str | None = None) -> OutputDelta | None:
+        """The final delta of sample `index` ended from outside (a stop string matched in the front end, an abort);
+        None when it had ended already."""
+        s = self.samples[index]
+        if s.finish_reason is not None:
+            return None
+        delta = OutputDelta(request_id=self.request_id, index=index, error=error)
+        self._finish(s, reason, None)
+        if reason != "error":
+            self._close_sample(s, delta)
+        else:
+            delta.finish_reason = reason
+        delta.cumulative_logprob = self._cumulative(s)
+        return delta
 
     def _cumulative(self, s: SampleState) -> float | None:
         """The sample's summed logprob, known only when the request asked for logprobs (else not computed)."""
@@ -270,7 +266,7 @@ class RequestState:
             last = deltas[-1]
             last.usage = self.usage()
             if self.options.return_context_logits and self.context_logits:
-                last.context_logits = torch.cat(self.context_logits)
+                last.context_logits = torch.cat(self.context_logits).float().cpu().numpy()
 
     def usage(self) -> Usage:
         return Usage(
@@ -285,12 +281,7 @@ class RequestState:
         s.finish_reason, s.stop_reason = reason, stop_reason
 
     def _close_sample(self, s: SampleState, delta: OutputDelta) -> None:
-        """Flush held-back text (unless a stop string cut it) and mark `delta` as the sample's last."""
-        if s.text is not None:
-            tail, matched = s.text.close()
-            delta.text += tail
-            if matched is not None and s.finish_reason == "length":
-                s.finish_reason, s.stop_reason = "stop", matched
+        """Mark `delta` as the sample's last."""
         delta.finish_reason, delta.stop_reason = s.finish_reason, s.stop_reason
         if self.options.return_generation_logits and s.generation_logits:
-            delta.generation_logits = torch.stack(s.generation_logits)
+            delta.generation_logits = torch.stack(s.generation_logits).float().cpu().numpy()

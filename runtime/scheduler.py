@@ -11,95 +11,37 @@ Prefills and decodes share one step. Policies when blocks run short:
   "guaranteed_no_evict"  admit only when the request's worst case (prompt + max_tokens for each of its
                          samples) fits beside every admitted request's worst case; never preempts.
 The scheduler knows blocks, not tensors; the model runner turns a ScheduledBatch into tensors.
+
+It is the only code that changes sequences and their blocks (vLLM v1's contract: `schedule()`, then
+`update_from_output(batch, results)`): a step's sampled tokens, forks into n samples, finished samples, the
+drafts speculation had accepted (runtime/speculative), the continuations a beam-search round chose
+(runtime/beam_search.py) and the places held for tokens of a step still on the device are all applied here. The
+request's own decisions (stop conditions, logprobs: runtime/request_state.py) come back as token-level deltas.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from runtime.block_manager import BlockManager
 from runtime.config import SchedulerPolicy
-from runtime.sequence import Sequence, SequenceStatus
+from runtime.request import OutputDelta
+from runtime.scheduled_batch import ScheduledBatch, ScheduledSeq
+from runtime.sequence import PENDING_TOKEN, Sequence, SequenceStatus
+from runtime.step_output import StepOutput
+
+if TYPE_CHECKING:
+    from runtime.request_state import RequestState
+    from runtime.speculative.verifier import Verdict
+    from runtime.step_results import StepResult, StepResults
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass
-class ScheduledBatch:
-    """One step's sequences as columns, in the order the step runs them (decodes first). A 256-row step makes no
-    object per sequence; `entries` gives ScheduledSeq views for code that hands single entries around."""
-
-    seqs: list[Sequence] = field(default_factory=list)
-    num_new: list[int] = field(default_factory=list)  # tokens computed this step: num_computed_tokens .. + n - 1
-    prefill: list[bool] = field(default_factory=list)  # Sequence.is_prefill when scheduled
-    samples: list[bool] = field(default_factory=list)  # the step reaches the end of the tokens: the next one is sampled
-    cached: dict[int, int] = field(default_factory=dict)  # entry admitted this step -> its prompt tokens served
-    # from the prefix cache
-    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) blocks
-    preempted: list[Sequence] = field(default_factory=list)
-
-    def add(self, seq: Sequence, num_new: int, is_prefill: bool, samples: bool) -> None:
-        self.seqs.append(seq)
-        self.num_new.append(num_new)
-        self.prefill.append(is_prefill)
-        self.samples.append(samples)
-
-    @property
-    def entries(self) -> list[ScheduledSeq]:
-        return [ScheduledSeq(self, i) for i in range(len(self.seqs))]
-
-    def drop_finished(self) -> None:
-        """Drop the entries whose sequence finished (ended while the step in flight was collected)."""
-        keep = [i for i, seq in enumerate(self.seqs) if seq.status is not SequenceStatus.FINISHED]
-        if len(keep) == len(self.seqs):
-            return
-        self.cached = {new: self.cached[old] for new, old in enumerate(keep) if old in self.cached}
-        for column in (self.seqs, self.num_new, self.prefill, self.samples):
-            column[:] = [column[i] for i in keep]
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.num_new)
-
-    def __len__(self) -> int:
-        return len(self.seqs)
-
-
-class ScheduledSeq:
-    """Entry `i` of a ScheduledBatch, read from and written to its columns (speculative verification shortens an
-    entry to the tokens it accepted)."""
-
-    __slots__ = ("_batch", "_i")
-
-    def __init__(self, batch: ScheduledBatch, i: int) -> None:
-        self._batch, self._i = batch, i
-
-    @property
-    def seq(self) -> Sequence:
-        return self._batch.seqs[self._i]
-
-    @property
-    def num_new_tokens(self) -> int:
-        return self._batch.num_new[self._i]
-
-    @num_new_tokens.setter
-    def num_new_tokens(self, value: int) -> None:
-        self._batch.num_new[self._i] = value
-
-    @property
-    def is_prefill(self) -> bool:
-        return self._batch.prefill[self._i]
-
-    @property
-    def samples(self) -> bool:
-        return self._batch.samples[self._i]
-
-    @property
-    def cached_tokens(self) -> int | None:
-        """Admitted this step: prompt tokens served from the prefix cache."""
-        return self._batch.cached.get(self._i)
+# what `update_from_output` hands back per request: its deltas, and the error that failed its output (or None)
+Produced = tuple["RequestState", list[OutputDelta], Exception | None]
 
 
 class Scheduler:
@@ -228,6 +170,156 @@ class Scheduler:
             if seq.num_computed_tokens >= (seq.num_committed_blocks + 1) * bs:  # a block filled up (else a no-op)
                 bm.commit(seq)
                 bm.release_outside_window(seq)
+
+    def reserve_slots(self, seq: Sequence, num_tokens: int) -> None:
+        """Room in the cache for `seq`'s next `num_tokens` tokens (a decode that also scores speculative drafts; the
+        speculator has checked that the blocks are free)."""
+        self.block_manager.append_slots(seq, num_tokens)
+
+    def hold_places(self, batch: ScheduledBatch) -> dict[int, int]:
+        """The batch was launched and runs while the next step is prepared (async scheduling): it counts as computed,
+        and each sequence it samples gets PENDING_TOKEN, so the next step can schedule it; not one whose sampled token
+        is surely its last (max_tokens, context window). Returns each sampling sequence's row in the step's sampled
+        ids (seq_id -> row), where the next step reads its token on the device."""
+        self.advance(batch)
+        rows: dict[int, int] = {}
+        for seq, samples in zip(batch.seqs, batch.samples):
+            if not samples:
+                continue
+            rows[seq.seq_id] = len(rows)
+            # a finished sequence ended while the step was launched; max_len is within the context window
+            if seq.status is not SequenceStatus.FINISHED and seq.num_tokens + 1 < seq.max_len:
+                seq.token_ids.append(PENDING_TOKEN)
+        return rows
+
+    # ---- after a step -------------------------------------------------------------------------
+    def update_from_output(self, batch: ScheduledBatch, results: StepResults, requests: Mapping[str, RequestState],
+                           out: StepOutput, *, advanced: bool = False,
+                           verdicts: Mapping[int, Verdict] | None = None) -> list[Produced]:
+        """Apply a collected step: drafts that speculative `verdicts` accepted join their sequences (the slots of the
+        rejected ones are freed), the step's tokens count as computed (unless `advanced` when it was launched),
+        sampled tokens join their sequences, samples fork, beams grow, and finished samples free their blocks.
+
+        A token of a request whose output is its ids (RequestState.add_plain_token) goes to `out` as is; for every
+        other request comes back (request, its deltas, the error that failed its output or None): one request's
+        broken output fails that request alone, and its later entries in the batch are skipped."""
+        verifying = verdicts or {}
+        for b, verdict in verifying.items():
+            self._accept_drafts(ScheduledSeq(batch, b), verdict)
+        if not advanced:
+            self.advance(batch)
+        produced: dict[str, Produced] = {}
+        first_ids, prefill = results.first_ids(), batch.prefill
+        for b, seq in enumerate(batch.seqs):
+            state = requests.get(seq.request_id)
+            if state is None or seq.status is SequenceStatus.FINISHED:
+                continue
+            done = produced.get(state.request_id)
+            if done is not None and done[2] is not None:
+                continue  # its output failed on an earlier entry
+            try:
+                if (state.token_only and not prefill[b] and (token_id := first_ids[b]) is not None
+                        and b not in verifying and state.add_plain_token(seq, token_id)):
+                    seq.add_sampled(token_id)
+                    out.add_token(state, token_id)
+                    out.generated_tokens += 1
+                    continue
+                deltas = self._update_entry(state, ScheduledSeq(batch, b), results[b], verifying.get(b), out)
+                if done is None:
+                    produced[state.request_id] = (state, deltas, None)
+                else:
+                    done[1].extend(deltas)
+            except Exception as exc:  # noqa: BLE001 - a bug in one request's output fails that request only
+                produced[state.request_id] = (state, done[1] if done is not None else [], exc)
+        return list(produced.values())
+
+    def _accept_drafts(self, entry: ScheduledSeq, verdict: Verdict) -> None:
+        """Verified KV is the fed token's and the accepted drafts'; the rows past them are discarded."""
+        seq, accepted = entry.seq, verdict.num_accepted
+        entry.num_new_tokens = 1 + accepted
+        seq.token_ids.extend(verdict.token_ids[:accepted])  # before `advance` hashes the blocks they fill
+        self.block_manager.trim(seq, seq.num_computed_tokens + entry.num_new_tokens)
+
+    def _update_entry(self, state: RequestState, entry: ScheduledSeq, result: StepResult, verdict: Verdict | None,
+                      out: StepOutput) -> list[OutputDelta]:
+        seq = entry.seq
+        if entry.cached_tokens is not None:
+            out.cached_tokens += entry.cached_tokens
+            if seq.num_preemptions == 0:
+                state.num_cached_tokens = entry.cached_tokens
+                out.prompt_tokens += seq.num_prompt_tokens
+        if entry.is_prefill:
+            out.prefill_tokens += entry.num_new_tokens
+        if result.all_logits is not None:
+            state.add_prompt_logits(seq.num_computed_tokens - entry.num_new_tokens, result.all_logits)
+            seq.needs_prompt_logits = state.needs_prompt_logits
+        if not result.token_ids:
+            return []
+        if verdict is not None:
+            return self._add_verified(state, seq, result, verdict, out)
+        if state.beam is not None:  # the beams advance together once all of them reported
+            beam = state.beam
+            round_ = beam.advance(seq, result.sample_logits)
+            if round_ is not None:
+                seqs = self.grow_beams(round_.parents, round_.tokens, beam.sequences)
+                beam.grown(round_, seqs)
+                out.generated_tokens += len(seqs)
+            state.seqs = {s.seq_id: s for s in beam.sequences}
+            return beam.final_deltas() if beam.done else []
+        seqs = [seq]
+        if seq.num_samples > 1:  # the prompt is done: fork into n samples sharing its blocks
+            seqs += [self.fork(seq, i) for i in range(1, seq.num_samples)]
+            seq.num_samples = 1
+            state.seqs.update((s.index, s) for s in seqs)
+        deltas = []
+        for s, token_id, logprob, top in zip(seqs, result.token_ids, result.logprobs, result.top):
+            s.add_sampled(token_id)
+            out.generated_tokens += 1
+            deltas.append(state.add_token(s.index, token_id, logprob, top, result.sample_logits, s.num_tokens))
+            if state.samples[s.index].finish_reason is not None:
+                self.finish(s)
+                state.seqs.pop(s.index, None)
+        return deltas
+
+    def _add_verified(self, state: RequestState, seq: Sequence, result: StepResult, verdict: Verdict,
+                      out: StepOutput) -> list[OutputDelta]:
+        """A verified entry's tokens (its accepted drafts, already in the sequence, then the target's next token), in
+        order through the request's stop rules: a stop ends the sequence there, the tokens after it are dropped."""
+        base = seq.num_tokens - verdict.num_accepted
+        deltas = []
+        for i, (token_id, logprob, top) in enumerate(zip(result.token_ids, result.logprobs, result.top)):
+            deltas.append(state.add_token(seq.index, token_id, logprob, top, None, base + i + 1))
+            out.generated_tokens += 1
+            if state.samples[seq.index].finish_reason is not None:
+                self.finish(seq)
+                state.seqs.pop(seq.index, None)
+                return deltas
+        seq.append_token(result.token_ids[-1])
+        return deltas
+
+    def grow_beams(self, parents: list[Sequence], tokens: list[int], beams: list[Sequence]) -> list[Sequence]:
+        """Carry out a beam-search round: continuation i grows from `parents[i]` with `tokens[i]`. A parent's first
+        continuation reuses its sequence, further ones fork it; the `beams` without one are freed. Returns each
+        continuation's sequence, in order."""
+        used: set[int] = set()
+        seqs = []
+        for source in parents:  # all forks before any token is appended
+            source.beam_width = 1
+            if source.seq_id not in used:
+                used.add(source.seq_id)
+                seqs.append(source)
+            elif source.status is SequenceStatus.RUNNING:
+                seqs.append(self.fork(source, 0))
+            else:  # a preempted parent holds no blocks: its copy recomputes from scratch, like it will
+                child = source.fork(0)
+                self.add(child)
+                seqs.append(child)
+        for seq in beams:
+            if seq.seq_id not in used:
+                self.finish(seq)
+        for seq, token in zip(seqs, tokens):
+            seq.append_token(token)
+        return seqs
 
     def _schedule(self, seq: Sequence, num_new: int, batch: ScheduledBatch, scheduled: set[int]) -> int:
         samples = num_new == seq.num_uncomputed_tokens

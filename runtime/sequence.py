@@ -11,7 +11,7 @@ import itertools
 from collections.abc import Sequence as SequenceABC
 
 _seq_ids = itertools.count()
-# A token sampled by a step still running on the device (the engine's async scheduling): it holds the
+# A token sampled by a step still running on the device (the engine core's async scheduling): it holds the
 # sequence's place until the step's ids reach the host; the next step reads its value on the device.
 PENDING_TOKEN = -1
 
@@ -51,6 +51,7 @@ class Sequence:
         *,
         index: int = 0,
         num_samples: int = 1,
+        beam_width: int = 1,
         cache_salt: str | None = None,
         needs_prompt_logits: bool = False,
     ) -> None:
@@ -61,7 +62,9 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.max_len = len(prompt_token_ids) + max_tokens  # the sequence never grows past this
         self.num_samples = num_samples  # > 1 until the prompt is prefilled and the sequence forks
-        self.beam_width = 1  # > 1 until a beam-search request's first round forks it (runtime/beam_search.py)
+        # > 1 until a beam-search request's first round forks it (runtime/beam_search.py): admission reserves KV
+        # room for every beam it will fork into
+        self.beam_width = beam_width
         self.cache_salt = cache_salt  # e.g. the LoRA adapter: prefix blocks only match the same salt
         # Prompt logprobs / context logits need every prompt position computed, so no prefix-cache hits.
         self.needs_prompt_logits = needs_prompt_logits
@@ -127,7 +130,7 @@ class Sequence:
         else:
             self.token_ids.append(token_id)
 
-    def fork(self, index: int) -> "Sequence":
+    def fork(self, index: int) -> Sequence:
         """A copy for sample `index` with the same tokens and progress; blocks are shared by the caller."""
         child = Sequence.__new__(Sequence)
         child.__dict__.update(self.__dict__)

@@ -47,8 +47,21 @@ class StepInputs(RowView[StepInput]):
     """One step's inputs as columns, in the order of the step's sequences (see the module docstring). The flags
     that are off for almost every input are kept as the set of inputs that have them on."""
 
-    __slots__ = ("token_ids", "counts", "start_pos", "block_tables", "table_rows", "sample_rows", "adapter_slots",
-                 "prev_samples", "all_logits", "sample_logits", "on_device", "row_argmax", "_first")
+    __slots__ = (
+        "_first",
+        "adapter_slots",
+        "all_logits",
+        "block_tables",
+        "counts",
+        "on_device",
+        "prev_samples",
+        "row_argmax",
+        "sample_logits",
+        "sample_rows",
+        "start_pos",
+        "table_rows",
+        "token_ids",
+    )
 
     def __init__(self) -> None:
         self.token_ids: list[int] = []  # every input's new tokens, in order

@@ -34,8 +34,18 @@ class StepResult:
 class StepResults(RowView[StepResult]):
     """One step's results, one per input (see the module docstring)."""
 
-    __slots__ = ("_counts", "_first", "_ids", "_logprobs", "_top_ids", "_top_lps", "_all_logits", "_sample_logits",
-                 "_row_argmax", "_made")
+    __slots__ = (
+        "_all_logits",
+        "_counts",
+        "_first",
+        "_ids",
+        "_logprobs",
+        "_made",
+        "_row_argmax",
+        "_sample_logits",
+        "_top_ids",
+        "_top_lps",
+    )
 
     def __init__(self, counts: list[int], ids: list[int] | None = None, logprobs: list[float] | None = None,
                  top_ids: list[list[int]] | None = None, top_lps: list[list[float]] | None = None,

@@ -33,15 +33,24 @@ import torch
 import torch.nn.functional as F
 
 from runtime.attention_metadata import AttentionMetadata
-from runtime.decode_rows import (IDS, LENGTHS, PACKED_ROWS, POSITIONS, SLOTS, DecodeOutput, fill_pending, fit_rows,
-                                 pack_rows)
+from runtime.decode_rows import (
+    IDS,
+    LENGTHS,
+    PACKED_ROWS,
+    POSITIONS,
+    SLOTS,
+    DecodeOutput,
+    fill_pending,
+    fit_rows,
+    pack_rows,
+)
 from runtime.models.attention import decode_inputs
 
 if TYPE_CHECKING:
     from runtime.block_tables import BlockTables
     from runtime.lora.apply import LoraBatch
-    from runtime.step_inputs import StepInputs
     from runtime.models import CausalLM
+    from runtime.step_inputs import StepInputs
 
 logger = logging.getLogger(__name__)
 MIN_BLOCKS = 2

@@ -22,7 +22,11 @@ from pathlib import Path
 import torch
 
 from runtime.attention_metadata import AttentionMetadata
-from runtime.models.attention import register_attention_backend, torch_paged_attention, write_kv
+from runtime.models.attention import (
+    register_attention_backend,
+    torch_paged_attention,
+    write_kv,
+)
 
 logger = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("paged_decode_attention.cpp")

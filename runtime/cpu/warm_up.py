@@ -48,7 +48,7 @@ class CpuWarmUp:
                         graphs = self.runner.compile_decode(self.max_blocks, self.scratch_block)
                     if not self.stopping():
                         self.runner.graphs = graphs
-        except Exception:  # noqa: BLE001 - eager steps go on serving
+        except Exception:
             logger.exception("CPU: building the faster decode steps failed; eager steps serve")
         finally:
             self.done.set()

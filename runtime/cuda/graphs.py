@@ -51,15 +51,25 @@ import torch
 
 from runtime.attention_metadata import AttentionMetadata
 from runtime.cuda.step_io import GreedyIds, load_step_inputs
-from runtime.decode_rows import (ADAPTERS, LENGTHS, PACKED_ROWS, PADDING, POSITIONS, PREV, SLOTS, DecodeOutput,
-                                 fit_rows, pack_rows)
+from runtime.decode_rows import (
+    ADAPTERS,
+    LENGTHS,
+    PACKED_ROWS,
+    PADDING,
+    POSITIONS,
+    PREV,
+    SLOTS,
+    DecodeOutput,
+    fit_rows,
+    pack_rows,
+)
 from runtime.device import record_now
 
 if TYPE_CHECKING:
     from runtime.block_tables import BlockTables
     from runtime.lora.apply import LoraBatch
-    from runtime.step_inputs import StepInputs
     from runtime.models import CausalLM
+    from runtime.step_inputs import StepInputs
 
 logger = logging.getLogger(__name__)
 SETS = 2  # graph sets replayed in turn (see the module docstring)

@@ -41,8 +41,8 @@ from runtime.device import PinnedStaging
 
 if TYPE_CHECKING:
     from runtime.lora.apply import LoraBatch
-    from runtime.step_inputs import StepInput
     from runtime.models import CausalLM
+    from runtime.step_inputs import StepInput
 
 logger = logging.getLogger(__name__)
 

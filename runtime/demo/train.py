@@ -20,13 +20,23 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerBase
+from transformers import (
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerBase,
+)
 
 from runtime.demo.corpus import load_corpus
 from runtime.demo.dataset import BatchSampler, chat_stream, code_stream, eval_windows
 from runtime.demo.evaluation import greedy_text, heldout_loss, perplexity, unigram_loss
 from runtime.demo.report import ModelResult, RunInfo, write_report
-from runtime.demo.tokenizer_build import ENDOFTEXT, IM_END, save_tokenizer, train_tokenizer
+from runtime.demo.tokenizer_build import (
+    ENDOFTEXT,
+    IM_END,
+    save_tokenizer,
+    train_tokenizer,
+)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 SAMPLE_PROMPTS = ("def fibonacci(n):", "import os\n", "class Stack:\n    def __init__(self):\n")

@@ -25,7 +25,14 @@ import torch.nn.functional as F
 from runtime.demo import DEMO_DIR, demo_model_path
 from runtime.demo.dataset import BatchSampler, code_stream, eval_windows
 from runtime.demo.evaluation import greedy_text, heldout_loss
-from runtime.demo.lora_training import TARGETS, add_lora_options, lr_scale, save_adapter, write_report
+from runtime.demo.lora_training import (
+    TARGETS,
+    add_lora_options,
+    lr_scale,
+    save_adapter,
+    write_report,
+)
+
 SAMPLE_PROMPTS = ("The for statement", "Exceptions can be raised", "An assignment statement")
 HELD_OUT_PERCENT = 5
 

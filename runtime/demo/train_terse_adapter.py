@@ -28,7 +28,13 @@ import torch
 import torch.nn.functional as F
 
 from runtime.demo import DEMO_DIR
-from runtime.demo.lora_training import TARGETS, add_lora_options, lr_scale, save_adapter, write_report
+from runtime.demo.lora_training import (
+    TARGETS,
+    add_lora_options,
+    lr_scale,
+    save_adapter,
+    write_report,
+)
 
 MODULES = (
     "argparse", "base64", "bisect", "calendar", "collections", "copy", "csv", "datetime", "difflib", "fnmatch",

@@ -4,7 +4,7 @@ Compiling a JSON schema costs milliseconds to seconds (it walks the vocabulary);
 few schemas over and over (one per tool set or response model), so compiled grammars are kept in a
 GrammarCache (runtime/guided/cache.py) keyed by the constraint's canonical JSON, within a byte budget.
 
-A compile cannot be interrupted, so what may be compiled is bounded up front (runtime/guided/limits.py)
+A compile cannot be interrupted, so what may be compiled is bounded up front (runtime/guided_limits.py)
 and compiles run in this compiler's own few threads (xgrammar releases the GIL while it compiles): a
 burst of new or slow constraints waits for those threads, or is refused when too many wait, while every
 other request, guided ones with a cached grammar included, goes on. Concurrent requests for the same new
@@ -28,7 +28,7 @@ from runtime.errors import InvalidRequestError, QueueFullError
 from runtime.guided.cache import GrammarCache
 from runtime.guided.grammars import build_grammar
 from runtime.guided.guide import GuideState
-from runtime.guided.limits import MAX_COMPILE_SECONDS, check_limits
+from runtime.guided_limits import MAX_COMPILE_SECONDS, check_limits
 from runtime.request import GuidedDecoding
 
 

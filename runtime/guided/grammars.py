@@ -18,21 +18,9 @@ from typing import Any
 import xgrammar as xgr
 
 from runtime.errors import InvalidRequestError
-from runtime.schema_check import check_schema, subschemas
+from runtime.guided_limits import guided_kind
 from runtime.request import GuidedDecoding
-
-
-def guided_kind(guided: GuidedDecoding) -> str:
-    """The one constraint set on `guided` (InvalidRequestError when none or several are)."""
-    kinds = [name for name, on in (
-        ("json_schema", guided.json_schema is not None), ("json_object", guided.json_object),
-        ("regex", guided.regex is not None), ("grammar", guided.grammar is not None),
-        ("structural_tag", guided.structural_tag is not None),
-    ) if on]
-    if len(kinds) != 1:
-        raise InvalidRequestError(f"guided decoding needs exactly one constraint, got {kinds or 'none'}",
-                                  param=guided.param)
-    return kinds[0]
+from runtime.schema_check import check_schema, subschemas
 
 
 def build_grammar(guided: GuidedDecoding) -> xgr.Grammar:
@@ -61,7 +49,7 @@ def _xgrammar_message(exc: Exception) -> str:
 
 MAX_DIGITS = 19  # the most digits of an integer (part) where the schema sets no bound: int64's
 
-_DIGIT_RULE = re.compile(r"^(\w+) ::= \(\(\[0-9\]\)\)$", re.M)  # xgrammar's rule for one digit
+_DIGIT_RULE = re.compile(r"^(\w+) ::= \(\(\[0-9\]\)\)$", re.MULTILINE)  # xgrammar's rule for one digit
 
 
 def _json(schema: Any, param: str) -> xgr.Grammar:

@@ -21,10 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-
-from runtime.device import host_tensor
 import torch.nn.functional as F
 
+from runtime.device import host_tensor
 from runtime.lora.slots import LinearSlots
 from runtime.models.linear import Linear
 
@@ -117,7 +116,9 @@ class LoraDelta:
         self.stacks = stacks
         self.expand: Callable[..., torch.Tensor] | None = None
         if batch.cuda:  # A folded under the base weight (runtime/lora/slots.py), or beside an FP8 one
-            from runtime.cuda.lora_kernels import lora_expand  # Triton is needed on CUDA only
+            from runtime.cuda.lora_kernels import (
+                lora_expand,  # Triton is needed on CUDA only
+            )
 
             self.expand = lora_expand
 

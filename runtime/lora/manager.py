@@ -17,7 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from runtime.config import EngineConfig
-from runtime.errors import InvalidRequestError, UnknownAdapterError, UnknownLoraTaskError
+from runtime.errors import (
+    InvalidRequestError,
+    UnknownAdapterError,
+    UnknownLoraTaskError,
+)
 from runtime.lora.apply import LoraBatch, LoraDelta
 from runtime.lora.host_cache import HostCache
 from runtime.lora.peft import load_peft_adapter, read_peft_config
@@ -248,7 +252,7 @@ class LoraManager:
         try:
             weights: LoraWeights | None = self._read(adapter.path)  # type: ignore[arg-type]
             error = None
-        except Exception as exc:  # noqa: BLE001 - reported to the requests waiting for it
+        except Exception as exc:
             logger.exception("loading LoRA adapter '%s' failed", adapter.name)
             weights, error = None, f"loading LoRA adapter '{adapter.name}' failed: {exc}"
         with self._lock:

@@ -6,21 +6,12 @@ Public surface (used by the engine's model runner):
     CausalLM.compute_logits(hidden) -> float32 [N, vocab]
     allocate_kv_cache(spec, num_blocks, block_size, dtype, device) -> list[Tensor]
     kv_cache_bytes_per_token(spec, dtype) -> int
+What a checkpoint is (ModelSpec) and whether we serve it are told without torch: runtime/model_spec.py,
+runtime/architectures.py.
 """
 
 from runtime.models.base import CausalLM
 from runtime.models.kv_cache import allocate_kv_cache, kv_cache_bytes_per_token
 from runtime.models.loader import load_model
-from runtime.models.registry import SUPPORTED_ARCHITECTURES, UnsupportedArchitectureError, check_supported
-from runtime.models.spec import ModelSpec
 
-__all__ = [
-    "SUPPORTED_ARCHITECTURES",
-    "CausalLM",
-    "ModelSpec",
-    "UnsupportedArchitectureError",
-    "allocate_kv_cache",
-    "check_supported",
-    "kv_cache_bytes_per_token",
-    "load_model",
-]
+__all__ = ["CausalLM", "allocate_kv_cache", "kv_cache_bytes_per_token", "load_model"]

@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from runtime.attention_metadata import AttentionMetadata
+from runtime.model_spec import ModelSpec
 from runtime.models.cpu_weights import CpuWeight
-from runtime.models.spec import ModelSpec
 
 
 class CausalLM(nn.Module):

@@ -14,11 +14,10 @@ factors, stored as tensors; its sliding window; Gemma 3's RoPE scaling; Qwen3-Mo
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,8 +28,16 @@ from gguf import GGUFReader, Keys
 from gguf.quants import dequantize
 from tqdm.auto import tqdm
 
-from runtime.cache import cache_folder
 from runtime.device import DTYPES
+from runtime.gguf_cache import (
+    CacheFolderError,
+    check_room,
+    converted,
+    converted_bytes,
+    default_cache_dir,
+    exact_dtype,
+    gguf_file,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -82,9 +89,6 @@ _IN_BLOCK_OF: dict[str, dict[str, str]] = {
 _BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 _ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")  # Phi-3's LongRoPE, as tensors
 
-# bump when the converted folder's contents change, so older caches are not reused
-_FORMAT_VERSION = 1
-
 
 def resolve_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) -> str:
     """The converted checkpoint folder for a .gguf file or a folder holding exactly one; other paths as given.
@@ -93,23 +97,23 @@ def resolve_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) 
     the values exact: the file's half type for F16/BF16 files, float32 for quantized ones. cache_dir
     defaults to $XDG_CACHE_HOME (or ~/.cache)/trtllm-gateway/gguf.
     """
-    gguf_file = _gguf_file(Path(path))
-    if gguf_file is None:
+    found = gguf_file(Path(path))
+    if found is None:
         return path
-    root = cache_dir or _default_cache_dir()
-    done = _converted(gguf_file, dtype, root)
-    name = gguf_file.stem  # the served model name defaults to the checkpoint folder's name
+    root = cache_dir or default_cache_dir()
+    done = converted(found, dtype, root)
+    name = found.stem  # the served model name defaults to the checkpoint folder's name
     if done.is_dir():
-        logger.debug("GGUF %s: using the checkpoint converted before, cached in %s", gguf_file, done / name)
+        logger.debug("GGUF %s: using the checkpoint converted before, cached in %s", found, done / name)
         return str(done / name)
-    needed = _converted_bytes(gguf_file, dtype)
-    _check_room(root, needed)
+    needed = converted_bytes(found, dtype)
+    check_room(root, needed)
     try:
         # written into a temporary folder and renamed, so a crash or a concurrent start never sees half a folder
         work = Path(tempfile.mkdtemp(prefix=f".{done.name}-", dir=root))
         try:
             started = time.perf_counter()
-            stored = _convert(gguf_file, work / name, dtype)
+            stored = _convert(found, work / name, dtype)
             try:
                 work.rename(done)
             except OSError:  # another process finished the same conversion first
@@ -120,78 +124,8 @@ def resolve_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) 
     except OSError as exc:  # unwritable, full: one line that says what to do, not a traceback
         raise CacheFolderError(root, needed, exc.strerror or str(exc)) from None
     logger.info("GGUF %s converted to %s checkpoint in %.1f s, cached in %s",
-                gguf_file, stored, time.perf_counter() - started, done / name)
+                found, stored, time.perf_counter() - started, done / name)
     return str(done / name)
-
-
-class CacheFolderError(ValueError):
-    """The converted checkpoint cannot be written to the cache folder (a start-up error of one line)."""
-
-    def __init__(self, root: Path, needed: int, reason: str) -> None:
-        super().__init__(f"cannot write the converted GGUF checkpoint to {root}: {reason}; it needs about "
-                         f"{-(-needed // 2**20)} MiB free there. Set XDG_CACHE_HOME to a writable folder with room "
-                         "(the cache is $XDG_CACHE_HOME/trtllm-gateway/gguf, by default under ~/.cache).")
-
-
-def _check_room(root: Path, needed: int) -> None:
-    """CacheFolderError when `root` cannot be made or holds less than `needed` bytes free."""
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        if not os.access(root, os.W_OK | os.X_OK):
-            raise PermissionError(13, "Permission denied")
-        free = shutil.disk_usage(root).free
-        if free < needed:
-            raise OSError(28, f"only {free // 2**20} MiB free")
-    except OSError as exc:
-        raise CacheFolderError(root, needed, exc.strerror or str(exc)) from None
-
-
-def _converted_bytes(gguf_file: Path, dtype: str) -> int:
-    """About the size of the converted checkpoint: its weights in the target dtype, and a margin for the rest."""
-    reader = GGUFReader(gguf_file)
-    target = DTYPES[dtype] if dtype != "auto" else _exact_dtype(reader)
-    weights = sum(int(t.n_elements) for t in reader.tensors) * target.itemsize
-    return weights + gguf_file.stat().st_size // 10 + 16 * 2**20  # tokenizer files, config
-
-
-def unconverted_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) -> Path | None:
-    """The GGUF file resolve_gguf(path, dtype) would convert (none converted before is cached); else None.
-    CacheFolderError when the cache cannot take the conversion: said at once, before the port opens."""
-    gguf_file = _gguf_file(Path(path))
-    root = cache_dir or _default_cache_dir()
-    if gguf_file is None or _converted(gguf_file, dtype, root).is_dir():
-        return None
-    _check_room(root, _converted_bytes(gguf_file, dtype))
-    return gguf_file
-
-
-def _converted(gguf_file: Path, dtype: str, root: Path) -> Path:
-    """The cache folder of `gguf_file` converted to `dtype`, keyed by the file's path, size and mtime."""
-    if dtype != "auto" and dtype not in DTYPES:
-        raise ValueError(f"unsupported dtype {dtype!r} (use auto, {', '.join(DTYPES)})")
-    stat = gguf_file.stat()
-    key = hashlib.sha256(
-        f"{gguf_file.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{dtype}\0{_FORMAT_VERSION}".encode()
-    ).hexdigest()[:16]
-    return root / key
-
-
-def _gguf_file(path: Path) -> Path | None:
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise FileNotFoundError(f"no such GGUF file: {path}")
-        return path
-    if not path.is_dir() or (path / "config.json").exists():
-        return None
-    found = sorted(path.glob("*.gguf"))
-    if len(found) > 1:
-        raise ValueError(f"{path} holds {len(found)} .gguf files ({', '.join(f.name for f in found)}); "
-                         "pass the one to serve")
-    return found[0] if found else None
-
-
-def _default_cache_dir() -> Path:
-    return cache_folder("gguf")
 
 
 def _convert(gguf_file: Path, out: Path, dtype: str) -> str:
@@ -210,7 +144,7 @@ def _convert(gguf_file: Path, out: Path, dtype: str) -> str:
                              f"which is not supported. Supported types: {', '.join(SUPPORTED_TYPES)}.")
     config = AutoConfig.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
     tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
-    target = DTYPES[dtype] if dtype != "auto" else _exact_dtype(reader)
+    target = DTYPES[exact_dtype(reader) if dtype == "auto" else dtype]
 
     tensors: dict[str, torch.Tensor] = {}
     rope_factors: dict[str, list[float]] = {}
@@ -242,16 +176,6 @@ def _convert(gguf_file: Path, out: Path, dtype: str) -> str:
     generation.eos_token_id = _stop_ids(reader)
     generation.save_pretrained(out)
     return str(target).removeprefix("torch.")
-
-
-def _exact_dtype(reader: GGUFReader) -> torch.dtype:
-    """The dtype that holds every weight value exactly: a half type when all matrices use it, else float32."""
-    matrix_types = {t.tensor_type.name for t in reader.tensors if len(t.shape) > 1}
-    if matrix_types == {"F16"}:
-        return torch.float16
-    if matrix_types == {"BF16"}:
-        return torch.bfloat16
-    return torch.float32
 
 
 def _hf_name(gguf_name: str, architecture: str) -> str | None:
@@ -329,3 +253,25 @@ def _stop_ids(reader: GGUFReader) -> list[int] | None:
         if field is not None and int(field.contents()) not in ids:
             ids.append(int(field.contents()))
     return ids or None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Convert one GGUF file into its cached checkpoint folder, in a process of its own (runtime/served_model.py:
+    the front end never loads torch); the error, if any, on stderr's last line."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Convert a GGUF file into the cached checkpoint folder served from it")
+    parser.add_argument("path")
+    parser.add_argument("--dtype", default="auto")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        print(resolve_gguf(args.path, args.dtype))
+    except (OSError, ValueError) as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,13 +6,13 @@ import torch
 from torch import nn
 
 from runtime.attention_metadata import AttentionMetadata
+from runtime.model_spec import ModelSpec
 from runtime.models.activation import get_activation
 from runtime.models.attention import Attention
 from runtime.models.base import CausalLM
 from runtime.models.embedding import Embedding
 from runtime.models.linear import Linear
 from runtime.models.norm import LayerNorm
-from runtime.models.spec import ModelSpec
 
 # HF stores these as Conv1D, whose weight is [in, out]: the transpose of a Linear's
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from runtime.model_spec import ModelSpec
 from runtime.models.llama import LlamaForCausalLM
-from runtime.models.spec import ModelSpec
 
 # MXFP4: 4-bit e2m1 values, two a byte (low nibble first), 32 of them sharing a power-of-two scale (a biased byte)
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.models.spec import ModelSpec
+from runtime.model_spec import ModelSpec
 
 
 def kv_cache_bytes_per_token(spec: ModelSpec, dtype: torch.dtype) -> int:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from runtime.attention_metadata import AttentionMetadata
+from runtime.model_spec import ModelSpec
 from runtime.models.activation import get_activation
 from runtime.models.attention import Attention
 from runtime.models.base import CausalLM
@@ -24,7 +25,6 @@ from runtime.models.linear import Linear
 from runtime.models.moe import MoE, expert_target
 from runtime.models.norm import RMSNorm
 from runtime.models.rotary_embedding import RopeConfig, RotaryEmbedding
-from runtime.models.spec import ModelSpec
 
 # checkpoint name prefixes -> ours: Gemma 3's multimodal checkpoints (transformers 5 and 4 spellings) keep their text
 # model under language_model; Mixtral's MoE block is "block_sparse_moe"; gpt-oss's router is "router"

@@ -10,12 +10,14 @@ import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
+from runtime.architectures import UnsupportedArchitectureError, check_supported
+from runtime.device import DTYPES
+from runtime.model_spec import ModelSpec
 from runtime.models.base import CausalLM
 from runtime.models.fp8_checkpoint import Fp8Reader, checkpoint_is_fp8, quantize_model
 from runtime.models.linear import Linear
 from runtime.models.moe import Experts
-from runtime.models.registry import UnsupportedArchitectureError, check_supported, model_class
-from runtime.models.spec import ModelSpec
+from runtime.models.registry import model_class
 
 Quantization = Literal["none", "fp8"]
 
@@ -35,7 +37,7 @@ def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device
     spec.context_window = context_window or spec.context_window
     check_supported(spec)
     cls = model_class(spec.architecture)
-    dtype = dtype or spec.torch_dtype
+    dtype = dtype or DTYPES[spec.dtype]
     try:
         # parameters are allocated empty on the target device; the checkpoint fills every one
         with torch.device(device):

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from runtime.model_spec import ModelSpec, MoeSpec
 from runtime.models.activation import get_activation
 from runtime.models.linear import Linear
-from runtime.models.spec import ModelSpec, MoeSpec
 
 # per-expert checkpoint tensors: (layer path).experts.(expert).(kind).weight
 _PER_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.(?P<kind>w1|w2|w3|gate_proj|up_proj|down_proj)"

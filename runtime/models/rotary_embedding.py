@@ -4,48 +4,12 @@ linear, Llama 3, YaRN (gpt-oss, long-context Qwen3), LongRoPE (Phi-3/Phi-4), and
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
-LAYER_TYPES = ("full_attention", "sliding_attention")
-
-
-@dataclass
-class RopeConfig:
-    """RoPE settings, whichever way the config spells them."""
-
-    theta: float
-    rope_type: str
-    params: dict[str, Any]
-    partial_rotary_factor: float = 1.0
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any], layer_type: str | None = None) -> "RopeConfig":
-        """The settings of `layer_type`'s layers (Gemma 3 gives its sliding layers their own base)."""
-        # transformers>=5 writes "rope_parameters" (theta inside), per layer type where they differ; older
-        # checkpoints write "rope_theta" plus an optional "rope_scaling" dict with "type" or "rope_type" (Gemma 3:
-        # "rope_local_base_freq" for its sliding layers, whose rope_scaling is the global layers' only)
-        params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-        if set(params) & set(LAYER_TYPES):
-            params = dict(params.get(layer_type or "full_attention") or {})
-        elif layer_type == "sliding_attention" and "rope_local_base_freq" in config:
-            params = {"rope_type": "default", "rope_theta": config["rope_local_base_freq"]}
-        theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
-        rope_type = str(params.get("rope_type", params.get("type", "default")))
-        rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name for it
-        if config.get("original_max_position_embeddings"):  # Phi-3 states it beside rope_scaling
-            params.setdefault("original_max_position_embeddings", config["original_max_position_embeddings"])
-        partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-        return cls(theta=theta, rope_type=rope_type, params=params, partial_rotary_factor=float(partial))
-
-    def check(self) -> None:
-        """ValueError for a type we do not implement."""
-        if self.rope_type not in ROPE_TYPES:
-            raise ValueError(f"rope type {self.rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
+from runtime.model_spec import RopeConfig
 
 
 def _inv_freq(dim: int, rope: RopeConfig, max_positions: int, context_window: int) -> tuple[torch.Tensor, float]:

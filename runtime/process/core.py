@@ -12,71 +12,65 @@ LoRA replies.
 
 Signals: SIGINT and SIGTERM are ignored. The front end drains first and then sends Shutdown; Ctrl-C or a
 group-wide SIGTERM reaches both processes, and the core must keep serving while the front end drains. If the
-front end dies anyway, the kernel kills the core with it (Linux; elsewhere it notices within PARENT_POLL s).
+front end dies anyway, the kernel kills the core with it (Linux; elsewhere it notices within PARENT_POLL s:
+runtime/process/parent.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import os
 import re
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import msgspec
 import zmq
 import zmq.asyncio
 
 from runtime.config import EngineConfig
-from runtime.delivery import Outbox, Pending
 from runtime.engine import EngineStats
 from runtime.errors import brief
 from runtime.llm_engine import NativeEngine
+from runtime.outbox import Outbox, Pending
 from runtime.process.messages import (
-    STATS_PERIOD, Abort, AddRequest, Attach, ErrorInfo, LoraCall, LoraReply, Phase, Ready, Rejected, Shutdown,
-    StartFailed, StepOutputs, encoder, error_info, to_core,
+    STATS_PERIOD,
+    Abort,
+    AddRequest,
+    Addresses,
+    Attach,
+    CoreArgs,
+    ErrorInfo,
+    LoraCall,
+    LoraReply,
+    Phase,
+    Ready,
+    Rejected,
+    Shutdown,
+    StartFailed,
+    StepOutputs,
+    encoder,
+    error_info,
+    to_core,
 )
-from runtime.request import OutputDelta
+from runtime.process.parent import exit_when_orphaned
 from runtime.request_state import RequestState
 from runtime.validation import PreparedRequest, check_prepared
 
 logger = logging.getLogger(__name__)
 
-PARENT_POLL = 0.5  # s between checks that the front end is still alive
 LINGER_MS = 5000  # how long the last messages may take to leave when the core exits
 
 
-@dataclass(frozen=True)
-class Addresses:
-    """ZeroMQ endpoints, bound by the front end."""
-
-    to_core: str  # requests, aborts, LoRA calls, shutdown
-    to_front_end: str  # step outputs and replies
-
-
-@dataclass(frozen=True)
-class CoreArgs:
-    """What the front end hands the core on its stdin."""
-
-    config: EngineConfig
-    addresses: list[Addresses]  # one pair per front end (--api-servers)
-    parent_pid: int
-    log_level: int
-
-
 class SocketOutbox(Outbox):
-    """Sends each step's deltas in one message per front end (to the one that sent each request), with the
+    """Sends each step's outputs in one message per front end (to the one that sent each request), with the
     engine's stats at most every STATS_PERIOD s (and whenever a request ends, so the front ends' view is exact
-    when idle). A streamed `token_only` request's tokens that need no delta travel as two columns of the message
+    when idle). A streamed request's plain tokens (StepOutput's columns) travel as two columns of the message
     (request ids, token ids): no delta is built, encoded and decoded per token. The front end hands out a
-    message's columns before its deltas, so a token that follows a delta of its request in the same message (two
-    steps' outputs in one flush) goes as a delta too."""
+    message's columns before its deltas, as StepOutput orders them."""
 
     def __init__(self, sockets: list[zmq.Socket], owners: dict[str, int], stats: Callable[[], EngineStats],
                  stream_interval: int = 1) -> None:
@@ -87,15 +81,9 @@ class SocketOutbox(Outbox):
         self._stats_sent = 0.0
         self._token_requests: list[str] = []  # the columns of the next message
         self._token_ids: list[int] = []
-        self._with_deltas: set[str] = set()  # requests with deltas in the next message
-
-    def emit(self, state: RequestState, deltas: list[OutputDelta], final: bool = False) -> None:
-        super().emit(state, deltas, final)
-        self._with_deltas.add(state.request_id)
 
     def add_token(self, state: RequestState, token_id: int) -> None:
-        # as a delta: held back (not streamed, or a stream interval), or behind a delta in this message
-        if not (state.request.stream and self.stream_interval == 1) or state.request_id in self._with_deltas:
+        if not (state.request.stream and self.stream_interval == 1):  # held back: as a delta
             super().add_token(state, token_id)
             return
         self._token_requests.append(state.request_id)
@@ -104,7 +92,6 @@ class SocketOutbox(Outbox):
     def send(self, pending: Pending) -> None:
         requests, token_ids = self._token_requests, self._token_ids
         self._token_requests, self._token_ids = [], []
-        self._with_deltas.clear()
         now = time.monotonic()
         stats = None
         if now - self._stats_sent >= STATS_PERIOD or any(final for _, _, final in pending):
@@ -145,8 +132,7 @@ class CoreServer:
         self._outputs = [self._push(self._step_context, pair) for pair in addresses]
         self._owners: dict[str, int] = {}
         self.engine = NativeEngine(config, outbox=SocketOutbox(self._outputs, self._owners,
-                                                               lambda: self.engine.stats(), config.stream_interval),
-                                  text_in_front_end=True)
+                                                               lambda: self.engine.stats(), config.stream_interval))
         self._adding: set[str] = set()  # requests whose grammar is compiling
         self._aborted_while_adding: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -171,14 +157,16 @@ class CoreServer:
             logger.warning("front end %d is not reading; a message to it was dropped", front_end)
 
     def _ready(self) -> Ready:
-        return Ready(self.engine.lora_adapters() or {}, self.engine.stats(), os.getpid(), self.engine.phase)
+        info = self.engine.model_info
+        return Ready(self.engine.lora_adapters() or {}, self.engine.stats(), os.getpid(), self.engine.phase,
+                     info.dtype, info.device)
 
     async def serve(self) -> int:
         """Start the engine, then serve until Shutdown (0) or the engine dies (1)."""
         phases = asyncio.create_task(self._report_phases())
         try:
             await self.engine.start()
-        except Exception as exc:  # noqa: BLE001 - the front end reports it
+        except Exception as exc:
             logger.exception("engine failed to start")
             await self._tell_all(StartFailed(f"{type(exc).__name__}: {exc}"))
             phases.cancel()
@@ -217,9 +205,9 @@ class CoreServer:
                 self._spawn(self._add(msg))
             elif isinstance(msg, Abort):
                 for request_id in msg.request_ids:
-                    if request_id in self._adding:
+                    if request_id in self._adding and msg.index is None:
                         self._aborted_while_adding.add(request_id)
-                    self.engine.abort(request_id)
+                    self.engine.abort(request_id, msg.index)
             elif isinstance(msg, LoraCall):
                 self._spawn(self._lora(msg))
             elif isinstance(msg, Attach):
@@ -326,25 +314,6 @@ def _addressee(data: bytes, front_ends: int) -> tuple[str, int] | None:
     if not isinstance(request_id, str) or type(front_end) is not int or not 0 <= front_end < front_ends:
         return None
     return request_id, front_end
-
-
-PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal the kernel sends when the parent dies
-
-
-def exit_when_orphaned(parent_pid: int) -> None:
-    """Die with the parent process: on Linux the kernel kills this process the moment its parent dies (it would
-    otherwise step on for streams no one reads, holding the GPU); a poll every PARENT_POLL s covers other systems
-    and a parent that died before the request was made."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(PARENT_POLL)
-        logger.error("the parent process is gone; process %d exits", os.getpid())
-        os._exit(1)
-
-    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def main() -> int:

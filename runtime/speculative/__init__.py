@@ -17,10 +17,14 @@ import torch
 
 from runtime.block_manager import BlockManager
 from runtime.config import EngineConfig
-from runtime.speculative.draft import DraftProposer, DraftTokenizerMismatchError, check_same_tokenizer
+from runtime.speculative.draft import (
+    DraftProposer,
+    DraftTokenizerMismatchError,
+    check_same_tokenizer,
+)
 from runtime.speculative.guard import SpeculationGuard
 from runtime.speculative.ngram import NgramProposer
-from runtime.speculative.speculator import Speculator, SpecCounters
+from runtime.speculative.speculator import SpecCounters, Speculator
 from runtime.speculative.verifier import Verdict, verify_greedy, verify_sampled
 from runtime.tokenizer import Tokenizer
 

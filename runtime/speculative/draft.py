@@ -18,7 +18,8 @@ import torch
 from runtime.block_manager import BlockManager
 from runtime.decode_rows import MAX_ROWS_PER_SEQ
 from runtime.model_runner import ModelRunner
-from runtime.models import ModelSpec, kv_cache_bytes_per_token, load_model
+from runtime.model_spec import ModelSpec
+from runtime.models import kv_cache_bytes_per_token, load_model
 from runtime.request import SamplingOptions
 from runtime.sampler import Sampler, SamplingRow, processed_probs
 from runtime.sequence import Sequence, SequenceStatus
@@ -35,7 +36,7 @@ def check_same_tokenizer(target: Tokenizer, draft_path: str) -> None:
     """Raise DraftTokenizerMismatchError unless `draft_path`'s tokenizer maps text to the same ids."""
     try:
         draft = Tokenizer.from_pretrained(draft_path)
-    except Exception as exc:  # noqa: BLE001 - any load failure is the same start-up error
+    except Exception as exc:
         raise DraftTokenizerMismatchError(
             f"--draft-model {draft_path}: cannot load its tokenizer ({exc}); the draft must ship the target's tokenizer"
         ) from exc

@@ -20,7 +20,7 @@ class TargetRows:
     edits: bool  # processors change the logits: rows after drafts differ from `base`
 
     @classmethod
-    def of(cls, base: SamplingRow) -> "TargetRows":
+    def of(cls, base: SamplingRow) -> TargetRows:
         return cls(base, base.options.greedy, edits_logits(base))
 
     @property

@@ -1,34 +1,34 @@
-"""Speculator: the engine's hook for speculative decoding inside in-flight batching.
+"""Speculator: speculative decoding inside in-flight batching, as proposals and verdicts.
 
-Per step, around the target's forward pass (runtime/llm_engine.py calls these in order):
+Per step, around the target's forward pass (runtime/engine_core.py calls these in order):
   begin_step(batch)      whether the step may speculate (the limit, and the guard's measurements: guard.py;
                          decided before the step in flight is collected);
-  plan(batch)            pick decode entries of requests that speculate, propose up to k tokens for
-                         each (n-gram lookup or the draft model), reserve KV slots for them;
+  plan(batch)            pick decode entries of requests that speculate, propose up to k tokens for each
+                         (n-gram lookup or the draft model); returns the proposals, for which the scheduler
+                         reserves KV slots;
   patch_inputs(inputs)   those entries feed [last token] + drafts and get logits for every row (left on
                          the device: verification copies back ids and logprobs, not [K+1, vocab] rows);
-  verify(batch, results) accept a prefix (runtime/speculative/verifier.py), let the accepted drafts
-                         join the sequence, shrink the entry so only verified KV counts as computed, and
-                         free the blocks that held only rejected tokens;
-  emit(...)              one delta per emitted token, through the request's normal stop logic, so stop
-                         ids / stop strings / max_tokens cut a multi-token step where they hit.
-Plain requests (num_draft_tokens 0, beams, guided decoding, generation logits) decode as usual in
-the same batch.
+  verify(batch, results) accept a prefix of each proposal (runtime/speculative/verifier.py); the results then
+                         hold the tokens to emit, and the verdicts go to `Scheduler.update_from_output`, which
+                         lets the accepted drafts join the sequence, frees the slots of rejected ones and cuts
+                         the emitted tokens at a stop.
+Nothing here changes a target sequence or its blocks (the draft model keeps its own cache: draft.py).
+Plain requests (num_draft_tokens 0, beams, guided decoding, generation logits) decode as usual in the same batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence as Seq
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from runtime.block_manager import BlockManager
-from runtime.request import OutputDelta
 from runtime.request_state import RequestState
 from runtime.sampler import compute_logprobs, processed_logits, processed_probs
-from runtime.scheduler import ScheduledBatch, ScheduledSeq, Scheduler
+from runtime.scheduled_batch import ScheduledBatch, ScheduledSeq
 from runtime.sequence import Sequence
 from runtime.speculative.draft import DraftJob, DraftProposer
 from runtime.speculative.guard import SpeculationGuard
@@ -52,7 +52,6 @@ class _Work:
     target: TargetRows
     draft_token_ids: list[int]
     draft_probs: torch.Tensor | None  # on the CPU; None: deterministic proposals (n-gram) or a greedy target
-    num_accepted: int = 0
 
 
 @dataclass
@@ -84,14 +83,16 @@ class Speculator:
         self._cpu_twins: dict[int, tuple[str, torch.Generator]] = {}
 
     # ---- before the forward ---------------------------------------------------------------------
-    def plan(self, batch: ScheduledBatch, requests: Mapping[str, RequestState]) -> None:
+    def plan(self, batch: ScheduledBatch, requests: Mapping[str, RequestState]) -> list[tuple[Sequence, int]]:
+        """Proposals for this step's speculating entries: (sequence, draft tokens), for which the scheduler must
+        reserve KV slots (there is room: counted here) before the step's inputs are built."""
         self._work.clear()
         if isinstance(self.proposer, DraftProposer):
             self.proposer.release_finished()
         if self._cpu_twins:
             self._cpu_twins = {k: v for k, v in self._cpu_twins.items() if v[0] in requests}
         if not self._may_speculate:
-            return
+            return []
         budget = self.max_num_tokens - batch.num_tokens
         free_blocks = self.block_manager.num_free_blocks  # minus what earlier entries reserve below
         wanted: list[tuple[ScheduledSeq, RequestState, int]] = []
@@ -105,7 +106,7 @@ class Speculator:
                 budget -= k
                 free_blocks -= need
         if not wanted:
-            return
+            return []
         targets = [TargetRows.of(s.sampling_rows(e.seq)[0]) for e, s, _ in wanted]
         if isinstance(self.proposer, DraftProposer):
             jobs = [DraftJob(e.seq, k, t, self._generator(s, e.seq)) for (e, s, k), t in zip(wanted, targets)]
@@ -113,10 +114,9 @@ class Speculator:
         else:
             proposals = [(self.proposer.propose(e.seq.token_ids, k), None) for e, _, k in wanted]
         for (entry, state, _), target, (tokens, probs) in zip(wanted, targets, proposals):
-            if not tokens:
-                continue
-            self.block_manager.append_slots(entry.seq, 1 + len(tokens))
-            self._work[entry.seq.seq_id] = _Work(entry, state, target, tokens, probs)
+            if tokens:
+                self._work[entry.seq.seq_id] = _Work(entry, state, target, tokens, probs)
+        return [(work.entry.seq, len(work.draft_token_ids)) for work in self._work.values()]
 
     def begin_step(self, batch: ScheduledBatch, requests: Mapping[str, RequestState]) -> bool:
         """Whether this step may speculate, decided once per step, before the engine collects the step in flight
@@ -135,10 +135,6 @@ class Speculator:
     def proposed(self) -> bool:
         """Whether the planned step verifies drafts (the engine then waits for it before the next step)."""
         return bool(self._work)
-
-    def verifies(self, seq: Sequence) -> bool:
-        """Whether the planned step verifies drafts of `seq` (its results then go through `emit`)."""
-        return seq.seq_id in self._work
 
     def _draft_len(self, entry: ScheduledSeq, state: RequestState) -> int:
         seq = entry.seq
@@ -170,8 +166,9 @@ class Speculator:
         return StepInputs.of(rows)
 
     # ---- after the forward ----------------------------------------------------------------------
-    def verify(self, batch: ScheduledBatch, results: Seq[StepResult]) -> None:
-        """Accept drafts; rejected tokens' KV is rolled back (before scheduler.advance counts it).
+    def verify(self, batch: ScheduledBatch, results: Seq[StepResult]) -> dict[int, Verdict]:
+        """The verdict of each verifying entry, by its index in `batch`; its result then holds the tokens to emit
+        (accepted drafts and the target's next token) and their logprobs.
 
         Greedy targets that edit no logits and ask no logprobs compare the K+1 argmax ids the step brought back
         (StepResult.row_argmax: taken inside the decode graph, or once for the whole step), as plain greedy decoding
@@ -179,23 +176,24 @@ class Speculator:
         1 ms longer on the H200. For the others, device work for every entry is queued first and copied back with one
         wait: greedy targets need their K+1 argmax ids and those rows' logprobs; sampled ones their K+1 processed
         distributions (rejection sampling draws on the CPU), then the emitted tokens' logprobs."""
-        checks: list[tuple[_Work, StepResult, torch.Tensor]] = []
-        for entry, result in zip(batch.entries, results):
-            work = self._work.get(entry.seq.seq_id)
+        verdicts: dict[int, Verdict] = {}
+        checks: list[tuple[int, _Work, StepResult, torch.Tensor]] = []
+        for b, (seq, result) in enumerate(zip(batch.seqs, results)):
+            work = self._work.get(seq.seq_id)
             if work is None or result.all_logits is None:
                 continue
             if result.row_argmax is not None:  # the step took these rows' argmax: nothing left on the device
                 n = len(work.draft_token_ids) + 1
-                self._accept(work, result, verify_greedy(result.row_argmax, work.draft_token_ids),
-                             (torch.zeros(n), None, None))
+                verdicts[b] = self._accept(work, result, verify_greedy(result.row_argmax, work.draft_token_ids),
+                                           (torch.zeros(n), None, None))
             else:
-                checks.append((work, result, result.all_logits))
+                checks.append((b, work, result, result.all_logits))
             result.all_logits = None
         if not checks:
-            return
+            return verdicts
         first: list[torch.Tensor] = []  # per check: the K+1 argmax ids (greedy) or distributions (sampled)
         logprobs: list[_Logprobs | None] = []  # per check: of the argmax ids (greedy); sampled ones come later
-        for work, _, logits in checks:
+        for _, work, _, logits in checks:
             rows = work.target
             if rows.greedy:
                 edited = processed_logits(logits, rows.verify_rows(work.draft_token_ids)) if rows.edits else logits
@@ -206,63 +204,41 @@ class Speculator:
                 first.append(processed_probs(logits, rows.verify_rows(work.draft_token_ids)))
                 logprobs.append(None)
         first, logprobs = _to_host((first, logprobs))
-        verdicts: list[Verdict] = []
+        outcomes: list[Verdict] = []
         resampled: list[int] = []  # checks of sampled targets
-        for c, (work, _, _) in enumerate(checks):
+        for c, (_, work, _, _) in enumerate(checks):
             if work.target.greedy:
-                verdicts.append(verify_greedy(first[c].tolist(), work.draft_token_ids))
+                outcomes.append(verify_greedy(first[c].tolist(), work.draft_token_ids))
             else:
-                verdicts.append(verify_sampled(first[c], work.draft_token_ids, work.draft_probs,
+                outcomes.append(verify_sampled(first[c], work.draft_token_ids, work.draft_probs,
                                                self._generator(work.state, work.entry.seq)))
                 resampled.append(c)
         if resampled:  # the logprobs of the tokens rejection sampling chose, again with one wait
-            later = _to_host([compute_logprobs(checks[c][2][: len(verdicts[c].token_ids)],
-                                               torch.tensor(verdicts[c].token_ids, device=checks[c][2].device),
-                                               checks[c][0].target.base.options.logprobs or 0) for c in resampled])
+            later = _to_host([compute_logprobs(checks[c][3][: len(outcomes[c].token_ids)],
+                                               torch.tensor(outcomes[c].token_ids, device=checks[c][3].device),
+                                               checks[c][1].target.base.options.logprobs or 0) for c in resampled])
             for c, lp in zip(resampled, later):
                 logprobs[c] = lp
-        for (work, result, _), verdict, lp in zip(checks, verdicts, logprobs):
+        for (b, work, result, _), verdict, lp in zip(checks, outcomes, logprobs):
             assert lp is not None
-            self._accept(work, result, verdict, lp)
+            verdicts[b] = self._accept(work, result, verdict, lp)
+        return verdicts
 
-    def _accept(self, work: _Work, result: StepResult, verdict: Verdict, logprobs: _Logprobs) -> None:
-        """Record the verdict in `result` and let the accepted drafts join the sequence."""
+    def _accept(self, work: _Work, result: StepResult, verdict: Verdict, logprobs: _Logprobs) -> Verdict:
+        """Record the verdict's tokens and logprobs in `result`, and count it."""
         n = len(verdict.token_ids)
         chosen, top_ids, top_lps = logprobs
         result.token_ids = verdict.token_ids
         result.logprobs = chosen[:n].tolist()
         result.top = ([list(zip(i, lp)) for i, lp in zip(top_ids[:n].tolist(), top_lps[:n].tolist())]
                       if top_ids is not None and top_lps is not None else [[] for _ in range(n)])
-        work.num_accepted = verdict.num_accepted
-        entry, seq, drafts = work.entry, work.entry.seq, work.draft_token_ids
-        # verified KV: the fed token and the accepted drafts; the rest of the rows is discarded
-        entry.num_new_tokens = 1 + verdict.num_accepted
-        seq.token_ids.extend(drafts[: verdict.num_accepted])  # scheduler.advance hashes full blocks
-        self.block_manager.trim(seq, seq.num_computed_tokens + entry.num_new_tokens)
         if self.guard is not None:
             self.guard.accepted(verdict.num_accepted)
         c = self.counters
-        c.draft_tokens += len(drafts)
+        c.draft_tokens += len(work.draft_token_ids)
         c.accepted_tokens += verdict.num_accepted
         c.steps += 1
-
-    def emit(self, state: RequestState, entry: ScheduledSeq, result: StepResult,
-             scheduler: Scheduler) -> list[OutputDelta] | None:
-        """Deltas of a speculating entry (None for plain entries): tokens in order, cut at a stop."""
-        work = self._work.pop(entry.seq.seq_id, None)
-        if work is None or work.num_accepted + 1 != len(result.token_ids):
-            return None
-        seq = entry.seq
-        del seq.token_ids[seq.num_tokens - work.num_accepted :]  # re-appended one by one below
-        deltas = []
-        for token_id, logprob, top in zip(result.token_ids, result.logprobs, result.top):
-            seq.append_token(token_id)
-            deltas.append(state.add_token(seq, token_id, logprob, top, None))
-            if state.samples[seq.index].finish_reason is not None:
-                scheduler.finish(seq)  # tokens after the stop are dropped with the sequence's blocks
-                state.seqs.pop(seq.index, None)
-                break
-        return deltas
+        return verdict
 
     # ---- helpers ----------------------------------------------------------------------------------
     def _generator(self, state: RequestState, seq: Sequence) -> torch.Generator:

@@ -15,7 +15,10 @@ import os
 from typing import Any
 
 from runtime.errors import (
-    InvalidRequestError, UnknownAdapterError, UnknownLoraTaskError, UnsupportedOptionError,
+    InvalidRequestError,
+    UnknownAdapterError,
+    UnknownLoraTaskError,
+    UnsupportedOptionError,
 )
 from runtime.lora.peft import read_peft_config
 from runtime.lora.registry import Adapter, AdapterRegistry

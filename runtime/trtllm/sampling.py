@@ -14,7 +14,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.errors import InvalidRequestError, PromptTooLongError, UnsupportedOptionError
+from runtime.errors import (
+    InvalidRequestError,
+    PromptTooLongError,
+    UnsupportedOptionError,
+)
 from runtime.request import GenerationRequest
 from runtime.trtllm.api import TrtllmApi
 

@@ -15,7 +15,7 @@ from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter  # no
 
 from runtime.models.moe import MoE, Experts, route  # noqa: E402
 from runtime.models.norm import RMSNorm  # noqa: E402
-from runtime.models.spec import MoeSpec  # noqa: E402
+from runtime.model_spec import MoeSpec  # noqa: E402
 
 if RUN_HERE:
     from runtime.cuda import moe as cuda_moe

@@ -17,7 +17,8 @@ from gguf import MODEL_ARCH, GGMLQuantizationType, GGUFWriter, get_tensor_name_m
 from gguf.quants import quantize
 from safetensors.torch import load_file
 
-from runtime.models import ModelSpec, load_model
+from runtime.model_spec import ModelSpec
+from runtime.models import load_model
 from runtime.models.gguf import resolve_gguf
 from tests.engine_harness import collect, request, running_engine
 from tests.tiny_models import build_tiny_model

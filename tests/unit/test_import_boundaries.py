@@ -1,5 +1,6 @@
 """What a layer pulls in at import: the protocol adapters stay free of torch and xgrammar (the engine's), so
-translating a request never loads them (issue 15's structure)."""
+translating a request never loads them (issue 15's structure); so does everything a front-end process imports
+(issue 42; tests/e2e/test_front_end_process.py checks a started server's front end)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ ADAPTERS = ["adapters.openai.translate", "adapters.openai.tools", "adapters.open
             "adapters.openai.chat", "adapters.openai.completions", "adapters.triton.generate",
             "adapters.triton.inputs", "adapters.triton.outputs"]
 
+# what a front-end process imports: the app and CLI, the process client and its messages, the runtime's contract
+FRONT_END = ["gateway.cli", "gateway.app", "gateway.api_servers", "runtime.process.client", "runtime.process.messages",
+             "runtime.served_model", "runtime.output_processor", "runtime.validation", "runtime.tokenizer"]
+
 
 def loaded_after_import(modules: list[str], watched: list[str]) -> list[str]:
     """Which of `watched` a fresh interpreter has loaded after importing `modules`."""
@@ -24,3 +29,7 @@ def loaded_after_import(modules: list[str], watched: list[str]) -> list[str]:
 def test_the_adapters_import_neither_torch_nor_xgrammar() -> None:
     assert loaded_after_import(ADAPTERS, ["torch", "xgrammar"]) == []
 
+
+
+def test_the_front_end_imports_neither_torch_nor_xgrammar() -> None:
+    assert loaded_after_import(FRONT_END, ["torch", "xgrammar"]) == []

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from runtime.models import moe
-from runtime.models.spec import MoeSpec
+from runtime.model_spec import MoeSpec
 from tests.engine_harness import StepRecorder, collect, hf_greedy, load_hf, request, running_engine
 from tests.tiny_models import FAMILIES, SLIDING_WINDOW, build_tiny_model
 

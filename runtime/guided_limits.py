@@ -1,4 +1,5 @@
-"""Limits on a guided-decoding constraint, checked before it is built and compiled.
+"""Limits on a guided-decoding constraint, checked before it is built and compiled: by the front end's validation
+(without xgrammar, which only the engine core loads: runtime/guided/) and again by the core's compiler.
 
 xgrammar's build and compile time and memory grow with the constraint's shape, and neither can be
 interrupted once started. Measured with xgrammar 0.2.8, the demo model's tokenizer (4096 tokens), one
@@ -27,7 +28,6 @@ import re
 from typing import Any
 
 from runtime.errors import InvalidRequestError, brief
-from runtime.guided.grammars import guided_kind
 from runtime.request import GuidedDecoding
 
 MAX_CHARS = 64 * 1024  # the constraint, about as long as its JSON
@@ -40,6 +40,19 @@ MAX_COMPILE_SECONDS = 5.0  # a compile that took more CPU refuses its constraint
 
 _COUNT = re.compile(r"\{(\d+)(?:(,)(\d*))?\}")
 _HUGE = 10**9  # a count of more digits (int() refuses past 4300 of them)
+
+
+def guided_kind(guided: GuidedDecoding) -> str:
+    """The one constraint set on `guided` (InvalidRequestError when none or several are)."""
+    kinds = [name for name, on in (
+        ("json_schema", guided.json_schema is not None), ("json_object", guided.json_object),
+        ("regex", guided.regex is not None), ("grammar", guided.grammar is not None),
+        ("structural_tag", guided.structural_tag is not None),
+    ) if on]
+    if len(kinds) != 1:
+        raise InvalidRequestError(f"guided decoding needs exactly one constraint, got {kinds or 'none'}",
+                                  param=guided.param)
+    return kinds[0]
 
 
 def check_limits(guided: GuidedDecoding) -> None:

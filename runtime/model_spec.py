@@ -1,4 +1,6 @@
-"""ModelSpec: the shape facts of a checkpoint, read from its config.json (and generation_config.json)."""
+"""ModelSpec: the shape facts of a checkpoint, read from its config.json (and generation_config.json), and its RoPE
+settings (RopeConfig). No torch: the front end reads the served model's description here too (runtime/served_model.py);
+the native models build their layers from it."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
+from runtime.config import DTYPE_NAMES
 
 # Real-world checkpoints spell the same fact differently (GPT-2 style vs Llama style names).
 _ALIASES: dict[str, tuple[str, ...]] = {
@@ -43,9 +45,6 @@ _ARCHITECTURE_FACTS: dict[str, dict[str, Any]] = {
     "Gemma3ForConditionalGeneration": _GEMMA3,
     "GptOssForCausalLM": {"norm_weight_in_float32": True, "attention_sinks": True},
 }
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
 
 def _first(config: dict[str, Any], key: str) -> Any:
     for name in _ALIASES.get(key, (key,)):
@@ -136,7 +135,7 @@ class ModelSpec:
     max_position_embeddings: int
     eos_token_ids: list[int]
     bos_token_id: int | None
-    torch_dtype: torch.dtype = torch.float32  # the checkpoint's dtype (config "torch_dtype"/"dtype")
+    dtype: str = "float32"  # the checkpoint's dtype (config "torch_dtype"/"dtype"), one of bfloat16/float16/float32
     config: dict[str, Any] = field(default_factory=dict, repr=False)  # raw config.json, for model builders
     layer_windows: list[int | None] = field(default_factory=list)  # per layer: sliding window (None: full)
     qkv_bias: bool = False  # q/k/v projections have a bias (Qwen2, gpt-oss, "attention_bias")
@@ -165,7 +164,7 @@ class ModelSpec:
         return None if None in windows else max(windows)  # type: ignore[type-var]
 
     @classmethod
-    def from_config(cls, config: dict[str, Any], generation_config: dict[str, Any] | None = None) -> "ModelSpec":
+    def from_config(cls, config: dict[str, Any], generation_config: dict[str, Any] | None = None) -> ModelSpec:
         """Build from config.json's dict; generation_config.json's eos ids are merged in (HF does the same)."""
         archs = config.get("architectures") or []
         architecture = archs[0] if archs else _DEFAULT_ARCHITECTURE.get(config.get("model_type", ""), "")
@@ -199,7 +198,7 @@ class ModelSpec:
             max_position_embeddings=int(_first(config, "max_position_embeddings")),
             eos_token_ids=eos,
             bos_token_id=int(bos) if isinstance(bos, int) else None,
-            torch_dtype=_DTYPES.get(str(dtype_name), torch.float32),
+            dtype=str(dtype_name) if dtype_name in DTYPE_NAMES else "float32",
             config=config,
             layer_windows=_layer_windows(architecture, config, layers),
             qkv_bias=attention_bias or facts.get("qkv_bias", False),
@@ -219,10 +218,48 @@ class ModelSpec:
         )
 
     @classmethod
-    def from_pretrained(cls, path: str | Path) -> "ModelSpec":
+    def from_pretrained(cls, path: str | Path) -> ModelSpec:
         """Read `path`/config.json (and generation_config.json when present)."""
         folder = Path(path)
         config = json.loads((folder / "config.json").read_text())
         gen_path = folder / "generation_config.json"
         generation = json.loads(gen_path.read_text()) if gen_path.exists() else None
         return cls.from_config(config, generation)
+
+
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclass
+class RopeConfig:
+    """RoPE settings, whichever way the config spells them."""
+
+    theta: float
+    rope_type: str
+    params: dict[str, Any]
+    partial_rotary_factor: float = 1.0
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], layer_type: str | None = None) -> RopeConfig:
+        """The settings of `layer_type`'s layers (Gemma 3 gives its sliding layers their own base)."""
+        # transformers>=5 writes "rope_parameters" (theta inside), per layer type where they differ; older
+        # checkpoints write "rope_theta" plus an optional "rope_scaling" dict with "type" or "rope_type" (Gemma 3:
+        # "rope_local_base_freq" for its sliding layers, whose rope_scaling is the global layers' only)
+        params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+        if set(params) & set(LAYER_TYPES):
+            params = dict(params.get(layer_type or "full_attention") or {})
+        elif layer_type == "sliding_attention" and "rope_local_base_freq" in config:
+            params = {"rope_type": "default", "rope_theta": config["rope_local_base_freq"]}
+        theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+        rope_type = str(params.get("rope_type", params.get("type", "default")))
+        rope_type = "longrope" if rope_type == "su" else rope_type  # Phi-3's first name for it
+        if config.get("original_max_position_embeddings"):  # Phi-3 states it beside rope_scaling
+            params.setdefault("original_max_position_embeddings", config["original_max_position_embeddings"])
+        partial = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
+        return cls(theta=theta, rope_type=rope_type, params=params, partial_rotary_factor=float(partial))
+
+    def check(self) -> None:
+        """ValueError for a type we do not implement."""
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(f"rope type {self.rope_type!r} is not supported (supported: {', '.join(ROPE_TYPES)})")
