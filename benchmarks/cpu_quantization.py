@@ -31,9 +31,9 @@ from rich.console import Console
 from benchmarks.overhead import RESULTS_MD, _commit, _machine
 from benchmarks.report import append_section, markdown_table
 from runtime.config import EngineConfig
-from runtime.llm_engine import NativeEngine
-from runtime.models import cpu_weights
-from runtime.models.cpu_weights import Quantization, quantize_int4, quantize_int8
+from runtime.native.llm_engine import NativeEngine
+from runtime.native.models import cpu_weights
+from runtime.native.models.cpu_weights import Quantization, quantize_int4, quantize_int8
 from runtime.request import GenerationRequest, SamplingOptions
 
 TEXT = Path(__file__).resolve().parent.parent / "docs" / "scaling.md"

@@ -32,10 +32,10 @@ import torch
 from benchmarks import gpu_models as gm
 from benchmarks.gpu_bench import _request, _stream
 from runtime.config import EngineConfig
-from runtime.llm_engine import NativeEngine
-from runtime.model_runner import PendingStep
+from runtime.native.llm_engine import NativeEngine
+from runtime.native.model_runner import PendingStep
 from runtime.process.client import EngineClient
-from runtime.sampler import Sampler
+from runtime.native.sampler import Sampler
 
 # the step's parts, patched on the instances (the loop calls them through self): the driver's step, the core's
 CORE_PARTS = ("step", "_run", "_step_inputs", "_collect_inflight", "_update", "publish_stats")
@@ -100,7 +100,7 @@ def replay_host_us(engine: NativeEngine, replays: int = 60) -> dict[str, float]:
     """Host microseconds per CUDAGraph.replay() of the batch-1 decode graph (median after 5), on a device kept
     busy by the replays before it: the same graph each time, the two graph sets' in turn, and on an idle device
     (synchronized before each). Nothing is stored (KV slot -1)."""
-    from runtime.decode_rows import IDS, LENGTHS, PREV, SLOTS
+    from runtime.native.decode_rows import IDS, LENGTHS, PREV, SLOTS
 
     graphs = engine.runner.graphs
     for turn in (0, 1):  # what each graph set copies in

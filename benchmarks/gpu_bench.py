@@ -177,8 +177,8 @@ def engine_config(folder: Path, device: str, s: Sizes) -> Any:
 
 async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cuda",
                        sizes: Sizes = FULL, load: bool = True) -> dict[str, Any]:
-    from runtime.decode_rows import IDS, LENGTHS, PREV, SLOTS
-    from runtime.llm_engine import NativeEngine
+    from runtime.native.decode_rows import IDS, LENGTHS, PREV, SLOTS
+    from runtime.native.llm_engine import NativeEngine
     from runtime.process.client import EngineClient
 
     res: dict[str, Any] = {}

@@ -29,7 +29,7 @@ def build_engine(config: EngineConfig) -> Engine:
             from runtime.process.client import EngineClient
 
             return EngineClient(config)
-        from runtime.llm_engine import NativeEngine
+        from runtime.native.llm_engine import NativeEngine
 
         return NativeEngine(config)
     if config.backend == "trtllm":

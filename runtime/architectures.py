@@ -1,8 +1,8 @@
 """Which architectures the native runtime implements, and the one-line refusal of the others, told from a
 checkpoint's config alone (no torch: the front end refuses them at start-up, before any weight is read).
 
-The model classes behind the names are runtime/models/registry.py's; the activations' functions
-runtime/models/activation.py's.
+The model classes behind the names are runtime/native/models/registry.py's; the activations' functions
+runtime/native/models/activation.py's.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from runtime.fp8_config import QUANT_METHODS, check_quantization_config
 from runtime.model_spec import LAYER_TYPES, ModelSpec, RopeConfig
 
-# every Llama-family architecture runs one decoder (runtime/models/llama.py); what sets each apart is in its ModelSpec
+# every Llama-family architecture runs one decoder (runtime/native/models/llama.py); what sets each apart is in its ModelSpec
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
     "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Gemma3ForCausalLM",
     "Gemma3ForConditionalGeneration",  # its text model
@@ -58,7 +58,7 @@ def check_supported(spec: ModelSpec) -> None:
             "quant_method") == "mxfp4":
         refused.pop("quantization_config")  # OpenAI's own files: dequantized on load (gpt_oss.py)
     quantization = config.get("quantization_config") or {}
-    if quantization.get("quant_method") in QUANT_METHODS:  # FP8 checkpoints (runtime/models/fp8_checkpoint.py)
+    if quantization.get("quant_method") in QUANT_METHODS:  # FP8 checkpoints (runtime/native/models/fp8_checkpoint.py)
         refused.pop("quantization_config")
         try:
             check_quantization_config(quantization)

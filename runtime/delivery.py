@@ -1,6 +1,6 @@
 """Where a request's deltas wait for its reader: `Mailbox` (a cheaper single-reader stand-in for asyncio.Queue) and
 `read_batches`, which hands out everything queued per wake-up until END. The engine core's side of the hand-off is
-runtime/outbox.py.
+runtime/native/outbox.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Which FP8 checkpoint formats we read and the one-line refusal of their options we do not, told from config.json
 alone (no torch: the front end refuses them at start-up). The formats are described in
-runtime/models/fp8_checkpoint.py, which loads them.
+runtime/native/models/fp8_checkpoint.py, which loads them.
 """
 
 from __future__ import annotations

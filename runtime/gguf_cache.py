@@ -1,5 +1,5 @@
 """Where a GGUF file's converted checkpoint folder is cached, told without torch (the conversion itself:
-runtime/models/gguf.py). The front end finds a converted folder here; the first conversion runs in another process
+runtime/native/models/gguf.py). The front end finds a converted folder here; the first conversion runs in another process
 (runtime/served_model.py), so that the front end never loads torch.
 
 The folder is cached under $XDG_CACHE_HOME/trtllm-gateway/gguf/, keyed by the file's path, size and mtime and the

@@ -1,5 +1,5 @@
 """Limits on a guided-decoding constraint, checked before it is built and compiled: by the front end's validation
-(without xgrammar, which only the engine core loads: runtime/guided/) and again by the core's compiler.
+(without xgrammar, which only the engine core loads: runtime/native/guided/) and again by the core's compiler.
 
 xgrammar's build and compile time and memory grow with the constraint's shape, and neither can be
 interrupted once started. Measured with xgrammar 0.2.8, the demo model's tokenizer (4096 tokens), one
@@ -9,7 +9,7 @@ thread of the shared 2-core development box, 2026-11-25 (build + compile):
 - optional properties of one object, 300 / 500 / 1000: 0.13 / 0.4 / 5.3 s (1000 required ones: 0.1 s);
   of 4 / 8 objects of 256: 0.6 / 3.2 s;
 - minLength, or a pattern's repeat count, 1000 / 3000 / 10000: 0.4 / 3.7 / 6.3 s; maxLength 1000 / 2000 /
-  4096 / 8000: 0.5 / 2.2 / 9.8 / 47 s (as a pattern, runtime/guided/grammars.py); 10 / 40 strings of
+  4096 / 8000: 0.5 / 2.2 / 9.8 / 47 s (as a pattern, runtime/native/guided/grammars.py); 10 / 40 strings of
   maxLength 100: 1.1 / 3.4 s;
 - nested repeats in a pattern: `([a-z]{0,10}){0,10}` 1.9 s, `{0,20}` 10 s, `{0,100}` over 5 minutes;
   `([a-z]?){50}` 0.4 s, 20 patterns `([a-z]{0,7}){0,7}` 3.4 s;
@@ -18,7 +18,7 @@ Within the limits below, the slowest single shapes measured take 0.8-1.2 s (a 64
 strings, 10 strings of maxLength 100, 512 optional properties) and one schema spending every budget at
 once 2.1-2.4 s. Larger vocabularies take longer (each grammar state is checked against every token), and
 shapes nobody measured may still be slow: GuidedCompiler also refuses any constraint whose compile took
-longer than MAX_COMPILE_SECONDS (runtime/guided/compiler.py).
+longer than MAX_COMPILE_SECONDS (runtime/native/guided/compiler.py).
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "max_position_embeddings": ("max_position_embeddings", "n_positions", "n_ctx"),
 }
 
-# model_type -> architecture, for configs saved without an "architectures" list.
-_DEFAULT_ARCHITECTURE = {
+# model_type -> architecture, for configs saved without an "architectures" list (and GGUF files' converted ones)
+DEFAULT_ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
@@ -167,7 +167,7 @@ class ModelSpec:
     def from_config(cls, config: dict[str, Any], generation_config: dict[str, Any] | None = None) -> ModelSpec:
         """Build from config.json's dict; generation_config.json's eos ids are merged in (HF does the same)."""
         archs = config.get("architectures") or []
-        architecture = archs[0] if archs else _DEFAULT_ARCHITECTURE.get(config.get("model_type", ""), "")
+        architecture = archs[0] if archs else DEFAULT_ARCHITECTURES.get(config.get("model_type", ""), "")
         if not architecture:
             architecture = str(config.get("model_type") or "<unknown>")
         if architecture == "Gemma3ForConditionalGeneration":  # served as its text model (its images are not)

@@ -1,8 +1,8 @@
 """The served model as a front end knows it, read from config.json without torch: the checkpoint folder, its
 ModelSpec and the ModelInfo the gateway is told. The engine core adds the device and dtype it resolves
-(runtime/core_loader.py), which reach the front end in its Ready message.
+(runtime/native/core_loader.py), which reach the front end in its Ready message.
 
-A GGUF file not converted before is converted first in a process of its own (`python -m runtime.models.gguf`):
+A GGUF file not converted before is converted first in a process of its own (`python -m runtime.native.models.gguf`):
 the conversion needs torch, which the front end never loads.
 """
 
@@ -54,7 +54,7 @@ def convert_apart(config: EngineConfig) -> None:
     from runtime.default_model import default_model_file
 
     source = str(default_model_file()) if config.model is None else config.model
-    child = subprocess.Popen([sys.executable, "-m", "runtime.models.gguf", source, "--dtype", config.dtype],
+    child = subprocess.Popen([sys.executable, "-m", "runtime.native.models.gguf", source, "--dtype", config.dtype],
                              env=with_our_packages(os.environ), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              text=True)
     assert child.stderr is not None

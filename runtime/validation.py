@@ -164,7 +164,7 @@ def _check_options(opts: SamplingOptions, vocab_size: int, config: EngineConfig)
 
 
 def check_beam_options(opts: SamplingOptions) -> None:
-    """Reject options that beam search (runtime/beam_search.py) cannot honour (named in the error). Call when
+    """Reject options that beam search (runtime/native/beam_search.py) cannot honour (named in the error). Call when
     beam_width > 1."""
     if opts.n != 1:
         raise InvalidRequestError(

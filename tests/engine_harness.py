@@ -22,7 +22,7 @@ import torch
 
 from runtime.config import EngineConfig
 from runtime.engine import EngineStats
-from runtime.llm_engine import NativeEngine
+from runtime.native.llm_engine import NativeEngine
 from runtime.request import GenerationRequest, OutputDelta, SamplingOptions, Usage
 
 

@@ -1,7 +1,7 @@
 """EngineClient: the native engine run in its own process, seen from the front end as an Engine.
 
     engine = EngineClient(config)      # what runtime.build_engine returns for backend "native"
-    await engine.start()               # spawns the engine-core process (runtime/process/core.py)
+    await engine.start()               # spawns the engine-core process (runtime/native/core_process.py)
 
 Split (vLLM v1's): this process keeps HTTP, tokenization, chat templates, validation and the text of the outputs
 (runtime/async_engine.py, runtime/output_processor.py); the core process keeps the scheduler, KV blocks, model,
@@ -174,7 +174,7 @@ class EngineClient(AsyncEngine):
     def _spawn_core(self, addresses: list[Addresses]) -> None:
         # a fresh interpreter: no copy of this process's threads, sockets or CUDA state, no re-import of __main__
         args = CoreArgs(self.config, addresses, os.getpid(), logging.getLogger().getEffectiveLevel())
-        self._process = subprocess.Popen([sys.executable, "-m", "runtime.process.core"], stdin=subprocess.PIPE,
+        self._process = subprocess.Popen([sys.executable, "-m", "runtime.native.core_process"], stdin=subprocess.PIPE,
                                          env=with_our_packages(os.environ))
         assert self._process.stdin is not None
         self._process.stdin.write(msgspec.msgpack.encode(args))

@@ -176,7 +176,7 @@ def guided_params(api: TrtllmApi, request: GenerationRequest) -> Any:
     """GuidedDecoding -> GuidedDecodingParams (None when unconstrained), as trtllm-serve maps response_format.
 
     TensorRT-LLM compiles the guides itself (xgrammar); its JSON grammars allow free whitespace between
-    tokens, where the native runtime writes compact JSON (runtime/guided/grammars.py).
+    tokens, where the native runtime writes compact JSON (runtime/native/guided/grammars.py).
     """
     g = request.guided
     if g is None:

@@ -275,7 +275,7 @@ def test_terse_adapter_answers_in_one_line_as_peft_does(client: openai.OpenAI) -
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from runtime.demo.train_terse_adapter import answer, qa_pairs
+    from tools.demo_training.train_terse_adapter import answer, qa_pairs
 
     ask, _ = qa_pairs()[1][0]
     messages = [{"role": "user", "content": ask}]

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from runtime.errors import PromptTooLongError
-from runtime.request_state import RequestState
+from runtime.native.request_state import RequestState
 from tests.e2e.conftest import MODEL_NAME, RunningServer, reference_greedy, scrape, wait_for
 
 CONTEXT = 256  # max_position_embeddings of the tiny model

@@ -62,7 +62,7 @@ class Served:
 # Runs the real CLI in a process whose native engine loop dies on the first request whose prompt is "die".
 DYING_SERVER = """
 import sys
-from runtime.engine_core import EngineCore
+from runtime.native.engine_core import EngineCore
 from gateway.cli import main
 
 original = EngineCore._expire_deadlines

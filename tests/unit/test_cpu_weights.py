@@ -1,4 +1,4 @@
-"""runtime/models/cpu_weights.py: prepacked bf16 weights, and int8/int4 weight-only copies for small CPU batches."""
+"""runtime/native/models/cpu_weights.py: prepacked bf16 weights, and int8/int4 weight-only copies for small CPU batches."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.models import cpu_weights
-from runtime.models.cpu_weights import INT4_GROUP, MAX_ROWS, quantize_int4, quantize_int8
+from runtime.native.models import cpu_weights
+from runtime.native.models.cpu_weights import INT4_GROUP, MAX_ROWS, quantize_int4, quantize_int8
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
 from tests.tiny_models import build_tiny_model
 

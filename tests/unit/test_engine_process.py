@@ -27,11 +27,11 @@ from runtime.config import EngineConfig
 from runtime.engine import Engine, EngineStats
 from runtime.errors import EngineNotReadyError, InvalidRequestError
 from runtime.process.client import EngineClient
-from runtime.process.core import SocketOutbox
+from runtime.native.core_process import SocketOutbox
 from runtime.process.messages import StepOutputs, to_front_end
 from runtime.request import GuidedDecoding, OutputDelta
-from runtime.request_state import RequestState
-from runtime.step_output import StepOutput
+from runtime.native.request_state import RequestState
+from runtime.native.step_output import StepOutput
 from runtime.validation import PreparedRequest
 from tests.engine_harness import Collected, collect, request, wait_for
 from tests.lora_adapters import make_peft_adapter, peft_greedy

@@ -1,4 +1,4 @@
-"""GGUF checkpoints (runtime/models/gguf.py).
+"""GGUF checkpoints (runtime/native/models/gguf.py).
 
 Tiny Llama/Qwen2/Mistral checkpoints (tests/tiny_models.py) are written as GGUF files here the way llama.cpp's
 convert_hf_to_gguf.py writes them (tensor names, Q/K row permutation, byte-level BPE tokenizer and chat
@@ -23,10 +23,10 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 from safetensors.torch import load_file
 
-import runtime.models.gguf as gguf_module
+import runtime.native.models.gguf as gguf_module
 from runtime.model_spec import ModelSpec
-from runtime.models import load_model
-from runtime.models.gguf import SUPPORTED_TYPES, resolve_gguf
+from runtime.native.models import load_model
+from runtime.native.models.gguf import SUPPORTED_TYPES, resolve_gguf
 from runtime.tokenizer import Tokenizer
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
 from tests.tiny_models import CHATML_TEMPLATE, build_tiny_model
@@ -234,7 +234,7 @@ def test_cache_is_reused_until_the_file_changes(
     models_root: Path, tmp_path: Path, cache_home: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = write_gguf(build_tiny_model(models_root, "llama"), tmp_path / "tiny.gguf")
-    with caplog.at_level(logging.INFO, logger="runtime.models.gguf"):
+    with caplog.at_level(logging.INFO, logger="runtime.native.models.gguf"):
         first = resolve_gguf(str(path))
         weights = Path(first) / "model.safetensors"
         written = weights.stat().st_mtime_ns

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from transformers import AutoTokenizer
 
 from runtime.errors import InvalidRequestError
-from runtime.guided import GuidedCompiler
+from runtime.native.guided import GuidedCompiler
 from runtime.guided_limits import pattern_repeats
 from runtime.request import GuidedDecoding
 from tests.tiny_models import build_tiny_model

@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from runtime.architectures import UnsupportedArchitectureError
-from runtime.attention_metadata import AttentionMetadata
+from runtime.native.attention_metadata import AttentionMetadata
 from runtime.model_spec import ModelSpec, RopeConfig
-from runtime.models import CausalLM, allocate_kv_cache, kv_cache_bytes_per_token, load_model
+from runtime.native.models import CausalLM, allocate_kv_cache, kv_cache_bytes_per_token, load_model
 from tests.tiny_models import FAMILIES, TINY_ARCHITECTURES, build_tiny_model
 
 BLOCK_SIZE = 4
@@ -350,7 +350,7 @@ def test_tiny_tokenizer_matches_model(models_root: Path) -> None:
 def _mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """OpenAI's MXFP4 of weight [..., K] (K a multiple of 32): blocks uint8 [..., K/32, 16] (two e2m1 codes a byte,
     low nibble first) and scales uint8 [..., K/32] (2^(s - 127)); each group's largest value maps to at most 6."""
-    from runtime.models.gpt_oss import FP4_VALUES
+    from runtime.native.models.gpt_oss import FP4_VALUES
 
     groups = weight.float().unflatten(-1, (-1, 32))
     exponent = torch.ceil(torch.log2(groups.abs().amax(-1).clamp(min=1e-30) / 6.0)).clamp(-127, 127)

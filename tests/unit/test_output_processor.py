@@ -11,7 +11,7 @@ import torch
 
 from runtime.output_processor import OutputProcessor
 from runtime.request import GenerationRequest, OutputDelta, SamplingOptions, TokenLogprob, Usage
-from runtime.request_state import RequestState
+from runtime.native.request_state import RequestState
 from runtime.tokenizer import Tokenizer
 from runtime.validation import PreparedRequest
 

@@ -1,10 +1,10 @@
-"""runtime/request_state.py: the fast lane for tokens that need no delta of their own (`add_plain_token`)."""
+"""runtime/native/request_state.py: the fast lane for tokens that need no delta of their own (`add_plain_token`)."""
 
 from __future__ import annotations
 
 import torch
 
-from runtime.request_state import RequestState
+from runtime.native.request_state import RequestState
 from runtime.validation import PreparedRequest
 from tests.engine_harness import request
 
