@@ -78,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", default="", help="comma-separated phases to leave out: kernels, bf16, fp8")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and loads: the code runs, nothing more")
     args = parser.parse_args(argv)
-    import runtime.native.llm_engine
+    import runtime.native.core_loader
 
-    runtime.native.llm_engine.load_model = gf.random_model  # random weights at the 8B shape, no checkpoint on disk
+    runtime.native.core_loader.load_model = gf.random_model  # random weights at the 8B shape, no checkpoint on disk
     model_type, shape = (gf.SMOKE_SHAPES if args.smoke else gf.SHAPES)["llama-3.1-8b"]
     sizes = gf.SMOKE_SIZES if args.smoke else dict(prompt=gf.PROMPT, output=gf.OUTPUT, batch=gf.BATCH)
     skip = set(filter(None, args.skip.split(",")))

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from runtime.config import EngineConfig
-from runtime.process.client import _with_our_packages
+from runtime.process.client import with_our_packages
 from runtime.native.core_process import Addresses, CoreArgs
 from runtime.process.messages import (
     AddRequest, Attach, ErrorInfo, Ready, Rejected, StepOutputs, _with_header, to_front_end,
@@ -51,7 +51,7 @@ class CoreDriver:
         config = EngineConfig(model=str(checkpoint), **ENGINE)
         args = CoreArgs(config, [addresses], os.getpid(), logging.CRITICAL)
         self.process = subprocess.Popen([sys.executable, "-m", "runtime.native.core_process"], stdin=subprocess.PIPE,
-                                        env=_with_our_packages(os.environ))
+                                        env=with_our_packages(os.environ))
         assert self.process.stdin is not None
         self.process.stdin.write(msgspec.msgpack.encode(args))
         self.process.stdin.close()

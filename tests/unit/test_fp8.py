@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.native.models import UnsupportedArchitectureError, load_model
+from runtime.architectures import UnsupportedArchitectureError
+from runtime.native.models import load_model
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
 from tests.fp8_checkpoints import PROJECTION, to_e4m3, write_fp8_checkpoint
 from tests.tiny_models import build_tiny_model
