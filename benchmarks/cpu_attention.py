@@ -1,4 +1,4 @@
-"""CPU decode attention: the C++ kernel (runtime/cpu/paged_attention.py) against the reference backend (a gather
+"""CPU decode attention: the C++ kernel (runtime/native/cpu/paged_attention.py) against the reference backend (a gather
 of each row's blocks, then SDPA), one layer's call of a decode step, in one run.
 
     python -m benchmarks.cpu_attention                      # SmolLM2-135M's shape, bf16, context 256
@@ -24,9 +24,9 @@ from rich.console import Console
 
 from benchmarks.overhead import RESULTS_MD, _commit, _machine
 from benchmarks.report import append_section, markdown_table
-from runtime.attention_metadata import AttentionMetadata, pad_block_tables
-from runtime.cpu.paged_attention import build_kernel, cpu_paged_attention
-from runtime.models.attention import torch_paged_attention
+from runtime.native.attention_metadata import AttentionMetadata, pad_block_tables
+from runtime.native.cpu.paged_attention import build_kernel, cpu_paged_attention
+from runtime.native.models.attention import torch_paged_attention
 
 
 def decode_step(lengths: list[int], heads: int, kv_heads: int, head_dim: int, dtype: torch.dtype,

@@ -31,9 +31,9 @@ from rich.console import Console
 from benchmarks.overhead import RESULTS_MD, _commit, _machine
 from benchmarks.report import append_section, markdown_table
 from runtime.config import EngineConfig
-from runtime.llm_engine import NativeEngine
-from runtime.models import cpu_weights
-from runtime.models.cpu_weights import Quantization, quantize_int4, quantize_int8
+from runtime.native.llm_engine import NativeEngine
+from runtime.native.models import cpu_weights
+from runtime.native.models.cpu_weights import Quantization, quantize_int4, quantize_int8
 from runtime.request import GenerationRequest, SamplingOptions
 
 TEXT = Path(__file__).resolve().parent.parent / "docs" / "scaling.md"
@@ -119,13 +119,14 @@ def _quality(model_path: str, window: int, max_tokens: int,
 
 
 def _default_setting(model: str) -> tuple[str, Quantization]:
-    """What our server picks on this machine with no options (runtime/cpu/defaults.py)."""
-    from runtime.cpu.defaults import CpuFeatures, cpu_dtype, cpu_quantization, source_quantization
-    from runtime.models import ModelSpec
+    """What our server picks on this machine with no options (runtime/native/cpu/defaults.py)."""
+    from runtime.native.cpu.defaults import CpuFeatures, cpu_dtype, cpu_quantization, source_quantization
+    from runtime.model_spec import ModelSpec
+    from runtime.native.device import DTYPES
 
     spec = ModelSpec.from_pretrained(model)
     source = source_quantization(spec.config)
-    dtype = cpu_dtype("auto", spec.torch_dtype, source, CpuFeatures.detect())
+    dtype = cpu_dtype("auto", DTYPES[spec.dtype], source, CpuFeatures.detect())
     return str(dtype).removeprefix("torch."), cpu_quantization("auto", source)
 
 
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\n## {time.strftime('%Y-%m-%d %H:%M')} CPU settings {', '.join(map(' '.join, settings))} ({Path(model).name})\n",
         f"- machine: {_machine()}" + (f"; {args.note}" if args.note else ""),
         f"- commit: {_commit()}", f"- command: `{command}`",
-        f"- the default here: {' '.join(default)} (runtime/cpu/defaults.py); speed: the engine in-process, its own "
+        f"- the default here: {' '.join(default)} (runtime/native/cpu/defaults.py); speed: the engine in-process, its own "
         f"default threads and decode steps, prompt {args.prompt}, {args.output} output tokens, medians of "
         f"{args.rounds} interleaved rounds; perplexity: {tokens} tokens of docs/scaling.md in windows of {args.window} "
         "(transformers in the setting's dtype; every projection and the output head replaced by its round trip "

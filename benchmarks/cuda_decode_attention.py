@@ -1,4 +1,4 @@
-"""The Triton decode-attention kernel (runtime/cuda/paged_attention.py) at decode batch sizes, over its tile
+"""The Triton decode-attention kernel (runtime/native/cuda/paged_attention.py) at decode batch sizes, over its tile
 settings, for Llama-3.2-1B's attention shape (32 query heads, 8 KV heads, head size 64, 16-token blocks).
 
     python -m benchmarks.cuda_decode_attention            # on a GPU: one JSON line per (rows, context, setting)
@@ -58,7 +58,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
-    from runtime.cuda import paged_attention
+    from runtime.native.cuda import paged_attention
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32  # the interpreter's bf16 dot products are wrong

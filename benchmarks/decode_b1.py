@@ -32,14 +32,13 @@ import torch
 from benchmarks import gpu_models as gm
 from benchmarks.gpu_bench import _request, _stream
 from runtime.config import EngineConfig
-from runtime.llm_engine import NativeEngine
-from runtime.model_runner import PendingStep
+from runtime.native.llm_engine import NativeEngine
+from runtime.native.model_runner import PendingStep
 from runtime.process.client import EngineClient
-from runtime.sampler import Sampler
+from runtime.native.sampler import Sampler
 
-# the engine's own steps, patched on the instance (the loop calls them through self)
-ENGINE_PARTS = ("step", "_take_inbox", "_run_batch", "_step_inputs", "_collect_inflight", "_process", "_hold_places",
-                "_publish_stats")
+# the step's parts, patched on the instances (the loop calls them through self): the driver's step, the core's
+CORE_PARTS = ("step", "_run", "_step_inputs", "_collect_inflight", "_update", "publish_stats")
 # library calls inside them, patched on their classes
 CLASS_PARTS: tuple[tuple[Any, str], ...] = (
     (torch.cuda.CUDAGraph, "replay"), (torch.cuda.Event, "synchronize"), (torch.cuda.Event, "record"),
@@ -78,10 +77,11 @@ class HostTimers:
 @contextmanager
 def timed_engine(engine: NativeEngine, timers: HostTimers) -> Iterator[None]:
     """Wrap the engine's step parts (instance attributes) and CLASS_PARTS (class attributes) in `timers`."""
-    for name in ENGINE_PARTS:
-        setattr(engine, name, timers.wrap(name, getattr(engine, name)))
-    for obj, name in ((engine.scheduler, "schedule"), (engine.scheduler, "advance"), (engine.runner, "launch"),
-                      (engine.outbox, "flush"), (engine.outbox, "emit")):
+    engine.step = timers.wrap("NativeEngine.step", engine.step)
+    for name in CORE_PARTS:
+        setattr(engine.core, name, timers.wrap(f"EngineCore.{name}", getattr(engine.core, name)))
+    for obj, name in ((engine.scheduler, "schedule"), (engine.scheduler, "update_from_output"),
+                      (engine.scheduler, "hold_places"), (engine.runner, "launch"), (engine.outbox, "put")):
         setattr(obj, name, timers.wrap(f"{type(obj).__name__}.{name}", getattr(obj, name)))
     if engine.runner.graphs is not None:
         graphs = engine.runner.graphs
@@ -100,7 +100,7 @@ def replay_host_us(engine: NativeEngine, replays: int = 60) -> dict[str, float]:
     """Host microseconds per CUDAGraph.replay() of the batch-1 decode graph (median after 5), on a device kept
     busy by the replays before it: the same graph each time, the two graph sets' in turn, and on an idle device
     (synchronized before each). Nothing is stored (KV slot -1)."""
-    from runtime.decode_rows import IDS, LENGTHS, PREV, SLOTS
+    from runtime.native.decode_rows import IDS, LENGTHS, PREV, SLOTS
 
     graphs = engine.runner.graphs
     for turn in (0, 1):  # what each graph set copies in

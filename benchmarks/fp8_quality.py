@@ -1,5 +1,5 @@
 """What --quantization fp8 costs in quality: perplexity of a model with its projections' weights in E4M3 (per output
-channel, as runtime/models/fp8_checkpoint.py's quantize_model stores them) against the same model in bf16, in one run.
+channel, as runtime/native/models/fp8_checkpoint.py's quantize_model stores them) against the same model in bf16, in one run.
 
     python -m benchmarks.fp8_quality                 # the default model (SmolLM2-135M-Instruct), on the CPU
 
@@ -17,7 +17,7 @@ import sys
 import torch
 
 from benchmarks.cpu_quantization import TEXT, perplexities
-from runtime.models.fp8 import dequantize, quantize_activations, quantize_rows
+from runtime.native.models.fp8 import dequantize, quantize_activations, quantize_rows
 
 SETTINGS = ("bf16", "fp8 weights", "fp8 weights + activations")
 

@@ -78,7 +78,7 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
     try:
         await engine.start()
         sizes = dataclasses.replace(FULL, streams=args.streams, closed_loop_s=args.seconds, output=args.output)
-        result = await _closed_loop(engine, sizes, engine.spec.vocab_size, seed=0)
+        result = await _closed_loop(engine, sizes, engine.model_info.vocab_size, seed=0)
     finally:
         engine._send(Shutdown(0.0))
         core.wait(10)

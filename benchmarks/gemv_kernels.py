@@ -1,4 +1,4 @@
-"""The one-token projections of runtime/cuda/gemv.py vs cuBLAS, for Llama-3.2-1B's weight shapes, over tile settings.
+"""The one-token projections of runtime/native/cuda/gemv.py vs cuBLAS, for Llama-3.2-1B's weight shapes, over tile settings.
 
     python -m benchmarks.gemv_kernels                 # on a GPU: one JSON line per (shape, setting), then the best
     python -m benchmarks.gemv_kernels --smoke         # tiny shapes in Triton's interpreter without CUDA
@@ -26,7 +26,7 @@ from benchmarks.cuda_decode_attention import per_call_us
 SHAPES = {"qkv": (3072, 2048, "norm"), "o": (2048, 2048, "residual"), "gate_up": (16384, 2048, "norm"),
           "down": (2048, 8192, "silu+residual"), "lm_head": (128256, 2048, ""),
           # issue 43's shapes (--shapes l8b_qkv,...): Llama-3.1-8B (and Qwen3-8B's q/k/v and o, the same), Qwen3-8B's
-          # MLP and head, Qwen3-30B-A3B's attention, router and head (its experts run runtime/cuda/one_token_moe.py's
+          # MLP and head, Qwen3-30B-A3B's attention, router and head (its experts run runtime/native/cuda/one_token_moe.py's
           # own kernels: benchmarks/gpu_moe_profile.py)
           "l8b_qkv": (6144, 4096, "norm"), "l8b_o": (4096, 4096, "residual"), "l8b_gate_up": (28672, 4096, "norm"),
           "l8b_down": (4096, 14336, "silu+residual"), "l8b_lm_head": (128256, 4096, ""),
@@ -53,10 +53,10 @@ def main() -> None:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
     import torch.nn.functional as F
 
-    from runtime.cuda import gemv as gemv_module
-    from runtime.cuda import pdl
-    from runtime.cuda.fused import silu_and_mul
-    from runtime.cuda.norms import rms_norm
+    from runtime.native.cuda import gemv as gemv_module
+    from runtime.native.cuda import pdl
+    from runtime.native.cuda.fused import silu_and_mul
+    from runtime.native.cuda.norms import rms_norm
 
     cuda = torch.cuda.is_available()
     device, dtype = ("cuda", torch.bfloat16) if cuda else ("cpu", torch.bfloat16)

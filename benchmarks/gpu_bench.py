@@ -177,8 +177,8 @@ def engine_config(folder: Path, device: str, s: Sizes) -> Any:
 
 async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cuda",
                        sizes: Sizes = FULL, load: bool = True) -> dict[str, Any]:
-    from runtime.decode_rows import IDS, LENGTHS, PREV, SLOTS
-    from runtime.llm_engine import NativeEngine
+    from runtime.native.decode_rows import IDS, LENGTHS, PREV, SLOTS
+    from runtime.native.llm_engine import NativeEngine
     from runtime.process.client import EngineClient
 
     res: dict[str, Any] = {}
@@ -486,9 +486,9 @@ async def _profile(engine: Any, s: Sizes, vocab: int, seed: int, out: Path) -> d
 
 
 # engine-loop functions whose cumulative time per step the profile reports
-_HOST_FUNCTIONS = {"step", "schedule", "_run_batch", "_step_inputs", "sampling_rows", "execute", "run", "_sample",
-                   "__call__", "_postprocess", "add_token", "push", "flush", "emit", "_publish_stats", "_take_inbox",
-                   "advance", "synchronize"}
+_HOST_FUNCTIONS = {"step", "schedule", "_run", "_step_inputs", "sampling_rows", "execute", "run", "_sample",
+                   "__call__", "update_from_output", "_update_entry", "add_token", "push", "flush", "emit", "put",
+                   "publish_stats", "hold_places", "advance", "synchronize"}
 
 
 def gateway_command(folder: Path, device: str, s: Sizes, streams: int, *extra: str) -> list[str]:

@@ -88,17 +88,19 @@ def write_config(folder: Path, model_type: str, shape: dict[str, Any]) -> Path:
 @torch.inference_mode()
 def random_model(path: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
                  context_window: int | None = None, quantization: str = "none") -> Any:
-    """runtime.models.load_model's signature: our model for `path`/config.json, N(0, 0.02) matrices, unit norms
+    """runtime.native.models.load_model's signature: our model for `path`/config.json, N(0, 0.02) matrices, unit norms
     (quantization "fp8": then quantized as --quantization fp8 quantizes a checkpoint)."""
-    from runtime.models import ModelSpec
-    from runtime.models.fp8_checkpoint import quantize_model
-    from runtime.models.registry import check_supported, model_class
+    from runtime.architectures import check_supported
+    from runtime.native.device import DTYPES
+    from runtime.model_spec import ModelSpec
+    from runtime.native.models.fp8_checkpoint import quantize_model
+    from runtime.native.models.registry import model_class
 
     spec = ModelSpec.from_pretrained(path)
     spec.context_window = context_window or spec.context_window
     check_supported(spec)
     with torch.device(device):
-        model = model_class(spec.architecture)(spec, dtype or spec.torch_dtype)
+        model = model_class(spec.architecture)(spec, dtype or DTYPES[spec.dtype])
     gen = torch.Generator(device=device).manual_seed(0)
     for param in model.parameters():
         if param.dim() > 1:
@@ -130,7 +132,7 @@ async def engine_figures(folder: Path, device: str, sizes: dict[str, int], **opt
     """Batch-1 inter-token gaps and 256 x 128/128 output tok/s through NativeEngine (random weights); `options`:
     more EngineConfig fields."""
     from runtime.config import EngineConfig
-    from runtime.llm_engine import NativeEngine
+    from runtime.native.llm_engine import NativeEngine
 
     prompt, output, batch = sizes["prompt"], sizes["output"], sizes["batch"]
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
@@ -206,9 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", default="", help="comma-separated phases to leave out: engine, hf")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and loads: the code runs, nothing more")
     args = parser.parse_args(argv)
-    import runtime.llm_engine
+    import runtime.native.core_loader
 
-    runtime.llm_engine.load_model = random_model  # random weights at real shapes, no checkpoint on disk
+    runtime.native.core_loader.load_model = random_model  # random weights at real shapes, no checkpoint on disk
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
     sizes = SMOKE_SIZES if args.smoke else dict(prompt=PROMPT, output=OUTPUT, batch=BATCH)
     skip = set(filter(None, args.skip.split(",")))

@@ -45,7 +45,7 @@ fi
 if [[ $PHASES == *prefill* ]]; then
   for et in 64 4096; do  # the masked all-slots product (what long steps run) vs the expand kernel for every size
     stamp "lora prefill, expand kernel up to $et tokens"
-    timeout 60 python -c "import sys, runtime.lora.apply as a; a.EXPAND_TOKENS = $et
+    timeout 60 python -c "import sys, runtime.native.lora.apply as a; a.EXPAND_TOKENS = $et
 from benchmarks.lora_step import main; main(sys.argv[1:])" --synthetic 1b --device cuda --batch 8 --iters 10 \
       --warmup 3 --json $OUT/lora_prefill_$et.json 2>&1 | grep -v "Writing\|Loading" | tail -3 | tee -a "$L"
   done

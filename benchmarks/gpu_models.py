@@ -135,10 +135,10 @@ def check_logits(folder: Path, prompt_len: int = 200, device: str = "cuda") -> d
     """Prompt logits of our runner (Triton prefill over the paged cache, in two chunks) and of transformers,
     both bf16, each against transformers in fp32. Pass: our error is within 1.5x of transformers' own
     bf16 error (random weights give nearly flat logits, so an absolute bound says little)."""
-    from runtime.model_runner import ModelRunner
-    from runtime.models import load_model
-    from runtime.sampler import Sampler
-    from runtime.step_inputs import StepInput
+    from runtime.native.model_runner import ModelRunner
+    from runtime.native.models import load_model
+    from runtime.native.sampler import Sampler
+    from runtime.native.step_inputs import StepInput
 
     hf = _hf_model(folder, torch.float32, device)
     ids = random_prompts(1, prompt_len, hf.config.vocab_size, 3)[0]
@@ -173,7 +173,7 @@ def check_greedy_fp32(folder: Path, num_prompts: int = 4, steps: int = 32, devic
     """Greedy ids for `steps` tokens: our engine (prompts batched, decode through CUDA graphs) vs
     transformers generate one prompt at a time, both fp32 without TF32."""
     from runtime.config import EngineConfig
-    from runtime.llm_engine import NativeEngine
+    from runtime.native.llm_engine import NativeEngine
     from runtime.request import GenerationRequest, SamplingOptions
 
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -9,10 +9,10 @@ on the device) on the CUDA kernels. Phases, each written to DIR/gpu_moe_profile.
 is recorded with its traceback, the others still run, and the run exits 1):
   bandwidth_tb_s  the copy bandwidth (benchmarks/gpu_bench.py) that sets the floors below
   b1              the decode step of one sequence at --context tokens, captured as the engine captures it
-                  (runtime/cuda/graphs.py) and replayed back to back: device ms per step (CUDA events) against the
+                  (runtime/native/cuda/graphs.py) and replayed back to back: device ms per step (CUDA events) against the
                   floor (gpu_families.floor_bytes over the bandwidth); `general_moe_ms`: the same step with each MoE
-                  layer on the general path (the eager router, then runtime/cuda/moe.py's fused_experts), the path
-                  every step took before runtime/cuda/one_token_moe.py
+                  layer on the general path (the eager router, then runtime/native/cuda/moe.py's fused_experts), the path
+                  every step took before runtime/native/cuda/one_token_moe.py
   kernels         torch.profiler over --profile-steps replays of that step: per kernel, device us and launches per
                   step, largest first; the step's kernel count. (From an eager step when the profiler saw no kernel
                   of the graph's replays.)
@@ -24,7 +24,7 @@ is recorded with its traceback, the others still run, and the run exits 1):
   check           one_token_moe against the eager layer (router, `route`, `Experts.forward`, add) on random tokens
                   in bf16: the largest relative error, and the smallest gap between a chosen and an unchosen logit
                   (a near tie may route the two differently)
-  moe_256         the experts of a 256-row decode step (runtime/cuda/moe.py's fused_experts after `route`, random
+  moe_256         the experts of a 256-row decode step (runtime/native/cuda/moe.py's fused_experts after `route`, random
                   tokens), each layer's weights in turn from one graph: us per layer against the bytes of the
                   experts that got tokens over the bandwidth, on GEMM_TILES' tile and on GEMM_256_TILES
 """
@@ -111,19 +111,19 @@ def kernel_table(run: Callable[[], Any], steps: int, cuda: bool, top: int = 40) 
 
 def general_moe(moe: Any, x: torch.Tensor, norm: Any) -> torch.Tensor:
     """The MoE layer's MLP for one token on the general path: the RMSNorm kernel, the eager router and `route`, the
-    fused experts (runtime/cuda/moe.py, patched onto the module), the residual add."""
-    from runtime.cuda.norms import rms_norm
+    fused experts (runtime/native/cuda/moe.py, patched onto the module), the residual add."""
+    from runtime.native.cuda.norms import rms_norm
 
     return x + moe(rms_norm(x, norm.weight, norm.eps))
 
 
 class DecodeStep:
     """One sequence's decode step at `context` tokens: its KV cache and inputs, graphed on CUDA as the engine does
-    (runtime/cuda/graphs.py's DecodeGraphs, one row), op by op elsewhere."""
+    (runtime/native/cuda/graphs.py's DecodeGraphs, one row), op by op elsewhere."""
 
     def __init__(self, model: Any, context: int, cuda: bool, block_size: int = 16) -> None:
-        from runtime.attention_metadata import AttentionMetadata
-        from runtime.models import allocate_kv_cache
+        from runtime.native.attention_metadata import AttentionMetadata
+        from runtime.native.models import allocate_kv_cache
 
         self.model, self.cuda = model, cuda
         device = next(model.parameters()).device
@@ -131,8 +131,8 @@ class DecodeStep:
         self.kv = allocate_kv_cache(model.spec, blocks, block_size, torch.bfloat16, device)
         slot = context - 1  # blocks in order: the new token's K/V go to the last position
         if cuda:
-            from runtime.cuda.graphs import DecodeGraphs
-            from runtime.decode_rows import IDS, LENGTHS, PADDING, POSITIONS, SLOTS
+            from runtime.native.cuda.graphs import DecodeGraphs
+            from runtime.native.decode_rows import IDS, LENGTHS, PADDING, POSITIONS, SLOTS
 
             self.graphs = DecodeGraphs(model, self.kv, block_size, max_rows=1, max_blocks_per_seq=blocks)
             packed, tables = self.graphs.host_views(0)
@@ -183,10 +183,10 @@ class DecodeStep:
 
 def moe_layer_figures(model: Any, bandwidth: float, cuda: bool, tiles: int) -> dict[str, Any]:
     """The moe_layer phase (module docstring), with the first `tiles` alternatives of each list."""
-    from runtime.cuda import gemv as gemv_module
-    from runtime.cuda import one_token_moe as otm
-    from runtime.cuda import pdl
-    from runtime.models.moe import MoE
+    from runtime.native.cuda import gemv as gemv_module
+    from runtime.native.cuda import one_token_moe as otm
+    from runtime.native.cuda import pdl
+    from runtime.native.models.moe import MoE
 
     layers = [layer for layer in model.model.layers if isinstance(layer.mlp, MoE)]
     spec, hidden = layers[0].mlp.moe, model.spec.hidden_size
@@ -241,11 +241,11 @@ class _Skipped:
 def moe_parts(layers: list, x: torch.Tensor, bandwidth: float, cuda: bool,
               fused: Callable[[int], torch.Tensor]) -> dict[str, Any]:
     """Where one_token_moe's time goes: us per layer with the down kernel's launches dropped (router + gate/up), with
-    the gate/up kernel's dropped (router + down), without PDL; and our dense GEMV (runtime/cuda/gemv.py) reading
+    the gate/up kernel's dropped (router + down), without PDL; and our dense GEMV (runtime/native/cuda/gemv.py) reading
     the same bytes as the gate/up and the down kernel (the k experts' rows as one matrix), each against its floor."""
-    from runtime.cuda import gemv as gemv_module
-    from runtime.cuda import one_token_moe as otm
-    from runtime.cuda import pdl
+    from runtime.native.cuda import gemv as gemv_module
+    from runtime.native.cuda import one_token_moe as otm
+    from runtime.native.cuda import pdl
 
     spec, hidden = layers[0].mlp.moe, x.shape[1]
     res: dict[str, Any] = {}
@@ -277,8 +277,8 @@ def moe_parts(layers: list, x: torch.Tensor, bandwidth: float, cuda: bool,
 
 def moe_256_figures(model: Any, bandwidth: float, cuda: bool, rows: int, tiles: int) -> dict[str, Any]:
     """The moe_256 phase (module docstring), on `rows` tokens and the first `tiles` of GEMM_256_TILES."""
-    from runtime.cuda import moe as cuda_moe
-    from runtime.models.moe import MoE, route
+    from runtime.native.cuda import moe as cuda_moe
+    from runtime.native.models.moe import MoE, route
 
     layers = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, MoE)]
     spec, hidden = layers[0].moe, model.spec.hidden_size
@@ -310,9 +310,9 @@ def check(model: Any, tokens: int) -> dict[str, float]:
     """The check phase (module docstring)."""
     import torch.nn.functional as F
 
-    from runtime.cuda.one_token_moe import one_token_moe
-    from runtime.models.moe import MoE, Experts, route
-    from runtime.models.norm import RMSNorm
+    from runtime.native.cuda.one_token_moe import one_token_moe
+    from runtime.native.models.moe import MoE, Experts, route
+    from runtime.native.models.norm import RMSNorm
 
     worst, gap = 0.0, float("inf")
     g = torch.Generator().manual_seed(1)
@@ -350,8 +350,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
     from benchmarks.gpu_bench import bandwidth_tb_s
     from benchmarks.gpu_families import SHAPES, SMOKE_SHAPES, Phases, floor_bytes, random_model, write_config
-    from runtime.cuda import enable_cuda_kernels
-    from runtime.cuda import fused as fused_module
+    from runtime.native.cuda import enable_cuda_kernels
+    from runtime.native.cuda import fused as fused_module
 
     device = "cuda" if cuda else "cpu"
     phases = Phases(args.out / "gpu_moe_profile.json", {"device": torch.cuda.get_device_name() if cuda else "cpu",

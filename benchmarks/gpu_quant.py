@@ -5,10 +5,10 @@
 
 Phases (each one's result, or its traceback, lands in DIR/gpu_quant.json as it ends; the run exits 1 if any raised):
   bandwidth_tb_s   the measured copy bandwidth (bytes read + written per second): the floors' rate
-  kernels          per projection shape of the 8B (q/k/v, o, gate/up, down): the one-token GEMV (runtime/cuda/gemv.py)
+  kernels          per projection shape of the 8B (q/k/v, o, gate/up, down): the one-token GEMV (runtime/native/cuda/gemv.py)
                    on bf16 and on FP8 weights, each in us against its weight-bytes floor, FP8 also at a few other
                    tiles (FP8 rows are half the bytes: the bf16 tile table may not suit them); and a 256-row product,
-                   cuBLAS bf16 vs FP8 tensor cores with per-token activation quantization (runtime/models/fp8.py)
+                   cuBLAS bf16 vs FP8 tensor cores with per-token activation quantization (runtime/native/models/fp8.py)
   bf16, fp8        NativeEngine (CUDA graphs) over the 8B shape: batch-1 decode inter-token gap against the step's
                    weight-bytes floor (gpu_families.floor_bytes: FP8 weights count 1 byte, their scales 4 per row),
                    and 256 requests of 128 in / 128 out, output tok/s; `fp8_vs_bf16` the throughput ratio
@@ -39,8 +39,8 @@ MIN_BYTES = 256 * 2**20  # weight copies per shape: more than the H200's 50 MB L
 
 
 def kernel_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: float, min_bytes: int) -> dict[str, Any]:
-    from runtime.cuda import gemv as gemv_module
-    from runtime.models.fp8 import dequantize, fp8_linear, quantize_rows
+    from runtime.native.cuda import gemv as gemv_module
+    from runtime.native.models.fp8 import dequantize, fp8_linear, quantize_rows
 
     g = torch.Generator().manual_seed(0)
     res: dict[str, Any] = {}
@@ -78,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", default="", help="comma-separated phases to leave out: kernels, bf16, fp8")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and loads: the code runs, nothing more")
     args = parser.parse_args(argv)
-    import runtime.llm_engine
+    import runtime.native.core_loader
 
-    runtime.llm_engine.load_model = gf.random_model  # random weights at the 8B shape, no checkpoint on disk
+    runtime.native.core_loader.load_model = gf.random_model  # random weights at the 8B shape, no checkpoint on disk
     model_type, shape = (gf.SMOKE_SHAPES if args.smoke else gf.SHAPES)["llama-3.1-8b"]
     sizes = gf.SMOKE_SIZES if args.smoke else dict(prompt=gf.PROMPT, output=gf.OUTPUT, batch=gf.BATCH)
     skip = set(filter(None, args.skip.split(",")))

@@ -32,11 +32,11 @@ from pathlib import Path
 import torch
 
 from runtime.config import EngineConfig
-from runtime.guided import GuidedCompiler, GuideState, apply_bitmask, fill_bitmasks
-from runtime.llm_engine import NativeEngine
+from runtime.native.guided import GuidedCompiler, GuideState, apply_bitmask, fill_bitmasks
+from runtime.native.llm_engine import NativeEngine
 from runtime.request import GuidedDecoding, SamplingOptions
-from runtime.sampler import SamplingRow
-from runtime.step_inputs import StepInput
+from runtime.native.sampler import SamplingRow
+from runtime.native.step_inputs import StepInput
 
 SCHEMA = {
     "type": "object",

@@ -10,8 +10,8 @@ alone: the difference is what LoRA adds to a graphed decode step, which issue 6 
 the base step (~0.36 ms on the H100).
 
 Implementations (each includes the base matmul):
-  folded       what runs: one matmul over [W; A_all] (runtime/lora/slots.py), then the Triton expand
-               (runtime/cuda/lora_kernels.py)
+  folded       what runs: one matmul over [W; A_all] (runtime/native/lora/slots.py), then the Triton expand
+               (runtime/native/cuda/lora_kernels.py)
   gemm+expand  x W^T, x A_all^T (two cuBLAS matmuls), then an expand like the above reading h_all
   dense        x W^T, x A_all^T, one-hot mask, y.addmm_(h, B_all): the CPU product
 
@@ -32,7 +32,7 @@ import triton.language as tl
 
 import torch.nn.functional as F
 
-from runtime.cuda.lora_kernels import lora_expand
+from runtime.native.cuda.lora_kernels import lora_expand
 
 LINEARS = {"qkv": (2048, 3072, 3), "o": (2048, 2048, 1), "gate_up": (2048, 16384, 2), "down": (8192, 2048, 1)}
 LAYERS, SLOTS, RANK = 16, 8, 8

@@ -28,11 +28,11 @@ import torch
 
 from runtime.config import EngineConfig
 from runtime.demo import demo_model_path
-from runtime.llm_engine import NativeEngine
-from runtime.lora.weights import LoraPair, LoraWeights
+from runtime.native.llm_engine import NativeEngine
+from runtime.native.lora.weights import LoraPair, LoraWeights
 from runtime.request import SamplingOptions
-from runtime.sampler import SamplingRow
-from runtime.step_inputs import StepInput, StepInputs
+from runtime.native.sampler import SamplingRow
+from runtime.native.step_inputs import StepInput, StepInputs
 
 
 # Llama shapes for --synthetic: hidden, layers, intermediate, heads, kv heads (vocab 32000).

@@ -35,8 +35,9 @@ class Server:
 
     def __init__(self, app: str, *, factory: bool = False, env: dict[str, str] | None = None,
                  prefix: str = "", wrap: list[str] | None = None, command: list[str] | None = None,
-                 ready_path: str = "/v1/models") -> None:
-        """`app` is a uvicorn "module:attr"; or pass `command` (any server; "{port}" in it is replaced)."""
+                 ready_path: str = "/v1/models", cwd: Path = REPO_ROOT) -> None:
+        """`app` is a uvicorn "module:attr"; or pass `command` (any server; "{port}" in it is replaced), run in
+        `cwd` (another tree of this repository, say)."""
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}{prefix}"
         self.ready_path = ready_path
@@ -46,7 +47,7 @@ class Server:
             cmd = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(self.port),
                    "--log-level", "warning", "--no-access-log"] + (["--factory"] if factory else [])
         self.cmd = (wrap or []) + cmd
-        self.proc = subprocess.Popen(self.cmd, cwd=REPO_ROOT, env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(self.cmd, cwd=cwd, env={**os.environ, **(env or {})})
         self._server_pid: int | None = None
 
     def wait_ready(self, timeout: float = 120.0) -> None:
@@ -109,12 +110,12 @@ class Server:
 
     def front_end_cpu_seconds(self) -> float:
         """CPU time so far of the gateway's HTTP front ends: the process started and its descendants, less the
-        engine core (`python -m runtime.process.core`) and anything below it."""
+        engine core (`python -m runtime.native.core_process`) and anything below it."""
         total, todo = 0.0, [self.proc.pid]
         while todo:
             pid = todo.pop()
             try:
-                if b"runtime.process.core" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if b"runtime.native.core_process" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     continue
                 total += _cpu_seconds(pid)
                 todo += [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]

@@ -19,7 +19,7 @@ pick the other token (the demo's shipped dtype is bf16: pass --dtype float32 for
 CUDA even float32 ids depend on the batch's shape at near ties, with or without speculation (cuBLAS picks its
 kernels by the number of rows: the same greedy requests one at a time and eight at once part there), so
 `exact` can read NO on a GPU when nothing is wrong.
-`--prompts chat`: held-out chat prompts of runtime/demo/train_default_draft.py through the target's chat
+`--prompts chat`: held-out chat prompts of tools/demo_training/train_default_draft.py through the target's chat
 template, each answer ending at its end of turn (code prompts: fixed length, ignore_eos).
 """
 
@@ -37,9 +37,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from runtime.config import EngineConfig
-from runtime.llm_engine import NativeEngine
+from runtime.native.llm_engine import NativeEngine
 from runtime.request import GenerationRequest, SamplingOptions
-from runtime.speculative.draft import DraftProposer
+from runtime.native.speculative.draft import DraftProposer
 
 # Code prompts: the demo model was trained on Python's standard library.
 PROMPTS = [
@@ -61,7 +61,7 @@ def early_exit_draft(model_dir: str, layers: int, out: Path) -> str:
 
     from safetensors.torch import load_file, save_file
 
-    from runtime.models.loader import checkpoint_files
+    from runtime.native.models.loader import checkpoint_files
 
     src = Path(model_dir)
     tensors = {}
@@ -118,7 +118,7 @@ class Run:
 
 def chat_prompts(model_dir: str, count: int = 16) -> list[str]:
     """The first `count` held-out prompts of the default draft's training script, rendered by the chat template."""
-    from runtime.demo.train_default_draft import prompt_pool
+    from tools.demo_training.train_default_draft import prompt_pool
     from runtime.tokenizer import Tokenizer
 
     hf = Tokenizer.from_pretrained(model_dir).hf

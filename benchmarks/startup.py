@@ -7,7 +7,9 @@
 Polls GET /health every 0.1 s and reports when the port opened, when the server turned ready (200), when it had
 nothing left to build in the background (no "phase": the CPU's compiled steps serving), each phase /health named
 with the second it was first seen, and the server's CPU seconds (all its processes; a less noisy figure than
-wall time on a shared machine). Prints one JSON object.
+wall time on a shared machine). Once settled it sends one short completion and reports each process's RSS at idle
+(`rss_mb`: the server's own process first, i.e. the front end when the engine core runs apart). Prints one JSON
+object.
 """
 
 from __future__ import annotations
@@ -39,6 +41,16 @@ def _cpu_seconds(proc: psutil.Process, seen: dict[int, float]) -> float:
     return round(sum(seen.values()), 1)
 
 
+def _rss_after_one_request(url: str, proc: psutil.Process) -> dict[str, float]:
+    """RSS (MB) of `proc` and each descendant, by name and pid, 2 s after one short completion."""
+    model = httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+    body = {"model": model, "prompt": "Hello", "max_tokens": 8}
+    httpx.post(f"{url}/v1/completions", json=body, timeout=120).raise_for_status()
+    time.sleep(2)
+    return {f"{'server' if p.pid == proc.pid else 'child'} {p.pid}": round(p.memory_info().rss / 2**20, 1)
+            for p in [proc, *proc.children(recursive=True)]}
+
+
 def measure(serve_args: list[str], env: dict[str, str], timeout: float, log: Path) -> dict[str, Any]:
     port = free_port()
     started = time.monotonic()
@@ -66,6 +78,8 @@ def measure(serve_args: list[str], env: dict[str, str], timeout: float, log: Pat
                 break
             time.sleep(0.1)
         result["cpu_s_at_settled"] = _cpu_seconds(proc, seen)
+        if result["settled_s"] is not None:
+            result["rss_mb"] = _rss_after_one_request(f"http://127.0.0.1:{port}", proc)
     finally:
         server.terminate()
         server.wait(60)

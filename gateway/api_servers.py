@@ -32,7 +32,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
@@ -42,7 +42,7 @@ from prometheus_client.registry import Collector
 from gateway.metrics import PREFIX
 from gateway.settings import Settings
 from runtime.process.client import EngineClient, FrontEnd
-from runtime.process.core import PARENT_POLL
+from runtime.process.parent import PARENT_POLL
 
 log = logging.getLogger("gateway.api_servers")
 

@@ -17,7 +17,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from gateway.settings import ENV_PREFIX, Option, Settings, env_values, options, settings_from
+from gateway.settings import (
+    ENV_PREFIX,
+    Option,
+    Settings,
+    env_values,
+    options,
+    settings_from,
+)
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector

@@ -26,7 +26,11 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.auth import AuthPolicy, bearer_token
-from gateway.errors import KeyConcurrencyLimitError, TokenRateLimitError, render_for_path
+from gateway.errors import (
+    KeyConcurrencyLimitError,
+    TokenRateLimitError,
+    render_for_path,
+)
 from gateway.middleware import request_id_of
 from gateway.settings import Settings
 

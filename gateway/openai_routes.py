@@ -19,6 +19,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from adapters.limits import RequestLimits
 from adapters.openai import (
     ChatCompletionRequest,
     ChatOutput,
@@ -30,7 +31,6 @@ from adapters.openai import (
     completion_requests,
     parse_request,
 )
-from adapters.limits import RequestLimits
 from adapters.openai.limits import check_limits
 from gateway.disconnect import DisconnectWatch
 from gateway.errors import (
@@ -268,4 +268,4 @@ def openai_routes() -> list[BaseRoute]:
     ]
 
 
-__all__ = ["openai_routes", "ready_engine", "read_body", "read_json", "resolve_model", "serve_generation"]
+__all__ = ["openai_routes", "read_body", "read_json", "ready_engine", "resolve_model", "serve_generation"]

@@ -29,7 +29,11 @@ from adapters.openai.responses import (
     ModelCard,
     ModelList,
 )
-from adapters.openai.responses_objects import ResponseDeleted, ResponseObject, ResponseStreamEvent
+from adapters.openai.responses_objects import (
+    ResponseDeleted,
+    ResponseObject,
+    ResponseStreamEvent,
+)
 from adapters.openai.responses_request import ResponsesRequest
 from gateway.openapi_triton import sse_events, triton_paths, triton_schemas
 

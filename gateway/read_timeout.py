@@ -31,7 +31,9 @@ from gateway.settings import Settings
 from gateway.shutdown import on_drain_timeout
 
 try:  # uvicorn's C parser (about 8% less front-end CPU per streamed token than h11: benchmarks/RESULTS.md)
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _FastestProtocol
+    from uvicorn.protocols.http.httptools_impl import (
+        HttpToolsProtocol as _FastestProtocol,
+    )
 except ImportError:  # httptools not installed
     _FastestProtocol = H11Protocol  # type: ignore[assignment, misc]
 

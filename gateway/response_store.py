@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+
 @dataclass(frozen=True)
 class StoredResponse:
     """One stored response: its object (GET's answer) and the conversation through its output."""

@@ -33,14 +33,28 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from adapters.triton.metadata import model_metadata, repository_index, server_metadata
-from adapters.triton.tensors import Tensor, tensor_bytes, tensor_from_json, tensor_from_raw
+from adapters.triton.tensors import (
+    Tensor,
+    tensor_bytes,
+    tensor_from_json,
+    tensor_from_raw,
+)
 from gateway.auth import AuthPolicy, bearer_token
 from gateway.errors import RETRY_AFTER_S, error_kind, error_message, log_error
 from gateway.key_limits import KeyLimits
 from gateway.logs import request_id_var
 from gateway.middleware import REQUEST_ID_HEADER
-from gateway.triton_infer import InferAnswer, InferCall, infer_stream, infer_unary, model_configuration, \
-    model_statistics, resolve_model, served_model_names, serving
+from gateway.triton_infer import (
+    InferAnswer,
+    InferCall,
+    infer_stream,
+    infer_unary,
+    model_configuration,
+    model_statistics,
+    resolve_model,
+    served_model_names,
+    serving,
+)
 from gateway.triton_stops import Caller
 from runtime.errors import InvalidRequestError
 

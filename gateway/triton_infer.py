@@ -22,8 +22,13 @@ from starlette.datastructures import State
 
 from adapters.triton import model_kind
 from adapters.triton.generate import TritonGenerate
-from adapters.triton.infer import check_requested_outputs, is_stop_signal, parse_infer, select_outputs, \
-    stack_outputs
+from adapters.triton.infer import (
+    check_requested_outputs,
+    is_stop_signal,
+    parse_infer,
+    select_outputs,
+    stack_outputs,
+)
 from adapters.triton.inputs import ModelKind
 from adapters.triton.metadata import model_config, model_names
 from adapters.triton.outputs import PromptResult, StreamRenderer, complete_outputs

@@ -257,7 +257,7 @@ def start_metrics_server(registry: CollectorRegistry, port: int, host: str = "0.
     """Serve `registry` on its own port too (Triton's --metrics-port, 8002 by default there), in a thread."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             body = exposition(registry)
             self.send_response(200)
             self.send_header("Content-Type", CONTENT_TYPE_LATEST)

@@ -30,22 +30,52 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from adapters.triton import ResponseCollector, StreamRenderer, TritonGenerate, parse_generate
-from adapters.triton.http_infer import HEADER_LENGTH, parse_http_infer, render_http_infer, split_http_body
+from adapters.triton import (
+    ResponseCollector,
+    StreamRenderer,
+    TritonGenerate,
+    parse_generate,
+)
+from adapters.triton.http_infer import (
+    HEADER_LENGTH,
+    parse_http_infer,
+    render_http_infer,
+    split_http_body,
+)
 from adapters.triton.inputs import ModelKind
-from adapters.triton.metadata import model_metadata, model_ready, repository_index, server_metadata
+from adapters.triton.metadata import (
+    model_metadata,
+    model_ready,
+    repository_index,
+    server_metadata,
+)
 from adapters.triton.tokenizer_models import TOKENIZER_MODELS
 from gateway.auth import bearer_token
 from gateway.disconnect import DisconnectWatch, until_disconnected
-from gateway.errors import ClientDisconnected, ModelNotFoundError, log_error, triton_error_body, \
-    triton_error_response
+from gateway.errors import (
+    ClientDisconnected,
+    ModelNotFoundError,
+    log_error,
+    triton_error_body,
+    triton_error_response,
+)
 from gateway.generation import GenerationStream
-from gateway.middleware import request_id_of
 from gateway.limits import parse_json
+from gateway.middleware import request_id_of
 from gateway.openai_routes import read_body, ready_engine
 from gateway.streaming import sse_response
-from gateway.triton_infer import InferCall, TritonModel, apply_adapter, inference_timer, infer_unary, \
-    model_configuration, model_statistics, resolve_model, served_model_names, serving
+from gateway.triton_infer import (
+    InferCall,
+    TritonModel,
+    apply_adapter,
+    infer_unary,
+    inference_timer,
+    model_configuration,
+    model_statistics,
+    resolve_model,
+    served_model_names,
+    serving,
+)
 from gateway.triton_metrics import InferenceTimer
 from gateway.triton_stops import Caller
 from runtime.errors import InvalidRequestError

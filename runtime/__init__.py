@@ -1,6 +1,7 @@
 """In-process LLM runtime: the Engine interface, its request/response types, and the two backends."""
 
 from runtime.config import EngineConfig
+from runtime.demo import demo_model_path
 from runtime.engine import Engine, EngineStats, ModelInfo
 from runtime.errors import (
     EngineError,
@@ -12,8 +13,13 @@ from runtime.errors import (
     UnknownAdapterError,
     UnsupportedOptionError,
 )
-from runtime.request import FinishReason, GenerationRequest, OutputDelta, SamplingOptions, Usage
-from runtime.demo import demo_model_path
+from runtime.request import (
+    FinishReason,
+    GenerationRequest,
+    OutputDelta,
+    SamplingOptions,
+    Usage,
+)
 
 
 def build_engine(config: EngineConfig) -> Engine:
@@ -23,7 +29,7 @@ def build_engine(config: EngineConfig) -> Engine:
             from runtime.process.client import EngineClient
 
             return EngineClient(config)
-        from runtime.llm_engine import NativeEngine
+        from runtime.native.llm_engine import NativeEngine
 
         return NativeEngine(config)
     if config.backend == "trtllm":

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 SchedulerPolicy = Literal["max_utilization", "guaranteed_no_evict"]
+DTYPE_NAMES = ("bfloat16", "float16", "float32")  # what `dtype` may name besides "auto"
 
 
 def _cpu_compile_default() -> bool:
@@ -24,7 +25,7 @@ class EngineConfig:
     backend: Literal["native", "trtllm"] = "native"  # native: our PyTorch runtime; trtllm: TensorRT-LLM (the trtllm extra)
     engine_process: bool = True  # native backend: run the engine core in its own process (off: in this one)
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
-    dtype: str = "auto"  # "auto" | "bfloat16" | "float16" | "float32" (auto on CPU: runtime/cpu/defaults.py)
+    dtype: str = "auto"  # "auto" | "bfloat16" | "float16" | "float32" (auto on CPU: runtime/native/cpu/defaults.py)
     quantization: Literal["none", "fp8"] = "none"  # fp8: quantize a 16-bit checkpoint's projections to FP8 (per output channel) at load; FP8 checkpoints are served as FP8 either way (docs/quantization.md)
     seed: int = 0  # seed of the sampler's random numbers for requests that give no seed
     max_model_len: int | None = None  # default: the model's context window
@@ -36,7 +37,7 @@ class EngineConfig:
     max_num_tokens: int = 2048  # tokens per step (prefill + decode)
     max_queue_size: int = 1024  # waiting requests; over it: QueueFullError
     kv_block_size: int = 16  # tokens per KV block
-    max_kv_tokens: int | None = None  # KV cache size in tokens; None: from kv_cache_fraction (GPU), one context window for the batch (CPU, runtime/kv_cache.py)
+    max_kv_tokens: int | None = None  # KV cache size in tokens; None: from kv_cache_fraction (GPU), one context window for the batch (CPU, runtime/native/kv_cache.py)
     kv_cache_fraction: float = 0.9  # of free device memory after weights (GPU)
     enable_prefix_caching: bool = True  # reuse the KV blocks of a prompt prefix computed before
     enable_chunked_prefill: bool = True  # split long prompts over several steps, beside running decodes
@@ -60,15 +61,15 @@ class EngineConfig:
     # serving, per number of decoding sequences, lost to this one on the H200 (benchmarks/RESULTS.md, 2026-11-27)
     speculative_max_concurrency: int | None = 2  # no speculation in steps where more sequences decode (none: always)
     # under that limit, speculate at a number of decoding sequences only while measured steps show it faster than
-    # plain ones (by 3%), trying the other kind now and then (runtime/speculative/guard.py; a compute-bound CPU lost
+    # plain ones (by 3%), trying the other kind now and then (runtime/native/speculative/guard.py; a compute-bound CPU lost
     # 0.49-0.82x at one stream without it). The native engine's; TensorRT-LLM gets the limit alone
     speculative_guard: bool = True  # plain steps where measured ones beat speculation (within the concurrency limit)
     # section: CPU execution
     cpu_threads: int | None = None  # torch threads of the native runtime on CPU; default $OMP_NUM_THREADS, else all cores but one
     # auto: what the checkpoint already was (the default model's Q4_1 layers: int4; float checkpoints: none), with bf16
-    # activations where the CPU multiplies bf16 (runtime/cpu/defaults.py); logged in one line at start-up
-    cpu_quantization: Literal["auto", "none", "int8", "int4"] = "auto"  # weight-only int4 (every product) or int8 (steps of few rows, beside prepacked bf16) forms of the projections (runtime/models/cpu_weights.py); auto: the checkpoint's own
-    # The kernel is runtime/cpu/paged_attention.py, the compiled steps runtime/cpu/compiled_decode.py; both are built
+    # activations where the CPU multiplies bf16 (runtime/native/cpu/defaults.py); logged in one line at start-up
+    cpu_quantization: Literal["auto", "none", "int8", "int4"] = "auto"  # weight-only int4 (every product) or int8 (steps of few rows, beside prepacked bf16) forms of the projections (runtime/native/models/cpu_weights.py); auto: the checkpoint's own
+    # The kernel is runtime/native/cpu/paged_attention.py, the compiled steps runtime/native/cpu/compiled_decode.py; both are built
     # in the background while eager steps serve. The default follows $TRTLLM_GATEWAY_CPU_COMPILE, so that a test
     # suite can turn it off for every engine it builds
     cpu_compile: bool = field(default_factory=_cpu_compile_default)  # build the C++ decode-attention kernel and, where it pays (float32, or with --cpu-quantization), compile one-stream decode steps

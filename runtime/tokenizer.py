@@ -69,6 +69,27 @@ def _read_eos_ids(path: str, filename: str) -> list[int]:
     return [int(v) for v in value] if isinstance(value, list) else [int(value)]
 
 
+def _load_hf(path: str) -> Any:
+    """transformers' tokenizer of folder `path`: the class its tokenizer_config.json names (its Fast variant first, as
+    AutoTokenizer picks), loaded directly: AutoTokenizer's config machinery imports torch, which the front end never
+    loads. AutoTokenizer itself only when the folder names no class transformers has."""
+    import transformers
+
+    file = os.path.join(path, "tokenizer_config.json")
+    name = None
+    if os.path.isfile(file):
+        with open(file, encoding="utf-8") as f:
+            name = json.load(f).get("tokenizer_class")
+    if isinstance(name, str) and name:
+        for candidate in dict.fromkeys([name if name.endswith("Fast") else f"{name}Fast", name]):
+            try:
+                cls = getattr(transformers, candidate)
+            except (AttributeError, ImportError):
+                continue
+            return cls.from_pretrained(path, local_files_only=True)
+    return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
 class Tokenizer:
     """Text <-> token ids for one model, loaded from a local folder (never from the hub)."""
 
@@ -107,13 +128,7 @@ class Tokenizer:
     @classmethod
     def from_pretrained(cls, path: str) -> Tokenizer:
         """Load the tokenizer in folder `path`; eos ids merged with generation_config.json/config.json."""
-        from transformers import AutoTokenizer, PreTrainedConfig
-
-        # the checkpoint's config as a plain PreTrainedConfig: AutoTokenizer only reads its model type, and loading
-        # it as the architecture's own class imports transformers' modeling stack (62 MB more of each process)
-        config_file = Path(path) / "config.json"
-        config = PreTrainedConfig.from_dict(json.loads(config_file.read_text())) if config_file.is_file() else None
-        hf = AutoTokenizer.from_pretrained(path, local_files_only=True, config=config)
+        hf = _load_hf(path)
         extra = _read_eos_ids(path, "generation_config.json") + _read_eos_ids(path, "config.json")
         return cls(hf, extra)
 

@@ -8,9 +8,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from runtime.beam_search import check_beam_options
 from runtime.config import EngineConfig
-from runtime.errors import InvalidRequestError, PromptTooLongError, UnsupportedOptionError
+from runtime.errors import (
+    InvalidRequestError,
+    PromptTooLongError,
+    UnsupportedOptionError,
+)
+from runtime.guided_limits import check_limits
 from runtime.request import GenerationRequest, SamplingOptions
 from runtime.tokenizer import Tokenizer
 
@@ -50,6 +54,8 @@ def validate_request(
     max_tokens = opts.output_limit(context_window - len(ids), config.default_max_tokens)
     _check_lengths(len(ids), max_tokens, opts, context_window, config)
     bad_words = tokenizer.bad_words_ids(opts.bad_words) if opts.bad_words else []
+    if request.guided is not None:  # refused here, without xgrammar, before a costly constraint reaches the core
+        check_limits(request.guided)
     return PreparedRequest(prompt_token_ids=ids, max_tokens=max_tokens, bad_words_ids=bad_words)
 
 
@@ -83,7 +89,7 @@ def _check_request(request: GenerationRequest, vocab_size: int, config: EngineCo
         raise InvalidRequestError("request_id must be a non-empty string", param="request_id")
     _check_options(opts, vocab_size, config)
     # LoRA adapters (request.adapter / request.lora_task) are resolved by the engine's LoraManager.
-    if request.guided is not None and opts.beam_width > 1:  # the grammar itself is compiled by the engine
+    if request.guided is not None and opts.beam_width > 1:  # the grammar itself is compiled by the engine core
         raise UnsupportedOptionError("guided", "native", "guided decoding cannot be combined with beam search")
     if request.num_draft_tokens is not None and request.num_draft_tokens < 0:
         raise InvalidRequestError("num_draft_tokens must be >= 0", param="num_draft_tokens")
@@ -155,3 +161,26 @@ def _check_options(opts: SamplingOptions, vocab_size: int, config: EngineConfig)
         require(0 <= int(token_id) < vocab_size, "logit_bias", f"logit_bias token id {token_id} is outside the vocabulary")
         require(finite(bias) and -100 <= bias <= 100, "logit_bias", "logit_bias values must be in [-100, 100]")
     require(all(isinstance(s, str) for s in opts.stop), "stop", "stop must be a list of strings")
+
+
+def check_beam_options(opts: SamplingOptions) -> None:
+    """Reject options that beam search (runtime/native/beam_search.py) cannot honour (named in the error). Call when
+    beam_width > 1."""
+    if opts.n != 1:
+        raise InvalidRequestError(
+            f"n must be 1 with beam search (beam_width {opts.beam_width} returns {opts.beam_width} beams)", param="n"
+        )
+    if not (isinstance(opts.length_penalty, (int, float)) and math.isfinite(opts.length_penalty)):
+        raise InvalidRequestError("length_penalty must be a finite number", param="length_penalty")
+    unsupported = {
+        "stop": bool(opts.stop),
+        "repetition_penalty": opts.repetition_penalty != 1.0,
+        "presence_penalty": opts.presence_penalty != 0.0,
+        "frequency_penalty": opts.frequency_penalty != 0.0,
+        "logit_bias": bool(opts.logit_bias),
+        "bad_words": bool(opts.bad_words),
+        "return_generation_logits": opts.return_generation_logits,
+    }
+    for option, used in unsupported.items():
+        if used:
+            raise UnsupportedOptionError(option, "native", "not available with beam search (beam_width > 1)")

@@ -22,7 +22,7 @@ import torch
 
 from runtime.config import EngineConfig
 from runtime.engine import EngineStats
-from runtime.llm_engine import NativeEngine
+from runtime.native.llm_engine import NativeEngine
 from runtime.request import GenerationRequest, OutputDelta, SamplingOptions, Usage
 
 
@@ -123,7 +123,7 @@ class StepRecorder:
         self.stats: list[EngineStats] = []  # engine.stats() after each step (aligned with `steps`)
         scheduler = engine.scheduler
         inner = scheduler.schedule
-        publish = engine._publish_stats
+        step = engine.step
 
         def schedule() -> Any:
             batch = inner()
@@ -136,13 +136,14 @@ class StepRecorder:
                 self.used_blocks.append(scheduler.block_manager.num_used_blocks)
             return batch
 
-        def publish_stats(batch: Any) -> None:
-            publish(batch)
-            if batch:
+        def recorded_step() -> int:
+            ran = step()
+            if ran:
                 self.stats.append(engine.stats())
+            return ran
 
         scheduler.schedule = schedule  # type: ignore[method-assign]
-        engine._publish_stats = publish_stats  # type: ignore[method-assign]
+        engine.step = recorded_step  # type: ignore[method-assign]
 
     def of(self, request_id: str) -> list[tuple[int, StepEntry]]:
         """(step number, entry) of every step that ran `request_id`."""

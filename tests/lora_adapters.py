@@ -66,7 +66,7 @@ def peft_greedy(base: Path, adapter: Path, prompt: list[int], max_new_tokens: in
 
 def trtllm_tensors(adapter: Path, scale: float, module_ids: dict[str, int]) -> tuple[list, list]:
     """A PEFT adapter in TensorRT-LLM's lora_weights / lora_config layout (Triton's lora_task_id inputs),
-    written independently of runtime/lora/trtllm_format.py."""
+    written independently of runtime/native/lora/trtllm_format.py."""
     from safetensors.torch import load_file
 
     tensors = load_file(str(adapter / "adapter_model.safetensors"))

@@ -2,7 +2,7 @@
 
 The chat template renders `tools` into the prompt, or we do where it ignores them (adapters/openai/tool_prompt.py);
 the model answers with calls in that prompt's format (adapters/openai/tool_calls.py reads them, streamed or
-whole). tool_choice "required" or a named function constrains decoding (runtime/guided) to exactly one call whose
+whole). tool_choice "required" or a named function constrains decoding (runtime/native/guided) to exactly one call whose
 arguments match the function's `parameters` schema; "auto" parses whatever the model wrote (only the first call
 when parallel_tool_calls is false); "none" renders no tools at all.
 """

@@ -70,7 +70,7 @@ _COMMON: tuple[InputSpec, ...] = (
     _s("guided_decoding_guide_type", "str", "BYTES"),
     _s("guided_decoding_guide", "str", "BYTES"),
     _s("guided_decoding", "str", "BYTES"),  # a JSON schema: shorthand for guide_type json_schema + guide
-    # LoRA (TensorRT-LLM's format; runtime/lora/trtllm_format.py): a task's first request brings weights
+    # LoRA (TensorRT-LLM's format; runtime/native/lora/trtllm_format.py): a task's first request brings weights
     _s("lora_task_id", "uint64", "UINT64"),
     _s("lora_weights", "floats2d", "FP16", (-1, -1)),
     _s("lora_config", "ints2d", "INT32", (-1, 3)),

@@ -64,15 +64,17 @@ def tensor_json(flat: list[Any]) -> Any:
 
 
 def _flatten(value: Any) -> list[Any]:
-    """Nested lists / tensors -> one flat list of Python numbers."""
+    """Nested lists / arrays (the native engine's numpy, TensorRT-LLM's torch) -> one flat list of Python numbers."""
     if value is None:
         return []
-    if hasattr(value, "detach"):  # torch tensor
-        return value.detach().float().reshape(-1).cpu().tolist()
+    if hasattr(value, "detach"):  # a torch tensor
+        value = value.detach().float().cpu()
+    if hasattr(value, "reshape"):
+        return value.reshape(-1).tolist()
     if isinstance(value, (list, tuple)):
         out: list[Any] = []
         for v in value:
-            out += _flatten(v) if isinstance(v, (list, tuple)) or hasattr(v, "detach") else [v]
+            out += _flatten(v) if isinstance(v, (list, tuple)) or hasattr(v, "reshape") else [v]
         return out
     return [value]
 

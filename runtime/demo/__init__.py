@@ -1,5 +1,5 @@
-"""The shipped models as package data: the embedded demo model (`python -m runtime.demo.train`) and its draft,
-LoRA adapters, and the default model's distilled draft (`python -m runtime.demo.train_default_draft`)."""
+"""The shipped models as package data: the embedded demo model (`python -m tools.demo_training.train`) and its draft,
+LoRA adapters, and the default model's distilled draft (`python -m tools.demo_training.train_default_draft`)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,14 @@
 """EngineClient: the native engine run in its own process, seen from the front end as an Engine.
 
     engine = EngineClient(config)      # what runtime.build_engine returns for backend "native"
-    await engine.start()               # spawns the engine-core process (runtime/process/core.py)
+    await engine.start()               # spawns the engine-core process (runtime/native/core_process.py)
 
-Split (vLLM v1's): this process keeps HTTP, tokenization, chat templates and validation; the core process
-keeps the scheduler, KV blocks, model, sampler, LoRA and speculation, with a GIL of its own. They talk over
-two ZeroMQ ipc:// sockets with msgpack messages (runtime/process/messages.py): requests and aborts in, one
-message per engine step out. A receiver task puts each step's deltas into the per-request asyncio queues
-that `generate_batches` reads, as the in-process engine does.
+Split (vLLM v1's): this process keeps HTTP, tokenization, chat templates, validation and the text of the outputs
+(runtime/async_engine.py, runtime/output_processor.py); the core process keeps the scheduler, KV blocks, model,
+sampler, LoRA and speculation, with a GIL of its own. They talk over two ZeroMQ ipc:// sockets with msgpack
+messages (runtime/process/messages.py): requests and aborts in, one message per engine step out. A receiver task
+puts each step's token-level deltas into the per-request queues that `generate_batches` reads, as the in-process
+engine does.
 
 Failure contract: the core's exit is seen at once (a pidfd of it is watched by the event loop). Every
 request in flight then ends with an error delta, `ready` turns False (the gateway's watcher makes /health 503
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import contextlib
+import ctypes
 import itertools
 import logging
 import os
@@ -32,31 +33,44 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import zmq
 import zmq.asyncio
 
+from runtime.async_engine import AsyncEngine
 from runtime.config import EngineConfig
 from runtime.default_model import gguf_to_convert
-from runtime.delivery import END, Mailbox, read_batches
-from runtime.engine import Engine, EngineStats, ModelInfo, deltas_of
+from runtime.delivery import END, Mailbox
+from runtime.engine import EngineStats, ModelInfo
 from runtime.errors import EngineFailedError, EngineNotReadyError, InvalidRequestError
-from runtime.llm_engine import describe_model
-from runtime.output_text import FrontEndText, text_in_front_end
-from runtime.process.core import Addresses, CoreArgs
+from runtime.output_processor import OutputProcessor
 from runtime.process.messages import (
-    Abort, AddRequest, Attach, LoraCall, LoraReply, Phase, Ready, Rejected, Shutdown, StartFailed, StepOutputs,
-    ToCore, encoder, rebuild_error, to_front_end,
+    Abort,
+    AddRequest,
+    Addresses,
+    Attach,
+    CoreArgs,
+    LoraCall,
+    LoraReply,
+    Phase,
+    Ready,
+    Rejected,
+    Shutdown,
+    StartFailed,
+    StepOutputs,
+    ToCore,
+    encoder,
+    rebuild_error,
+    to_front_end,
 )
 from runtime.request import GenerationRequest, OutputDelta
+from runtime.served_model import convert_apart, describe_served_model, with_our_packages
 from runtime.tokenizer import Tokenizer
-from runtime.validation import PreparedRequest, validate_request
-from runtime.workers import WorkerPool, is_heavy
+from runtime.validation import PreparedRequest
+from runtime.workers import WorkerPool
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +91,7 @@ class FrontEnd:
         return Addresses(f"ipc://{folder}/to-core-{i}", f"ipc://{folder}/to-front-end-{i}")
 
 
-class EngineClient(Engine):
+class EngineClient(AsyncEngine):
     """The front end's handle on the engine-core process (see the module docstring)."""
 
     def __init__(self, config: EngineConfig, front_end: FrontEnd = FrontEnd()) -> None:
@@ -109,7 +123,10 @@ class EngineClient(Engine):
         self._prepare = WorkerPool("prepare")  # tokenizing large prompts and bad words, off the event loop
 
     def _describe(self) -> None:
-        self.model_path, self.spec, _, _, self.model_info = describe_model(self.config)
+        """The served model, from its config.json (a GGUF file converted first, in a child process: no torch here)."""
+        convert_apart(self.config)
+        model = describe_served_model(self.config)
+        self.model_path, self.model_info = model.path, model.info
 
     @property
     def phase(self) -> str | None:
@@ -138,7 +155,8 @@ class EngineClient(Engine):
         if front_end.index == 0:
             self._spawn_core([front_end.addresses(self._folder, i) for i in range(front_end.count)])
         try:  # the tokenizer (and its detokenizing table: text is made here) loads while the core starts
-            self.tokenizer = await asyncio.to_thread(_load_tokenizer, self.config.tokenizer or self.model_path)
+            self.outputs = await asyncio.to_thread(_output_processor, self.config.tokenizer or self.model_path)
+            self.tokenizer = self.outputs.tokenizer
             ready = await self._first_message()
             if self._process is None:  # attached: watch the core that front end 0 started
                 self._watch_core(ready.pid)
@@ -148,6 +166,7 @@ class EngineClient(Engine):
             self._close()
             raise
         self._adapters, self._stats, self._phase = ready.adapters, ready.stats, ready.phase
+        self.model_info.dtype, self.model_info.device = ready.dtype, ready.device
         self._receiving = asyncio.create_task(self._receive())
         self._accepting = True
         logger.info("engine core running in process %d (front end %d of %d)", ready.pid, front_end.index + 1,
@@ -156,8 +175,8 @@ class EngineClient(Engine):
     def _spawn_core(self, addresses: list[Addresses]) -> None:
         # a fresh interpreter: no copy of this process's threads, sockets or CUDA state, no re-import of __main__
         args = CoreArgs(self.config, addresses, os.getpid(), logging.getLogger().getEffectiveLevel())
-        self._process = subprocess.Popen([sys.executable, "-m", "runtime.process.core"], stdin=subprocess.PIPE,
-                                         env=_with_our_packages(os.environ))
+        self._process = subprocess.Popen([sys.executable, "-m", "runtime.native.core_process"], stdin=subprocess.PIPE,
+                                         env=with_our_packages(os.environ))
         assert self._process.stdin is not None
         self._process.stdin.write(msgspec.msgpack.encode(args))
         self._process.stdin.close()
@@ -327,13 +346,7 @@ class EngineClient(Engine):
                     future.set_exception(rebuild_error(msg.error))
 
     # ---- requests -----------------------------------------------------------------------------
-    def generate(self, request: GenerationRequest) -> AsyncIterator[OutputDelta]:
-        return deltas_of(self.generate_batches(request))
-
-    async def generate_batches(self, request: GenerationRequest) -> AsyncIterator[list[OutputDelta]]:
-        """Every delta already received for the request, in one list per wake-up (one or more steps')."""
-        self._check_ready()
-        prepared = await self._prepare.call(is_heavy(request), self._validate, request)
+    async def _add(self, request: GenerationRequest, prepared: PreparedRequest) -> Mailbox:
         self._check_ready()
         request_id = request.request_id
         if request_id in self._queues:
@@ -343,29 +356,10 @@ class EngineClient(Engine):
                                                 prepared.bad_words_ids, self.front_end.index))
         except OverflowError as exc:  # an option the engine ignores, holding a number past 64 bits
             raise InvalidRequestError(f"A number in the request is out of range: {exc}") from exc
-        text = (FrontEndText(self.tokenizer, request.sampling, prepared.prompt_token_ids)
-                if text_in_front_end(request.sampling) else None)
         queue = Mailbox()
         self._queues[request_id] = (queue, request.sampling.n)
         self._send(message)
-        # the consumer leaving early (client gone) aborts the request in the core
-        async with contextlib.aclosing(read_batches(queue, lambda: self._forget(request_id))) as batches:
-            async for batch in batches:
-                if text is not None:
-                    batch = self._with_text(text, request_id, batch)
-                if batch:
-                    yield batch
-
-    def _with_text(self, text: FrontEndText, request_id: str, batch: list[OutputDelta]) -> list[OutputDelta]:
-        """`batch` with its text made here; a stop string matched here ends the request in the core."""
-        out = []
-        for delta in batch:
-            done, abort = text.process(delta)
-            if abort:
-                self.abort(request_id)
-            if done is not None:
-                out.append(done)
-        return out
+        return queue
 
     def _forget(self, request_id: str) -> None:
         self._queues.pop(request_id, None)
@@ -377,13 +371,9 @@ class EngineClient(Engine):
         if not self.ready:
             raise EngineNotReadyError(f"The engine is {'shutting down' if self._process else 'not started'}")
 
-    def _validate(self, request: GenerationRequest) -> PreparedRequest:
-        return validate_request(request, tokenizer=self.tokenizer, vocab_size=self.spec.vocab_size,
-                                context_window=self.model_info.context_window, config=self.config)
-
-    def abort(self, request_id: str) -> None:
+    def abort(self, request_id: str, index: int | None = None) -> None:
         if self._started and self._failure is None and not self._stopping:
-            self._send(Abort([request_id]))
+            self._send(Abort([request_id], index))
 
     def stats(self) -> EngineStats:
         return self._stats.copy()
@@ -407,15 +397,16 @@ class EngineClient(Engine):
         await future
 
 
-def _load_tokenizer(path: str) -> Tokenizer:
-    tokenizer = Tokenizer.from_pretrained(path)
-    _ = tokenizer.byte_pieces  # built now, not on the first request's first token
-    return tokenizer
+def _output_processor(tokenizer_path: str) -> OutputProcessor:
+    outputs = OutputProcessor(Tokenizer.from_pretrained(tokenizer_path))
+    _trim_heap()
+    return outputs
 
 
-def _with_our_packages(environ: Mapping[str, str]) -> dict[str, str]:
-    """`environ` with the folder holding `runtime` first on PYTHONPATH (the core runs `-m runtime.process.core`
-    from whatever working directory the front end has)."""
-    root = str(Path(__file__).resolve().parents[2])
-    paths = [root, *filter(None, environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {**environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+def _trim_heap() -> None:
+    """Hand the heap that loading the tokenizer freed back to the OS: glibc keeps it (about 30 MB of a front end's
+    150 MB for SmolLM2's tokenizer, once per front end with --api-servers N)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass

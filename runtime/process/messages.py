@@ -1,32 +1,52 @@
 """What the front end and the engine-core process say to each other, and how it is encoded (msgpack).
 
-Front end -> core: `AddRequest` (a request already tokenized and validated by the front end), `Abort`,
-`LoraCall` (load/unload an adapter), `Shutdown`, `Attach` (a front end that did not start the core, or was
-restarted, says it is there: the core answers `Ready`).
+Front end -> core: `AddRequest` (a request already tokenized and validated by the front end), `Abort` (of requests,
+or of one sample whose stop string the front end matched), `LoraCall` (load/unload an adapter), `Shutdown`,
+`Attach` (a front end that did not start the core, or was restarted, says it is there: the core answers `Ready`).
 With --api-servers N there are N front ends; each request's outputs go back to the one that sent it.
 Core -> front end: `Ready` (or `StartFailed`) once, then `StepOutputs` (one per engine step that produced
 anything: every request's new deltas or token ids, and the engine's stats at most every STATS_PERIOD s),
 `Rejected` (a request the core refused after it was handed over: queue full, grammar, adapter), `LoraReply`,
 `Phase` (what a starting or warming core is doing, for /health).
 
-The request/delta dataclasses of runtime.request travel as they are (msgspec encodes dataclasses); tensors
-(context/generation logits) and numpy arrays (Triton LoRA weights) travel as msgpack extensions.
+The request/delta dataclasses of runtime.request travel as they are (msgspec encodes dataclasses); numpy arrays
+(context/generation logits, Triton LoRA weights) travel as msgpack extensions. Nothing here needs torch: the front
+end never loads it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Union
 
 import msgspec
 import numpy as np
-import torch
 
 from runtime import errors
+from runtime.config import EngineConfig
 from runtime.engine import EngineStats
 from runtime.request import GenerationRequest, OutputDelta
 
 STATS_PERIOD = 0.05  # s between stats updates while the core is busy
-_TENSOR, _NDARRAY = 1, 2  # msgpack extension codes
+_NDARRAY = 2  # msgpack extension code
+
+
+@dataclass(frozen=True)
+class Addresses:
+    """ZeroMQ endpoints, bound by the front end."""
+
+    to_core: str  # requests, aborts, LoRA calls, shutdown
+    to_front_end: str  # step outputs and replies
+
+
+@dataclass(frozen=True)
+class CoreArgs:
+    """What the front end hands the core on its stdin."""
+
+    config: EngineConfig
+    addresses: list[Addresses]  # one pair per front end (--api-servers)
+    parent_pid: int
+    log_level: int
 
 
 class ErrorInfo(msgspec.Struct):
@@ -47,6 +67,7 @@ class AddRequest(msgspec.Struct, tag="add"):
 
 class Abort(msgspec.Struct, tag="abort"):
     request_ids: list[str]
+    index: int | None = None  # None: the whole requests; else only that sample of each (a stop string matched)
 
 
 class LoraCall(msgspec.Struct, tag="lora"):
@@ -72,6 +93,8 @@ class Ready(msgspec.Struct, tag="ready"):
     stats: EngineStats
     pid: int = 0  # the core's process id (front ends that did not start it watch it by this)
     phase: str | None = None  # what it builds in the background while it serves (later changes: Phase)
+    dtype: str = ""  # the weights' dtype and the device the core resolved (ModelInfo's)
+    device: str = ""
 
 
 class Phase(msgspec.Struct, tag="phase"):
@@ -113,10 +136,6 @@ ToFrontEnd = Union[Ready, StartFailed, StepOutputs, Rejected, LoraReply, Phase]
 
 
 def _enc_hook(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach().cpu().contiguous()
-        dtype, raw = str(t.dtype).removeprefix("torch."), t.view(torch.uint8).numpy().tobytes()
-        return msgspec.msgpack.Ext(_TENSOR, _with_header(dtype, t.shape, raw))
     if isinstance(obj, np.ndarray):
         a = np.ascontiguousarray(obj)
         return msgspec.msgpack.Ext(_NDARRAY, _with_header(a.dtype.str, a.shape, a.tobytes()))
@@ -136,8 +155,6 @@ def _ext_hook(code: int, data: memoryview) -> Any:
     size = int.from_bytes(data[:2], "little")
     dtype, shape = _header.decode(data[2 : 2 + size])
     raw = data[2 + size :]
-    if code == _TENSOR:
-        return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(getattr(torch, dtype)).reshape(shape)
     if code == _NDARRAY:
         return np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
     raise ValueError(f"unknown msgpack extension {code}")

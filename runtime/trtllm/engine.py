@@ -3,10 +3,11 @@
 Every request runs as `LLM.generate_async(prompt_token_ids, sampling_params=..., lora_request=...,
 streaming=True)` (NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/llm.py @ 4c05a74891e4df8066f08ed4ce14b0972abe4e25);
 the result is iterated once per runtime response and the tokens each CompletionOutput gained become
-OutputDeltas (runtime/trtllm/output.py).
+token-level OutputDeltas (runtime/trtllm/output.py), whose text the front end's OutputProcessor makes
+(runtime/output_processor.py), as for the native engine.
 Prompts are tokenised (and chat templates applied, by the adapters) with our runtime.tokenizer, so both
 backends count the same prompt tokens. `result.abort()` cancels: on abort(), a closed iterator (client
-gone), a stop string, a deadline, or shutdown. Iteration stats come from `LLM.get_stats_async`, read by a
+gone), stop strings that ended every sample, a deadline, or shutdown. Iteration stats come from `LLM.get_stats_async`, read by a
 background task from the first request on. Errors TensorRT-LLM raises while taking a request (ValueError from
 SamplingParams, LoRARequest or its argument checks) are InvalidRequestError.
 """
@@ -19,11 +20,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from runtime.config import EngineConfig
-from runtime.engine import Engine, EngineStats, ModelInfo
-from runtime.errors import (EngineError, EngineFailedError, EngineNotReadyError, InvalidRequestError,
-                            QueueFullError)
-from runtime.request import GenerationRequest, OutputDelta, Usage
 from runtime.default_model import resolve_model
+from runtime.engine import Engine, EngineStats, ModelInfo
+from runtime.errors import (
+    EngineError,
+    EngineFailedError,
+    EngineNotReadyError,
+    InvalidRequestError,
+    QueueFullError,
+)
+from runtime.output_processor import OutputProcessor
+from runtime.request import GenerationRequest, OutputDelta, Usage
 from runtime.tokenizer import Tokenizer
 from runtime.trtllm.api import load_api
 from runtime.trtllm.llm_config import llm_arguments
@@ -51,7 +58,8 @@ class TrtllmEngine(Engine):
         path, default_name = resolve_model(config.model, config.dtype)
         self.folder = ModelFolder.inspect(path, config.tokenizer, config.max_model_len)
         self.tokenizer = Tokenizer.from_pretrained(self.folder.tokenizer_path)
-        _ = self.tokenizer.byte_pieces  # the detokenizers' table, built at load time, not on the first request
+        # TensorRT-LLM leaves a stop token out of its ids unless include_stop_str_in_output (output.py)
+        self.outputs = OutputProcessor(self.tokenizer, hides_stop_tokens=False)
         self.adapters = TrtllmAdapters(config.lora_modules, config.max_lora_rank)
         self._llm_class, self.llm_kwargs = llm_arguments(self._api, config, self.folder, self.adapters)
         lora_config = self.llm_kwargs.get("lora_config")
@@ -190,8 +198,9 @@ class TrtllmEngine(Engine):
         result = self._submit(request, prompt)
         options = request.sampling
         count = options.beam_width if options.beam_width > 1 else options.n
-        seqs = [SequenceStream(self.tokenizer, options, request.request_id, i, self.tokenizer.eos_token_ids)
-                for i in range(count)]
+        seqs = [SequenceStream(options, request.request_id, i, self.tokenizer.eos_token_ids) for i in range(count)]
+        text = self.outputs.add_request(request, prompt)
+        stopped: set[int] = set()  # samples a stop string ended in the OutputProcessor
         first, aborted = True, False
         try:
             updates = result.__aiter__()
@@ -213,10 +222,15 @@ class TrtllmEngine(Engine):
                     first = False
                 done = ended or all(s.finished for s in seqs)
                 if done and not result.finished and not aborted:
-                    result.abort()  # every sequence hit a stop string: free TRT-LLM's slots now
+                    result.abort()  # every sequence ended (n > 1: on stop ids, before TRT-LLM's last response)
                     aborted = True
                 if done and deltas:
                     self._last(deltas, seqs, prompt, result)
+                deltas, ended_here = text.process(deltas)
+                stopped.update(ended_here)
+                if not done and not aborted and all(s.finished or s.index in stopped for s in seqs):
+                    result.abort()  # every sample ended on a stop string: free TRT-LLM's slots now; its last
+                    aborted = True  # response (cancelled) ends the request
                 for delta in deltas:
                     yield delta
                 if done:
@@ -240,13 +254,12 @@ class TrtllmEngine(Engine):
                 return []
             deltas = []
             for seq, out in zip(seqs, outputs):
-                text, matched = seq.final_text(out.token_ids)
                 seq.finished = True
                 seq.num_tokens = len(out.token_ids)
                 deltas.append(OutputDelta(
-                    request_id=seq.request_id, index=seq.index, token_ids=list(out.token_ids), text=text,
-                    finish_reason="stop" if matched else ("length" if out.finish_reason == "length" else "stop"),
-                    stop_reason=matched, cumulative_logprob=out.cumulative_logprob))
+                    request_id=seq.request_id, index=seq.index, token_ids=list(out.token_ids),
+                    finish_reason="length" if out.finish_reason == "length" else "stop",
+                    cumulative_logprob=out.cumulative_logprob))
             self._stats.count_generated(sum(len(d.token_ids) for d in deltas))
             return deltas
         deltas = [d for seq, out in zip(seqs, outputs) if (d := seq.update(out)) is not None]

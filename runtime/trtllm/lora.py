@@ -1,9 +1,9 @@
 """TrtllmAdapters: the gateway's LoRA adapters (names, ids, folders) -> TensorRT-LLM LoRARequests.
 
-Names and ids live in the native runtime's registry (runtime.lora.registry.AdapterRegistry), so both
+Names and ids live in the native runtime's registry (runtime.adapter_registry.AdapterRegistry), so both
 backends number adapters alike (1, 2, ... in registration order) and a Triton `lora_task_id` naming a
 registered adapter's id reaches the same adapter. PEFT folders are checked by the same reader as the
-native runtime (runtime.lora.peft.read_peft_config). TensorRT-LLM loads the weights itself, from the
+native runtime (runtime.peft_config.read_peft_config). TensorRT-LLM loads the weights itself, from the
 folder in `LoRARequest.lora_path` (NVIDIA/TensorRT-LLM tensorrt_llm/executor/request.py @
 4ce835a571f85cc37dcffb7268b3a4c014039ce6), into its own two-level adapter cache, sized at start by
 LoraConfig (tensorrt_llm/lora_helper.py @ 585c756579dc4d01f21fc13c2f604cdb461ac4f0).
@@ -15,10 +15,13 @@ import os
 from typing import Any
 
 from runtime.errors import (
-    InvalidRequestError, UnknownAdapterError, UnknownLoraTaskError, UnsupportedOptionError,
+    InvalidRequestError,
+    UnknownAdapterError,
+    UnknownLoraTaskError,
+    UnsupportedOptionError,
 )
-from runtime.lora.peft import read_peft_config
-from runtime.lora.registry import Adapter, AdapterRegistry
+from runtime.peft_config import read_peft_config
+from runtime.adapter_registry import Adapter, AdapterRegistry
 from runtime.request import LoraTask
 
 BACKEND = "trtllm"

@@ -1,4 +1,4 @@
-"""SequenceStream: one output sequence's TensorRT-LLM updates -> OutputDelta text, tokens, logprobs.
+"""SequenceStream: one output sequence's TensorRT-LLM updates -> token-level OutputDeltas (tokens, logprobs, finish).
 
 How TensorRT-LLM fills CompletionOutput (NVIDIA/TensorRT-LLM tensorrt_llm/executor/result.py @
 a678b91aafbeff265cd0b764abb59d7def624ac2, GenerationResultBase._handle_sequence): each runtime response
@@ -9,8 +9,8 @@ are set only on the request's last response, for that response's sequence: a seq
 here (cut unless include_stop_str_in_output, as TensorRT-LLM cuts it), and a sequence still open when the
 request finishes ended on the end id, or on max_tokens (`close`).
 
-Text is made here, with the native engine's SampleText (runtime/output_text.py), so both backends turn the
-same tokens into the same text and stop at the same place.
+Text and stop strings are the front end's OutputProcessor's (runtime/output_processor.py), as for the native
+engine, so both backends turn the same tokens into the same text and stop at the same place.
 """
 
 from __future__ import annotations
@@ -18,9 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from runtime.output_text import SampleText
 from runtime.request import FinishReason, OutputDelta, SamplingOptions, TokenLogprob
-from runtime.tokenizer import Tokenizer
 
 # CompletionOutput.finish_reason -> ours ('timeout' is TRT-LLM's own per-request timeout).
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "cancelled": "abort",
@@ -59,14 +57,12 @@ def convert_prompt_logprobs(prompt: Sequence[int], rows: Sequence[Any] | None,
 
 
 class SequenceStream:
-    """Tokens, text and stop state of one output index of one request."""
+    """Tokens and finish state of one output index of one request."""
 
-    def __init__(self, tokenizer: Tokenizer, options: SamplingOptions, request_id: str, index: int,
-                 eos_token_ids: Sequence[int]) -> None:
+    def __init__(self, options: SamplingOptions, request_id: str, index: int, eos_token_ids: Sequence[int]) -> None:
         self.request_id = request_id
         self.index = index
         self._options = options
-        self._text = SampleText(tokenizer, options, ())
         # eos ids other than the end id reach TRT-LLM as stop_token_ids; report them as end of sequence.
         self._eos_only = set(eos_token_ids) - set(options.stop_token_ids)
         self._stop_ids = set(options.stop_token_ids) | (set() if options.ignore_eos else set(eos_token_ids))
@@ -103,25 +99,15 @@ class SequenceStream:
 
     def _delta(self, new_ids: list[int], entries: list[Any], reason: FinishReason | None, token_stop: int | None,
                cumulative_logprob: float | None) -> OutputDelta | None:
-        text, matched = self._text.push(new_ids)
-        stop_reason: str | int | None = None
-        if matched is not None:
-            reason, stop_reason = "stop", matched
-        elif reason is not None:
-            tail, matched = self._text.close()
-            text += tail
-            if matched is not None:
-                reason, stop_reason = "stop", matched
-            elif token_stop is not None and token_stop not in self._eos_only:
-                stop_reason = token_stop
+        if not new_ids and reason is None:
+            return None
+        stop_reason = token_stop if reason is not None and token_stop not in self._eos_only else None
         logprobs = convert_logprobs(new_ids, entries, self._options.logprobs) \
             if self._options.logprobs is not None else None
-        if not new_ids and not text and reason is None:
-            return None
         self.num_tokens += len(new_ids)
         self.finished = reason is not None
-        return OutputDelta(request_id=self.request_id, index=self.index, token_ids=new_ids, text=text,
-                           logprobs=logprobs, finish_reason=reason, stop_reason=stop_reason,
+        return OutputDelta(request_id=self.request_id, index=self.index, token_ids=new_ids, logprobs=logprobs,
+                           finish_reason=reason, stop_reason=stop_reason,
                            cumulative_logprob=cumulative_logprob if self.finished else None)
 
     def finish(self, reason: FinishReason) -> OutputDelta | None:
@@ -130,11 +116,3 @@ class SequenceStream:
             return None
         self.finished = True
         return OutputDelta(request_id=self.request_id, index=self.index, finish_reason=reason)
-
-    def final_text(self, token_ids: Sequence[int]) -> tuple[str, str | None]:
-        """Whole text of a sequence delivered at once (beam search): (text, matched stop string)."""
-        text, matched = self._text.push(token_ids)
-        if matched is None:
-            tail, matched = self._text.close()
-            text += tail
-        return text, matched

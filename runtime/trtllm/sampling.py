@@ -14,7 +14,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.errors import InvalidRequestError, PromptTooLongError, UnsupportedOptionError
+from runtime.errors import (
+    InvalidRequestError,
+    PromptTooLongError,
+    UnsupportedOptionError,
+)
 from runtime.request import GenerationRequest
 from runtime.trtllm.api import TrtllmApi
 
@@ -172,7 +176,7 @@ def guided_params(api: TrtllmApi, request: GenerationRequest) -> Any:
     """GuidedDecoding -> GuidedDecodingParams (None when unconstrained), as trtllm-serve maps response_format.
 
     TensorRT-LLM compiles the guides itself (xgrammar); its JSON grammars allow free whitespace between
-    tokens, where the native runtime writes compact JSON (runtime/guided/grammars.py).
+    tokens, where the native runtime writes compact JSON (runtime/native/guided/grammars.py).
     """
     g = request.guided
     if g is None:

@@ -18,6 +18,6 @@ def test_speed_quality_and_section(tiny_model: Path, tmp_path: Path, monkeypatch
                                   "--text-tokens", "96", "--append-results"])
     assert code == 0
     section = (tmp_path / "RESULTS.md").read_text()
-    # a float32 checkpoint's default here is float32 without quantization (runtime/cpu/defaults.py)
+    # a float32 checkpoint's default here is float32 without quantization (runtime/native/cpu/defaults.py)
     assert "| float32 none (the default here) |" in section
     assert all(f"| float32 {q} |" in section for q in ("int8", "int4")) and "perplexity" in section

@@ -24,5 +24,6 @@ def test_timers_cover_every_step(capsys: pytest.CaptureFixture[str]) -> None:
     result = json.loads(capsys.readouterr().out.splitlines()[-1])
     parts = result["host_us_per_step"]
     assert result["steps"] >= 16
-    for name in ("step", "Scheduler.schedule", "ModelRunner.launch", "Sampler.__call__", "Outbox.flush"):
+    for name in ("NativeEngine.step", "EngineCore.step", "Scheduler.schedule", "Scheduler.update_from_output",
+                 "ModelRunner.launch", "Sampler.__call__", "Outbox.put"):
         assert parts[name]["calls_per_step"] >= 1.0 and positive(parts[name]["us_per_step"]), name

@@ -32,7 +32,7 @@ def test_replayed_hands_the_graphs_the_steps_columns() -> None:
     (`'list' object has no attribute 'counts'`); the CPU run never asks (no graphs)."""
     from types import SimpleNamespace
 
-    from runtime.step_inputs import StepInput
+    from runtime.native.step_inputs import StepInput
 
     class Graphs:  # the engine's DecodeGraphs as `accepts` reads its argument
         def accepts(self, inputs: lora_step.StepInputs) -> bool:

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.benchmark_smoke
 RAW = """\
 thread (0x1): "MainThread";run (uvicorn/server.py:10);handle (gateway/routes.py:20);encode (json/encoder.py:5) 30
 thread (0x1): "MainThread";run (uvicorn/server.py:10);handle (gateway/routes.py:21) 10
-thread (0x2): "engine";step (runtime/llm_engine.py:300) 60
+thread (0x2): "engine";step (runtime/native/llm_engine.py:300) 60
 """
 
 
@@ -25,7 +25,7 @@ def test_self_and_inclusive(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert incl_c["run (uvicorn/server.py)"] == 40
     assert profile_summary.main([str(path), "--top", "3"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("100 samples") and "60.0%  step (runtime/llm_engine.py)" in out
+    assert out.startswith("100 samples") and "60.0%  step (runtime/native/llm_engine.py)" in out
 
 
 def test_empty_profile_fails(tmp_path: Path) -> None:

@@ -19,3 +19,4 @@ def test_a_start_reports_the_port_readiness_and_its_phases(capsys: pytest.Captur
     assert positive(result["cpu_s_at_ready"]) and result["cpu_s_at_settled"] >= result["cpu_s_at_ready"]
     logged = [line.split(":")[0] for line in result["start_up_log"]]
     assert "loading the tokenizer" in logged and "loading the weights" in logged
+    assert len(result["rss_mb"]) == 1 and positive(*result["rss_mb"].values())  # the one process, after a request

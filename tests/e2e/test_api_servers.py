@@ -26,8 +26,8 @@ def tree(served: Served) -> tuple[psutil.Process, psutil.Process]:
     """(the other front end, the engine core) under the first front end."""
     children = psutil.Process(served.proc.pid).children(recursive=True)
     names = {" ".join(p.cmdline()[1:3]): p for p in children}
-    assert set(names) == {"-m gateway.api_servers", "-m runtime.process.core"}, names
-    return names["-m gateway.api_servers"], names["-m runtime.process.core"]
+    assert set(names) == {"-m gateway.api_servers", "-m runtime.native.core_process"}, names
+    return names["-m gateway.api_servers"], names["-m runtime.native.core_process"]
 
 
 # test -> how many front ends its server has. The sharing test and the dead-front-end test use one server (the

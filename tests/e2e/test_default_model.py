@@ -88,7 +88,7 @@ def default_url(demo_server: tuple[subprocess.Popen, str], tmp_path_factory: pyt
     assert script.value == "gateway.cli:main"
     exe = shutil.which("trtllm-gateway")
     assert exe, "the trtllm-gateway console script is not on PATH: install the package (make install)"
-    # the server's defaults (runtime/cpu/defaults.py: on this model bf16 + int4 where the CPU multiplies bf16, a KV
+    # the server's defaults (runtime/native/cpu/defaults.py: on this model bf16 + int4 where the CPU multiplies bf16, a KV
     # cache of one context window), with the shipped adapter
     yield from _serve([exe], tmp_path_factory.mktemp("default") / "server.log", "--lora-modules", f"terse={TERSE}")
 
@@ -274,7 +274,7 @@ def test_terse_adapter_answers_in_one_line_as_peft_does(client: openai.OpenAI) -
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from runtime.demo.train_terse_adapter import answer, qa_pairs
+    from tools.demo_training.train_terse_adapter import answer, qa_pairs
 
     ask, _ = qa_pairs()[1][0]
     messages = [{"role": "user", "content": ask}]

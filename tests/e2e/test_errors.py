@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from runtime.errors import PromptTooLongError
+from runtime.native.request_state import RequestState
 from tests.e2e.conftest import MODEL_NAME, RunningServer, reference_greedy, scrape, wait_for
 
 CONTEXT = 256  # max_position_embeddings of the tiny model
@@ -113,13 +114,13 @@ def test_queue_full_is_429_with_retry_after_and_others_finish(one_slot_server: R
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     url = one_slot_server.url
     engine = one_slot_server.engine
-    original = engine._postprocess
+    original = engine.scheduler.update_from_output
 
-    def slow(*args, **kwargs):  # ~2 s for the running request's 200 tokens: it cannot end before the checks
+    def slow(*args, **kwargs):  # ~2 s for the running request's 200 steps: it cannot end before the checks
         time.sleep(0.01)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(engine, "_postprocess", slow)
+    monkeypatch.setattr(engine.scheduler, "update_from_output", slow)
     waiting_result: dict[str, httpx.Response] = {}
     with httpx.Client(base_url=url, timeout=60) as c, c.stream("POST", "/v1/completions",
                                                                json={**LONG, "stream": True}) as running:
@@ -163,21 +164,21 @@ def in_process_server(tiny_model_dir) -> Iterator[RunningServer]:
 
 @pytest.fixture
 def poisoned(in_process_server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> RunningServer:
-    """Output processing raises at the third step of any request whose prompt holds POISON, so the failure
-    comes after the first outputs: mid-stream for streams."""
+    """Output processing raises at the third token of any request whose prompt holds POISON, so the failure
+    comes after the first outputs: mid-stream for streams. (Its second and third tokens take the fast lane of
+    requests whose output is their ids, RequestState.add_plain_token.)"""
     server = in_process_server
-    engine = server.engine
-    original = engine._postprocess
-    steps: dict[str, int] = {}
+    original = RequestState.add_plain_token
+    tokens: dict[str, int] = {}
 
-    def faulty(state, *args, **kwargs):
+    def faulty(state: RequestState, *args, **kwargs):
         if POISON in (state.request.prompt or ""):
-            steps[state.request_id] = steps.get(state.request_id, 0) + 1
-            if steps[state.request_id] >= 3:
+            tokens[state.request_id] = tokens.get(state.request_id, 1) + 1
+            if tokens[state.request_id] >= 3:
                 raise RuntimeError("injected fault")
         return original(state, *args, **kwargs)
 
-    monkeypatch.setattr(engine, "_postprocess", faulty)
+    monkeypatch.setattr(RequestState, "add_plain_token", faulty)
     return server
 
 
@@ -233,7 +234,7 @@ def test_request_timeout_aborts_and_frees_blocks(start_server) -> None:
     def held_step() -> int:
         nonlocal steps
         steps += 1
-        deadlines = [s.request.deadline for s in engine._requests.values() if s.request.deadline is not None]
+        deadlines = [s.request.deadline for s in engine.core.requests.values() if s.request.deadline is not None]
         if steps > 4 and deadlines:
             time.sleep(max(0.0, max(deadlines) - time.monotonic()))
         return step()

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from runtime.models import SUPPORTED_ARCHITECTURES
+from runtime.architectures import SUPPORTED_ARCHITECTURES
 from tests.e2e.conftest import MODEL_NAME, RunningServer, launch
 from tests.engine_harness import hf_greedy, load_hf
 from tests.tiny_models import CHATML_TEMPLATE, SLIDING_WINDOW, build_tiny_model

@@ -62,15 +62,15 @@ class Served:
 # Runs the real CLI in a process whose native engine loop dies on the first request whose prompt is "die".
 DYING_SERVER = """
 import sys
-from runtime.llm_engine import NativeEngine
+from runtime.native.engine_core import EngineCore
 from gateway.cli import main
 
-original = NativeEngine._expire_deadlines
+original = EngineCore._expire_deadlines
 def dying(self):
-    if any(s.request.prompt == "die" for s in self._requests.values()):
+    if any(s.request.prompt == "die" for s in self.requests.values()):
         raise SystemError("injected: the engine loop dies")
     return original(self)
-NativeEngine._expire_deadlines = dying
+EngineCore._expire_deadlines = dying
 sys.exit(main(sys.argv[1:]))
 """
 

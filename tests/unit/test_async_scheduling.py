@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from runtime.model_runner import PendingStep
+from runtime.native.model_runner import PendingStep
 from runtime.request import GenerationRequest, SamplingOptions
 from tests.engine_harness import Collected, collect, hf_greedy, load_hf, request, running_engine
 from tests.tiny_models import build_tiny_model

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.block_manager import BlockManager
-from runtime.block_tables import BlockTables
-from runtime.sequence import Sequence
+from runtime.native.block_manager import BlockManager
+from runtime.native.block_tables import BlockTables
+from runtime.native.sequence import Sequence
 
 BS = 4
 
@@ -192,7 +192,7 @@ OPS = ["new", "decode", "speculate", "fork", "free", "preempt", "resume"]
 def test_conservation_under_random_operations(window: int | None, ops: list[tuple[str, int]]) -> None:
     """Whatever happens (allocate, decode, speculate, fork, free, preempt, resume), every block is free, evictable or
     referenced exactly as often as it is used, a preempted sequence holds none, and every live sequence's resident
-    block table (runtime/block_tables.py) equals its list (check_invariants); with a sliding window (every layer's)
+    block table (runtime/native/block_tables.py) equals its list (check_invariants); with a sliding window (every layer's)
     too, as blocks behind it are given back."""
     bm = BlockManager(24, BS, window=window)
     live: list[Sequence] = []

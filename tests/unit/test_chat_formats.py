@@ -109,7 +109,7 @@ def test_mixtral_gets_its_tool_use_template_and_calls_as_tool_calls_text(family:
 def test_gpt_oss_forced_call_is_a_harmony_call_and_tools_may_lack_a_description(family: dict[str, Tokenizer]) -> None:
     """tool_choice "required": the grammar admits exactly gpt-oss's call message (its special tokens included);
     a tool without the optional description renders (the template writes "// " + description)."""
-    from runtime.guided.compiler import GuidedCompiler
+    from runtime.native.guided.compiler import GuidedCompiler
 
     tok = family["gpt-oss"]
     bare = [{"type": "function", "function": {"name": "get_weather", "parameters": TOOLS[0]["function"]["parameters"]}}]

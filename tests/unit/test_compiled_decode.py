@@ -1,4 +1,4 @@
-"""runtime/cpu/compiled_decode.py: single-stream decode steps compiled with torch.compile give the eager tokens."""
+"""runtime/native/cpu/compiled_decode.py: single-stream decode steps compiled with torch.compile give the eager tokens."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from runtime.config import EngineConfig
-from runtime.cpu.compiled_decode import CompiledDecode
-from runtime.cpu.native_decode import NativeDecode
-from runtime.llm_engine import NativeEngine
-from runtime.model_runner import ModelRunner
+from runtime.native.cpu.compiled_decode import CompiledDecode
+from runtime.native.cpu.native_decode import NativeDecode
+from runtime.native.llm_engine import NativeEngine
+from runtime.native.model_runner import ModelRunner
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine, wait_for
 from tests.tiny_models import build_tiny_model
 

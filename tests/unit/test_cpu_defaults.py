@@ -1,4 +1,4 @@
-"""The CPU's "auto" settings (runtime/cpu/defaults.py): what a checkpoint and a CPU give, and the one line that says
+"""The CPU's "auto" settings (runtime/native/cpu/defaults.py): what a checkpoint and a CPU give, and the one line that says
 so at start-up, for GGUF files served with no options."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.cpu.defaults import CpuFeatures, cpu_dtype, cpu_quantization, source_quantization
-from runtime.cpu.native_decode import NativeDecode
+from runtime.native.cpu.defaults import CpuFeatures, cpu_dtype, cpu_quantization, source_quantization
+from runtime.native.cpu.native_decode import NativeDecode
 from tests.engine_harness import collect, request, running_engine
 from tests.tiny_models import build_tiny_model
 from tests.unit.test_gguf import TINY_GGUF_SHAPE, write_gguf
@@ -42,7 +42,7 @@ async def test_a_gguf_file_with_no_options_serves_at_its_settings_and_says_so(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     path = write_gguf(build_tiny_model(tmp_path / "models", "llama", **TINY_GGUF_SHAPE), tmp_path / "tiny.gguf", qtype)
     quantized = qtype != "F32" and CpuFeatures.detect().bf16_products
-    with caplog.at_level(logging.INFO, logger="runtime.cpu.defaults"):
+    with caplog.at_level(logging.INFO, logger="runtime.native.cpu.defaults"):
         # the harness's float32 / unquantized defaults put back to "auto"; compiled steps (the C++ one) allowed, as
         # a server allows them, with torch.compile's left out (eager steps stand for them here)
         async with running_engine(path, dtype="auto", cpu_quantization="auto", cpu_compile=qtype == "Q4_1") as engine:

@@ -1,4 +1,4 @@
-"""runtime/cpu/paged_attention.py: the C++ decode-attention kernel reads the paged cache where it lies and gives
+"""runtime/native/cpu/paged_attention.py: the C++ decode-attention kernel reads the paged cache where it lies and gives
 exact attention; an engine serving with it decodes transformers' greedy tokens; without a compiler the reference
 backend serves."""
 
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from benchmarks.cpu_attention import decode_step
-from runtime.attention_metadata import AttentionMetadata
-from runtime.cpu import paged_attention
-from runtime.cpu.paged_attention import build_kernel, cpu_paged_attention, use_cpu_kernels
-from runtime.models import attention
-from runtime.models.attention import torch_paged_attention
+from runtime.native.attention_metadata import AttentionMetadata
+from runtime.native.cpu import paged_attention
+from runtime.native.cpu.paged_attention import build_kernel, cpu_paged_attention, use_cpu_kernels
+from runtime.native.models import attention
+from runtime.native.models.attention import torch_paged_attention
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
 from tests.tiny_models import build_tiny_model
 
@@ -129,7 +129,7 @@ async def test_an_engine_with_the_kernel_decodes_transformers_tokens(tmp_path: P
 
 def test_a_build_lock_left_by_a_killed_process_is_removed_and_a_fresh_one_kept(tmp_path) -> None:
     """torch waits for the extension's build lock without a time limit: a lock older than any build is stale."""
-    from runtime.cpu.paged_attention import STALE_LOCK_S, clear_stale_lock
+    from runtime.native.cpu.paged_attention import STALE_LOCK_S, clear_stale_lock
 
     lock = tmp_path / "lock"
     assert not clear_stale_lock(tmp_path)

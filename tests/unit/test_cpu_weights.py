@@ -1,4 +1,4 @@
-"""runtime/models/cpu_weights.py: prepacked bf16 weights, and int8/int4 weight-only copies for small CPU batches."""
+"""runtime/native/models/cpu_weights.py: prepacked bf16 weights, and int8/int4 weight-only copies for small CPU batches."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.cpu.paged_attention import build_kernel
-from runtime.models import cpu_weights
-from runtime.models.cpu_weights import INT4_GROUP, MAX_ROWS, quantize_int4, quantize_int8
+from runtime.native.cpu.paged_attention import build_kernel
+from runtime.native.models import cpu_weights
+from runtime.native.models.cpu_weights import INT4_GROUP, MAX_ROWS, quantize_int4, quantize_int8
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
 from tests.tiny_models import build_tiny_model
 
 
 @pytest.fixture(scope="module", autouse=True)
 def kernels() -> None:
-    assert build_kernel(), "the CPU kernels (runtime/cpu/quantized_linear.cpp) did not build"
+    assert build_kernel(), "the CPU kernels (runtime/native/cpu/quantized_linear.cpp) did not build"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -62,7 +62,7 @@ def test_int4_bf16_products_match_the_dequantized_product_at_every_row_count() -
 
 def test_products_spread_over_the_cores_match_the_dequantized_product() -> None:
     """With one torch thread, products of over 2M multiply-adds are shared out in chunks with helper threads
-    (runtime/cpu/spread.cpp); repeated, since a chunk lost or taken twice would show only in some calls."""
+    (runtime/native/cpu/spread.cpp); repeated, since a chunk lost or taken twice would show only in some calls."""
     torch.manual_seed(0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

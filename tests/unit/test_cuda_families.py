@@ -1,5 +1,5 @@
-"""The CUDA layer paths of the families of issue 43 (runtime/cuda/fused.py's fused layers and attention with q/k
-norms, Gemma's norms, partial RoPE, windows and sinks; runtime/cuda/moe.py's experts) against the eager model on the
+"""The CUDA layer paths of the families of issue 43 (runtime/native/cuda/fused.py's fused layers and attention with q/k
+norms, Gemma's norms, partial RoPE, windows and sinks; runtime/native/cuda/moe.py's experts) against the eager model on the
 reference attention backend: a prefill past the sliding window, then decode steps. On a CUDA machine on the GPU,
 elsewhere in Triton's interpreter (tests/triton_interpreter.py)."""
 
@@ -13,14 +13,14 @@ import torch
 pytest.importorskip("triton")
 from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter  # noqa: E402
 
-from runtime.models import attention, load_model  # noqa: E402
+from runtime.native.models import attention, load_model  # noqa: E402
 from tests.tiny_models import FAMILIES, build_tiny_model  # noqa: E402
 from tests.unit.test_models import OTHER_PROMPT, PROMPT, PagedRunner  # noqa: E402
 
 if RUN_HERE:
-    from runtime.cuda.fused import use_fused_kernels
-    from runtime.cuda.moe import use_fused_experts
-    from runtime.cuda.paged_attention import triton_paged_attention
+    from runtime.native.cuda.fused import use_fused_kernels
+    from runtime.native.cuda.moe import use_fused_experts
+    from runtime.native.cuda.paged_attention import triton_paged_attention
 
 
 def test_kernels_in_triton_interpreter() -> None:
@@ -68,7 +68,7 @@ def test_one_token_gemv_path_of_a_moe_model(tmp_path: Path, monkeypatch: pytest.
     fused path give the eager model's ids, within float16's rounding. float16, not bfloat16: Triton's interpreter
     multiplies bfloat16 tiles in tl.dot wrongly (its decode attention returned values near 1e9), and bfloat16's
     coarser rounding would let near-tied router logits pick other experts than the eager model's."""
-    from runtime.cuda import fused as fused_module
+    from runtime.native.cuda import fused as fused_module
 
     path = build_tiny_model(tmp_path, "qwen3_moe")
     eager = _steps(_load(path, torch.float16, "qwen3_moe"), attention.torch_paged_attention).float()

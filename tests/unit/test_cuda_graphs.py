@@ -7,8 +7,8 @@ import asyncio
 import pytest
 import torch
 
-from runtime.cuda.graphs import graph_batch_sizes, pick_bucket
-from runtime.cuda.prefill_graphs import prefill_bucket_sizes
+from runtime.native.cuda.graphs import graph_batch_sizes, pick_bucket
+from runtime.native.cuda.prefill_graphs import prefill_bucket_sizes
 from runtime.request import TokenLogprob
 
 
@@ -39,7 +39,7 @@ def test_prefill_buckets_cover_every_length_with_at_most_half_padding() -> None:
 
 
 def test_mixed_buckets_are_the_powers_of_two_of_both() -> None:
-    from runtime.cuda.mixed_graphs import mixed_buckets
+    from runtime.native.cuda.mixed_graphs import mixed_buckets
 
     assert mixed_buckets(graph_batch_sizes(64), prefill_bucket_sizes(4096)) == ([1, 2, 4, 8, 16, 32, 64],
                                                                                 [32, 64, 128, 256, 512])
@@ -54,7 +54,7 @@ def test_graphed_engine_matches_eager_engine(max_num_tokens: int) -> None:
     time (each prefill a graph's, or with 64 tokens a step chunks of up to 64 over the cache), some continuing a
     cached prefix."""
     from runtime.config import EngineConfig
-    from runtime.llm_engine import NativeEngine
+    from runtime.native.llm_engine import NativeEngine
     from runtime.request import GenerationRequest, SamplingOptions
 
     prompts = ["Once upon a time" + " there" * i for i in range(5)]
@@ -96,7 +96,7 @@ def test_prompts_joining_decode_rows_replay_graphs_and_match_eager_steps() -> No
     mixed step, so a near-tie may go either way (the demo model alternates between two tokens, and one run of
     eight differed there): the ids are compared up to such a tie."""
     from runtime.config import EngineConfig
-    from runtime.llm_engine import NativeEngine
+    from runtime.native.llm_engine import NativeEngine
     from runtime.request import GenerationRequest, SamplingOptions
 
     prompts = ["Once upon a time" + " the little cat sat" * i for i in (5, 9, 14, 7, 11, 6, 8, 12)]
@@ -127,12 +127,12 @@ def test_prompts_joining_decode_rows_replay_graphs_and_match_eager_steps() -> No
 def test_one_row_per_token_gives_the_packed_step_logits(tmp_path) -> None:
     """What a graphed verify step computes (every new token a one-token row over the cache, with its
     own length) equals the eager multi-token step, for two sequences continuing their caches."""
-    from runtime.cuda.graphs import row_metadata
-    from runtime.decode_rows import pack_rows
-    from runtime.model_runner import ModelRunner
-    from runtime.models import load_model
-    from runtime.sampler import Sampler
-    from runtime.step_inputs import StepInput, StepInputs
+    from runtime.native.cuda.graphs import row_metadata
+    from runtime.native.decode_rows import pack_rows
+    from runtime.native.model_runner import ModelRunner
+    from runtime.native.models import load_model
+    from runtime.native.sampler import Sampler
+    from runtime.native.step_inputs import StepInput, StepInputs
     from tests.tiny_models import build_tiny_model
 
     bs = 4

@@ -1,4 +1,4 @@
-"""Triton kernels of runtime/cuda vs the eager reference code.
+"""Triton kernels of runtime/native/cuda vs the eager reference code.
 
 On a CUDA machine they run on the GPU; without CUDA in Triton's interpreter (tests/triton_interpreter.py).
 Skipped when Triton is absent.
@@ -12,17 +12,17 @@ import torch
 pytest.importorskip("triton")
 from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter  # noqa: E402
 
-from runtime.attention_metadata import AttentionMetadata  # noqa: E402
-from runtime.models.attention import torch_paged_attention  # noqa: E402
-from runtime.models.norm import RMSNorm  # noqa: E402
-from runtime.models.rotary_embedding import RopeConfig, RotaryEmbedding  # noqa: E402
+from runtime.native.attention_metadata import AttentionMetadata  # noqa: E402
+from runtime.native.models.attention import torch_paged_attention  # noqa: E402
+from runtime.native.models.norm import RMSNorm  # noqa: E402
+from runtime.native.models.rotary_embedding import RopeConfig, RotaryEmbedding  # noqa: E402
 
 if RUN_HERE:
-    from runtime.cuda import fused
-    from runtime.cuda.fused import rope_decode_attention, rope_store_kv, silu_and_mul
-    from runtime.cuda.norms import add_rms_norm, rms_norm
-    from runtime.cuda.gemv import gemv
-    from runtime.cuda.paged_attention import decode_attention, prefill_tiles, store_kv, triton_paged_attention
+    from runtime.native.cuda import fused
+    from runtime.native.cuda.fused import rope_decode_attention, rope_store_kv, silu_and_mul
+    from runtime.native.cuda.norms import add_rms_norm, rms_norm
+    from runtime.native.cuda.gemv import gemv
+    from runtime.native.cuda.paged_attention import decode_attention, prefill_tiles, store_kv, triton_paged_attention
 
 
 def test_kernels_in_triton_interpreter() -> None:
@@ -133,7 +133,7 @@ def test_padded_decode_rows_store_nothing_and_return_zeros() -> None:
 
 @kernels
 def test_prefill_padded_to_a_graph_bucket_equals_the_unpadded_step() -> None:
-    """A prefill graph's step (runtime/cuda/prefill_graphs.py): 70 new tokens over 9 cached, padded to 192
+    """A prefill graph's step (runtime/native/cuda/prefill_graphs.py): 70 new tokens over 9 cached, padded to 192
     rows with KV slot -1 and a tile for every 64 rows; the real rows get the unpadded result, padding stores
     nothing."""
     q, k, v, cache, meta = _case([70], [9], seed=3)
@@ -214,7 +214,7 @@ def _bf16_close(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 @kernels
 def test_one_token_projections_equal_the_eager_modules_they_fuse() -> None:
-    """gemv (runtime/cuda/gemv.py) with each fused prologue and epilogue vs the eager composition in bf16: the
+    """gemv (runtime/native/cuda/gemv.py) with each fused prologue and epilogue vs the eager composition in bf16: the
     same roundings, so at most one bf16 step apart (the dot product's float32 sums come in another order)."""
     g = torch.Generator().manual_seed(2)
     bf = torch.bfloat16
@@ -244,7 +244,7 @@ def test_a_one_token_step_through_fused_projections_equals_the_unfused_step(tmp_
     """A tiny bf16 Llama's one-token decode step over a filled cache: the GEMV path (four kernels a layer, the
     norms, SwiGLU and residual adds inside) gives the hidden state the general fused path gives, and its logits
     those of cuBLAS."""
-    from runtime.models import load_model
+    from runtime.native.models import load_model
     from tests.tiny_models import build_tiny_model
 
     model = load_model(str(build_tiny_model(tmp_path, "llama")), torch.bfloat16, torch.device(DEVICE))
@@ -313,7 +313,7 @@ def test_rope_and_decode_attention_in_one_kernel_equal_the_two_kernels(dtype: to
 def test_sliding_windows_and_sinks_match_the_reference_backend(query_lens: list[int], context_lens: list[int],
                                                               window: int) -> None:
     """A sliding window (6: inside one key tile; 130: across tiles) and attention sinks (gpt-oss), in the decode and
-    the prefill kernel alike, equal the reference backend (runtime/models/attention.py)."""
+    the prefill kernel alike, equal the reference backend (runtime/native/models/attention.py)."""
     q, k, v, cache, meta = _case(query_lens, context_lens, seed=11, num_blocks=256)
     sinks = torch.randn(H, generator=torch.Generator().manual_seed(12)).to(DEVICE)
     ref = torch_paged_attention(q, k, v, cache.clone(), meta, D**-0.5, window, sinks)

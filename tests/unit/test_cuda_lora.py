@@ -1,4 +1,4 @@
-"""The CUDA LoRA path (A folded under the base weight, runtime/cuda/lora_kernels.py) against a float64
+"""The CUDA LoRA path (A folded under the base weight, runtime/native/cuda/lora_kernels.py) against a float64
 reference and the CPU product, and the hook in a CUDA graph.
 
 On a CUDA machine they run on the GPU; without CUDA in Triton's interpreter (tests/triton_interpreter.py).
@@ -14,14 +14,14 @@ pytest.importorskip("triton")
 from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter  # noqa: E402
 on_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 
-from runtime.lora.apply import LoraBatch, LoraDelta  # noqa: E402
-from runtime.lora.slots import LinearSlots  # noqa: E402
-from runtime.lora.weights import LoraPair  # noqa: E402
-from runtime.models.linear import Linear  # noqa: E402
+from runtime.native.lora.apply import LoraBatch, LoraDelta  # noqa: E402
+from runtime.native.lora.slots import LinearSlots  # noqa: E402
+from runtime.native.lora.weights import LoraPair  # noqa: E402
+from runtime.native.models.linear import Linear  # noqa: E402
 
 if RUN_HERE:
-    import runtime.lora.apply as apply
-    from runtime.cuda.lora_kernels import lora_expand
+    import runtime.native.lora.apply as apply
+    from runtime.native.cuda.lora_kernels import lora_expand
 
 
 def test_kernels_in_triton_interpreter() -> None:
@@ -135,8 +135,8 @@ def test_an_fp8_linear_adds_the_updates_to_its_own_product(monkeypatch, tokens: 
     """An FP8 Linear keeps its slots' A apart (no 16-bit buffer to fold it under): its own FP8 product, then every
     slot's h beside it, through the same expand kernel or masked product, equals the CPU hook over its dequantized
     weight."""
-    from runtime.models.fp8 import dequantize, quantize_rows
-    from runtime.models.fp8_checkpoint import to_fp8_form
+    from runtime.native.models.fp8 import dequantize, quantize_rows
+    from runtime.native.models.fp8_checkpoint import to_fp8_form
 
     monkeypatch.setattr(apply, "EXPAND_TOKENS", 64)
     linear = Linear(IN, [("p", OUT)], dtype=torch.float32).to(DEVICE)

@@ -1,5 +1,5 @@
-"""runtime/cuda/moe.py: the fused MoE kernels (grouped GEMMs over expert-sorted pairs; one-token GEMVs reading only
-the chosen experts) against the eager `Experts` (runtime/models/moe.py), and runtime/cuda/one_token_moe.py's MoE
+"""runtime/native/cuda/moe.py: the fused MoE kernels (grouped GEMMs over expert-sorted pairs; one-token GEMVs reading only
+the chosen experts) against the eager `Experts` (runtime/native/models/moe.py), and runtime/native/cuda/one_token_moe.py's MoE
 layer for one token against the eager router, experts and residual add. On a CUDA machine they run on the GPU,
 elsewhere in Triton's interpreter (tests/triton_interpreter.py)."""
 
@@ -13,13 +13,13 @@ import torch
 pytest.importorskip("triton")
 from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter  # noqa: E402
 
-from runtime.models.moe import MoE, Experts, route  # noqa: E402
-from runtime.models.norm import RMSNorm  # noqa: E402
-from runtime.models.spec import MoeSpec  # noqa: E402
+from runtime.native.models.moe import MoE, Experts, route  # noqa: E402
+from runtime.native.models.norm import RMSNorm  # noqa: E402
+from runtime.model_spec import MoeSpec  # noqa: E402
 
 if RUN_HERE:
-    from runtime.cuda import moe as cuda_moe
-    from runtime.cuda.one_token_moe import one_token_moe
+    from runtime.native.cuda import moe as cuda_moe
+    from runtime.native.cuda.one_token_moe import one_token_moe
 
 
 def test_kernels_in_triton_interpreter() -> None:
@@ -171,7 +171,7 @@ def test_align_puts_each_experts_pairs_in_its_padded_run(experts: int, top_k: in
 ])
 def test_grouped_gemm_tiles_fit_the_gpus_shared_memory(shared_memory: int, tile: tuple[int, ...]) -> None:
     """A prefill chunk's bf16 tile on GPUs with less shared memory than the H200 it was tuned on."""
-    from runtime.cuda.moe import SHARED_MEMORY_SLACK, gemm_tile
+    from runtime.native.cuda.moe import SHARED_MEMORY_SLACK, gemm_tile
 
     got = gemm_tile(4096, torch.bfloat16, shared_memory)
     assert got == tile
@@ -184,7 +184,7 @@ if RUN_HERE:
     import triton
     import triton.language as tl
 
-    from runtime.cuda.one_token_moe import _top_k
+    from runtime.native.cuda.one_token_moe import _top_k
 
     @triton.jit
     def _top_k_probe(logits_ptr, ids_ptr, weights_ptr, E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr,

@@ -1,4 +1,4 @@
-"""The decode graph's input and output kernels (runtime/cuda/step_io.py) vs torch: inputs copied and each row's
+"""The decode graph's input and output kernels (runtime/native/cuda/step_io.py) vs torch: inputs copied and each row's
 token resolved, and greedy ids equal to torch.argmax (ties to the lowest index), in the host buffer too.
 
 On a CUDA machine they run on the GPU with pinned host buffers (read and written by the kernels directly);
@@ -13,10 +13,10 @@ import torch
 pytest.importorskip("triton")
 from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter  # noqa: E402
 
-from runtime.decode_rows import IDS, PACKED_ROWS, PREV  # noqa: E402
+from runtime.native.decode_rows import IDS, PACKED_ROWS, PREV  # noqa: E402
 
 if RUN_HERE:
-    from runtime.cuda.step_io import GreedyIds, load_step_inputs
+    from runtime.native.cuda.step_io import GreedyIds, load_step_inputs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PIN = torch.cuda.is_available()

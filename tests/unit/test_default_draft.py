@@ -1,4 +1,4 @@
-"""The default model's distilled draft (runtime/demo/smollm2_draft, made by runtime/demo/train_default_draft.py):
+"""The default model's distilled draft (runtime/demo/smollm2_draft, made by tools/demo_training/train_default_draft.py):
 small as shipped, assembled with the target's embedding, and exact: greedy speculation equals plain decoding."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 from runtime.config import EngineConfig
 from runtime.demo import DEFAULT_DRAFT_DIR
-from runtime.llm_engine import NativeEngine
+from runtime.native.llm_engine import NativeEngine
 from tests.engine_harness import collect, request
 
 
@@ -26,8 +26,8 @@ def default_model_installed() -> None:
 
 
 def test_training_script_runs(tmp_path: Path) -> None:
-    """runtime/demo/train_default_draft.py end to end in one step on two prompts, on the CPU."""
-    from runtime.demo.train_default_draft import main
+    """tools/demo_training/train_default_draft.py end to end in one step on two prompts, on the CPU."""
+    from tools.demo_training.train_default_draft import main
 
     out = tmp_path / "draft"
     main(["--device", "cpu", "--prompts", "2", "--held-out", "1", "--max-new-tokens", "4", "--steps", "1",

@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
-import runtime.device as device
-from runtime.device import cpu_thread_count
+import runtime.native.device as device
+from runtime.native.device import cpu_thread_count
 from tests.engine_harness import running_engine
 from tests.tiny_models import build_tiny_model
 

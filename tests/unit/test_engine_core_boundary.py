@@ -1,4 +1,4 @@
-"""The engine core's message boundary (runtime/process/core.py): nothing inside one request ends the core.
+"""The engine core's message boundary (runtime/native/core_process.py): nothing inside one request ends the core.
 
 The test is the front end: it binds the sockets, starts a real core process over the tiny model and sends it
 AddRequest messages of its own making, every field (and every nested field) replaced in turn by a value of a
@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from runtime.config import EngineConfig
-from runtime.process.client import _with_our_packages
-from runtime.process.core import Addresses, CoreArgs
+from runtime.process.client import with_our_packages
+from runtime.native.core_process import Addresses, CoreArgs
 from runtime.process.messages import (
     AddRequest, Attach, ErrorInfo, Ready, Rejected, StepOutputs, _with_header, to_front_end,
 )
@@ -50,8 +50,8 @@ class CoreDriver:
         self._receiver.bind(addresses.to_front_end)
         config = EngineConfig(model=str(checkpoint), **ENGINE)
         args = CoreArgs(config, [addresses], os.getpid(), logging.CRITICAL)
-        self.process = subprocess.Popen([sys.executable, "-m", "runtime.process.core"], stdin=subprocess.PIPE,
-                                        env=_with_our_packages(os.environ))
+        self.process = subprocess.Popen([sys.executable, "-m", "runtime.native.core_process"], stdin=subprocess.PIPE,
+                                        env=with_our_packages(os.environ))
         assert self.process.stdin is not None
         self.process.stdin.write(msgspec.msgpack.encode(args))
         self.process.stdin.close()

@@ -27,10 +27,11 @@ from runtime.config import EngineConfig
 from runtime.engine import Engine, EngineStats
 from runtime.errors import EngineNotReadyError, InvalidRequestError
 from runtime.process.client import EngineClient
-from runtime.process.core import SocketOutbox
+from runtime.native.core_process import SocketOutbox
 from runtime.process.messages import StepOutputs, to_front_end
 from runtime.request import GuidedDecoding, OutputDelta
-from runtime.request_state import RequestState
+from runtime.native.request_state import RequestState
+from runtime.native.step_output import StepOutput
 from runtime.validation import PreparedRequest
 from tests.engine_harness import Collected, collect, request, wait_for
 from tests.lora_adapters import make_peft_adapter, peft_greedy
@@ -137,6 +138,25 @@ async def test_outputs_equal_in_process_and_split_and_refusals_come_back(checkpo
         await split.shutdown()
 
 
+@pytest.mark.parametrize("engine_process", [False, True])
+async def test_a_stop_string_ends_one_sample_of_several_in_the_core(checkpoint: Path, engine_process: bool) -> None:
+    """n = 2, seeded: a stop string that only sample 1's text holds cuts sample 1 there and ends it in the core (which
+    then makes fewer tokens), while sample 0 comes out as without the stop string; usage counts the kept tokens."""
+    async with started(checkpoint, engine_process) as engine:
+        ref = await collect(engine, request("ref", [5, 6, 7], 64, n=2, temperature=1.0, seed=7))
+        one, zero = ref.text[1], ref.text[0]
+        at, stop = next((k, one[k : k + 3]) for k in range(2, 20) if one[k : k + 3] not in zero + one[: k + 2])
+        await wait_for(lambda: engine.stats().generation_tokens_total == 128 and engine.stats().running == 0)
+        out = await collect(engine, request("cut", [5, 6, 7], 64, n=2, temperature=1.0, seed=7, stop=[stop]))
+        assert (out.text[0], out.finish[0], out.tokens[0]) == (zero, "length", ref.tokens[0])
+        assert (out.text[1], out.finish[1], out.stop_reason[1]) == (one[:at], "stop", stop)
+        assert out.tokens[1] == ref.tokens[1][: len(out.tokens[1])] and len(out.tokens[1]) < 12
+        assert out.usage is not None and out.usage.completion_tokens == 64 + len(out.tokens[1])
+        await wait_for(lambda: engine.stats().running == 0)
+        # sample 1 ended in the core long before its 64 tokens (however many steps the abort took to arrive)
+        assert engine.stats().generation_tokens_total - 128 < 64 + 32
+
+
 async def test_the_core_sends_a_streams_tokens_in_groups_with_a_stream_interval(checkpoint: Path) -> None:
     async with started(checkpoint, engine_process=False) as local:
         want = await collect(local, request("grouped", [5, 6, 7], 11))
@@ -184,8 +204,9 @@ async def test_a_streamed_plain_requests_middle_tokens_travel_as_ids_not_deltas(
 
 
 def test_a_token_behind_a_delta_of_its_request_in_one_message_goes_as_a_delta() -> None:
-    """Two steps' outputs may share a message (a step collected, then a synchronous one): the front end hands
-    out the columns first, so a request's token may go there only while the message holds no delta of it."""
+    """Two steps' outputs may share a step output, and so a message (a step collected, then a synchronous one): the
+    front end hands out the columns first, so a request's token may go there only while the message holds no delta
+    of it."""
     sent: list[StepOutputs] = []
 
     class Socket:
@@ -193,16 +214,17 @@ def test_a_token_behind_a_delta_of_its_request_in_one_message_goes_as_a_delta() 
             sent.append(to_front_end.decode(data))
 
     outbox = SocketOutbox([Socket()], {}, EngineStats)  # type: ignore[list-item]
-    a, b = (RequestState(request(r, [1, 2], 8), PreparedRequest([1, 2], 8, []),
-                         tokenizer=None, eos_token_ids=[0], context_window=64,  # type: ignore[arg-type]
-                         device=torch.device("cpu"), makes_text=False) for r in ("a", "b"))
-    outbox.add_token(a, 5)  # ids first, then a's delta: the front end keeps that order
-    outbox.emit(a, [OutputDelta("a", 0, [6])])
-    outbox.emit(b, [OutputDelta("b", 0, [7])])
-    outbox.add_token(b, 8)
-    outbox.flush()
-    outbox.add_token(b, 9)  # a new message: b has no delta there
-    outbox.flush()
+    a, b = (RequestState(request(r, [1, 2], 8), PreparedRequest([1, 2], 8, []), eos_token_ids=[0],
+                         context_window=64, device=torch.device("cpu")) for r in ("a", "b"))
+    out = StepOutput()
+    out.add_token(a, 5)  # ids first, then a's delta: the front end keeps that order
+    out.emit(a, [OutputDelta("a", 0, [6])])
+    out.emit(b, [OutputDelta("b", 0, [7])])
+    out.add_token(b, 8)
+    outbox.put(out)
+    out = StepOutput()
+    out.add_token(b, 9)  # a new message: b has no delta there
+    outbox.put(out)
     assert [(m.token_requests, m.token_ids) for m in sent] == [(["a"], [5]), (["b"], [9])]
     assert [(r, d.token_ids) for r, ds, _ in sent[0].deltas for d in ds] == [("a", [6]), ("b", [7]), ("b", [8])]
 

@@ -1,4 +1,4 @@
-"""FP8 checkpoints (runtime/models/fp8_checkpoint.py) and --quantization fp8: tiny models in the compressed-tensors and
+"""FP8 checkpoints (runtime/native/models/fp8_checkpoint.py) and --quantization fp8: tiny models in the compressed-tensors and
 ModelOpt layouts (written by tests/fp8_checkpoints.py) serve the greedy ids of their dequantized float models; a
 16-bit checkpoint quantized at load holds each projection's per-channel E4M3 values; unsupported schemes are refused
 before any weight is read. On the CPU (and GPUs before compute capability 8.9) the engine dequantizes FP8 weights at
@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.models import UnsupportedArchitectureError, load_model
+from runtime.architectures import UnsupportedArchitectureError
+from runtime.native.models import load_model
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
 from tests.fp8_checkpoints import PROJECTION, to_e4m3, write_fp8_checkpoint
 from tests.tiny_models import build_tiny_model
@@ -52,9 +53,9 @@ async def test_an_fp8_moe_checkpoint_serves_its_dequantized_models_greedy_ids(ro
 def test_the_cpu_says_once_that_it_dequantizes(root: Path, caplog: pytest.LogCaptureFixture) -> None:
     quantized, _ = write_fp8_checkpoint(build_tiny_model(root, "llama"), root, "modelopt", per_channel=False,
                                         static=True)
-    with caplog.at_level(logging.INFO, logger="runtime.models.fp8_checkpoint"):
+    with caplog.at_level(logging.INFO, logger="runtime.native.models.fp8_checkpoint"):
         load_model(str(quantized))
-    lines = [r.getMessage() for r in caplog.records if r.name == "runtime.models.fp8_checkpoint"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "runtime.native.models.fp8_checkpoint"]
     assert lines == ["FP8 checkpoint: no FP8 tensor cores on this device (CUDA compute capability 8.9+), "
                      "14 FP8 tensors dequantized to torch.float32 at load"]  # 2 layers x 7 projections
 

@@ -1,4 +1,4 @@
-"""FP8 products (runtime/models/fp8.py, the FP8 weights of runtime/cuda/gemv.py) vs a float reference dequantization of
+"""FP8 products (runtime/native/models/fp8.py, the FP8 weights of runtime/native/cuda/gemv.py) vs a float reference dequantization of
 the same stored E4M3 weights and scales.
 
 The GEMV runs on a GPU or, without one, in Triton's interpreter (tests/triton_interpreter.py: it reads float8_e4m3fn
@@ -15,12 +15,12 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter  # noqa: E402
 
-from runtime.models.fp8 import (  # noqa: E402
+from runtime.native.models.fp8 import (  # noqa: E402
     FP8, dequantize, fp8_linear, fp8_reference, native_fp8, quantize_activations, quantize_rows)
-from runtime.models.norm import RMSNorm  # noqa: E402
+from runtime.native.models.norm import RMSNorm  # noqa: E402
 
 if RUN_HERE:
-    from runtime.cuda.gemv import gemv
+    from runtime.native.cuda.gemv import gemv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 tensor_cores = pytest.mark.skipif(not (torch.cuda.is_available() and native_fp8("cuda")),
@@ -93,11 +93,11 @@ def test_the_reference_rounds_each_tokens_activations_to_e4m3_by_its_own_scale()
 @kernels
 @pytest.mark.parametrize("static", [False, True])
 def test_the_activation_kernel_rounds_as_the_torch_ops(static: bool) -> None:
-    """runtime/cuda/fp8_quant.py: each token's scale as quantize_activations computes it (bit for bit), its values
+    """runtime/native/cuda/fp8_quant.py: each token's scale as quantize_activations computes it (bit for bit), its values
     the same E4M3 on a GPU (within one E4M3 step where a value sits at a rounding tie). Triton's interpreter
     converts to E4M3 by its own rounding (a value rounding up to a power of two lands on the one below; ties go
     down): there 3% of the values differ, so only most of them are checked."""
-    from runtime.cuda.fp8_quant import quantize_activations_cuda
+    from runtime.native.cuda.fp8_quant import quantize_activations_cuda
 
     x = torch.randn(6, 3000, generator=torch.Generator().manual_seed(14)) * torch.tensor([[0.01], [1], [100], [0], [3],
                                                                                            [7]])
@@ -133,7 +133,7 @@ def test_the_tensor_core_product_equals_the_reference(dtype: torch.dtype, static
     got = fp8_linear(x, weight, scale, input_scale, bias)
     # the product of the activations as the CUDA kernel rounds them (its own test allows a few near-ties to round
     # the other way, which moves a small output by more than the product's error: 0.02 in float16 on the H200)
-    from runtime.cuda.fp8_quant import quantize_activations_cuda
+    from runtime.native.cuda.fp8_quant import quantize_activations_cuda
 
     xq, x_scale = quantize_activations_cuda(x, input_scale)
     want = ((xq.float() @ weight.float().t() * x_scale * scale.float()[None, :]).to(dtype).float()
@@ -148,9 +148,9 @@ def test_a_one_token_step_through_fused_fp8_projections_equals_the_dequantized_m
     """A tiny bf16 Llama quantized to FP8 (--quantization fp8; its FP8 form kept, as on an H100): the one-token step
     through the fused GEMVs (norms, SwiGLU and residual adds inside, each projection's row scales applied) gives the
     hidden state of the same model with its E4M3 weights dequantized to bf16 through the bf16 GEMVs."""
-    from runtime.attention_metadata import AttentionMetadata
-    from runtime.cuda import fused
-    from runtime.models import fp8_checkpoint, load_model
+    from runtime.native.attention_metadata import AttentionMetadata
+    from runtime.native.cuda import fused
+    from runtime.native.models import fp8_checkpoint, load_model
     from tests.tiny_models import build_tiny_model
 
     path = str(build_tiny_model(tmp_path, "llama"))

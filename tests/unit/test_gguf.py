@@ -1,4 +1,4 @@
-"""GGUF checkpoints (runtime/models/gguf.py).
+"""GGUF checkpoints (runtime/native/models/gguf.py).
 
 Tiny Llama/Qwen2/Mistral checkpoints (tests/tiny_models.py) are written as GGUF files here the way llama.cpp's
 convert_hf_to_gguf.py writes them (tensor names, Q/K row permutation, byte-level BPE tokenizer and chat
@@ -23,9 +23,10 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 from safetensors.torch import load_file
 
-import runtime.models.gguf as gguf_module
-from runtime.models import ModelSpec, load_model
-from runtime.models.gguf import SUPPORTED_TYPES, resolve_gguf
+import runtime.native.models.gguf as gguf_module
+from runtime.model_spec import ModelSpec
+from runtime.native.models import load_model
+from runtime.native.models.gguf import SUPPORTED_TYPES, resolve_gguf
 from runtime.tokenizer import Tokenizer
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
 from tests.tiny_models import CHATML_TEMPLATE, build_tiny_model
@@ -191,7 +192,7 @@ def test_f32_file_converts_back_to_the_original_checkpoint(
     for key, tensor in expected.items():
         assert torch.equal(converted[key], tensor), key
     assert spec.architecture == architecture
-    assert (spec.num_kv_heads, spec.vocab_size, spec.torch_dtype) == (2, 300, torch.float32)
+    assert (spec.num_kv_heads, spec.vocab_size, spec.dtype) == (2, 300, "float32")
 
     ours, reference = Tokenizer.from_pretrained(str(folder)), Tokenizer.from_pretrained(str(original))
     text = "Hello, world! the cat sat on the mat <|im_end|>"
@@ -222,19 +223,18 @@ async def test_engine_matches_transformers_gguf_load(models_root: Path, tmp_path
     assert out.tokens[0] == expected[0, len(PROMPT):].tolist()
 
 
-@pytest.mark.parametrize(("qtype", "dtype"), [("F16", torch.float16), ("BF16", torch.bfloat16),
-                                               ("Q8_0", torch.float32)])
-def test_auto_dtype_keeps_values_exact(models_root: Path, tmp_path: Path, qtype: str, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(("qtype", "dtype"), [("F16", "float16"), ("BF16", "bfloat16"), ("Q8_0", "float32")])
+def test_auto_dtype_keeps_values_exact(models_root: Path, tmp_path: Path, qtype: str, dtype: str) -> None:
     path = write_gguf(build_tiny_model(models_root, "llama"), tmp_path / "tiny.gguf", qtype)
-    assert ModelSpec.from_pretrained(resolve_gguf(str(path))).torch_dtype == dtype
-    assert ModelSpec.from_pretrained(resolve_gguf(str(path), "bfloat16")).torch_dtype == torch.bfloat16
+    assert ModelSpec.from_pretrained(resolve_gguf(str(path))).dtype == dtype
+    assert ModelSpec.from_pretrained(resolve_gguf(str(path), "bfloat16")).dtype == "bfloat16"
 
 
 def test_cache_is_reused_until_the_file_changes(
     models_root: Path, tmp_path: Path, cache_home: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = write_gguf(build_tiny_model(models_root, "llama"), tmp_path / "tiny.gguf")
-    with caplog.at_level(logging.INFO, logger="runtime.models.gguf"):
+    with caplog.at_level(logging.INFO, logger="runtime.native.models.gguf"):
         first = resolve_gguf(str(path))
         weights = Path(first) / "model.safetensors"
         written = weights.stat().st_mtime_ns

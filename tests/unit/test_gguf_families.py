@@ -1,4 +1,4 @@
-"""GGUF files of Qwen3, Qwen3-MoE, Gemma 3 and Phi-3 (runtime/models/gguf.py): tiny random checkpoints of each
+"""GGUF files of Qwen3, Qwen3-MoE, Gemma 3 and Phi-3 (runtime/native/models/gguf.py): tiny random checkpoints of each
 (tests/tiny_models.py) are written the way llama.cpp's convert_hf_to_gguf.py writes them (tensor names from the
 `gguf` package's own map, experts stacked per layer, Gemma's norms plus one, Phi-3's fused projections and its
 LongRoPE factors as tensors), converted back by resolve_gguf, and must load to the same weights and logits as the
@@ -17,8 +17,9 @@ from gguf import MODEL_ARCH, GGMLQuantizationType, GGUFWriter, get_tensor_name_m
 from gguf.quants import quantize
 from safetensors.torch import load_file
 
-from runtime.models import ModelSpec, load_model
-from runtime.models.gguf import resolve_gguf
+from runtime.model_spec import ModelSpec
+from runtime.native.models import load_model
+from runtime.native.models.gguf import resolve_gguf
 from tests.engine_harness import collect, request, running_engine
 from tests.tiny_models import build_tiny_model
 from tests.unit.test_gguf import _add_tokenizer

@@ -1,4 +1,4 @@
-"""runtime/guided/compiler.py and cache.py: compiled grammars cached within a byte budget, compiles in the
+"""runtime/native/guided/compiler.py and cache.py: compiled grammars cached within a byte budget, compiles in the
 compiler's own threads (a slow one holds up nothing else), too slow constraints refused and remembered."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import threading
 import pytest
 from transformers import AutoTokenizer
 
-import runtime.guided.compiler as compiler_module
+import runtime.native.guided.compiler as compiler_module
 from runtime.errors import InvalidRequestError, QueueFullError
-from runtime.guided import GuidedCompiler
-from runtime.guided.compiler import constraint_key
+from runtime.native.guided import GuidedCompiler
+from runtime.native.guided.compiler import constraint_key
 from runtime.request import GuidedDecoding
 from tests.tiny_models import build_tiny_model
 

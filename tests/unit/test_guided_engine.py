@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field
 
 from runtime.config import EngineConfig
 from runtime.errors import EngineNotReadyError, InvalidRequestError, UnsupportedOptionError
-from runtime.llm_engine import NativeEngine
+from runtime.native.llm_engine import NativeEngine
 from runtime.request import GenerationRequest, GuidedDecoding, SamplingOptions
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
 from tests.tiny_models import build_tiny_model

@@ -1,4 +1,4 @@
-"""runtime/guided: schema checks, grammars, the per-sample matcher, bitmasks in the sampler."""
+"""runtime/native/guided: schema checks, grammars, the per-sample matcher, bitmasks in the sampler."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 from transformers import AutoTokenizer
 
 from runtime.errors import InvalidRequestError
-from runtime.guided import GuidedCompiler, GuideState, unsupported_features
+from runtime.native.guided import GuidedCompiler, GuideState, unsupported_features
 from runtime.request import GuidedDecoding, SamplingOptions
-from runtime.sampler import Sampler, SamplingRow, processed_logits
+from runtime.native.sampler import Sampler, SamplingRow, processed_logits
 from tests.tiny_models import build_tiny_model
 
 VOCAB = 300

@@ -1,4 +1,4 @@
-"""runtime/guided/limits.py: constraints whose compile would take seconds to minutes or hundreds of MiB are
+"""runtime/guided_limits.py: constraints whose compile would take seconds to minutes or hundreds of MiB are
 refused before compiling, and the usual ones are not."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pydantic import BaseModel, Field
 from transformers import AutoTokenizer
 
 from runtime.errors import InvalidRequestError
-from runtime.guided import GuidedCompiler
-from runtime.guided.limits import pattern_repeats
+from runtime.native.guided import GuidedCompiler
+from runtime.guided_limits import pattern_repeats
 from runtime.request import GuidedDecoding
 from tests.tiny_models import build_tiny_model
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-import runtime.lora.apply as apply
-from runtime.lora.apply import LoraBatch, LoraDelta
-from runtime.lora.host_cache import HostCache
-from runtime.lora.registry import Adapter
-from runtime.lora.slots import DeviceSlots, LinearSlots
-from runtime.lora.weights import LoraPair, LoraWeights
-from runtime.models.linear import Linear
+import runtime.native.lora.apply as apply
+from runtime.native.lora.apply import LoraBatch, LoraDelta
+from runtime.native.lora.host_cache import HostCache
+from runtime.adapter_registry import Adapter
+from runtime.native.lora.slots import DeviceSlots, LinearSlots
+from runtime.native.lora.weights import LoraPair, LoraWeights
+from runtime.native.models.linear import Linear
 
 
 class _Targets:

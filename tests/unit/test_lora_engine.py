@@ -61,8 +61,8 @@ async def test_greedy_with_adapter_alone_equals_peft(setup, arch: str, adapter: 
 
 @pytest.mark.parametrize("all_slots", [True, False])
 async def test_one_batch_mixing_three_adapters_and_the_base_equals_peft(setup, monkeypatch, all_slots) -> None:
-    if not all_slots:  # the per-slot path of runtime/lora/apply.py (long prefills with high ranks)
-        import runtime.lora.apply as apply
+    if not all_slots:  # the per-slot path of runtime/native/lora/apply.py (long prefills with high ranks)
+        import runtime.native.lora.apply as apply
 
         monkeypatch.setattr(apply, "DENSE_COLUMNS", 0)
         monkeypatch.setattr(apply, "DENSE_TOKENS", 0)
@@ -225,7 +225,7 @@ async def test_load_and_unload_while_requests_run(setup) -> None:
 async def test_adapter_loading_from_disk_does_not_block_other_requests(setup, monkeypatch) -> None:
     """max_cpu_loras=1: the second adapter is read from disk on first use, on the loader thread; a base
     request submitted meanwhile finishes first."""
-    import runtime.lora.manager as manager
+    import runtime.native.lora.manager as manager
 
     base = setup["llama"]
     gate = asyncio.Event()
@@ -267,7 +267,7 @@ async def test_adapter_that_fails_to_load_fails_its_requests_only(setup, tmp_pat
 
 def test_rank_above_max_lora_rank_is_refused_at_start(setup) -> None:
     from runtime.config import EngineConfig
-    from runtime.llm_engine import NativeEngine
+    from runtime.native.llm_engine import NativeEngine
 
     engine = NativeEngine(EngineConfig(model=str(setup["llama"]), device="cpu", max_kv_tokens=64,
                                        lora_modules={"big": str(setup["attn_rs"])}, max_lora_rank=4))

@@ -10,9 +10,9 @@ import torch
 
 from runtime.config import EngineConfig
 from runtime.errors import InvalidRequestError
-from runtime.lora import LoraManager
-from runtime.lora.peft import read_peft_config
-from runtime.models import load_model
+from runtime.native.lora import LoraManager
+from runtime.peft_config import read_peft_config
+from runtime.native.models import load_model
 from tests.lora_adapters import make_peft_adapter
 from tests.tiny_models import build_tiny_model
 
@@ -67,7 +67,7 @@ def test_missing_files_are_named(manager, tmp_path) -> None:
 
 
 def test_scaling_follows_peft() -> None:
-    from runtime.lora.peft import PeftConfig
+    from runtime.peft_config import PeftConfig
 
     cfg = PeftConfig(r=4, lora_alpha=8, alpha_pattern={"up_proj": 3.0})
     assert cfg.scaling("model.layers.0.self_attn.q_proj", 4) == 2.0

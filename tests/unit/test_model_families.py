@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.models import moe
-from runtime.models.spec import MoeSpec
+from runtime.native.models import moe
+from runtime.model_spec import MoeSpec
 from tests.engine_harness import StepRecorder, collect, hf_greedy, load_hf, request, running_engine
 from tests.tiny_models import FAMILIES, SLIDING_WINDOW, build_tiny_model
 
@@ -106,7 +106,7 @@ async def test_phi3_long_context_uses_the_long_factors(models) -> None:
 async def test_cpu_kernels_and_compiled_decode_keep_the_ids(models, arch: str) -> None:
     """With --cpu-compile (the default outside tests): decode attention in the C++ kernel (window and sinks) and
     single-stream float32 decode steps compiled (gpt-oss's experts then run `Experts.gathered`)."""
-    from runtime.cpu.compiled_decode import CompiledDecode
+    from runtime.native.cpu.compiled_decode import CompiledDecode
 
     if os.environ.get("ENGINE_TEST_DEVICE", "cpu") != "cpu":
         pytest.skip("the CPU's kernel and compiled steps")
@@ -182,7 +182,7 @@ async def test_lora_on_the_attention_projections_of_moe_models_equals_peft(model
     """A PEFT adapter on q/k/v/o of a mixture-of-experts model gives transformers + PEFT's ids; a TensorRT-LLM module
     id of an MLP projection on an experts layer is refused in the caller's terms."""
     from runtime.errors import InvalidRequestError
-    from runtime.lora.targets import LoraTargets
+    from runtime.native.lora.targets import LoraTargets
     from tests.lora_adapters import make_peft_adapter, peft_greedy
 
     path, hf = models[arch]

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.decode_rows import MAX_ROWS_PER_SEQ, DecodeOutput, fill_pending
-from runtime.model_runner import ModelRunner
-from runtime.models import load_model
+from runtime.native.decode_rows import MAX_ROWS_PER_SEQ, DecodeOutput, fill_pending
+from runtime.native.model_runner import ModelRunner
+from runtime.native.models import load_model
 from runtime.request import SamplingOptions
-from runtime.sampler import Sampler, SamplingRow
-from runtime.step_inputs import StepInput, StepInputs
+from runtime.native.sampler import Sampler, SamplingRow
+from runtime.native.step_inputs import StepInput, StepInputs
 from tests.engine_harness import collect, hf_greedy, request, running_engine
 from tests.tiny_models import build_tiny_model
 
@@ -271,7 +271,7 @@ def test_prompts_joining_decode_rows_replay_both_graphs(checkpoint: Path) -> Non
 
 
 def test_pack_prefill_lays_out_sequences_and_tiles() -> None:
-    from runtime.cuda.prefill_graphs import PrefillLayout, pack_prefill
+    from runtime.native.cuda.prefill_graphs import PrefillLayout, pack_prefill
 
     layout = PrefillLayout(rows=96, seqs=3, tiles=4, max_blocks=6)
     out = np.full(layout.size, 99, dtype=np.int64)
@@ -293,11 +293,11 @@ def test_pack_prefill_lays_out_sequences_and_tiles() -> None:
 
 
 def test_a_mixed_step_attends_decode_rows_and_prompts_apart(runner: ModelRunner) -> None:
-    """The mixed graphs' forward pass (runtime/cuda/mixed_graphs.py), on the CPU: decode-shaped rows (one per
+    """The mixed graphs' forward pass (runtime/native/cuda/mixed_graphs.py), on the CPU: decode-shaped rows (one per
     token, AttentionMetadata.decode) then a prompt's sequence, in one pass, give the logits of the step run op by
     op over the same cache."""
-    from runtime.cuda.graphs import row_metadata
-    from runtime.decode_rows import pack_rows
+    from runtime.native.cuda.graphs import row_metadata
+    from runtime.native.decode_rows import pack_rows
 
     a, b, c = list(range(3, 12)), list(range(40, 46)), list(range(60, 73))
     runner.execute([StepInput(a, 0, [0, 1, 2]), StepInput(b, 0, [3, 4]), StepInput(c[:4], 0, [5, 6, 7, 8])])
@@ -319,11 +319,11 @@ def test_a_mixed_step_attends_decode_rows_and_prompts_apart(runner: ModelRunner)
 
 
 def test_pack_rows_reads_the_resident_tables_as_it_reads_the_lists() -> None:
-    """The rows packed from the BlockManager's resident tables (runtime/block_tables.py) equal those built from the
+    """The rows packed from the BlockManager's resident tables (runtime/native/block_tables.py) equal those built from the
     inputs' lists, for decode steps and steps of several tokens per sequence, after blocks were freed and reused."""
-    from runtime.block_manager import BlockManager
-    from runtime.decode_rows import pack_rows
-    from runtime.sequence import Sequence
+    from runtime.native.block_manager import BlockManager
+    from runtime.native.decode_rows import pack_rows
+    from runtime.native.sequence import Sequence
 
     rng = random.Random(3)
     bm = BlockManager(200, BS)

@@ -11,17 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from runtime.attention_metadata import AttentionMetadata
-from runtime.models import (
-    SUPPORTED_ARCHITECTURES,
-    CausalLM,
-    ModelSpec,
-    UnsupportedArchitectureError,
-    allocate_kv_cache,
-    kv_cache_bytes_per_token,
-    load_model,
-)
-from runtime.models.rotary_embedding import RopeConfig
+from runtime.architectures import UnsupportedArchitectureError
+from runtime.native.attention_metadata import AttentionMetadata
+from runtime.model_spec import ModelSpec, RopeConfig
+from runtime.native.models import CausalLM, allocate_kv_cache, kv_cache_bytes_per_token, load_model
 from tests.tiny_models import FAMILIES, TINY_ARCHITECTURES, build_tiny_model
 
 BLOCK_SIZE = 4
@@ -240,7 +233,7 @@ def test_sharded_bf16_checkpoint_loads(models_root: Path) -> None:
     path = build_tiny_model(models_root, "llama-untied", dtype=torch.bfloat16, shard=True)
     assert len(list(path.glob("model-*.safetensors"))) > 1
     as_stored = load_model(str(path), None, "cpu")
-    assert as_stored.spec.torch_dtype == torch.bfloat16
+    assert as_stored.spec.dtype == "bfloat16"
     assert {p.dtype for p in as_stored.parameters()} == {torch.bfloat16}
     # upcast on load: equals transformers running the same bf16 weights in float32
     upcast = load_model(str(path), torch.float32, "cpu")
@@ -357,7 +350,7 @@ def test_tiny_tokenizer_matches_model(models_root: Path) -> None:
 def _mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """OpenAI's MXFP4 of weight [..., K] (K a multiple of 32): blocks uint8 [..., K/32, 16] (two e2m1 codes a byte,
     low nibble first) and scales uint8 [..., K/32] (2^(s - 127)); each group's largest value maps to at most 6."""
-    from runtime.models.gpt_oss import FP4_VALUES
+    from runtime.native.models.gpt_oss import FP4_VALUES
 
     groups = weight.float().unflatten(-1, (-1, 32))
     exponent = torch.ceil(torch.log2(groups.abs().amax(-1).clamp(min=1e-30) / 6.0)).clamp(-127, 127)

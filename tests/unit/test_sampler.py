@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from runtime.request import SamplingOptions
-from runtime.sampler import (
+from runtime.native.sampler import (
     Sampler,
     SamplingRow,
     make_generator,
@@ -281,7 +281,7 @@ def test_mismatched_row_count_is_an_error() -> None:
 
 
 def test_two_pass_argmax_is_argmax_ties_included() -> None:
-    from runtime.sampler import two_pass_argmax
+    from runtime.native.sampler import two_pass_argmax
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(5, 640, generator=g)

@@ -10,10 +10,10 @@ from __future__ import annotations
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from runtime.block_manager import BlockManager
+from runtime.native.block_manager import BlockManager
 from runtime.config import SchedulerPolicy
-from runtime.scheduler import ScheduledBatch, Scheduler
-from runtime.sequence import Sequence, SequenceStatus
+from runtime.native.scheduler import ScheduledBatch, Scheduler
+from runtime.native.sequence import Sequence, SequenceStatus
 
 BS = 4
 

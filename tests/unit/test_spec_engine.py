@@ -16,10 +16,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from runtime.config import EngineConfig
-from runtime.llm_engine import NativeEngine
+from runtime.native.llm_engine import NativeEngine
 from runtime.request import GenerationRequest
-from runtime.speculative import DraftTokenizerMismatchError
-from runtime.step_inputs import StepInputs
+from runtime.native.speculative import DraftTokenizerMismatchError
+from runtime.native.step_inputs import StepInputs
 from tests.engine_harness import StepRecorder, collect, request, running_engine
 from tests.tiny_models import build_tiny_model
 from tests.unit.test_async_scheduling import LaunchLog
@@ -121,7 +121,7 @@ async def test_greedy_with_logits_processors_equals_plain_greedy(pair, mode: str
 async def test_plain_greedy_drafts_are_verified_from_the_steps_row_argmax(pair, monkeypatch) -> None:
     """A greedy request asking no logprobs is verified from the ids the step took of every row (no per-request
     argmax and log-softmax launched); one asking logprobs still gets them computed, with the same tokens."""
-    import runtime.speculative.speculator as speculator
+    import runtime.native.speculative.speculator as speculator
 
     target, _ = pair
     ps = prompts(3, seed=5)
@@ -329,7 +329,7 @@ async def test_no_speculation_in_steps_where_more_sequences_decode_than_the_limi
 
 @pytest.mark.parametrize("mode", ["draft", "ngram"])
 async def test_the_guard_keeps_greedy_output_equal_to_plain_greedy(pair, mode: str) -> None:
-    """The product's guard (plain steps where measured ones beat speculation; runtime/speculative/guard.py) switches
+    """The product's guard (plain steps where measured ones beat speculation; runtime/native/speculative/guard.py) switches
     between speculating and plain steps mid-request, by this machine's timings: the output equals plain greedy
     whichever steps speculated, and each count of sequences begins by speculating."""
     target, draft = pair
@@ -388,7 +388,7 @@ async def test_prompts_reusing_cached_prefixes_join_a_speculating_step_with_plai
 async def test_a_fork_in_a_verifying_step_gets_its_own_ids(pair) -> None:
     """A request of n=2 whose prompt ends in a step where another request verifies drafts: the step's inputs draw
     [0, 2] samples (the verifying input none, the fork two), as many ids as inputs, which must not be read as one
-    id per input (runtime/step_results.py). Both samples are the greedy continuation."""
+    id per input (runtime/native/step_results.py). Both samples are the greedy continuation."""
     target, _ = pair
     ps = prompts(2, seed=8)
     want = await plain_greedy(target, ps, 16)

@@ -1,4 +1,4 @@
-"""SpeculationGuard (runtime/speculative/guard.py) on a fake clock: it speculates first, compares with plain steps,
+"""SpeculationGuard (runtime/native/speculative/guard.py) on a fake clock: it speculates first, compares with plain steps,
 keeps the faster kind at each number of decoding sequences, looks at the other kind again now and then (speculation
 again after a wait that doubles while it keeps losing), keeps plain steps where speculation wins by less than its
 margin, and never charges a step with time that is not its own."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.speculative.guard import (BURST_STEPS, MARGIN, MIN_SAMPLES, RECHECK_STEPS, RETRY_MAX_STEPS, RETRY_STEPS,
+from runtime.native.speculative.guard import (BURST_STEPS, MARGIN, MIN_SAMPLES, RECHECK_STEPS, RETRY_MAX_STEPS, RETRY_STEPS,
                                         SHORT_BURST, WINDOW, SpeculationGuard)
 
 

@@ -1,4 +1,4 @@
-"""runtime.speculative.verifier and ngram: greedy acceptance is the longest agreeing prefix; rejection
+"""runtime.native.speculative.verifier and ngram: greedy acceptance is the longest agreeing prefix; rejection
 sampling's emitted tokens follow the target distribution exactly (chi-square, fixed seed)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from scipy.stats import chisquare
 
-from runtime.speculative import NgramProposer, verify_greedy, verify_sampled
+from runtime.native.speculative import NgramProposer, verify_greedy, verify_sampled
 
 
 def test_greedy_accepts_longest_agreeing_prefix_then_the_targets_token() -> None:

@@ -1,16 +1,16 @@
-"""A step as columns: StepInputs (runtime/step_inputs.py), StepResults (runtime/step_results.py) and the
-scheduler's batch (runtime/scheduler.py) keep what per-row objects held, and give the same rows back."""
+"""A step as columns: StepInputs (runtime/native/step_inputs.py), StepResults (runtime/native/step_results.py) and the
+scheduler's batch (runtime/native/scheduler.py) keep what per-row objects held, and give the same rows back."""
 
 from __future__ import annotations
 
 import torch
 
 from runtime.request import SamplingOptions
-from runtime.sampler import SamplingRow
-from runtime.scheduler import ScheduledBatch
-from runtime.sequence import Sequence, SequenceStatus
-from runtime.step_inputs import StepInput, StepInputs
-from runtime.step_results import StepResults
+from runtime.native.sampler import SamplingRow
+from runtime.native.scheduler import ScheduledBatch
+from runtime.native.sequence import Sequence, SequenceStatus
+from runtime.native.step_inputs import StepInput, StepInputs
+from runtime.native.step_results import StepResults
 
 
 def _row() -> SamplingRow:

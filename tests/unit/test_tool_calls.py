@@ -21,8 +21,8 @@ from adapters.openai.tools import (
     with_tool_calls,
 )
 from runtime.errors import InvalidRequestError
-from runtime.guided import GuidedCompiler
-from runtime.guided.grammars import build_grammar
+from runtime.native.guided import GuidedCompiler
+from runtime.native.guided.grammars import build_grammar
 from tests.tiny_models import build_tiny_model
 
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {

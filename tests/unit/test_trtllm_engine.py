@@ -138,6 +138,26 @@ async def test_stop_string_ends_the_sequence_and_frees_trtllm(fake_trtllm, model
         assert await drained(engine)  # the stop string aborted the TensorRT-LLM request
 
 
+async def test_a_stop_string_counts_from_min_tokens_and_cuts_ids_and_usage(fake_trtllm, model_dir):
+    """The front end's OutputProcessor, as for the native engine: the ids end at the token that completed the stop
+    string (usage too), and no stop string matches before min_tokens tokens."""
+    async with running(make_config(model_dir)) as engine:
+        greedy = SamplingOptions(max_tokens=12, temperature=0.0, ignore_eos=True)
+        tokens = [t for d in await collect(engine, GenerationRequest("f", prompt="x", sampling=greedy)) for t in d.token_ids]
+        full = engine.tokenizer.decode(tokens)
+        stop = full[3:5]
+        k = next(i for i in range(1, len(tokens) + 1) if stop in engine.tokenizer.decode(tokens[:i]))
+        greedy.stop = [stop]
+        deltas = await collect(engine, GenerationRequest("s", prompt="x", sampling=greedy))
+        assert [t for d in deltas for t in d.token_ids] == tokens[:k] and deltas[-1].usage.completion_tokens == k
+        greedy.min_tokens = k + 1  # the k-th token completes it: too early
+        deltas = await collect(engine, GenerationRequest("m", prompt="x", sampling=greedy))
+        ids = [t for d in deltas for t in d.token_ids]
+        assert len(ids) > k and deltas[-1].usage.completion_tokens == len(ids)
+        assert "".join(d.text for d in deltas).startswith(full[: full.index(stop) + len(stop)])  # not cut there
+        assert await drained(engine)
+
+
 async def test_stats_come_from_iteration_stats(fake_trtllm, model_dir):
     async with running(make_config(model_dir)) as engine:
         prompt = engine.tokenizer.encode("one two")

@@ -1,0 +1,120 @@
+"""Decode attention on CPU through our C++ kernel (paged_decode_attention.cpp): it reads each sequence's K/V
+where the paged cache holds them.
+
+Why: the reference backend (runtime/native/models/attention.py) gathers every row's blocks into a padded copy, then
+runs SDPA over it with a mask. At 16 streams of SmolLM2 that copy and the padded SDPA were 22 of a 69 ms step
+(benchmarks/RESULTS.md). The kernel is built once by torch's C++ extension loader at start-up (a C++ compiler
+is needed; about 10 s the first time, then loaded from torch's extension cache). Without a compiler the
+reference backend serves, with a warning. Decode steps use it, eager or compiled (runtime/native/cpu/compiled_decode.py);
+prefill, chunked prefill and speculative scoring steps keep the reference backend.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from runtime.native.attention_metadata import AttentionMetadata
+from runtime.native.models.attention import (
+    register_attention_backend,
+    torch_paged_attention,
+    write_kv,
+)
+
+logger = logging.getLogger(__name__)
+# one extension: the decode-attention kernel, the int4/int8 products and the whole decode step, which calls both
+_SOURCES = [Path(__file__).with_name(name) for name in
+            ("paged_decode_attention.cpp", "quantized_linear.cpp", "decode_step.cpp", "spread.cpp")]
+_HEADER = Path(__file__).with_name("cpu_kernels.h")
+STALE_LOCK_S = 600.0  # a build lock this old was left by a process killed mid-build (a build takes about 10 s)
+
+
+def clear_stale_lock(build_dir: Path, now: float | None = None) -> bool:
+    """Remove `build_dir`'s build lock if it is older than STALE_LOCK_S; whether one was removed.
+
+    torch's extension loader waits for that lock without a time limit, so a server killed while building the
+    kernel (Ctrl-C during the first start) made every later start hang there."""
+    lock = build_dir / "lock"
+    try:
+        age = (time.time() if now is None else now) - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < STALE_LOCK_S:
+        return False
+    logger.warning("CPU: removing a kernel build lock left %.0f s ago by a process that did not finish (%s)", age, lock)
+    lock.unlink(missing_ok=True)
+    return True
+
+
+@functools.cache
+def build_kernel() -> bool:
+    """Build the kernel, or load it from torch's extension cache; False, with a warning, where that fails."""
+    from torch.utils import cpp_extension
+
+    started = time.perf_counter()
+    logger.info("CPU: building the paged decode-attention kernel (cached after the first start)")
+    name = "trtllm_gateway_cpu"
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root())
+    # our own folder, so that its lock is known; one per Python and torch build, as torch's default folders are, and
+    # per source: two checkouts whose kernels differ (another signature) never rebuild over each other's
+    source = hashlib.sha256(b"".join(p.read_bytes() for p in (*_SOURCES, _HEADER))).hexdigest()[:12]
+    build_dir = root / f"{name}-py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}-{source}"
+    try:
+        build_dir.mkdir(parents=True, exist_ok=True)
+        clear_stale_lock(build_dir)
+        cpp_extension.load(name=name, sources=[str(p) for p in _SOURCES], is_python_module=False,
+                           extra_cflags=["-O3", "-march=native"], build_directory=str(build_dir))
+    except Exception as exc:  # noqa: BLE001 - any failure to build leaves the reference backend serving
+        logger.warning("CPU: no paged decode-attention kernel (%s: %s); decode attention gathers the cache instead",
+                       type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        return False
+    # output shapes for torch.compile, which calls them from a compiled one-row step (runtime/native/cpu/compiled_decode.py)
+    torch.library.register_fake("trtllm_gateway_cpu::paged_decode_attention")(
+        lambda q, kv_cache, block_tables, seq_lens, window, sinks: torch.empty_like(q))
+    torch.library.register_fake("trtllm_gateway_cpu::int4_linear")(
+        lambda x, packed, scale, offset, out_features: x.new_empty((x.shape[0], out_features)))
+    torch.library.register_fake("trtllm_gateway_cpu::int8_linear")(
+        lambda x, tiled, scale, out_features: x.new_empty((x.shape[0], out_features)))
+    logger.info("CPU: paged decode-attention kernel ready in %.1f s", time.perf_counter() - started)
+    return True
+
+
+def cpu_paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_cache: torch.Tensor | None,
+    meta: AttentionMetadata,
+    scale: float,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The kernel for decode-only steps; the reference backend for everything else."""
+    if kv_cache is None or not meta.is_decode_only or not kernel_fits(q, k):
+        return torch_paged_attention(q, k, v, kv_cache, meta, scale, window, sinks)
+    write_kv(k, v, kv_cache, meta.slot_mapping)
+    out = torch.ops.trtllm_gateway_cpu.paged_decode_attention(  # (a compiled step's lengths are int64)
+        (q.float() * scale).contiguous(), kv_cache, meta.block_tables.contiguous(),
+        meta.seq_lens.to(torch.int32).contiguous(), window or 0, None if sinks is None else sinks.float().contiguous())
+    return out.to(q.dtype)
+
+
+def kernel_fits(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """The kernel's shapes: a head size that is a multiple of 16 up to 256, up to 16 query heads per KV head."""
+    head_dim = q.shape[-1]
+    return head_dim % 16 == 0 and head_dim <= 256 and q.shape[1] // k.shape[1] <= 16
+
+
+def use_cpu_kernels(enabled: bool) -> bool:
+    """Route CPU decode attention through the kernel (built first), or back to the reference backend; whether
+    the kernel serves. The choice is process-wide, as the attention backends are."""
+    enabled = enabled and build_kernel()
+    register_attention_backend("cpu", cpu_paged_attention if enabled else torch_paged_attention)
+    return enabled

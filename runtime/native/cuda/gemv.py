@@ -1,0 +1,138 @@
+"""One-token projections (GEMV) for the batch-1 decode step, with the elementwise work around them fused in.
+
+Why: a batch-1 step of a 1B Llama is 16 layers of matrix-vector products of 8-67 MB each. cuBLAS reaches
+1.6-1.7 TB/s on the 8-12 MB ones (q/k/v, o) and adds a split-K reduce kernel to `down`, and every RMSNorm,
+residual add and SwiGLU between them is a kernel of its own, 1-2 us each (H100, benchmarks/RESULTS.md). Here a
+program owns BLOCK_N output rows and reads their whole K span, so the input's prologue and the output's epilogue
+fit in the same kernel:
+
+- NORM: the input is RMSNorm(x) * norm_weight, computed from x in each program (x is a few KB, read from L2);
+- SILU: the input is silu(x[:K]) * x[K:], the SwiGLU of a fused gate/up output;
+- RESIDUAL: the output is residual + W x, the residual stream's next value.
+
+FP8 weights (runtime/native/models/fp8.py) take `scale`: the kernel reads E4M3 weights (half the bytes of 16-bit ones), widens
+them to float32 against the 16-bit input as it is, and multiplies each output row's sum by its scale.
+
+Each rounds to the activation dtype where the eager modules do (runtime/native/cuda/fused.py's kernels), so only the
+order of the dot product's float32 sums differs from cuBLAS. With `pdl` (runtime/native/cuda/pdl.py) the kernel starts
+while the one before it drains: its first weight tile is loaded before it waits for that kernel's output.
+
+Steps of more tokens keep cuBLAS: this kernel run once per row (one program per row and tile, a tile's rows side
+by side to share its loads through L2) was slower than cuBLAS past 2 rows on the H100 (benchmarks/RESULTS.md,
+2026-11-27), so a verification's rows and plain decoding's single row sum in different orders (bf16 greedy
+speculation may part from plain decoding at near ties).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from runtime.native.cuda.pdl import launch_options, wait_for_previous_kernel
+
+# (BLOCK_N, BLOCK_K, num_warps) by the weight's (N, K); others get DEFAULT_TILE. Chosen by benchmarks/gemv_kernels.py.
+# H100, 2026-11-27: Llama-3.2-1B's q/k/v, o, gate/up, down and output embedding. H200, 2026-11-28 (PDL launches):
+# Llama-3.1-8B's o (Qwen3-8B's too) and output embedding; DEFAULT_TILE was the best there for Llama-3.1-8B's q/k/v
+# (Qwen3-8B's too), gate/up and down, and Qwen3-8B's gate/up. Not swept yet (DEFAULT_TILE): Qwen3-8B's down and
+# output embedding, Qwen3-30B-A3B's q/k/v, o, router and output embedding.
+TILES: dict[tuple[int, int], tuple[int, int, int]] = {
+    (3072, 2048): (8, 2048, 4), (2048, 2048): (2, 1024, 8), (16384, 2048): (4, 1024, 4), (2048, 8192): (4, 2048, 8),
+    (128256, 2048): (2, 1024, 4), (4096, 4096): (8, 512, 8), (128256, 4096): (16, 256, 4)}
+DEFAULT_TILE = (4, 1024, 4)
+# FP8 weights' own tiles where they differ (half the bytes a row, so wider column tiles keep as many bytes in flight):
+# the best of benchmarks/gpu_quant.py's sweep on the H200 (2026-11-28) for Llama-3.1-8B's shapes; others: TILES
+FP8_TILES: dict[tuple[int, int], tuple[int, int, int]] = {
+    (6144, 4096): (4, 2048, 4),  # q/k/v: 10.49 -> 9.91 us
+    (4096, 4096): (8, 4096, 8),  # o: 8.25 -> 8.00
+    (28672, 4096): (8, 4096, 8),  # gate/up: 43.26 -> 38.42
+    (4096, 14336): (4, 2048, 4),  # down: 25.80 -> 20.95
+}
+
+
+@triton.jit
+def input_rstd(x_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / rms(x) of the projection's input x [K], float32: the NORM prologue's scale."""
+    offs = tl.arange(0, BLOCK_K)
+    squares = tl.zeros([BLOCK_K], tl.float32)
+    for k in range(0, K, BLOCK_K):
+        v = tl.load(x_ptr + k + offs, mask=k + offs < K, other=0.0).to(tl.float32)
+        squares += v * v
+    return 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
+
+
+@triton.jit
+def input_tile(x_ptr, norm_ptr, cols, col_mask, rstd, K: tl.constexpr, dtype: tl.constexpr,
+               NORM: tl.constexpr, SILU: tl.constexpr):
+    """The projection's input at `cols`, float32, after the fused prologue (rounded to `dtype` where eager is)."""
+    if SILU:
+        gate = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + K + cols, mask=col_mask, other=0.0).to(tl.float32)
+        act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        return (act * up).to(dtype).to(tl.float32)
+    v = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    if NORM:
+        h = (v * rstd).to(dtype)  # cast back before the weight, as HF Llama
+        v = (tl.load(norm_ptr + cols, mask=col_mask, other=0.0).to(tl.float32) * h.to(tl.float32)).to(dtype)
+    return v.to(tl.float32)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, out_ptr, res_ptr, norm_ptr, bias_ptr, scale_ptr, eps, N,
+    K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NORM: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr, BIAS: tl.constexpr, SCALED: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    dtype = x_ptr.dtype.element_ty  # the activations' dtype (out may be float32 logits; the weight FP8)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    offs = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
+    # the first weight tile does not depend on the kernel before: its load is in flight during the wait
+    w = tl.load(w_rows + offs[None, :], mask=row_mask[:, None] & (offs < K)[None, :], other=0.0)
+    wait_for_previous_kernel(PDL)  # the input is the previous kernel's output
+    rstd = 0.0
+    if NORM:
+        rstd = input_rstd(x_ptr, eps, K, BLOCK_K)
+    acc = w.to(tl.float32) * input_tile(x_ptr, norm_ptr, offs, offs < K, rstd, K, dtype, NORM, SILU)[None, :]
+    for k in range(BLOCK_K, K, BLOCK_K):
+        cols = k + offs
+        col_mask = cols < K
+        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+        acc += w.to(tl.float32) * input_tile(x_ptr, norm_ptr, cols, col_mask, rstd, K, dtype, NORM, SILU)[None, :]
+    out = tl.sum(acc, axis=1)
+    if SCALED:  # FP8 weights: each row's scale, on the float32 sum
+        out *= tl.load(scale_ptr + rows, mask=row_mask, other=0.0)
+    if BIAS:
+        out += tl.load(bias_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+    if RESIDUAL:  # the projection rounded, then the add rounded: as the eager add of two activations
+        out = out.to(dtype).to(tl.float32) + tl.load(res_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows, out.to(dtype).to(out_ptr.dtype.element_ty), mask=row_mask)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+         norm: tuple[torch.Tensor, float] | None = None, silu: bool = False,
+         residual: torch.Tensor | None = None, pdl: bool = False, out: torch.Tensor | None = None,
+         scale: torch.Tensor | None = None) -> torch.Tensor:
+    """y = W f(x) (+ bias) (+ residual) for one token: x [1, K] ([1, 2K] with silu), weight [N, K] -> [1, N].
+    f is RMSNorm with `norm` = (norm weight, eps), the SwiGLU with `silu`, else the identity. `out`: where to write
+    y (a float32 one gets y rounded to the activations' dtype first, as a cast of F.linear's output). `scale`:
+    float32 [N] row scales of an FP8 weight (W = weight * scale[:, None])."""
+    n, k = weight.shape
+    assert x.shape[0] == 1 and x.stride(-1) == 1, "one token, contiguous"
+    assert (scale is None) == (weight.element_size() != 1), "FP8 weights come with their row scales"
+    if out is None:
+        out = torch.empty((1, n), dtype=x.dtype, device=weight.device)
+    assert out.shape == (1, n) and out.is_contiguous()
+    block_n, block_k, warps = (scale is not None and FP8_TILES.get((n, k))) or TILES.get((n, k), DEFAULT_TILE)
+    norm_weight, eps = norm if norm is not None else (weight, 0.0)
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, out, residual if residual is not None else out, norm_weight,
+        bias if bias is not None else weight, scale if scale is not None else weight, eps, n,
+        K=k, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)),
+        NORM=norm is not None, SILU=silu, RESIDUAL=residual is not None, BIAS=bias is not None,
+        SCALED=scale is not None, PDL=pdl,
+        num_warps=warps, **launch_options(pdl),
+    )
+    return out

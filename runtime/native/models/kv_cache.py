@@ -1,0 +1,21 @@
+"""The paged KV cache's memory layout: one tensor per layer, [2, num_blocks, block_size, kv_heads, head_dim]."""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.model_spec import ModelSpec
+
+
+def kv_cache_bytes_per_token(spec: ModelSpec, dtype: torch.dtype) -> int:
+    """Bytes one cached token takes across all layers (K and V)."""
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * element
+
+
+def allocate_kv_cache(
+    spec: ModelSpec, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str
+) -> list[torch.Tensor]:
+    """Zeroed cache tensors, one per layer; index 0 of the first dim holds keys, 1 values."""
+    shape = (2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(spec.num_layers)]

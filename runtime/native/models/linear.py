@@ -1,0 +1,84 @@
+"""Linear: a projection that may fuse several checkpoint projections (q/k/v, gate/up) into one matmul.
+
+Each fused part keeps its checkpoint name and width (`parts`), so the loader can fill it and a LoRA
+delta can be applied per part. `delta` is the seam for per-token low-rank updates: when set, the
+layer's output is `delta(x, linear)`, which computes the projection itself (with `base`, or folding
+more rows into the same matmul, as the CUDA LoRA path does) and adds the updates. On CPU, `cpu_weight`
+holds faster forms of the weight (runtime/native/models/cpu_weights.py) that `base` picks from. An FP8 Linear
+(runtime/native/models/fp8.py) holds `weight` in float8_e4m3fn with its `weight_scale` (and maybe `input_scale`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.native.models.cpu_weights import CpuWeight
+from runtime.native.models.fp8 import FP8, fp8_linear
+
+Delta = Callable[[torch.Tensor, "Linear"], torch.Tensor]
+
+
+class Linear(nn.Module):
+    """y = x W^T + b over packed tokens; `parts` names the output slices when checkpoints store them apart."""
+
+    def __init__(
+        self,
+        in_features: int,
+        parts: Sequence[tuple[str, int]],
+        *,
+        bias: bool = False,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.part_names: tuple[str, ...] = tuple(name for name, _ in parts)
+        self.part_sizes: tuple[int, ...] = tuple(size for _, size in parts)
+        self.out_features = sum(self.part_sizes)
+        # empty, not initialised: every value is overwritten by the checkpoint
+        self.weight = nn.Parameter(torch.empty(self.out_features, in_features, dtype=dtype), requires_grad=False)
+        self.bias = (
+            nn.Parameter(torch.empty(self.out_features, dtype=dtype), requires_grad=False) if bias else None
+        )
+        # FP8 weights (runtime/native/models/fp8_checkpoint.py makes them parameters): float32 [out] and [1]
+        self.register_parameter("weight_scale", None)
+        self.register_parameter("input_scale", None)
+        self.delta: Delta | None = None
+        self.cpu_weight: CpuWeight | None = None  # prepacked and quantized forms on CPU (prepare_cpu_weights)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.delta is not None:
+            return self.delta(x, self)
+        return self.base(x)
+
+    def base(self, x: torch.Tensor) -> torch.Tensor:
+        """The projection without adapters."""
+        if self.cpu_weight is not None:
+            return self.cpu_weight.linear(x, self.weight, self.bias)
+        if self.weight.dtype == FP8:
+            return fp8_linear(x, self.weight, self.weight_scale, self.input_scale, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+    def part_range(self, part: str) -> tuple[int, int]:
+        """(start, size) of a named part along the output dimension."""
+        index = self.part_names.index(part)
+        return sum(self.part_sizes[:index]), self.part_sizes[index]
+
+    def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The output cut into its parts, in order."""
+        return y.split(self.part_sizes, dim=-1)
+
+    def load(self, attr: str, tensor: torch.Tensor, part: str | None) -> None:
+        """Copy a checkpoint tensor into `weight`/`bias`, or into one part's rows of it."""
+        param: torch.Tensor = getattr(self, attr)
+        target = param.data
+        if part is not None:
+            start, size = self.part_range(part)
+            target = target.narrow(0, start, size)
+        if target.shape != tensor.shape:
+            raise ValueError(f"shape mismatch for {attr}[{part}]: checkpoint {tuple(tensor.shape)}, "
+                             f"model {tuple(target.shape)}")
+        target.copy_(tensor)

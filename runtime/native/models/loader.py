@@ -1,0 +1,135 @@
+"""load_model: build our model for an HF checkpoint folder and fill it from its safetensors files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import torch
+from safetensors import safe_open
+from tqdm.auto import tqdm
+
+from runtime.architectures import UnsupportedArchitectureError, check_supported
+from runtime.native.device import DTYPES
+from runtime.model_spec import ModelSpec
+from runtime.native.models.base import CausalLM
+from runtime.native.models.fp8_checkpoint import Fp8Reader, checkpoint_is_fp8, quantize_model
+from runtime.native.models.linear import Linear
+from runtime.native.models.moe import Experts
+from runtime.native.models.registry import model_class
+
+Quantization = Literal["none", "fp8"]
+
+
+def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
+               context_window: int | None = None, quantization: Quantization = "none") -> CausalLM:
+    """Our CausalLM for the folder `path` (config.json + model.safetensors or sharded with an index).
+
+    dtype None keeps the checkpoint's dtype (float32 if config.json names none). Tensors are
+    converted and moved as they are copied in; a progress bar counts them. `context_window`: the served
+    context (max_model_len), which picks LongRoPE's factors. FP8 checkpoints keep their FP8 weights where the
+    device multiplies them (runtime/native/models/fp8_checkpoint.py); `quantization` "fp8" quantizes a 16-bit checkpoint's
+    projections. Raises UnsupportedArchitectureError for architectures or options we do not implement.
+    """
+    folder = Path(path)
+    spec = ModelSpec.from_pretrained(folder)
+    spec.context_window = context_window or spec.context_window
+    check_supported(spec)
+    cls = model_class(spec.architecture)
+    dtype = dtype or DTYPES[spec.dtype]
+    try:
+        # parameters are allocated empty on the target device; the checkpoint fills every one
+        with torch.device(device):
+            model = cls(spec, dtype)
+    except ValueError as exc:  # an option of this config that we do not implement (rope type, activation, ...)
+        raise UnsupportedArchitectureError(spec.architecture, str(exc)) from exc
+    files = checkpoint_files(folder)
+    try:
+        fp8 = Fp8Reader(model, files, torch.device(device)) if checkpoint_is_fp8(folder, spec.config) else None
+    except ValueError as exc:  # a quantization scheme we do not read
+        raise UnsupportedArchitectureError(spec.architecture, str(exc)) from exc
+    _fill(model, files, fp8)
+    if fp8 is None and quantization == "fp8":
+        quantize_model(model)
+    return model.eval()
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: the shards named by the index, or the single file."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        return [folder / name for name in sorted(set(weight_map.values()))]
+    single = folder / "model.safetensors"
+    if single.exists():
+        return [single]
+    found = sorted(folder.glob("*.safetensors"))
+    if not found:
+        raise FileNotFoundError(f"no safetensors weights in {folder} (expected model.safetensors or an index)")
+    return found
+
+
+def _fill(model: CausalLM, files: list[Path], fp8: Fp8Reader | None) -> None:
+    params = dict(model.named_parameters())
+    loaded: dict[str, set[str | None]] = {name: set() for name in params}
+    keys: list[tuple[Path, list[str]]] = []
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            keys.append((file, list(f.keys())))
+    with tqdm(total=sum(len(k) for _, k in keys), desc="Loading weights", unit="tensor") as bar:
+        for file, names in keys:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for name in names:
+                    # an FP8 weight and its scales come out together once all are read (fp8_checkpoint.py)
+                    ready = fp8.accept(name, f.get_tensor(name)) if fp8 is not None and fp8.takes(name) else [
+                        (name, None)]
+                    for ready_name, read in ready:
+                        target = model.checkpoint_target(ready_name)
+                        if target is None:
+                            continue
+                        param_name, part = target
+                        if param_name not in params:
+                            raise ValueError(f"checkpoint tensor {ready_name!r} in {file.name} matches no model "
+                                             "parameter")
+                        tensor = model.convert_tensor(param_name, f.get_tensor(name) if read is None else read)
+                        if tensor is not None:  # None: held until what it combines with is read (gpt_oss.py)
+                            _copy(model, param_name, part, tensor)
+                            loaded[param_name].add(part)
+                    bar.update(1)
+    if fp8 is not None:
+        fp8.finish()  # (an FP8 weight whose scale never came is named there)
+    missing = [name for name, parts in loaded.items() if not _complete(model, name, parts)]
+    if missing:
+        raise ValueError(f"checkpoint is missing weights for: {', '.join(missing)}")
+
+
+def _owner(model: CausalLM, param_name: str) -> tuple[torch.nn.Module, str]:
+    module_name, _, attr = param_name.rpartition(".")
+    return model.get_submodule(module_name), attr
+
+
+def _complete(model: CausalLM, param_name: str, parts: set[str | None]) -> bool:
+    """Whether the checkpoint filled the parameter: whole (fused in the checkpoint too: Phi-3's qkv_proj, stacked
+    experts) or every part of it."""
+    module, attr = _owner(model, param_name)
+    if parts == {None}:
+        return True
+    if isinstance(module, Linear):
+        return parts == set(module.part_names)
+    if isinstance(module, Experts):
+        return parts == module.expected_parts(attr)
+    return False
+
+
+def _copy(model: CausalLM, param_name: str, part: str | None, tensor: torch.Tensor) -> None:
+    module, attr = _owner(model, param_name)
+    if isinstance(module, Linear | Experts):
+        module.load(attr, tensor, part)
+        return
+    target = getattr(module, attr).data
+    if target.shape != tensor.shape:
+        raise ValueError(
+            f"shape mismatch for {param_name}: checkpoint {tuple(tensor.shape)}, model {tuple(target.shape)}"
+        )
+    target.copy_(tensor)
