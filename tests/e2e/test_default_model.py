@@ -111,6 +111,12 @@ def test_console_script_serves_smollm2_without_model_flag(default_url: str, clie
     assert again.choices[0].message.content == choice.message.content  # greedy: the same answer
 
 
+def test_the_kv_cache_holds_one_context_window_by_default(default_url: str) -> None:
+    """Issue 47: with no flags the CPU's KV cache is one 8,192-token window (180 MiB), not a share of host memory."""
+    metrics = httpx.get(default_url + "/metrics").text
+    assert "trtllm_gateway_kv_blocks_total 512.0" in metrics and "trtllm_gateway_kv_tokens_per_block 16.0" in metrics
+
+
 def test_json_schema_answer_is_valid_within_64_tokens(client: openai.OpenAI) -> None:
     out = client.chat.completions.create(
         model=DEFAULT_MODEL_NAME, max_tokens=64, temperature=0,
