@@ -120,8 +120,13 @@ def _quality(model_path: str, window: int, max_tokens: int,
 
 def _default_setting(model: str) -> tuple[str, Quantization]:
     """What our server picks on this machine with no options (runtime/native/cpu/defaults.py)."""
-    from runtime.native.cpu.defaults import CpuFeatures, cpu_dtype, cpu_quantization, source_quantization
     from runtime.model_spec import ModelSpec
+    from runtime.native.cpu.defaults import (
+        CpuFeatures,
+        cpu_dtype,
+        cpu_quantization,
+        source_quantization,
+    )
     from runtime.native.device import DTYPES
 
     spec = ModelSpec.from_pretrained(model)

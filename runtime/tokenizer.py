@@ -16,7 +16,6 @@ import json
 import os
 import re
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from runtime.errors import InvalidRequestError

@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from runtime.native.decode_rows import IDS, DecodeOutput, fill_pending, fit_rows, pack_rows
+from runtime.native.decode_rows import (
+    IDS,
+    DecodeOutput,
+    fill_pending,
+    fit_rows,
+    pack_rows,
+)
 from runtime.native.models.cpu_weights import Int4Weight, Int8Weight
 
 if TYPE_CHECKING:
