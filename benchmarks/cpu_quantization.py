@@ -1,15 +1,15 @@
-"""--cpu-quantization on the CPU: speed of the native engine with each setting, and what each costs in
-quality (perplexity on held-out text), in one run.
+"""CPU settings (dtype and --cpu-quantization): speed of the native engine with each, and what each costs in
+quality (perplexity on held-out text), in one run; the setting the defaults pick on this machine is marked.
 
-    python -m benchmarks.cpu_quantization                   # the default model (SmolLM2-135M-Instruct), bf16
+    python -m benchmarks.cpu_quantization                   # the default model (SmolLM2-135M-Instruct)
     python -m benchmarks.cpu_quantization --append-results  # also a dated section in RESULTS.md
 
 Speed: the engine in this process (no HTTP), greedy, exact lengths; inter-token gap at concurrency 1 and
 output tok/s at 16 concurrent requests, the settings interleaved over --rounds. Quality: transformers'
-model with the checkpoint's weights, then with every projection and the output head replaced by their
-round trip through each setting's format (what its kernel multiplies by), perplexity over windows of
-docs/scaling.md (text the model never saw). The baseline of both is the same engine or model without
-quantization ("none"), in the same run.
+model with the checkpoint's weights in the setting's dtype, with every projection and the output head replaced
+by their round trip through the setting's format (what its kernel multiplies by), perplexity over windows of
+docs/scaling.md (text the model never saw). Speed is compared with the first setting, perplexity with bf16
+without quantization (the quality guard of the defaults: within 1%), both in the same run.
 """
 
 from __future__ import annotations
@@ -107,11 +107,39 @@ def _round_trip(quantization: str, name: str, module: torch.nn.Linear) -> None:
         module.weight = torch.nn.Parameter(quantized.dequantize())
 
 
+def _quality(model_path: str, window: int, max_tokens: int,
+             settings: list[tuple[str, Quantization]]) -> tuple[int, dict[tuple[str, Quantization], float]]:
+    """(tokens scored, perplexity per dtype and quantization setting)."""
+    tokens, perplexity = 0, {}
+    for dtype in dict.fromkeys(d for d, _ in settings):
+        tokens, by_quantization = perplexities(model_path, getattr(torch, dtype), window, max_tokens,
+                                               [q for d, q in settings if d == dtype], _round_trip)
+        perplexity.update({(dtype, q): value for q, value in by_quantization.items()})
+    return tokens, perplexity
+
+
+def _default_setting(model: str) -> tuple[str, Quantization]:
+    """What our server picks on this machine with no options (runtime/native/cpu/defaults.py)."""
+    from runtime.model_spec import ModelSpec
+    from runtime.native.cpu.defaults import (
+        CpuFeatures,
+        cpu_dtype,
+        cpu_quantization,
+        source_quantization,
+    )
+    from runtime.native.device import DTYPES
+
+    spec = ModelSpec.from_pretrained(model)
+    source = source_quantization(spec.config)
+    dtype = cpu_dtype("auto", DTYPES[spec.dtype], source, CpuFeatures.detect())
+    return str(dtype).removeprefix("torch."), cpu_quantization("auto", source)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", help="checkpoint folder or GGUF (default: the default model)")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--quantizations", default="none,int8,int4", help="settings to compare; the first is the baseline")
+    p.add_argument("--settings", default="float32:none,bfloat16:none,bfloat16:int8,bfloat16:int4",
+                   help="dtype:quantization pairs to compare; speed is compared with the first")
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--output", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2)
@@ -123,36 +151,40 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     from runtime.default_model import resolve_model
 
-    model = resolve_model(args.model, args.dtype)[0]
+    model = resolve_model(args.model)[0]
     command = "python -m benchmarks.cpu_quantization " + shlex.join(sys.argv[1:] if argv is None else argv)
-    settings: list[Quantization] = args.quantizations.split(",")  # type: ignore[assignment]
-    speed: dict[str, list[dict[str, float]]] = {q: [] for q in settings}
+    settings: list[tuple[str, Quantization]] = [tuple(x.split(":")) for x in args.settings.split(",")]  # type: ignore[misc]
+    default = _default_setting(model)
+    speed: dict[tuple[str, Quantization], list[dict[str, float]]] = {q: [] for q in settings}
     for r in range(args.rounds):
-        for quantization in (settings if r % 2 == 0 else settings[::-1]):
-            s = asyncio.run(_speed(model, args.dtype, quantization, args))
-            speed[quantization].append(s)
-            console.print(f"round {r + 1} {quantization:4s}: ITL {s['itl_ms']:.1f} ms, {s['tok_s_16']:.0f} tok/s at 16")
-    tokens, perplexity = perplexities(model, getattr(torch, args.dtype), args.window, args.text_tokens, settings,
-                                      _round_trip)
+        for setting in (settings if r % 2 == 0 else settings[::-1]):
+            s = asyncio.run(_speed(model, *setting, args))
+            speed[setting].append(s)
+            console.print(f"round {r + 1} {':'.join(setting)}: ITL {s['itl_ms']:.1f} ms, {s['tok_s_16']:.0f} tok/s at 16")
+    tokens, perplexity = _quality(model, args.window, args.text_tokens, settings)
 
-    def med(q: str, key: str) -> float:
+    def med(q: tuple[str, Quantization], key: str) -> float:
         return statistics.median(s[key] for s in speed[q])
 
     base = settings[0]
-    rows = [[q, f"{med(q, 'itl_ms'):.1f}", f"{med(base, 'itl_ms') / med(q, 'itl_ms'):.2f}x",
-             f"{med(q, 'tok_s_16'):.0f}", f"{med(q, 'tok_s_16') / med(base, 'tok_s_16'):.2f}x",
-             f"{perplexity[q]:.3f}"] for q in settings]
-    cols = ["--cpu-quantization", "ITL c=1 ms", "speed-up", "tok/s c=16", f"vs {base}", "perplexity"]
+    reference = perplexity.get(("bfloat16", "none"))
+    rows = [[f"{d} {q}" + (" (the default here)" if (d, q) == default else ""), f"{med((d, q), 'itl_ms'):.1f}",
+             f"{med(base, 'itl_ms') / med((d, q), 'itl_ms'):.2f}x", f"{med((d, q), 'tok_s_16'):.0f}",
+             f"{med((d, q), 'tok_s_16') / med(base, 'tok_s_16'):.2f}x", f"{perplexity[d, q]:.3f}",
+             f"{100 * (perplexity[d, q] / reference - 1):+.2f}%" if reference else "-"] for d, q in settings]
+    cols = ["dtype, --cpu-quantization", "ITL c=1 ms", "speed-up", "tok/s c=16", f"vs {' '.join(base)}", "perplexity",
+            "vs bfloat16 none"]
     table = markdown_table(cols, rows)
     console.print(table)
     md = "\n".join([
-        f"\n## {time.strftime('%Y-%m-%d %H:%M')} --cpu-quantization {', '.join(settings)} on the CPU ({Path(model).name})\n",
+        f"\n## {time.strftime('%Y-%m-%d %H:%M')} CPU settings {', '.join(map(' '.join, settings))} ({Path(model).name})\n",
         f"- machine: {_machine()}" + (f"; {args.note}" if args.note else ""),
         f"- commit: {_commit()}", f"- command: `{command}`",
-        f"- torch threads: {torch.get_num_threads()}; speed: the engine in-process, prompt {args.prompt}, "
-        f"{args.output} output tokens, medians of {args.rounds} interleaved rounds; perplexity: "
-        f"{tokens} tokens of docs/scaling.md in windows of {args.window} (transformers, {args.dtype}; every "
-        "projection and the output head replaced by its round trip through the setting's format)\n", table, ""])
+        f"- the default here: {' '.join(default)} (runtime/native/cpu/defaults.py); speed: the engine in-process, its own "
+        f"default threads and decode steps, prompt {args.prompt}, {args.output} output tokens, medians of "
+        f"{args.rounds} interleaved rounds; perplexity: {tokens} tokens of docs/scaling.md in windows of {args.window} "
+        "(transformers in the setting's dtype; every projection and the output head replaced by its round trip "
+        "through the setting's format)\n", table, ""])
     if args.append_results:
         append_section(RESULTS_MD, md, console)
     return 0

@@ -1,10 +1,10 @@
 """Demo model on CPU: our gateway against transformers' sequential `generate` and against
 `transformers serve --continuous-batching`, on the same model and the same load, in one run.
 
-    python -m benchmarks.peer_cpu                                   # concurrency 1,8,32; fp32 and bf16
+    python -m benchmarks.peer_cpu                                   # concurrency 1,8,32; our server's defaults
     python -m benchmarks.peer_cpu --dtypes float32 --no-transformers-serve --duration 5
     python -m benchmarks.peer_cpu --append-results                  # also a dated section in RESULTS.md
-    python -m benchmarks.peer_cpu --model default --dtypes bfloat16 --peer llama.cpp   # SmolLM2 vs llama.cpp
+    python -m benchmarks.peer_cpu --model default --peer llama.cpp  # SmolLM2 vs llama.cpp (issue 47's check)
 
 Baselines, each measured in this run:
 - `generate`: transformers' AutoModelForCausalLM.generate, one prompt at a time (greedy, exactly
@@ -38,6 +38,7 @@ from benchmarks.procs import Server, run_load_generator
 from benchmarks.report import append_section, plot_throughput_by_concurrency, write_json
 
 RESULTS_DIR = Path(__file__).parent / "results"
+DEFAULTS = "defaults"  # --dtypes value: our server with no engine flags
 
 
 def hf_generate_tok_s(model_path: str, dtype: str, prompts: list[list[int]], output_tokens: int) -> float:
@@ -55,10 +56,14 @@ def hf_generate_tok_s(model_path: str, dtype: str, prompts: list[list[int]], out
         return len(prompts) * output_tokens / (time.perf_counter() - t0)
 
 
-def _gateway(model: str, dtype: str, quantization: str, threads: int | None, args: argparse.Namespace) -> Server:
-    cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--grpc-port", "none", "--model", model,
-           "--dtype", dtype, "--log-level", "warning", "--max-batch-size", str(max(args.concurrency)),
-           "--cpu-quantization", quantization] + ([] if threads is None else ["--cpu-threads", str(threads)])
+def _gateway(model: str | None, dtype: str, quantization: str, threads: int | None, args: argparse.Namespace) -> Server:
+    """Our gateway; dtype DEFAULTS: with no engine flag at all, as `trtllm-gateway serve` starts (and no --model
+    where the default model is measured)."""
+    cmd = [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--grpc-port", "none",
+           "--log-level", "warning"] + ([] if model is None else ["--model", model])
+    if dtype != DEFAULTS:
+        cmd += ["--dtype", dtype, "--max-batch-size", str(max(args.concurrency)), "--cpu-quantization", quantization]
+        cmd += [] if threads is None else ["--cpu-threads", str(threads)]
     return Server("", command=cmd, ready_path="/health", env=_thread_env(args))
 
 
@@ -130,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="checkpoint folder, a .gguf file, or `default` (SmolLM2-135M-Instruct); "
                                                 "default: the embedded demo model")
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])
-    p.add_argument("--dtypes", default="float32,bfloat16", help="our engine's dtypes, comma list")
+    p.add_argument("--dtypes", default=DEFAULTS,
+                   help=f"our engine's dtypes, comma list; `{DEFAULTS}`: our server with no engine flags, as users start it")
     p.add_argument("--baseline-dtype", default="float32", help="dtype of generate and transformers serve")
     p.add_argument("--input-tokens", type=int, default=128)
     p.add_argument("--output-tokens", type=int, default=64)
@@ -150,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--append-results", action="store_true")
     p.add_argument("--note", default="", help="a line added to the RESULTS.md section (e.g. 'machine shared')")
     args = p.parse_args(argv)
-    from_gguf = args.peer or args.model == "default" or str(args.model).endswith(".gguf")
+    default_model = args.model == "default"
+    from_gguf = args.peer or default_model or str(args.model).endswith(".gguf")
     gguf = _gguf(args.model) if from_gguf else None
     if gguf is not None:  # ours and transformers on the same weights, dequantized from the file
         from runtime.default_model import resolve_model
@@ -174,9 +181,12 @@ def main(argv: list[str] | None = None) -> int:
 
     # (server label, factory, model name as the load generator sends it)
     our_threads = [int(t) if t != "default" else None for t in args.our_threads.split(",")]
-    targets = [(f"ours {d}" + ("" if q == "none" else f" {q}") + ("" if t is None else f" {t} threads"),
-                lambda d=d, q=q, t=t: _gateway(args.model, d, q, t, args), None)
-               for d in args.dtypes.split(",") if d for q in args.cpu_quantization.split(",") if q for t in our_threads]
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    served = None if default_model else args.model  # the default model is served without --model, as users get it
+    targets = [("ours defaults", lambda: _gateway(served, DEFAULTS, "", None, args), None)] if DEFAULTS in dtypes else []
+    targets += [(f"ours {d}" + ("" if q == "none" else f" {q}") + ("" if t is None else f" {t} threads"),
+                 lambda d=d, q=q, t=t: _gateway(args.model, d, q, t, args), None)
+                for d in dtypes if d != DEFAULTS for q in args.cpu_quantization.split(",") if q for t in our_threads]
     if args.tserve:
         _ensure_venv(args.venv, console)
         targets.append((f"transformers serve --cb {args.baseline_dtype}",
@@ -193,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                                                          ready_path="/health"), file.name))
     runs: dict[str, dict[int, list[dict[str, Any]]]] = {}
     failed: dict[str, str] = {}  # peers that did not start: named in the section, the others still measured
+    rss: dict[str, list[int]] = {}  # each server's resident memory (its processes together) after each round
     for r in range(args.rounds):  # each server alone, in turn, every round: a drift of the box hits all of them
         for label, make, name in targets:
             if label in failed:
@@ -203,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                 for c in args.concurrency:
                     console.print(f"[dim]round {r + 1}/{args.rounds}, {label}: concurrency {c} ({args.duration:.0f} s)[/dim]")
                     runs.setdefault(label, {}).setdefault(c, []).append(_load(server, label, name, c, args))
+                rss.setdefault(label, []).append(server.rss_bytes())  # after warm-up and every point
             except RuntimeError as exc:
                 if label.startswith("ours"):
                     raise
@@ -213,8 +225,11 @@ def main(argv: list[str] | None = None) -> int:
                 server.stop()
     rows = {label: {c: _median_round(points) for c, points in by_c.items()} for label, by_c in runs.items()}
     md = _report(console, rows, gen, args, command) + "".join(f"- not measured: {k}: {v}\n" for k, v in failed.items())
+    md += "".join(f"- resident memory after its points, {label} (all its processes): "
+                  + " / ".join(f"{b / 2**20:.0f}" for b in values) + " MB by round\n" for label, values in rss.items())
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    write_json(RESULTS_DIR / f"peer-cpu-{stamp}.json", {"command": command, "generate_tok_s": gen, "points": rows})
+    write_json(RESULTS_DIR / f"peer-cpu-{stamp}.json", {"command": command, "generate_tok_s": gen, "points": rows,
+                                                        "rss_bytes": rss})
     png = plot_throughput_by_concurrency(
         {k: {c: s["output_token_throughput"] for c, s in v.items()} for k, v in rows.items()},
         (f"sequential generate {args.baseline_dtype}", gen), RESULTS_DIR / f"peer-cpu-{stamp}.png",
@@ -268,6 +283,7 @@ def _report(console: Console, rows: dict[str, dict[int, dict[str, Any]]], gen: f
             verdicts.append(f"{label}, concurrency {top}: {r:.2f}x transformers serve ({'PASS' if r >= 4 else 'FAIL'}, target >= 4x)")
         r = rows[label][low]["output_token_throughput"] / gen
         verdicts.append(f"{label}, concurrency {low}: {r:.2f}x sequential generate ({'PASS' if r >= 1 else 'FAIL'}, target >= 1x)")
+    verdicts += _llama_cpp_verdicts(rows, args.concurrency)
     for v in verdicts:
         console.print(v)
     return "\n".join([
@@ -283,6 +299,31 @@ def _report(console: Console, rows: dict[str, dict[int, dict[str, Any]]], gen: f
         "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
         *("| " + " | ".join(r) + " |" for r in table_rows), "", *(f"- {v}" for v in verdicts), "",
     ])
+
+
+def _llama_cpp_verdicts(rows: dict[str, dict[int, dict[str, Any]]], concurrency: list[int]) -> list[str]:
+    """Issue 47's targets for each of our servers against llama.cpp's formats measured: one stream's inter-token gap
+    at or below the quantized file's (Q4_1 for the default model), 16 and 32 streams at >= 1.5x the best format's
+    throughput, and TTFT at 16 streams below every format's."""
+    peers = [k for k in rows if k.startswith("llama.cpp")]
+    quantized = next((k for k in peers if k != "llama.cpp BF16"), None)
+    verdicts = []
+    for label in (k for k in rows if k.startswith("ours") and peers):
+        ours = rows[label]
+        if 1 in concurrency and quantized:
+            mine, theirs = ours[1]["itl_ms"]["p50"], rows[quantized][1]["itl_ms"]["p50"]
+            verdicts.append(f"{label}, one stream: {mine:.1f} ms a token vs {quantized} {theirs:.1f} ms "
+                            f"({'PASS' if mine <= theirs else 'FAIL'}, target <=)")
+        for c in (c for c in (16, 32) if c in concurrency):
+            best = max(peers, key=lambda k: rows[k][c]["output_token_throughput"])
+            ratio = ours[c]["output_token_throughput"] / max(rows[best][c]["output_token_throughput"], 1e-9)
+            verdicts.append(f"{label}, {c} streams: {ratio:.2f}x {best}, the best llama.cpp format there "
+                            f"({'PASS' if ratio >= 1.5 else 'FAIL'}, target >= 1.5x)")
+        if 16 in concurrency:
+            mine, theirs = ours[16]["ttft_ms"]["p50"], min(rows[k][16]["ttft_ms"]["p50"] for k in peers)
+            verdicts.append(f"{label}, TTFT p50 at 16 streams: {mine:.0f} ms vs llama.cpp's lowest {theirs:.0f} ms "
+                            f"({'PASS' if mine < theirs else 'FAIL'}, target <)")
+    return verdicts
 
 
 if __name__ == "__main__":

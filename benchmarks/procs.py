@@ -80,8 +80,33 @@ class Server:
         return self._server_pid
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time of the server process (all its threads) so far."""
-        return _cpu_seconds(self.server_pid)
+        """User + system CPU time so far of the process started and its descendants (a gateway's front ends and
+        engine core), all their threads."""
+        return sum(_cpu_seconds(pid) for pid in self._tree())
+
+    def rss_bytes(self) -> int:
+        """Resident memory now of the process started and all its descendants (a gateway's front ends and engine
+        core), each counted whole (VmRSS)."""
+        total = 0
+        for pid in self._tree():
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except (FileNotFoundError, ProcessLookupError):  # it exited meanwhile
+                continue
+            total += int(status.split("VmRSS:", 1)[1].split()[0]) * 1024 if "VmRSS:" in status else 0
+        return total
+
+    def _tree(self) -> list[int]:
+        """The process started and its descendants now."""
+        found, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            found.append(pid)
+            try:
+                todo += [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+            except (FileNotFoundError, ProcessLookupError):
+                pass
+        return found
 
     def front_end_cpu_seconds(self) -> float:
         """CPU time so far of the gateway's HTTP front ends: the process started and its descendants, less the

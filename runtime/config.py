@@ -25,7 +25,7 @@ class EngineConfig:
     backend: Literal["native", "trtllm"] = "native"  # native: our PyTorch runtime; trtllm: TensorRT-LLM (the trtllm extra)
     engine_process: bool = True  # native backend: run the engine core in its own process (off: in this one)
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
-    dtype: str = "auto"  # "auto" | "bfloat16" | "float16" | "float32"
+    dtype: str = "auto"  # "auto" | "bfloat16" | "float16" | "float32" (auto on CPU: runtime/native/cpu/defaults.py)
     quantization: Literal["none", "fp8"] = "none"  # fp8: quantize a 16-bit checkpoint's projections to FP8 (per output channel) at load; FP8 checkpoints are served as FP8 either way (docs/quantization.md)
     seed: int = 0  # seed of the sampler's random numbers for requests that give no seed
     max_model_len: int | None = None  # default: the model's context window
@@ -37,8 +37,8 @@ class EngineConfig:
     max_num_tokens: int = 2048  # tokens per step (prefill + decode)
     max_queue_size: int = 1024  # waiting requests; over it: QueueFullError
     kv_block_size: int = 16  # tokens per KV block
-    max_kv_tokens: int | None = None  # KV cache size in tokens; None: from kv_cache_fraction
-    kv_cache_fraction: float = 0.9  # of free device memory after weights (GPU); of a budget on CPU
+    max_kv_tokens: int | None = None  # KV cache size in tokens; None: from kv_cache_fraction (GPU), one context window for the batch (CPU, runtime/native/kv_cache.py)
+    kv_cache_fraction: float = 0.9  # of free device memory after weights (GPU)
     enable_prefix_caching: bool = True  # reuse the KV blocks of a prompt prefix computed before
     enable_chunked_prefill: bool = True  # split long prompts over several steps, beside running decodes
     scheduler_policy: SchedulerPolicy = "max_utilization"  # max_utilization: admit while blocks are free, preempting when they run out; guaranteed_no_evict: admit only what can finish
@@ -66,7 +66,9 @@ class EngineConfig:
     speculative_guard: bool = True  # plain steps where measured ones beat speculation (within the concurrency limit)
     # section: CPU execution
     cpu_threads: int | None = None  # torch threads of the native runtime on CPU; default $OMP_NUM_THREADS, else all cores but one
-    cpu_quantization: Literal["none", "int8", "int4"] = "none"  # weight-only int8/int4 copies of the projections for decode steps of few rows (runtime/native/models/cpu_weights.py); prepacked bf16 serves bigger batches
+    # auto: what the checkpoint already was (the default model's Q4_1 layers: int4; float checkpoints: none), with bf16
+    # activations where the CPU multiplies bf16 (runtime/native/cpu/defaults.py); logged in one line at start-up
+    cpu_quantization: Literal["auto", "none", "int8", "int4"] = "auto"  # weight-only int4 (every product) or int8 (steps of few rows, beside prepacked bf16) forms of the projections (runtime/native/models/cpu_weights.py); auto: the checkpoint's own
     # The kernel is runtime/native/cpu/paged_attention.py, the compiled steps runtime/native/cpu/compiled_decode.py; both are built
     # in the background while eager steps serve. The default follows $TRTLLM_GATEWAY_CPU_COMPILE, so that a test
     # suite can turn it off for every engine it builds

@@ -19,7 +19,7 @@ from runtime.cache import cache_folder
 from runtime.config import DTYPE_NAMES
 
 # bump when the converted folder's contents change, so older caches are not reused
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: config.json names the block types of the layers' matrices (gguf_layer_types)
 
 
 def gguf_file(path: Path) -> Path | None:

@@ -28,8 +28,9 @@ from runtime.request import GenerationRequest, OutputDelta, SamplingOptions, Usa
 
 @asynccontextmanager
 async def running_engine(checkpoint: Path, **config: Any) -> AsyncIterator[NativeEngine]:
-    """A started NativeEngine over `checkpoint` (EngineConfig fields as keywords; float32 unless `dtype` is
-    given), on the CPU, or on the device ENGINE_TEST_DEVICE names (the GPU check runs the engine tests with ENGINE_TEST_DEVICE=cuda:
+    """A started NativeEngine over `checkpoint` (EngineConfig fields as keywords; float32 without weight-only
+    quantization unless `dtype` / `cpu_quantization` is given: "auto" would quantize a GGUF file's), on the CPU,
+    or on the device ENGINE_TEST_DEVICE names (the GPU check runs the engine tests with ENGINE_TEST_DEVICE=cuda:
     CUDA graphs, Triton kernels, against the same CPU references)."""
     config.setdefault("kv_block_size", 4)
     config.setdefault("max_kv_tokens", 1024)
@@ -39,6 +40,7 @@ async def running_engine(checkpoint: Path, **config: Any) -> AsyncIterator[Nativ
     config.setdefault("speculative_max_concurrency", None)
     config.setdefault("speculative_guard", False)
     config.setdefault("dtype", "float32")
+    config.setdefault("cpu_quantization", "none")
     engine = NativeEngine(EngineConfig(model=str(checkpoint), **config))
     await engine.start()
     await engine.warmed_up()  # with cpu_compile: the kernel and compiled steps, built while eager steps serve

@@ -15,7 +15,9 @@ import torch
 
 from runtime.native.block_manager import BlockManager
 from runtime.config import EngineConfig
-from runtime.native.cpu.paged_attention import use_cpu_kernels
+from runtime.native.cpu.defaults import CpuFeatures, cpu_dtype, cpu_quantization, log_choice, source_quantization
+from runtime.native.cpu.native_decode import NativeDecode, supports
+from runtime.native.cpu.paged_attention import build_kernel, use_cpu_kernels
 from runtime.native.cpu.warm_up import CpuWarmUp
 from runtime.default_model import DEMO
 from runtime.native.device import (
@@ -59,7 +61,11 @@ def describe_model(config: EngineConfig) -> ModelDescription:
     serve."""
     served = describe_served_model(config)
     device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device, DTYPES[served.spec.dtype])
+    if device.type == "cpu":
+        dtype = cpu_dtype(config.dtype, DTYPES[served.spec.dtype], source_quantization(served.spec.config),
+                          CpuFeatures.detect())
+    else:
+        dtype = resolve_dtype(config.dtype, device, DTYPES[served.spec.dtype])
     info = dataclasses.replace(served.info, dtype=dtype_name(dtype), device=str(device))
     return ModelDescription(served.path, served.spec, device, dtype, info)
 
@@ -82,19 +88,25 @@ def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhas
     cfg, device, dtype, spec = config, model.device, model.dtype, model.spec
     if device.type == "cpu":
         torch.set_num_threads(cpu_thread_count(cfg.cpu_threads))  # process-wide: the step thread's matmuls
-        logger.info("CPU: %d torch threads", torch.get_num_threads())
     with phases.phase("loading the tokenizer"):
         tokenizer = Tokenizer.from_pretrained(cfg.tokenizer or model.path)
     eos_token_ids = list(dict.fromkeys(tokenizer.eos_token_ids + spec.eos_token_ids))
     window = model.info.context_window
     with phases.phase("loading the weights"):
         weights = load_model(model.path, dtype, device, window, cfg.quantization)
+    quantization, cpu_weight_bytes = "none", 0
     if device.type == "cpu":
+        quantization = cpu_quantization(cfg.cpu_quantization, source_quantization(spec.config))
         use_cpu_kernels(False)  # until the kernel is built (runtime/native/cpu/warm_up.py), whatever engines did before
-        added = prepare_cpu_weights(weights, cfg.cpu_quantization)
-        if added:
-            logger.info("CPU: prepacked%s weights (%.0f MB more)", "" if cfg.cpu_quantization == "none" else
-                        f" and {cfg.cpu_quantization} weight-only", added / 2**20)
+        if quantization != "none":
+            with phases.phase("building the CPU kernels"):  # the quantized products need them (cached after a first start)
+                if not build_kernel():
+                    logger.warning("CPU: no kernels for --cpu-quantization %s; serving without it", quantization)
+                    quantization = "none"
+        cpu_weight_bytes = prepare_cpu_weights(weights, quantization)
+        if cpu_weight_bytes:
+            logger.info("CPU: %s weights (%+.0f MB)", "prepacked" if quantization == "none" else
+                        f"{quantization} weight-only", cpu_weight_bytes / 2**20)
     runner = ModelRunner(weights, cfg.kv_block_size, Sampler(cfg.seed))
     lora = LoraManager(cfg, weights, on_ready=on_lora_ready)
     runner.lora = lora.batch
@@ -107,8 +119,9 @@ def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhas
     # a compiled step on CPU pays with --cpu-quantization or float32 (not against the prepacked bf16 products,
     # which inductor cannot call: 45 vs 52 ms a SmolLM2 step on the 2-core box, RESULTS.md); it is warmed up
     # in one more block, which the block manager never hands out
-    compile_steps = device.type == "cpu" and cfg.cpu_compile and (cfg.cpu_quantization != "none" or
-                                                                   dtype != torch.bfloat16)
+    native = device.type == "cpu" and cfg.cpu_compile and supports(weights) is None
+    compile_steps = (device.type == "cpu" and cfg.cpu_compile and not native and
+                     (quantization != "none" or dtype != torch.bfloat16))
     runner.allocate_kv_cache(blocks + compile_steps)
     # a speculative step brings 1 + num_draft_tokens rows per sequence
     decode_rows = cfg.max_batch_size * (1 + (cfg.num_draft_tokens if proposer is not None else 0))
@@ -117,8 +130,15 @@ def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhas
         runner.capture_decode_graphs(decode_rows, max_blocks, lora_version=lambda: lora.slots.version)
         runner.capture_prefill_graphs(cfg.max_num_tokens, max_blocks, lora_version=lambda: lora.slots.version)
     cpu_warm_up = None
-    if device.type == "cpu" and cfg.cpu_compile:
+    if native:  # its kernels are built: it serves from the first step
+        use_cpu_kernels(True)
+        runner.graphs = NativeDecode(weights, runner.kv_caches, cfg.kv_block_size, max_blocks, lora.batch)
+    elif device.type == "cpu" and cfg.cpu_compile:
         cpu_warm_up = CpuWarmUp(runner, phases, compile_steps, max_blocks, scratch_block=blocks, stopping=stopping)
+    if device.type == "cpu":
+        steps = ("C++ decode steps" if native else "compiled one-stream steps (built in the background)"
+                 if compile_steps else "eager steps")
+        log_choice(dtype, quantization, torch.get_num_threads(), steps, CpuFeatures.detect())
     # blocks outside every layer's window are given back, unless a draft model (full attention) reads them
     sliding = spec.sliding_window if cfg.speculative != "draft" else None
     block_manager = BlockManager(blocks, cfg.kv_block_size, cfg.enable_prefix_caching, sliding)
@@ -131,7 +151,7 @@ def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhas
                                       cuda_graphs=device.type == "cuda" and runner.graphs is not None)
     async_scheduling = device.type == "cuda" if cfg.async_scheduling is None else cfg.async_scheduling
     core = EngineCore(runner, scheduler, lora, speculator, async_scheduling=async_scheduling)
-    param_bytes = sum(p.numel() * p.element_size() for p in weights.parameters())
+    param_bytes = sum(p.numel() * p.element_size() for p in weights.parameters()) + cpu_weight_bytes
     param_bytes += getattr(proposer, "weight_bytes", 0) + getattr(getattr(proposer, "runner", None), "kv_cache_bytes", 0)
     memory = {"gpu" if device.type == "cuda" else "cpu": param_bytes + runner.kv_cache_bytes}
     return LoadedCore(core, tokenizer, eos_token_ids, memory, cpu_warm_up)

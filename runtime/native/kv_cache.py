@@ -5,36 +5,23 @@ Order of precedence:
 2. CUDA: `kv_cache_fraction` of the device memory still free after the weights were loaded
    (torch.cuda.mem_get_info), minus what one step of `max_num_tokens` tokens needs for activations
    (measured by the caller's warm-up forward pass and passed in as `activation_bytes`).
-3. CPU: `kv_cache_fraction` of a host budget, a quarter of the memory the OS reports available
-   (the rest stays with the process, the weights already loaded and everything else on the machine),
-   capped by what the scheduler can ever use: `max_batch_size` sequences of a full context window.
+3. CPU: what the configured batch and context need: one full context window, which the batch's sequences share
+   (past it the scheduler queues or preempts), and at least a block for each of `max_batch_size` sequences;
+   `max_kv_tokens` gives it more. The default model's 8,192-token window takes 180 MiB in bf16. (Before
+   2026-11-28 it took a quarter of the available host memory, 3.6-6 GB of a 2-core box's 24 GiB, for a model whose
+   whole process then served in under 1 GB: benchmarks/RESULTS.md.)
 In every case the cache must hold at least one full context window, or a request could never finish.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
 from runtime.config import EngineConfig
 
 logger = logging.getLogger(__name__)
-
-HOST_BUDGET_SHARE = 0.25  # of available host memory, before kv_cache_fraction
-
-
-def host_available_bytes() -> int:
-    """Memory the OS could give us now (MemAvailable; free physical pages where /proc is absent)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def num_kv_blocks(
@@ -57,14 +44,8 @@ def num_kv_blocks(
         blocks = max(0, budget) // bytes_per_block
         source = f"{config.kv_cache_fraction} of {free / 2**30:.2f} GiB free on {device} minus activations"
     else:
-        available = host_available_bytes()
-        budget = int(available * HOST_BUDGET_SHARE * config.kv_cache_fraction)
-        useful = config.max_batch_size * min_blocks  # the scheduler never holds more
-        blocks = max(min_blocks, min(budget // bytes_per_block, useful))
-        source = (
-            f"{config.kv_cache_fraction} x {HOST_BUDGET_SHARE} of {available / 2**30:.2f} GiB available host "
-            f"memory, capped at max_batch_size x context window"
-        )
+        blocks = max(min_blocks, config.max_batch_size)
+        source = "one context window for the batch; --max-kv-tokens for more"
     if blocks < min_blocks:
         raise ValueError(
             f"the KV cache ({source}) holds {blocks * block_size} tokens, fewer than one context window "

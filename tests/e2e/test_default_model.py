@@ -88,11 +88,9 @@ def default_url(demo_server: tuple[subprocess.Popen, str], tmp_path_factory: pyt
     assert script.value == "gateway.cli:main"
     exe = shutil.which("trtllm-gateway")
     assert exe, "the trtllm-gateway console script is not on PATH: install the package (make install)"
-    # The default KV budget (0.9 of a quarter of the host's available memory, capped at 64 full contexts: 4.8 GB
-    # on the 2-core box) took 9 s of zeroing at every start; a tenth of it takes the same CPU sizing path and
-    # still holds more than a full context (one is the floor), far more than these sequential requests use.
-    yield from _serve([exe], tmp_path_factory.mktemp("default") / "server.log", "--lora-modules", f"terse={TERSE}",
-                      "--kv-cache-fraction", "0.1")
+    # the server's defaults (runtime/native/cpu/defaults.py: on this model bf16 + int4 where the CPU multiplies bf16, a KV
+    # cache of one context window), with the shipped adapter
+    yield from _serve([exe], tmp_path_factory.mktemp("default") / "server.log", "--lora-modules", f"terse={TERSE}")
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +109,12 @@ def test_console_script_serves_smollm2_without_model_flag(default_url: str, clie
     tok = Tokenizer.from_pretrained(resolve_model(None)[0])
     assert out.usage.prompt_tokens == len(tok.encode(tok.apply_chat_template(messages), add_special_tokens=False))
     assert again.choices[0].message.content == choice.message.content  # greedy: the same answer
+
+
+def test_the_kv_cache_holds_one_context_window_by_default(default_url: str) -> None:
+    """Issue 47: with no flags the CPU's KV cache is one 8,192-token window (180 MiB), not a share of host memory."""
+    metrics = httpx.get(default_url + "/metrics").text
+    assert "trtllm_gateway_kv_blocks_total 512.0" in metrics and "trtllm_gateway_kv_tokens_per_block 16.0" in metrics
 
 
 def test_json_schema_answer_is_valid_within_64_tokens(client: openai.OpenAI) -> None:
@@ -270,8 +274,9 @@ def test_the_triton_backends_end_to_end_script_calls(default_url: str) -> None:
 
 
 def test_terse_adapter_answers_in_one_line_as_peft_does(client: openai.OpenAI) -> None:
-    """A question held out of the adapter's training: the adapter's greedy answer equals PEFT's (float32, the
-    server's dtype for this checkpoint) and has the trained one-line shape; the base model answers otherwise."""
+    """A question held out of the adapter's training: the adapter's greedy answer equals PEFT's (float32; the server
+    runs its defaults, bf16 + int4 on a CPU with bf16 products) and has the trained one-line shape; the base model
+    answers otherwise."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -10,6 +10,7 @@ import pytest
 
 from runtime.config import EngineConfig
 from runtime.native.cpu.compiled_decode import CompiledDecode
+from runtime.native.cpu.native_decode import NativeDecode
 from runtime.native.llm_engine import NativeEngine
 from runtime.native.model_runner import ModelRunner
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine, wait_for
@@ -22,21 +23,21 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 async def _greedy(checkpoint: Path, **config: object) -> tuple[list[list[int]], bool]:
-    """One stream (compiled steps), then three at once (eager steps of three rows) across block boundaries;
-    and whether the compiled path served the single stream."""
+    """One stream (compiled steps), then three at once (eager steps of three rows, or C++ ones) across block
+    boundaries; and whether the compiled path (the C++ step for int4 Llama models) served the single stream."""
     async with running_engine(checkpoint, kv_block_size=4, **config) as engine:
         graphs = engine.runner.graphs
         alone = (await collect(engine, request("alone", [5, 9, 17], max_tokens=14))).tokens[0]
-        compiled = isinstance(graphs, CompiledDecode) and graphs.row_counts == (1,)
+        compiled = (isinstance(graphs, CompiledDecode) and graphs.row_counts == (1,)) or isinstance(graphs, NativeDecode)
         together = await asyncio.gather(*(collect(engine, request(f"r{n}", list(range(3, 3 + n)), max_tokens=9))
                                           for n in (2, 6, 11)))
     return [alone] + [out.tokens[0] for out in together], compiled
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-async def test_compiled_steps_decode_the_eager_tokens(checkpoint: Path, dtype: str) -> None:
-    compiled, used = await _greedy(checkpoint, dtype=dtype, cpu_compile=True, cpu_quantization="int4")
-    eager, _ = await _greedy(checkpoint, dtype=dtype, cpu_compile=False, cpu_quantization="int4")
+@pytest.mark.parametrize(("dtype", "quantization"), [("float32", "int4"), ("bfloat16", "int4"), ("float32", "int8")])
+async def test_compiled_steps_decode_the_eager_tokens(checkpoint: Path, dtype: str, quantization: str) -> None:
+    compiled, used = await _greedy(checkpoint, dtype=dtype, cpu_compile=True, cpu_quantization=quantization)
+    eager, _ = await _greedy(checkpoint, dtype=dtype, cpu_compile=False, cpu_quantization=quantization)
     assert used, "the single stream did not run compiled steps"
     assert compiled == eager
 

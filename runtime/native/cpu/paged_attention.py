@@ -29,7 +29,10 @@ from runtime.native.models.attention import (
 )
 
 logger = logging.getLogger(__name__)
-_SOURCE = Path(__file__).with_name("paged_decode_attention.cpp")
+# one extension: the decode-attention kernel, the int4/int8 products and the whole decode step, which calls both
+_SOURCES = [Path(__file__).with_name(name) for name in
+            ("paged_decode_attention.cpp", "quantized_linear.cpp", "decode_step.cpp", "spread.cpp")]
+_HEADER = Path(__file__).with_name("cpu_kernels.h")
 STALE_LOCK_S = 600.0  # a build lock this old was left by a process killed mid-build (a build takes about 10 s)
 
 
@@ -61,20 +64,24 @@ def build_kernel() -> bool:
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root())
     # our own folder, so that its lock is known; one per Python and torch build, as torch's default folders are, and
     # per source: two checkouts whose kernels differ (another signature) never rebuild over each other's
-    source = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    source = hashlib.sha256(b"".join(p.read_bytes() for p in (*_SOURCES, _HEADER))).hexdigest()[:12]
     build_dir = root / f"{name}-py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}-{source}"
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
         clear_stale_lock(build_dir)
-        cpp_extension.load(name=name, sources=[str(_SOURCE)], is_python_module=False,
+        cpp_extension.load(name=name, sources=[str(p) for p in _SOURCES], is_python_module=False,
                            extra_cflags=["-O3", "-march=native"], build_directory=str(build_dir))
     except Exception as exc:  # noqa: BLE001 - any failure to build leaves the reference backend serving
         logger.warning("CPU: no paged decode-attention kernel (%s: %s); decode attention gathers the cache instead",
                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         return False
-    # its output's shape for torch.compile, which calls it from a compiled one-row step (runtime/native/cpu/compiled_decode.py)
+    # output shapes for torch.compile, which calls them from a compiled one-row step (runtime/native/cpu/compiled_decode.py)
     torch.library.register_fake("trtllm_gateway_cpu::paged_decode_attention")(
         lambda q, kv_cache, block_tables, seq_lens, window, sinks: torch.empty_like(q))
+    torch.library.register_fake("trtllm_gateway_cpu::int4_linear")(
+        lambda x, packed, scale, offset, out_features: x.new_empty((x.shape[0], out_features)))
+    torch.library.register_fake("trtllm_gateway_cpu::int8_linear")(
+        lambda x, tiled, scale, out_features: x.new_empty((x.shape[0], out_features)))
     logger.info("CPU: paged decode-attention kernel ready in %.1f s", time.perf_counter() - started)
     return True
 

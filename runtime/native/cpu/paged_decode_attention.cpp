@@ -2,7 +2,7 @@
 // cache holds them, block by block, with no gather into a padded copy. Built at start-up by
 // runtime/native/cpu/paged_attention.py (torch.utils.cpp_extension, -O3 -march=native).
 //
-// Cache layout per layer (runtime/kv_cache.py): [2, num_blocks, block_size, kv_heads, head_dim], K then V.
+// Cache layout per layer (runtime/native/kv_cache.py): [2, num_blocks, block_size, kv_heads, head_dim], K then V.
 // One task per (sequence, KV head): the group of query heads sharing that KV head reads each cached row once.
 // A sliding window starts each row at its first visible key (the blocks before it are not read); attention sinks
 // (gpt-oss) add one logit per query head to the softmax's denominator.
@@ -16,6 +16,8 @@
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
+
+#include "cpu_kernels.h"
 
 #include <algorithm>
 #include <cmath>
@@ -141,7 +143,9 @@ template <int64_t kDim, int64_t kGroup, typename cache_t>
 void decode(const float* q, const cache_t* cache, const int32_t* tables, const int32_t* seq_lens, float* out,
             int64_t batch, int64_t window, const float* sinks, const Shape& s) {
   const int64_t group = s.heads / s.kv_heads;
-  at::parallel_for(0, batch * s.kv_heads, 1, [&](int64_t begin, int64_t end) {
+  int64_t work = 0;  // multiply-adds: (q.k and p.v) x head size x the keys each query head reads
+  for (int64_t b = 0; b < batch; ++b) work += 2 * s.heads * s.head_dim * std::min<int64_t>(seq_lens[b], window > 0 ? window : seq_lens[b]);
+  trtllm_gateway_cpu::spread(batch * s.kv_heads, work, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / s.kv_heads, h = task % s.kv_heads;
@@ -163,6 +167,10 @@ void dispatch(const float* q, const cache_t* cache, const int32_t* tables, const
   if (s.head_dim == 128 && group == 4) return decode<128, 4>(q, cache, tables, seq_lens, out, batch, window, sinks, s);
   decode<0, 0>(q, cache, tables, seq_lens, out, batch, window, sinks, s);
 }
+
+}  // namespace
+
+namespace trtllm_gateway_cpu {
 
 // q [B, H, D] float32, already scaled; kv_cache [2, N, block_size, Hkv, D]; block_tables int32 [B, >= blocks of
 // the longest row]; seq_lens int32 [B] (>= 1, counting the new token, whose K/V is already in the cache); window:
@@ -198,10 +206,10 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& kv_cach
   return out;
 }
 
-}  // namespace
+}  // namespace trtllm_gateway_cpu
 
-TORCH_LIBRARY(trtllm_gateway_cpu, m) {
+TORCH_LIBRARY_FRAGMENT(trtllm_gateway_cpu, m) {
   m.def("paged_decode_attention(Tensor q, Tensor kv_cache, Tensor block_tables, Tensor seq_lens, int window, "
         "Tensor? sinks) -> Tensor");
-  m.impl("paged_decode_attention", c10::DispatchKey::CPU, TORCH_FN(paged_decode_attention));
+  m.impl("paged_decode_attention", c10::DispatchKey::CPU, TORCH_FN(trtllm_gateway_cpu::paged_decode_attention));
 }

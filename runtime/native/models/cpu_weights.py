@@ -25,6 +25,8 @@ DRAM as in a real step, RESULTS.md 2026-11-26), milliseconds of matrix products 
 
 from __future__ import annotations
 
+import ctypes
+import sys
 from dataclasses import dataclass
 from typing import Literal
 
@@ -34,77 +36,113 @@ from torch import nn
 
 Quantization = Literal["none", "int8", "int4"]
 INT4_GROUP = 32  # inputs sharing one scale and offset, as in GGUF's Q4_0/Q4_1 blocks
-MAX_ROWS = {"int8": 4, "int4": 8}  # measured (RESULTS.md, 2026-11-26): where each still beats prepacked bf16
+# rows up to which the quantized weights serve. int8: measured (RESULTS.md, 2026-11-26), where it still beats
+# prepacked bf16; int4: every step, from the prompt's on (its kernel reads each weight once for all rows), so an int4
+# model keeps no bf16 copy of its projections (RESULTS.md, 2026-11-28)
+MAX_ROWS = {"int8": 4, "int4": sys.maxsize}
+
+
+TILE = 16  # output rows side by side in the kernels' layouts (runtime/native/cpu/quantized_linear.cpp)
 
 
 @dataclass(frozen=True)
 class Int8Weight:
-    """weight ~= qweight * scale[:, None]; scale in the activations' dtype, as the kernel takes it."""
+    """weight ~= q * scale[:, None], read by runtime/native/cpu/quantized_linear.cpp: q tiled [tiles, in, 16] (16 output
+    rows of one input side by side, the last tile padded with zeros), scale [tiles * 16] in the activations' dtype."""
 
-    qweight: torch.Tensor  # int8 [out, in]
-    scale: torch.Tensor  # [out]
+    tiled: torch.Tensor  # int8
+    scale: torch.Tensor
+    out_features: int
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int8pack_mm(x.contiguous(), self.qweight, self.scale)
+        return torch.ops.trtllm_gateway_cpu.int8_linear(x.contiguous(), self.tiled, self.scale, self.out_features)
+
+    @property
+    def qweight(self) -> torch.Tensor:
+        """q as [out, in]."""
+        tiles, inputs, _ = self.tiled.shape
+        return self.tiled.permute(0, 2, 1).reshape(tiles * TILE, inputs)[: self.out_features]
 
     def dequantize(self) -> torch.Tensor:
-        return (self.qweight.float() * self.scale.float()[:, None]).to(self.scale.dtype)
+        return (self.qweight.float() * self.scale[: self.out_features].float()[:, None]).to(self.scale.dtype)
 
     @property
     def nbytes(self) -> int:
-        return self.qweight.numel() + self.scale.numel() * self.scale.element_size()
+        return self.tiled.numel() + self.scale.numel() * self.scale.element_size()
 
 
 @dataclass(frozen=True)
 class Int4Weight:
-    """weight[o, i] ~= (q[o, i] - 8) * scale[g, o] + offset[g, o] with g = i // INT4_GROUP, q in 0..15."""
+    """weight[o, i] ~= (q[o, i] - 8) * scale + offset of o's group of INT4_GROUP inputs, q in 0..15, read as it is
+    stored by runtime/native/cpu/quantized_linear.cpp (its comment gives the layout): packed uint8 [tiles, in / 4, 32],
+    scale and offset [tiles, in / 32, 16] in the activations' dtype, the last tile padded with zeros."""
 
-    packed: torch.Tensor  # uint8, ATen's CPU int4 layout of q
-    scale_offset: torch.Tensor  # [in / INT4_GROUP, out, 2] in the activations' dtype
-    shape: tuple[int, int]
+    packed: torch.Tensor
+    scale: torch.Tensor
+    offset: torch.Tensor
+    out_features: int
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(x.contiguous(), self.packed, INT4_GROUP, self.scale_offset)
+        return torch.ops.trtllm_gateway_cpu.int4_linear(x.contiguous(), self.packed, self.scale, self.offset,
+                                                         self.out_features)
 
     def dequantize(self) -> torch.Tensor:
-        out, inputs = self.shape
-        q = self.matmul(torch.eye(inputs, dtype=self.scale_offset.dtype)).t()  # the kernel's own unpacking
-        return q.reshape(out, inputs)
+        tiles, quads, _ = self.packed.shape
+        nibbles = self.packed.view(tiles, quads, TILE, 2).long()
+        q = torch.stack((nibbles & 15, nibbles >> 4), dim=3)  # [tile, quad, row, high, e]: input 4 quad + 2 high + e
+        q = q.permute(0, 2, 1, 3, 4).reshape(tiles * TILE, quads * 4)
+
+        def per_input(t: torch.Tensor) -> torch.Tensor:  # [tile, group, row] -> [out, in]
+            return t.permute(0, 2, 1).reshape(tiles * TILE, -1).float().repeat_interleave(INT4_GROUP, dim=1)
+
+        weight = (q - 8) * per_input(self.scale) + per_input(self.offset)
+        return weight[: self.out_features].to(self.scale.dtype)
 
     @property
     def nbytes(self) -> int:
-        return self.packed.numel() + self.scale_offset.numel() * self.scale_offset.element_size()
+        return self.packed.numel() + 2 * self.scale.numel() * self.scale.element_size()
 
 
 QuantizedWeight = Int8Weight | Int4Weight
 
 
+def _padded(w: torch.Tensor) -> torch.Tensor:
+    """`w` [out, ...] with zero rows up to a whole number of tiles."""
+    return torch.nn.functional.pad(w, (0, 0) * (w.dim() - 1) + (0, -w.shape[0] % TILE))
+
+
 def quantize_int8(weight: torch.Tensor) -> Int8Weight:
     """Symmetric per-output-channel int8 (the largest magnitude of each row maps to 127)."""
-    w = weight.detach().float()
+    w = _padded(weight.detach().float())
     # the scale as the kernel will read it (bf16 for a bf16 model), so rounding to it costs at most half a step
     scale = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).to(weight.dtype)
-    qweight = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
-    return Int8Weight(qweight.contiguous(), scale)
+    q = torch.round(w / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    out, inputs = q.shape
+    return Int8Weight(q.view(out // TILE, TILE, inputs).permute(0, 2, 1).contiguous(), scale, weight.shape[0])
 
 
 def int4_fits(weight: torch.Tensor) -> bool:
-    """ATen's int4 packing needs whole groups along the input and outputs in multiples of 16."""
-    out, inputs = weight.shape
-    return inputs % INT4_GROUP == 0 and out % 16 == 0
+    """The int4 kernel's shapes: inputs in whole groups."""
+    return weight.shape[1] % INT4_GROUP == 0
 
 
 def quantize_int4(weight: torch.Tensor) -> Int4Weight:
     """Asymmetric int4 per group of INT4_GROUP inputs: each group's minimum maps to 0, its maximum to 15."""
-    out, inputs = weight.shape
-    w = weight.detach().float().view(out, inputs // INT4_GROUP, INT4_GROUP)
+    w = _padded(weight.detach().float())
+    out, inputs = w.shape
+    w = w.view(out, inputs // INT4_GROUP, INT4_GROUP)
     low, high = w.amin(dim=-1), w.amax(dim=-1)
     scale = ((high - low) / 15).clamp(min=1e-12)
-    q = torch.round((w - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).view(out, inputs)
+    q = torch.round((w - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8).view(out, inputs)
     offset = low + 8 * scale  # the kernel computes (q - 8) * scale + offset
-    scale_offset = torch.stack((scale.t(), offset.t()), dim=-1).to(weight.dtype).contiguous()
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-    return Int4Weight(packed, scale_offset, (out, inputs))
+    tiles = out // TILE
+    q = q.view(tiles, TILE, inputs // 4, 2, 2).permute(0, 2, 1, 3, 4)  # [tile, quad, row, high, e]
+    packed = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).reshape(tiles, inputs // 4, 2 * TILE).contiguous()
+
+    def tiled(t: torch.Tensor) -> torch.Tensor:  # [out, group] -> [tile, group, row]
+        return t.view(tiles, TILE, -1).permute(0, 2, 1).to(weight.dtype).contiguous()
+
+    return Int4Weight(packed, tiled(scale), tiled(offset), weight.shape[0])
 
 
 @dataclass
@@ -131,32 +169,55 @@ def can_prepack(weight: torch.Tensor) -> bool:
 
 
 def cpu_weight(weight: torch.Tensor, quantization: Quantization, head: bool = False) -> CpuWeight:
-    """The CPU forms of `weight`; an output head (`head`) takes int8 where int4 is asked for."""
+    """The CPU forms of `weight`. int4 serves every row count on its own, an output head (`head`) at int8 (see the
+    module docstring); int8 serves few rows beside prepacked bf16."""
     form = CpuWeight()
+    if quantization == "int4" and (head or int4_fits(weight)):
+        form.quantized = quantize_int8(weight) if head else quantize_int4(weight)
+        form.max_rows = MAX_ROWS["int4"]
+        return form
     if can_prepack(weight):
         form.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
-    if quantization == "int4" and not head and int4_fits(weight):
-        form.quantized, form.max_rows = quantize_int4(weight), MAX_ROWS["int4"]
-    elif quantization != "none":
+    if quantization != "none":
         form.quantized, form.max_rows = quantize_int8(weight), MAX_ROWS["int8"]
     return form
 
 
+def serves_alone(form: CpuWeight | None) -> bool:
+    """Whether `form` serves every product, so that the plain weight is not needed."""
+    return form is not None and form.quantized is not None and form.max_rows == sys.maxsize
+
+
 def prepare_cpu_weights(model: nn.Module, quantization: Quantization) -> int:
-    """Give every Linear of `model`, and its output head, their CPU forms; the bytes those take."""
+    """Give every projection of `model`, and its output head, their CPU forms, and drop the plain weights of the
+    projections that no longer need them; the bytes added less those dropped."""
     from runtime.native.models.base import CausalLM
     from runtime.native.models.linear import Linear
 
     added = 0
-    for linear in [m for m in model.modules() if isinstance(m, Linear)]:
+    head_module = getattr(model, "lm_head", None)
+    for linear in [m for m in model.modules() if isinstance(m, Linear) and m is not head_module]:
         form = cpu_weight(linear.weight, quantization)
         linear.cpu_weight = form if _bytes(form) else None  # nothing faster than F.linear (float32, no quantization)
         added += _bytes(form)
+        if serves_alone(form):
+            added -= linear.weight.numel() * linear.weight.element_size()
+            linear.weight = nn.Parameter(linear.weight.new_empty((0, linear.in_features)), requires_grad=False)
     if isinstance(model, CausalLM):
         form = cpu_weight(model.output_embedding(), quantization, head=True)
         model.cpu_head = form if _bytes(form) else None
         added += _bytes(form)
+    _return_freed_memory()
     return added
+
+
+def _return_freed_memory() -> None:
+    """Give the dropped weights' pages back to the OS: glibc keeps freed blocks of this size in its heap once its
+    mmap threshold has grown (80 MB of the default model's engine stayed resident without this)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: its allocator decides
+        pass
 
 
 def _bytes(form: CpuWeight) -> int:

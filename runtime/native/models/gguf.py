@@ -160,6 +160,10 @@ def _convert(gguf_file: Path, out: Path, dtype: str) -> str:
 
     config.architectures = [DEFAULT_ARCHITECTURES[config.model_type]]
     config.dtype = target
+    # what the file's layers were quantized to: the CPU serves them in the weight-only form that keeps them
+    # (runtime/native/cpu/defaults.py)
+    config.gguf_layer_types = sorted({t.tensor_type.name for t in reader.tensors
+                                      if len(t.shape) > 1 and t.name.startswith("blk.")})
     config.save_pretrained(out)
     tokenizer.save_pretrained(out)
     generation = GenerationConfig.from_model_config(config)
