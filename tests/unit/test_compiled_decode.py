@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -15,6 +19,8 @@ from runtime.native.llm_engine import NativeEngine
 from runtime.native.model_runner import ModelRunner
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine, wait_for
 from tests.tiny_models import build_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -84,3 +90,37 @@ async def test_eager_steps_serve_while_the_compiled_steps_build(checkpoint: Path
     finally:
         gate.set()
         await engine.shutdown()
+
+
+
+async def _many_rows(checkpoint: Path, rows: int) -> list[list[int]]:
+    """Greedy tokens of `rows` requests decoding together in C++ steps (bfloat16, int4)."""
+    async with running_engine(checkpoint, kv_block_size=4, max_batch_size=rows, dtype="bfloat16",
+                              cpu_quantization="int4", cpu_compile=True) as engine:
+        assert isinstance(engine.runner.graphs, NativeDecode)
+        outs = await asyncio.gather(*(collect(engine, request(f"m{i}", [3 + i % 50, 7 + i % 13], max_tokens=4))
+                                      for i in range(rows)))
+    return [out.tokens[0] for out in outs]
+
+
+_MANY_ROWS = """
+import asyncio, json, os, sys
+from pathlib import Path
+if sys.argv[2] == "one core":  # before the C++ kernels count the cores they may use
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+from tests.unit.test_compiled_decode import _many_rows
+print(json.dumps(asyncio.run(_many_rows(Path(sys.argv[1]), 160))))
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="the helper threads need a second core")
+def test_a_c_plus_plus_step_spread_over_cores_gives_the_tokens_of_one_core(checkpoint: Path) -> None:
+    """160 rows: enough per-row work that the C++ step hands its norms, RoPE and SiLU (and its products) to the
+    helper threads of spread.cpp; a process held to one core runs all of it on the calling thread."""
+    def tokens(cores: str) -> list[list[int]]:
+        done = subprocess.run([sys.executable, "-c", _MANY_ROWS, str(checkpoint), cores], capture_output=True,
+                              text=True, cwd=ROOT, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.splitlines()[-1])
+
+    assert tokens("all cores") == tokens("one core")

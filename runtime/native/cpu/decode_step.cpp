@@ -31,18 +31,32 @@ enum Layer { kInNorm, kQkv, kQkvScale, kQkvOffset, kO, kOScale, kOOffset, kPostN
 inline float rounded(float v, float) { return v; }
 inline float rounded(float v, c10::BFloat16) { return static_cast<float>(c10::BFloat16(v)); }
 
-// y = weight * (x / rms(x)), as runtime/native/models/norm.py: the normalised row is cast to the activations' dtype before
-// the weight multiplies it
+// The step's per-row work goes to the helper threads (spread.cpp) when there is enough of it: an element of a row
+// weighs kElementCost multiply-adds of the products (whose kSpreadWork the threshold counts): at 16 streams of
+// SmolLM2 these loops took 23% of the step on one core while the products were spread (py-spy, 2026-11-28).
+constexpr int64_t kElementCost = 256;
+
+template <typename F>
+void for_rows(int64_t rows, int64_t elements, F fn) {
+  trtllm_gateway_cpu::spread(rows, rows * elements * kElementCost, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) fn(r);
+  });
+}
+
+// x += residual (when given), then y = weight * (x / rms(x)), as runtime/native/models/norm.py: the normalised row is
+// cast to the activations' dtype before the weight multiplies it
 template <typename T>
-void rms_norm(const T* x, const T* weight, T* y, int64_t rows, int64_t dim, float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * dim;
+void add_norm(T* x, const T* residual, const T* weight, T* y, int64_t rows, int64_t dim, float eps) {
+  for_rows(rows, dim, [&](int64_t r) {
+    T* xr = x + r * dim;
+    if (residual != nullptr)
+      for (int64_t i = 0; i < dim; ++i) xr[i] = T(static_cast<float>(xr[i]) + static_cast<float>(residual[r * dim + i]));
     float squares = 0;
     for (int64_t i = 0; i < dim; ++i) squares += static_cast<float>(xr[i]) * static_cast<float>(xr[i]);
     const float scale = 1.0f / std::sqrt(squares / dim + eps);
     for (int64_t i = 0; i < dim; ++i)
       y[r * dim + i] = T(static_cast<float>(weight[i]) * rounded(static_cast<float>(xr[i]) * scale, T()));
-  }
+  });
 }
 
 // rotate-half RoPE of `heads` heads of row `x` at one position, as runtime/native/models/rotary_embedding.py: cos and sin
@@ -59,11 +73,6 @@ void rope(T* x, int64_t heads, int64_t dim, const float* cos, const float* sin) 
       v[i + half] = T(rounded(x2 * c, T()) + rounded(x1 * s, T()));
     }
   }
-}
-
-template <typename T>
-void add_into(T* x, const T* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] = T(static_cast<float>(x[i]) + static_cast<float>(y[i]));
 }
 
 template <typename T>
@@ -91,14 +100,15 @@ at::Tensor step(const at::Tensor& rows, const at::Tensor& tables, at::TensorList
   T *gup = gate_up.data_ptr<T>(), *actp = act.data_ptr<T>();
   float* qp = q.data_ptr<float>();
   const float scale = static_cast<float>(attn_scale);
+  const float norm_eps = static_cast<float>(eps);
   for (int64_t l = 0; l < layers; ++l) {
     const at::Tensor* lw = w.data() + kFirstLayer + l * kPerLayer;
-    rms_norm(xp, lw[kInNorm].data_ptr<T>(), hp, n, hidden, static_cast<float>(eps));
+    add_norm(xp, l == 0 ? nullptr : op, lw[kInNorm].data_ptr<T>(), hp, n, hidden, norm_eps);  // the MLP's residual
     trtllm_gateway_cpu::int4_linear_into(h, lw[kQkv], lw[kQkvScale], lw[kQkvOffset], qkv);
     const at::Tensor& cache = kv_caches[l];
     T* k_cache = cache.data_ptr<T>();
     T* v_cache = k_cache + cache.numel() / 2;
-    for (int64_t r = 0; r < n; ++r) {
+    for_rows(n, qkv_size, [&](int64_t r) {
       T* row = qkvp + r * qkv_size;
       const float* c = cos + positions[r] * half;
       const float* s = sin + positions[r] * half;
@@ -107,24 +117,25 @@ at::Tensor step(const at::Tensor& rows, const at::Tensor& tables, at::TensorList
       std::copy(row + q_size, row + q_size + kv_size, k_cache + slots[r] * kv_size);
       std::copy(row + q_size + kv_size, row + qkv_size, v_cache + slots[r] * kv_size);
       for (int64_t i = 0; i < q_size; ++i) qp[r * q_size + i] = static_cast<float>(row[i]) * scale;
-    }
+    });
     const at::Tensor out = trtllm_gateway_cpu::paged_decode_attention(q, cache, tables, lengths, 0, c10::nullopt);
     const float* outp = out.data_ptr<float>();
-    for (int64_t i = 0; i < n * q_size; ++i) attnp[i] = T(outp[i]);
+    for_rows(n, q_size, [&](int64_t r) {
+      for (int64_t i = r * q_size; i < (r + 1) * q_size; ++i) attnp[i] = T(outp[i]);
+    });
     trtllm_gateway_cpu::int4_linear_into(attn, lw[kO], lw[kOScale], lw[kOOffset], o);
-    add_into(xp, op, n * hidden);
-    rms_norm(xp, lw[kPostNorm].data_ptr<T>(), hp, n, hidden, static_cast<float>(eps));
+    add_norm(xp, op, lw[kPostNorm].data_ptr<T>(), hp, n, hidden, norm_eps);  // the attention's residual
     trtllm_gateway_cpu::int4_linear_into(h, lw[kGateUp], lw[kGateUpScale], lw[kGateUpOffset], gate_up);
-    for (int64_t r = 0; r < n; ++r)
+    for_rows(n, inter, [&](int64_t r) {
       for (int64_t i = 0; i < inter; ++i) {
         const float g = gup[r * 2 * inter + i];
         const float silu = rounded(g / (1.0f + std::exp(-g)), T());
         actp[r * inter + i] = T(silu * static_cast<float>(gup[r * 2 * inter + inter + i]));
       }
+    });
     trtllm_gateway_cpu::int4_linear_into(act, lw[kDown], lw[kDownScale], lw[kDownOffset], o);
-    add_into(xp, op, n * hidden);
   }
-  rms_norm(xp, w[kFinalNorm].data_ptr<T>(), hp, n, hidden, static_cast<float>(eps));
+  add_norm(xp, layers > 0 ? op : nullptr, w[kFinalNorm].data_ptr<T>(), hp, n, hidden, norm_eps);
   at::Tensor logits = at::empty({n, vocab}, options);
   trtllm_gateway_cpu::int8_linear_into(h, w[kHead], w[kHeadScale], logits);
   return logits.to(at::kFloat);
