@@ -1,0 +1,58 @@
+"""The INT4 GEMV and GEMM (runtime/native/cuda/int4.py) vs the float32 reference dequantization of the same stored AWQ
+weights (runtime/native/models/int4_checkpoint.py): on a GPU (ENGINE_TEST_DEVICE=cuda runs them there as the other
+CUDA tests) or, without one, in Triton's interpreter (tests/triton_interpreter.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter  # noqa: E402
+
+from runtime.native.models.int4_checkpoint import AWQ_ORDER, dequantize_awq, unpack_int4  # noqa: E402
+from tests.int4_checkpoints import AWQ_PACK_ORDER, pack, quantize_rtn  # noqa: E402
+
+if RUN_HERE:
+    from runtime.native.cuda.int4 import int4_linear, repack
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_kernels_in_triton_interpreter() -> None:
+    run_in_interpreter(__file__, passed=4)
+
+
+def _awq_weight(n: int, k: int, group: int, seed: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+    """An AWQ-stored weight [n, k] as the kernels' tensors (from the stored ones, unpacked) and its reference
+    dequantization (float32 [n, k])."""
+    g = torch.Generator().manual_seed(seed)
+    weight = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g)
+    q, zeros, scales = quantize_rtn(weight, torch.arange(k) // group, k // group, symmetric=False)
+    qweight, qzeros = pack(q, 1, AWQ_PACK_ORDER), pack(zeros, 1, AWQ_PACK_ORDER)
+    reference = dequantize_awq(qweight, qzeros, scales)
+    stored = repack(unpack_int4(qweight, 1, AWQ_ORDER), unpack_int4(qzeros, 1, AWQ_ORDER), scales, torch.float32)
+    return tuple(t.to(DEVICE) for t in stored), reference.to(DEVICE)
+
+
+@kernels
+@pytest.mark.parametrize("rows", [1, 5, 33])  # the GEMV; the GEMM within one tile and past it
+def test_the_int4_product_equals_the_reference_dequantized_product(rows: int) -> None:
+    packed, reference = _awq_weight(104, 256, group=128, seed=rows)  # N past a tile's edge, two groups
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    bias = torch.randn(104).to(DEVICE)
+    got, want = int4_linear(x, *packed, bias), F.linear(x, reference, bias)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # float32 sums in another order
+    assert not torch.allclose(int4_linear(x, *packed), F.linear(x, reference.roll(1, 1)), atol=1e-2)
+
+
+@kernels
+@pytest.mark.parametrize("rows", [1, pytest.param(20, marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="Triton's interpreter gets tl.dot of bfloat16 wrong"))])
+def test_the_int4_product_in_bfloat16_is_within_its_rounding(rows: int) -> None:
+    packed, reference = _awq_weight(64, 128, group=32, seed=9)
+    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(8)).to(DEVICE, torch.bfloat16)
+    qweight, zeros, scales = packed
+    got = int4_linear(x, qweight, zeros, scales.bfloat16())
+    torch.testing.assert_close(got.float(), F.linear(x.float(), reference), rtol=2e-2, atol=5e-2)
