@@ -4,6 +4,8 @@ CUDA tests) or, without one, in Triton's interpreter (tests/triton_interpreter.p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,17 +13,21 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter  # noqa: E402
 
-from runtime.native.models.int4_checkpoint import AWQ_ORDER, dequantize_awq, unpack_int4  # noqa: E402
-from tests.int4_checkpoints import AWQ_PACK_ORDER, pack, quantize_rtn  # noqa: E402
+from runtime.native.models.int4_checkpoint import dequantize_awq, kernel_layout, unpack_awq  # noqa: E402
+from runtime.native import core_loader  # noqa: E402
+from runtime.native.models import int4_checkpoint, load_model  # noqa: E402
+from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine  # noqa: E402
+from tests.int4_checkpoints import AWQ_PACK_ORDER, pack, quantize_rtn, write_int4_checkpoint  # noqa: E402
+from tests.tiny_models import build_tiny_model  # noqa: E402
 
 if RUN_HERE:
-    from runtime.native.cuda.int4 import int4_linear, repack
+    from runtime.native.cuda.int4 import int4_linear
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=4)
+    run_in_interpreter(__file__, passed=6)
 
 
 def _awq_weight(n: int, k: int, group: int, seed: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
@@ -32,7 +38,7 @@ def _awq_weight(n: int, k: int, group: int, seed: int) -> tuple[tuple[torch.Tens
     q, zeros, scales = quantize_rtn(weight, torch.arange(k) // group, k // group, symmetric=False)
     qweight, qzeros = pack(q, 1, AWQ_PACK_ORDER), pack(zeros, 1, AWQ_PACK_ORDER)
     reference = dequantize_awq(qweight, qzeros, scales)
-    stored = repack(unpack_int4(qweight, 1, AWQ_ORDER), unpack_int4(qzeros, 1, AWQ_ORDER), scales, torch.float32)
+    stored = kernel_layout(*unpack_awq(qweight, qzeros), scales, torch.float32)
     return tuple(t.to(DEVICE) for t in stored), reference.to(DEVICE)
 
 
@@ -56,3 +62,22 @@ def test_the_int4_product_in_bfloat16_is_within_its_rounding(rows: int) -> None:
     qweight, zeros, scales = packed
     got = int4_linear(x, qweight, zeros, scales.bfloat16())
     torch.testing.assert_close(got.float(), F.linear(x.float(), reference), rtol=2e-2, atol=5e-2)
+
+
+@kernels
+@pytest.mark.parametrize("layout", ["awq", "gptq"])
+async def test_a_model_kept_in_int4_serves_its_dequantized_models_greedy_ids(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
+    """The projections kept packed (as on CUDA; here forced, the kernels in the interpreter) go through Linear's INT4
+    path: prefill through the GEMM, each decode step through the GEMV."""
+    monkeypatch.setattr(int4_checkpoint, "keeps_int4", lambda device: True)
+    if not torch.cuda.is_available():  # the CPU's own weight forms (cpu_weights.py) never meet a kept INT4 Linear
+        monkeypatch.setattr(core_loader, "prepare_cpu_weights", lambda weights, quantization: 0)
+    quantized, plain = write_int4_checkpoint(build_tiny_model(tmp_path, "llama-untied"), tmp_path, layout)  # type: ignore[arg-type]
+    model = load_model(str(quantized), device=DEVICE)
+    kept = [name for name, _ in model.named_parameters() if name.endswith(".qweight")]
+    assert len(kept) == 2 * 4 and model.get_submodule("model.layers.0.self_attn.qkv_proj").weight is None
+    prompt = [5, 17, 42, 99, 7, 150, 3]
+    async with running_engine(quantized) as engine:
+        out = await collect(engine, request(layout, prompt, 8))
+    assert out.tokens[0] == hf_greedy(load_hf(plain), prompt, 8)

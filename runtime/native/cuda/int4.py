@@ -1,11 +1,10 @@
 """Products with INT4 weight-only weights (AWQ/GPTQ, runtime/native/models/int4_checkpoint.py) that dequantize in
 registers: a GEMV for one-token steps and a tiled GEMM (tensor cores through tl.dot) for steps of several rows.
 
-Both read one layout, to which the loader repacks either format (`repack`): output-major, so fused parts stack along
+Both read one layout, to which the loader repacks either format (int4_checkpoint.py's `kernel_layout`): output-major, so fused parts stack along
 dim 0 as 16-bit weights do. `qweight` int32 [N, K/8], input column 8i + j of row n in bits 4j of qweight[n, i];
-`scales` [N, K/group] in the activations' dtype; `zeros` uint8 [N, K/group] (the true zero points, 0..15). Group
-ordering must be contiguous (GPTQ's act-order reorders input rows by g_idx; `repack` takes the permutation, and the
-caller permutes the activations' columns the same way). W[n, k] = (q[n, k] - zeros[n, k // group]) * scales[...].
+`scales` [N, K/group] in the activations' dtype; `zeros` uint8 [N, K/group] (the true zero points, 0..15). Groups are
+contiguous runs of input columns (GPTQ's act-order checkpoints are dequantized at load instead). W[n, k] = (q[n, k] - zeros[n, k // group]) * scales[...].
 """
 
 from __future__ import annotations
@@ -13,16 +12,6 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-
-
-def repack(weight_q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
-           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(qweight, zeros, scales) in this module's layout from the unpacked values: `weight_q` int [K, N] in 0..15,
-    `zeros` [G, N] (true zero points), `scales` [G, N]; groups of K / G contiguous input rows."""
-    q = weight_q.t().to(torch.int64).reshape(weight_q.shape[1], -1, 8)
-    packed = (q << (4 * torch.arange(8))).sum(-1)
-    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
-    return packed.contiguous(), zeros.t().to(torch.uint8).contiguous(), scales.t().to(dtype).contiguous()
 
 
 @triton.jit

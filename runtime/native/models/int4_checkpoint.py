@@ -16,12 +16,16 @@ every INT4 weight as it is read, with one log line saying so.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from torch import nn
 
 from runtime.int4_config import INT4_METHODS, check_int4_config, group_size
 from runtime.native.models.base import CausalLM
+from runtime.native.models.linear import Linear
 
 logger = logging.getLogger(__name__)
 
@@ -47,62 +51,133 @@ def unpack_int4(packed: torch.Tensor, dim: int, order: tuple[int, ...] = tuple(r
     return values.reshape(*moved.shape[:-1], -1).movedim(-1, dim)
 
 
+def unpack_awq(qweight: torch.Tensor, qzeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """AWQ GEMM tensors unpacked: (q int32 [in, out], zero points int32 [groups, out])."""
+    return unpack_int4(qweight, 1, AWQ_ORDER), unpack_int4(qzeros, 1, AWQ_ORDER)
+
+
+def unpack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, v2: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ tensors unpacked: (q int32 [in, out], true zero points int32 [groups, out]; the classic format's are
+    stored minus one)."""
+    return unpack_int4(qweight, 0), unpack_int4(qzeros, 1) + (0 if v2 else 1)
+
+
+def dequantize(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    """The float32 weight [out, in] of unpacked values q [in, out], input row k in group groups[k]."""
+    rows = groups.long()
+    return ((q - zeros[rows]).float() * scales.float()[rows]).t().contiguous()
+
+
 def dequantize_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """AWQ GEMM tensors to the float32 weight [out, in]."""
-    q, zeros = unpack_int4(qweight, 1, AWQ_ORDER), unpack_int4(qzeros, 1, AWQ_ORDER)
-    group = q.shape[0] // scales.shape[0]
-    rows = torch.arange(q.shape[0]) // group
-    return ((q - zeros[rows]).float() * scales.float()[rows]).t().contiguous()
+    q, zeros = unpack_awq(qweight, qzeros)
+    return dequantize(q, zeros, scales, torch.arange(q.shape[0]) // (q.shape[0] // scales.shape[0]))
 
 
 def dequantize_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, g_idx: torch.Tensor,
                     v2: bool = False) -> torch.Tensor:
-    """GPTQ tensors to the float32 weight [out, in]; the classic format's zero points are stored minus one."""
-    q, zeros = unpack_int4(qweight, 0), unpack_int4(qzeros, 1) + (0 if v2 else 1)
-    rows = g_idx.long()
-    return ((q - zeros[rows]).float() * scales.float()[rows]).t().contiguous()
+    """GPTQ tensors to the float32 weight [out, in]."""
+    return dequantize(*unpack_gptq(qweight, qzeros, v2), scales, g_idx)
+
+
+def kernel_layout(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(qweight, qzeros, qscales) in runtime/native/cuda/int4.py's output-major layout from unpacked values: q [in, out]
+    in 0..15, zero points and scales [groups, out], groups of in / groups contiguous input rows."""
+    nibbles = q.t().to(torch.int64).reshape(q.shape[1], -1, 8)
+    packed = (nibbles << (4 * torch.arange(8))).sum(-1)
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)  # the uint32 bits as int32
+    return packed.contiguous(), zeros.t().to(torch.uint8).contiguous(), scales.t().to(dtype).contiguous()
+
+
+def to_int4_form(linear: Linear, groups: int) -> None:
+    """Give `linear` empty INT4 tensors in place of its 16-bit weight (the loader fills them)."""
+    out, device = linear.out_features, linear.weight.device
+    dtype = linear.weight.dtype
+    linear.weight = None  # type: ignore[assignment]
+    linear.qweight = nn.Parameter(torch.empty(out, linear.in_features // 8, dtype=torch.int32, device=device),
+                                  requires_grad=False)
+    linear.qzeros = nn.Parameter(torch.empty(out, groups, dtype=torch.uint8, device=device), requires_grad=False)
+    linear.qscales = nn.Parameter(torch.empty(out, groups, dtype=dtype, device=device), requires_grad=False)
+
+
+def keeps_int4(device: torch.device) -> bool:
+    """Whether INT4 weights stay packed for the Triton kernels (CUDA) rather than dequantized at load."""
+    return device.type == "cuda"
 
 
 class Int4Reader:
-    """Collects each INT4 projection's packed tensors as the loader reads them (in any order) and hands back its
-    dequantized `<module>.weight` once all are read."""
+    """Collects each INT4 projection's packed tensors as the loader reads them (in any order) and hands back, once all
+    are read, its tensors in the kernels' layout (a Linear kept in INT4 form) or its dequantized `<module>.weight`."""
 
-    def __init__(self, model: CausalLM, config: dict[str, Any]) -> None:
+    def __init__(self, model: CausalLM, config: dict[str, Any], files: list[Path], device: torch.device) -> None:
+        self.model = model
         self.method = config["quant_method"]
         self.config = config
         self.v2 = config.get("checkpoint_format") == "gptq_v2"
         self.dtype = model.output_embedding().dtype
         self.needed = ("qweight", "qzeros", "scales") + (("g_idx",) if self.method == "gptq" else ())
+        # act-order's input rows out of group order: one permutation per checkpoint projection, which fused parts
+        # need not share, so those weights are dequantized
+        self.kept = self._keep_int4(files) if keeps_int4(device) and not config.get("desc_act") else set()
         self.dequantized = 0
         self._held: dict[str, dict[str, torch.Tensor]] = {}
+
+    def _keep_int4(self, files: list[Path]) -> set[str]:
+        """Our Linears whose every part is INT4 in the file, turned into INT4 form; their module names."""
+        parts: dict[str, set[str | None]] = {}
+        for file in files:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    target = self.model.checkpoint_target(name) if name.endswith(".qweight") else None
+                    if target is not None:
+                        parts.setdefault(target[0].removesuffix(".qweight"), set()).add(target[1])
+        kept = set()
+        for module_name, found in parts.items():
+            linear = self.model.get_submodule(module_name)
+            if isinstance(linear, Linear) and found in ({None}, set(linear.part_names)):
+                to_int4_form(linear, linear.in_features // group_size(self.config, linear.in_features))
+                kept.add(module_name)
+        return kept
 
     def takes(self, name: str) -> bool:
         """Whether `name` is a packed INT4 tensor (through `accept`)."""
         return name.rpartition(".")[2] in _PARTS
 
     def accept(self, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
-        """The dequantized (`<module>.weight`, tensor) once a projection's packed tensors are all read; else none."""
+        """The (checkpoint name, tensor) pairs ready to load once a projection's packed tensors are all read."""
         module, _, kind = name.rpartition(".")
         held = self._held.setdefault(module, {})
         held[kind] = tensor
         if any(part not in held for part in self.needed):
             return []
         del self._held[module]
+        scales = held["scales"]
         if self.method == "awq":
-            weight = dequantize_awq(held["qweight"], held["qzeros"], held["scales"])
+            q, zeros = unpack_awq(held["qweight"], held["qzeros"])
+            groups = torch.arange(q.shape[0]) // group_size(self.config, q.shape[0])
         else:
-            weight = dequantize_gptq(held["qweight"], held["qzeros"], held["scales"], held["g_idx"], self.v2)
-        in_features = weight.shape[1]
-        if held["scales"].shape[0] * group_size(self.config, in_features) != in_features and self.method == "awq":
-            raise ValueError(f"{module}.scales has {held['scales'].shape[0]} groups for {in_features} inputs in "
-                             f"groups of {group_size(self.config, in_features)}")
+            q, zeros = unpack_gptq(held["qweight"], held["qzeros"], self.v2)
+            groups = held["g_idx"].long()
+        if groups.max() >= scales.shape[0]:
+            raise ValueError(f"{module}: {scales.shape[0]} scale groups for {q.shape[0]} inputs in groups of "
+                             f"{group_size(self.config, q.shape[0])}")
+        target = self.model.checkpoint_target(f"{module}.qweight")
+        if target is not None and target[0].removesuffix(".qweight") in self.kept:
+            if not torch.equal(groups, torch.arange(q.shape[0]) // (q.shape[0] // scales.shape[0])):
+                raise ValueError(f"{module}.g_idx is out of group order but desc_act is false")
+            qweight, qzeros, qscales = kernel_layout(q, zeros, scales, self.dtype)
+            return [(f"{module}.qweight", qweight), (f"{module}.qzeros", qzeros), (f"{module}.qscales", qscales)]
         self.dequantized += 1
-        return [(f"{module}.weight", weight.to(self.dtype))]
+        return [(f"{module}.weight", dequantize(q, zeros, scales, groups).to(self.dtype))]
 
     def finish(self) -> None:
         """After the last tensor: the log line (and an error naming projections missing packed tensors)."""
         if self._held:
             raise ValueError(f"INT4 weights missing packed tensors in the checkpoint: {', '.join(sorted(self._held))}")
-        logger.info("%s INT4 checkpoint: %d projections dequantized to %s at load (no INT4 kernels on this path)",
-                    self.method.upper(), self.dequantized, self.dtype)
-
+        if self.kept:
+            logger.info("%s INT4 checkpoint: %d projections kept in INT4 (Triton kernels)%s", self.method.upper(),
+                        len(self.kept), f", {self.dequantized} dequantized to {self.dtype}" if self.dequantized else "")
+        else:
+            logger.info("%s INT4 checkpoint: %d projections dequantized to %s at load (INT4 kernels: CUDA, without "
+                        "act-order)", self.method.upper(), self.dequantized, self.dtype)

@@ -51,7 +51,7 @@ def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device
         int4 = int4_config(spec.config)
         reader: Fp8Reader | Int4Reader | None = (
             Fp8Reader(model, files, torch.device(device)) if checkpoint_is_fp8(folder, spec.config)
-            else Int4Reader(model, int4) if int4 is not None else None)
+            else Int4Reader(model, int4, files, torch.device(device)) if int4 is not None else None)
     except ValueError as exc:  # a quantization scheme we do not read
         raise UnsupportedArchitectureError(spec.architecture, str(exc)) from exc
     _fill(model, files, reader)
