@@ -1,9 +1,8 @@
 """Tiny INT4 weight-only checkpoints written by our own code to each format's specification (the layouts are described
 in runtime/native/models/int4_checkpoint.py), with their dequantized float copies.
 
-Weights are quantized calibration-free, round to nearest: each group of input rows of a column gets a float16 scale and
-a 4-bit zero point (AWQ: asymmetric, min..max onto 0..15; GPTQ: symmetric, zero point 8, written minus one as the
-classic format stores it). With act-order (`desc_act`) GPTQ groups input rows in a shuffled order, named by `g_idx`.
+Weights are quantized calibration-free, round to nearest (int4_checkpoint.quantize_rtn; AWQ: asymmetric, GPTQ:
+symmetric, its zero point 8 written minus one as the classic format stores it). With act-order (`desc_act`) GPTQ groups input rows in a shuffled order, named by `g_idx`.
 Packing is written here with plain loops over nibbles, independently of the engine's unpacking.
 Every projection (q/k/v/o, gate/up/down) is quantized; embeddings, norms and the head are not.
 """
@@ -18,32 +17,11 @@ from typing import Literal
 import torch
 from safetensors.torch import load_file, save_file
 
+from runtime.native.models.int4_checkpoint import quantize_rtn
 from tests.fp8_checkpoints import PROJECTION
 
 Layout = Literal["awq", "gptq", "gptq-desc-act"]
 AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's gemm pack: nibble i <- column AWQ_PACK_ORDER[i] of each 8
-
-
-def quantize_rtn(weight: torch.Tensor, groups: torch.Tensor, count: int, symmetric: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q int32 [in, out] in 0..15, zeros int32 [count, out], scales float16 [count, out]) for W^T [in, out], input row
-    k in group groups[k]."""
-    w = weight.float().t()
-    q = torch.empty_like(w, dtype=torch.int32)
-    zeros = torch.empty(count, w.shape[1], dtype=torch.int32)
-    scales = torch.empty(count, w.shape[1], dtype=torch.float16)
-    for g in range(count):
-        rows = w[groups == g]
-        if symmetric:
-            scale, zero = (rows.abs().amax(0) / 7.5).clamp(min=1e-5), torch.full((w.shape[1],), 8.0)
-        else:
-            low, high = rows.amin(0).clamp(max=0), rows.amax(0).clamp(min=0)
-            scale = ((high - low) / 15).clamp(min=1e-5)
-            zero = (-low / scale).round().clamp(0, 15)
-        scales[g] = scale.half()
-        zeros[g] = zero.int()
-        q[groups == g] = (rows / scales[g].float() + zero).round().clamp(0, 15).int()
-    return q, zeros, scales
 
 
 def pack(values: torch.Tensor, dim: int, order: tuple[int, ...] = tuple(range(8))) -> torch.Tensor:

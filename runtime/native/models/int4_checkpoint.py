@@ -62,6 +62,29 @@ def unpack_gptq(qweight: torch.Tensor, qzeros: torch.Tensor, v2: bool = False) -
     return unpack_int4(qweight, 0), unpack_int4(qzeros, 1) + (0 if v2 else 1)
 
 
+def quantize_rtn(weight: torch.Tensor, groups: torch.Tensor, count: int, symmetric: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Calibration-free round-to-nearest INT4 of `weight` [out, in], input row k in group groups[k] of `count`: (q int32
+    [in, out] in 0..15, zero points int32 [count, out], scales float16 [count, out]). Asymmetric (AWQ's way): each
+    group's min..max (stretched to hold 0) onto 0..15; symmetric (GPTQ's sym): zero point 8, scale max |w| / 7.5."""
+    w = weight.float().t()
+    q = torch.empty_like(w, dtype=torch.int32)
+    zeros = torch.empty(count, w.shape[1], dtype=torch.int32)
+    scales = torch.empty(count, w.shape[1], dtype=torch.float16)
+    for g in range(count):
+        rows = w[groups == g]
+        if symmetric:
+            scale, zero = (rows.abs().amax(0) / 7.5).clamp(min=1e-5), torch.full((w.shape[1],), 8.0)
+        else:
+            low, high = rows.amin(0).clamp(max=0), rows.amax(0).clamp(min=0)
+            scale = ((high - low) / 15).clamp(min=1e-5)
+            zero = (-low / scale).round().clamp(0, 15)
+        scales[g] = scale.half()
+        zeros[g] = zero.int()
+        q[groups == g] = (rows / scales[g].float() + zero).round().clamp(0, 15).int()
+    return q, zeros, scales
+
+
 def dequantize(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
     """The float32 weight [out, in] of unpacked values q [in, out], input row k in group groups[k]."""
     rows = groups.long()
