@@ -18,16 +18,18 @@ from runtime.native import core_loader  # noqa: E402
 from runtime.native.models import int4_checkpoint, load_model  # noqa: E402
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine  # noqa: E402
 from tests.int4_checkpoints import AWQ_PACK_ORDER, pack, write_int4_checkpoint  # noqa: E402
+from tests.lora_adapters import make_peft_adapter, peft_greedy  # noqa: E402
 from tests.tiny_models import build_tiny_model  # noqa: E402
 
 if RUN_HERE:
     from runtime.native.cuda.int4 import int4_linear
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=6)
+    run_in_interpreter(__file__, passed=7)
 
 
 def _awq_weight(n: int, k: int, group: int, seed: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
@@ -81,3 +83,22 @@ async def test_a_model_kept_in_int4_serves_its_dequantized_models_greedy_ids(
     async with running_engine(quantized) as engine:
         out = await collect(engine, request(layout, prompt, 8))
     assert out.tokens[0] == hf_greedy(load_hf(plain), prompt, 8)
+
+
+@kernels
+async def test_a_lora_adapter_adds_its_updates_to_the_int4_product(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """An adapter on every projection of a model kept in INT4 gives PEFT's greedy ids over the dequantized model."""
+    monkeypatch.setattr(int4_checkpoint, "keeps_int4", lambda device: True)
+    if not torch.cuda.is_available():  # as above
+        monkeypatch.setattr(core_loader, "prepare_cpu_weights", lambda weights, quantization: 0)
+    quantized, plain = write_int4_checkpoint(build_tiny_model(tmp_path, "llama"), tmp_path, "awq")
+    adapter = make_peft_adapter(plain, tmp_path / "adapter", LORA_TARGETS, r=4, alpha=8, seed=1)
+    prompt = [7, 7, 90, 200, 11, 64, 3]
+    want = peft_greedy(plain, adapter, prompt, 8)
+    assert want != hf_greedy(load_hf(plain), prompt, 8)  # the adapter changes the output
+    async with running_engine(quantized, lora_modules={"a": str(adapter)}) as engine:
+        req = request("lora", prompt, 8)
+        req.adapter = "a"
+        out = await collect(engine, req)
+    assert out.tokens[0] == want
