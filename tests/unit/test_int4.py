@@ -67,6 +67,13 @@ async def test_an_int4_checkpoint_serves_its_dequantized_models_greedy_ids(root:
     assert out.tokens[0] == hf_greedy(load_hf(plain), PROMPT, 12)
 
 
+async def test_an_int4_moe_checkpoint_serves_its_dequantized_models_greedy_ids(root: Path) -> None:
+    quantized, plain = write_int4_checkpoint(build_tiny_model(root, "qwen3_moe"), root, "gptq")
+    async with running_engine(quantized) as engine:
+        out = await collect(engine, request("int4-moe", PROMPT, 12))
+    assert out.tokens[0] == hf_greedy(load_hf(plain), PROMPT, 12)
+
+
 def test_the_cpu_says_once_that_it_dequantizes(root: Path, caplog: pytest.LogCaptureFixture) -> None:
     quantized, _ = write_int4_checkpoint(build_tiny_model(root, "llama"), root, "gptq-desc-act")
     with caplog.at_level(logging.INFO, logger="runtime.native.models.int4_checkpoint"):

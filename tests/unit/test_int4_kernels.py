@@ -29,7 +29,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=7)
+    run_in_interpreter(__file__, passed=8)
 
 
 def _awq_weight(n: int, k: int, group: int, seed: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
@@ -67,18 +67,19 @@ def test_the_int4_product_in_bfloat16_is_within_its_rounding(rows: int) -> None:
 
 
 @kernels
-@pytest.mark.parametrize("layout", ["awq", "gptq"])
+@pytest.mark.parametrize(("layout", "arch", "kept_linears"), [
+    ("awq", "llama-untied", 2 * 4), ("gptq", "llama-untied", 2 * 4), ("gptq", "qwen3_moe", 2 * 2 + 2)])  # + its one dense MLP
 async def test_a_model_kept_in_int4_serves_its_dequantized_models_greedy_ids(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str, arch: str, kept_linears: int) -> None:
     """The projections kept packed (as on CUDA; here forced, the kernels in the interpreter) go through Linear's INT4
-    path: prefill through the GEMM, each decode step through the GEMV."""
+    path: prefill through the GEMM, each decode step through the GEMV (an MoE's experts are dequantized)."""
     monkeypatch.setattr(int4_checkpoint, "keeps_int4", lambda device: True)
     if not torch.cuda.is_available():  # the CPU's own weight forms (cpu_weights.py) never meet a kept INT4 Linear
         monkeypatch.setattr(core_loader, "prepare_cpu_weights", lambda weights, quantization: 0)
-    quantized, plain = write_int4_checkpoint(build_tiny_model(tmp_path, "llama-untied"), tmp_path, layout)  # type: ignore[arg-type]
+    quantized, plain = write_int4_checkpoint(build_tiny_model(tmp_path, arch), tmp_path, layout)  # type: ignore[arg-type]
     model = load_model(str(quantized), device=DEVICE)
     kept = [name for name, _ in model.named_parameters() if name.endswith(".qweight")]
-    assert len(kept) == 2 * 4 and model.get_submodule("model.layers.0.self_attn.qkv_proj").weight is None
+    assert len(kept) == kept_linears and model.get_submodule("model.layers.0.self_attn.qkv_proj").weight is None
     prompt = [5, 17, 42, 99, 7, 150, 3]
     async with running_engine(quantized) as engine:
         out = await collect(engine, request(layout, prompt, 8))

@@ -157,7 +157,10 @@ class Int4Reader:
                         parts.setdefault(target[0].removesuffix(".qweight"), set()).add(target[1])
         kept = set()
         for module_name, found in parts.items():
-            linear = self.model.get_submodule(module_name)
+            try:
+                linear = self.model.get_submodule(module_name)
+            except AttributeError:  # a part of another module (stacked experts): dequantized
+                continue
             if isinstance(linear, Linear) and found in ({None}, set(linear.part_names)):
                 to_int4_form(linear, linear.in_features // group_size(self.config, linear.in_features))
                 kept.add(module_name)
