@@ -9,8 +9,10 @@ Each quantized projection stores, in place of `<module>.weight` ([out, in] float
   input row (k // group without act-order; any order with `desc_act: true`). The classic format
   (`checkpoint_format: "gptq"`, the default) stores each zero point minus one: W = (q - (z + 1)) * s[g_idx];
   `gptq_v2` stores it as it is.
-The reference dequantization here is exact in float32 (a 4-bit integer times a float16 scale). This loader dequantizes
-every INT4 weight as it is read, with one log line saying so.
+The reference dequantization here is exact in float32 (a 4-bit integer times a float16 scale). On CUDA, every Linear
+whose parts are all INT4 in the file is kept packed, repacked to runtime/native/cuda/int4.py's layout (its kernels
+dequantize in registers); act-order checkpoints, MoE experts and every INT4 weight on the CPU are dequantized as they
+are read. One log line says which.
 """
 
 from __future__ import annotations
