@@ -23,7 +23,6 @@ from benchmarks.cpu_quantization import TEXT, perplexities
 from runtime.native.models.int4_checkpoint import dequantize, quantize_rtn
 
 
-
 def _int4(group: int, skipped: set[str]) -> Callable[[str, str, torch.nn.Linear], None]:
     """perplexities' `replace`: INT4 in groups of `group`, the names of projections left 16-bit added to `skipped`."""
     def replace(setting: str, name: str, module: torch.nn.Linear) -> None:

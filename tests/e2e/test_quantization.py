@@ -16,7 +16,6 @@ from tests.engine_harness import hf_greedy, load_hf
 from tests.fp8_checkpoints import PROJECTION, to_e4m3
 from tests.int4_checkpoints import write_int4_checkpoint
 
-
 PROMPT = [7, 99, 31, 250, 4, 18]
 
 

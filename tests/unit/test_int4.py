@@ -15,7 +15,12 @@ import torch
 
 from runtime.architectures import UnsupportedArchitectureError
 from runtime.native.models import load_model
-from runtime.native.models.int4_checkpoint import AWQ_ORDER, dequantize_awq, dequantize_gptq, unpack_int4
+from runtime.native.models.int4_checkpoint import (
+    AWQ_ORDER,
+    dequantize_awq,
+    dequantize_gptq,
+    unpack_int4,
+)
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
 from tests.int4_checkpoints import AWQ_PACK_ORDER, pack, write_int4_checkpoint
 from tests.tiny_models import build_tiny_model

@@ -11,15 +11,19 @@ import torch
 import torch.nn.functional as F
 
 pytest.importorskip("triton")
-from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter  # noqa: E402
-
-from runtime.native.models.int4_checkpoint import dequantize_awq, kernel_layout, quantize_rtn, unpack_awq  # noqa: E402
-from runtime.native import core_loader  # noqa: E402
-from runtime.native.models import int4_checkpoint, load_model  # noqa: E402
-from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine  # noqa: E402
-from tests.int4_checkpoints import AWQ_PACK_ORDER, pack, write_int4_checkpoint  # noqa: E402
-from tests.lora_adapters import make_peft_adapter, peft_greedy  # noqa: E402
-from tests.tiny_models import build_tiny_model  # noqa: E402
+from runtime.native import core_loader
+from runtime.native.models import int4_checkpoint, load_model
+from runtime.native.models.int4_checkpoint import (
+    dequantize_awq,
+    kernel_layout,
+    quantize_rtn,
+    unpack_awq,
+)
+from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
+from tests.int4_checkpoints import AWQ_PACK_ORDER, pack, write_int4_checkpoint
+from tests.lora_adapters import make_peft_adapter, peft_greedy
+from tests.tiny_models import build_tiny_model
+from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter
 
 if RUN_HERE:
     from runtime.native.cuda.int4 import int4_linear
