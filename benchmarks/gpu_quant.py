@@ -1,4 +1,5 @@
-"""Issue 44's FP8 figures on one GPU, same run, Llama-3.1-8B shape, random weights: bf16 vs FP8 (--quantization fp8).
+"""Issue 44's FP8 and INT4 figures on one GPU, same run, Llama-3.1-8B shape, random weights: bf16 vs FP8
+(--quantization fp8), and the INT4 kernels.
 
     python -m benchmarks.gpu_quant --out /tmp/quant                   # on an H200: under 300 s
     TRITON_INTERPRET=1 python -m benchmarks.gpu_quant --smoke --device cpu --out DIR   # tiny shapes, seconds
@@ -8,7 +9,9 @@ Phases (each one's result, or its traceback, lands in DIR/gpu_quant.json as it e
   kernels          per projection shape of the 8B (q/k/v, o, gate/up, down): the one-token GEMV (runtime/native/cuda/gemv.py)
                    on bf16 and on FP8 weights, each in us against its weight-bytes floor, FP8 also at a few other
                    tiles (FP8 rows are half the bytes: the bf16 tile table may not suit them); and a 256-row product,
-                   cuBLAS bf16 vs FP8 tensor cores with per-token activation quantization (runtime/native/models/fp8.py)
+                   cuBLAS bf16 vs FP8 tensor cores with per-token activation quantization (runtime/native/models/fp8.py);
+                   INT4 (AWQ-style, groups of 128, runtime/native/cuda/int4.py): the one-token GEMV against its
+                   weight-bytes floor (half a byte a weight, 3 bytes a group's zero point and scale) and the 256-row GEMM
   bf16, fp8        NativeEngine (CUDA graphs) over the 8B shape: batch-1 decode inter-token gap against the step's
                    weight-bytes floor (gpu_families.floor_bytes: FP8 weights count 1 byte, their scales 4 per row),
                    and 256 requests of 128 in / 128 out, output tok/s; `fp8_vs_bf16` the throughput ratio
@@ -32,9 +35,10 @@ from benchmarks.gpu_bench import bandwidth_tb_s
 
 # the 8B's projections as (out, in): q/k/v, o, gate/up, down
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
-SMOKE_SHAPES = {"qkv": (96, 64), "o": (64, 64), "gate_up": (256, 64), "down": (64, 128)}
+SMOKE_SHAPES = {"qkv": (96, 128), "o": (128, 128), "gate_up": (256, 128), "down": (128, 256)}  # INT4: K of 128 groups
 FP8_TILES = [(4, 2048, 4), (8, 2048, 8), (8, 4096, 8), (16, 1024, 4), (16, 2048, 8)]  # (BLOCK_N, BLOCK_K, warps)
 ROWS = 256
+INT4_GROUP = 128
 MIN_BYTES = 256 * 2**20  # weight copies per shape: more than the H200's 50 MB L2 holds
 
 
@@ -67,8 +71,31 @@ def kernel_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: f
         figures[f"rows_{ROWS}_bf16_us"] = per_call_us(lambda i: F.linear(rows, bf16[i]), copies)
         figures[f"rows_{ROWS}_fp8_us"] = per_call_us(lambda i: fp8_linear(rows, fp8[i][0], fp8[i][1], None, None),
                                                      copies)
+        figures.update(_int4_figures(bf16[0], x, rows, copies, bandwidth))
         res[name] = figures
     return res
+
+
+def _int4_figures(weight: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, copies: int, bandwidth: float
+                  ) -> dict[str, Any]:
+    """The INT4 GEMV and GEMM on `weight` quantized round to nearest in groups of INT4_GROUP (on the CPU, once: the
+    copies are clones), and the GEMV's error against the reference dequantization."""
+    from runtime.native.cuda.int4 import int4_linear
+    from runtime.native.models.int4_checkpoint import dequantize, kernel_layout, quantize_rtn
+
+    n, k = weight.shape
+    groups = torch.arange(k) // INT4_GROUP
+    q, zeros, scales = quantize_rtn(weight.cpu(), groups, k // INT4_GROUP, symmetric=False)
+    packed = [t.to(weight.device) for t in kernel_layout(q, zeros, scales, torch.bfloat16)]
+    stored = [[t.clone() for t in packed] for _ in range(copies)]
+    want = F.linear(x.float(), dequantize(q, zeros, scales, groups).to(weight.device))
+    got = int4_linear(x, *packed).float()
+    floor_us = (n * k // 2 + 3 * n * (k // INT4_GROUP)) / (bandwidth * 1e12) * 1e6
+    figures = {"int4_max_rel_err": ((got - want).abs().max() / want.abs().max()).item(),
+               "int4_us": per_call_us(lambda i: int4_linear(x, *stored[i]), copies), "int4_floor_us": floor_us,
+               f"rows_{ROWS}_int4_us": per_call_us(lambda i: int4_linear(rows, *stored[i]), copies)}
+    figures["int4_vs_floor"] = figures["int4_us"] / floor_us
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:

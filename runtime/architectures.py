@@ -8,6 +8,7 @@ runtime/native/models/activation.py's.
 from __future__ import annotations
 
 from runtime.fp8_config import QUANT_METHODS, check_quantization_config
+from runtime.int4_config import INT4_METHODS, check_int4_config
 from runtime.model_spec import LAYER_TYPES, ModelSpec, RopeConfig
 
 # every Llama-family architecture runs one decoder (runtime/native/models/llama.py); what sets each apart is in its ModelSpec
@@ -58,10 +59,13 @@ def check_supported(spec: ModelSpec) -> None:
             "quant_method") == "mxfp4":
         refused.pop("quantization_config")  # OpenAI's own files: dequantized on load (gpt_oss.py)
     quantization = config.get("quantization_config") or {}
-    if quantization.get("quant_method") in QUANT_METHODS:  # FP8 checkpoints (runtime/native/models/fp8_checkpoint.py)
+    # FP8 (runtime/native/models/fp8_checkpoint.py) and AWQ/GPTQ INT4 (int4_checkpoint.py) checkpoints
+    check_quantization = {**dict.fromkeys(QUANT_METHODS, check_quantization_config),
+                          **dict.fromkeys(INT4_METHODS, check_int4_config)}.get(quantization.get("quant_method"))
+    if check_quantization is not None:
         refused.pop("quantization_config")
         try:
-            check_quantization_config(quantization)
+            check_quantization(quantization)
         except ValueError as exc:
             raise UnsupportedArchitectureError(spec.architecture, str(exc)) from exc
     for key, what in refused.items():

@@ -23,6 +23,9 @@ def test_every_phase_runs_and_writes_its_figures(tmp_path: Path) -> None:
     for figures in result["kernels"].values():
         assert figures["fp8_max_rel_err"] < 2e-2  # bf16 outputs (truncated by the interpreter)
         assert figures["fp8_floor_us"] < figures["bf16_floor_us"]
+        assert figures["int4_max_rel_err"] < 2e-2  # the INT4 GEMV against its reference dequantization (bf16 out)
+        assert figures["int4_floor_us"] < figures["fp8_floor_us"]
+        assert {"int4_us", "rows_256_int4_us", "int4_vs_floor"} <= set(figures)  # timed on a GPU only (nan here)
     for quantization in ("bf16", "fp8"):
         figures = result[quantization]
         assert positive(figures["decode_b1_itl_ms"], figures["throughput_8_tok_s"], figures["vs_floor"]), figures

@@ -284,7 +284,7 @@ def _llama_forward(self: nn.Module, input_ids: torch.Tensor, positions: torch.Te
 def one_token_projections(model: nn.Module) -> bool:
     """Can a one-token step of this Llama model run its projections as fused GEMVs (runtime/native/cuda/gemv.py)? In
     16-bit dtypes (float32 models keep cuBLAS, whose sums the float32 references match), Llama's RMSNorm (the
-    GEMV's prologue), SwiGLU MLPs (or experts, which run their own one-token kernel), no LoRA."""
+    GEMV's prologue), SwiGLU MLPs (or experts, which run their own one-token kernel), no LoRA, no INT4 weights."""
     from runtime.native.models.llama import LlamaMLP
 
     first = model.layers[0]
@@ -295,8 +295,8 @@ def one_token_projections(model: nn.Module) -> bool:
     if any(mlp.act is not F.silu for mlp in dense):
         return False
     linears = [linear for layer in model.layers for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj)]
-    return all(linear.delta is None for linear in linears + [m.gate_up_proj for m in dense] +
-               [m.down_proj for m in dense])
+    return all(linear.delta is None and linear.qweight is None  # INT4 weights: their own GEMV (Linear.base)
+               for linear in linears + [m.gate_up_proj for m in dense] + [m.down_proj for m in dense])
 
 
 def _one_token_forward(self: nn.Module, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],

@@ -159,8 +159,9 @@ class DeviceSlots:
         return True
 
     def _folds(self, linear: Linear) -> bool:
-        """A under the base weight in one buffer: on CUDA, for 16-bit weights (an FP8 weight has its own product)."""
-        return self.device.type == "cuda" and linear.weight.dtype != FP8
+        """A under the base weight in one buffer: on CUDA, for 16-bit weights (an FP8 or INT4 weight has its own
+        product)."""
+        return self.device.type == "cuda" and linear.weight is not None and linear.weight.dtype != FP8
 
     def allocate(self, module: str) -> LinearSlots:
         """The stacks of `module`, allocated (zeros) on first use."""

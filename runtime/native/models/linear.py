@@ -5,7 +5,9 @@ delta can be applied per part. `delta` is the seam for per-token low-rank update
 layer's output is `delta(x, linear)`, which computes the projection itself (with `base`, or folding
 more rows into the same matmul, as the CUDA LoRA path does) and adds the updates. On CPU, `cpu_weight`
 holds faster forms of the weight (runtime/native/models/cpu_weights.py) that `base` picks from. An FP8 Linear
-(runtime/native/models/fp8.py) holds `weight` in float8_e4m3fn with its `weight_scale` (and maybe `input_scale`).
+(runtime/native/models/fp8.py) holds `weight` in float8_e4m3fn with its `weight_scale` (and maybe `input_scale`). An INT4
+Linear (AWQ/GPTQ kept packed on CUDA, runtime/native/models/int4_checkpoint.py) has no `weight`: `qweight`, `qzeros`
+and `qscales` in runtime/native/cuda/int4.py's layout.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ class Linear(nn.Module):
         # FP8 weights (runtime/native/models/fp8_checkpoint.py makes them parameters): float32 [out] and [1]
         self.register_parameter("weight_scale", None)
         self.register_parameter("input_scale", None)
+        # INT4 weights (int4_checkpoint.py's to_int4_form): int32 [out, in/8], uint8 [out, groups], [out, groups]
+        self.register_parameter("qweight", None)
+        self.register_parameter("qzeros", None)
+        self.register_parameter("qscales", None)
         self.delta: Delta | None = None
         self.cpu_weight: CpuWeight | None = None  # prepacked and quantized forms on CPU (prepare_cpu_weights)
 
@@ -58,6 +64,12 @@ class Linear(nn.Module):
         """The projection without adapters."""
         if self.cpu_weight is not None:
             return self.cpu_weight.linear(x, self.weight, self.bias)
+        if self.qweight is not None:
+            from runtime.native.cuda.int4 import int4_linear  # Triton: imported only where INT4 weights are kept
+
+            rows = x.reshape(-1, self.in_features).contiguous()
+            y = int4_linear(rows, self.qweight, self.qzeros, self.qscales, self.bias)
+            return y.reshape(*x.shape[:-1], self.out_features)
         if self.weight.dtype == FP8:
             return fp8_linear(x, self.weight, self.weight_scale, self.input_scale, self.bias)
         return F.linear(x, self.weight, self.bias)

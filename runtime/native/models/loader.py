@@ -15,6 +15,7 @@ from runtime.native.device import DTYPES
 from runtime.model_spec import ModelSpec
 from runtime.native.models.base import CausalLM
 from runtime.native.models.fp8_checkpoint import Fp8Reader, checkpoint_is_fp8, quantize_model
+from runtime.native.models.int4_checkpoint import Int4Reader, int4_config
 from runtime.native.models.linear import Linear
 from runtime.native.models.moe import Experts
 from runtime.native.models.registry import model_class
@@ -29,7 +30,8 @@ def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device
     dtype None keeps the checkpoint's dtype (float32 if config.json names none). Tensors are
     converted and moved as they are copied in; a progress bar counts them. `context_window`: the served
     context (max_model_len), which picks LongRoPE's factors. FP8 checkpoints keep their FP8 weights where the
-    device multiplies them (runtime/native/models/fp8_checkpoint.py); `quantization` "fp8" quantizes a 16-bit checkpoint's
+    device multiplies them (runtime/native/models/fp8_checkpoint.py); AWQ/GPTQ INT4 ones are dequantized at load
+    (int4_checkpoint.py); `quantization` "fp8" quantizes a 16-bit checkpoint's
     projections. Raises UnsupportedArchitectureError for architectures or options we do not implement.
     """
     folder = Path(path)
@@ -46,11 +48,14 @@ def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device
         raise UnsupportedArchitectureError(spec.architecture, str(exc)) from exc
     files = checkpoint_files(folder)
     try:
-        fp8 = Fp8Reader(model, files, torch.device(device)) if checkpoint_is_fp8(folder, spec.config) else None
+        int4 = int4_config(spec.config)
+        reader: Fp8Reader | Int4Reader | None = (
+            Fp8Reader(model, files, torch.device(device)) if checkpoint_is_fp8(folder, spec.config)
+            else Int4Reader(model, int4, files, torch.device(device)) if int4 is not None else None)
     except ValueError as exc:  # a quantization scheme we do not read
         raise UnsupportedArchitectureError(spec.architecture, str(exc)) from exc
-    _fill(model, files, fp8)
-    if fp8 is None and quantization == "fp8":
+    _fill(model, files, reader)
+    if reader is None and quantization == "fp8":
         quantize_model(model)
     return model.eval()
 
@@ -70,7 +75,7 @@ def checkpoint_files(folder: Path) -> list[Path]:
     return found
 
 
-def _fill(model: CausalLM, files: list[Path], fp8: Fp8Reader | None) -> None:
+def _fill(model: CausalLM, files: list[Path], quantized: Fp8Reader | Int4Reader | None) -> None:
     params = dict(model.named_parameters())
     loaded: dict[str, set[str | None]] = {name: set() for name in params}
     keys: list[tuple[Path, list[str]]] = []
@@ -81,8 +86,10 @@ def _fill(model: CausalLM, files: list[Path], fp8: Fp8Reader | None) -> None:
         for file, names in keys:
             with safe_open(str(file), framework="pt", device="cpu") as f:
                 for name in names:
-                    # an FP8 weight and its scales come out together once all are read (fp8_checkpoint.py)
-                    ready = fp8.accept(name, f.get_tensor(name)) if fp8 is not None and fp8.takes(name) else [
+                    # a quantized weight and its scales come out together once all are read (fp8_checkpoint.py,
+                    # int4_checkpoint.py)
+                    ready = quantized.accept(name, f.get_tensor(name)) if quantized is not None and quantized.takes(
+                        name) else [
                         (name, None)]
                     for ready_name, read in ready:
                         target = model.checkpoint_target(ready_name)
@@ -97,8 +104,8 @@ def _fill(model: CausalLM, files: list[Path], fp8: Fp8Reader | None) -> None:
                             _copy(model, param_name, part, tensor)
                             loaded[param_name].add(part)
                     bar.update(1)
-    if fp8 is not None:
-        fp8.finish()  # (an FP8 weight whose scale never came is named there)
+    if quantized is not None:
+        quantized.finish()  # (a quantized weight whose scales never came is named there)
     missing = [name for name, parts in loaded.items() if not _complete(model, name, parts)]
     if missing:
         raise ValueError(f"checkpoint is missing weights for: {', '.join(missing)}")
