@@ -55,10 +55,9 @@ def check_supported(spec: ModelSpec) -> None:
         "attn_logit_softcapping": "attention logit softcapping",
         "use_bidirectional_attention": "bidirectional attention",
     }
-    if spec.architecture == "GptOssForCausalLM" and (config.get("quantization_config") or {}).get(
-            "quant_method") == "mxfp4":
-        refused.pop("quantization_config")  # OpenAI's own files: dequantized on load (gpt_oss.py)
     quantization = config.get("quantization_config") or {}
+    if spec.architecture == "GptOssForCausalLM" and quantization.get("quant_method") == "mxfp4":
+        refused.pop("quantization_config")  # OpenAI's own files: dequantized on load (gpt_oss.py)
     # FP8 (runtime/native/models/fp8_checkpoint.py) and AWQ/GPTQ INT4 (int4_checkpoint.py) checkpoints
     check_quantization = {**dict.fromkeys(QUANT_METHODS, check_quantization_config),
                           **dict.fromkeys(INT4_METHODS, check_int4_config)}.get(quantization.get("quant_method"))
