@@ -202,6 +202,9 @@ class CoreServer:
                 await self._refuse_malformed(data, exc)
                 continue
             if isinstance(msg, AddRequest):
+                # marked before its task runs: an Abort read right after it (a Triton stop sent just after its
+                # request) otherwise found no request and was dropped, and the request ran to its end
+                self._adding.add(msg.request.request_id)
                 self._spawn(self._add(msg))
             elif isinstance(msg, Abort):
                 for request_id in msg.request_ids:
@@ -257,8 +260,9 @@ class CoreServer:
         request_id = msg.request.request_id
         if not 0 <= msg.front_end < len(self._controls):
             logger.error("dropped request %s of an unknown front end %d", brief(request_id), msg.front_end)
+            self._adding.discard(request_id)
+            self._aborted_while_adding.discard(request_id)
             return
-        self._adding.add(request_id)
         self._owners[request_id] = msg.front_end
         try:
             prepared = PreparedRequest(msg.prompt_token_ids, msg.max_tokens, msg.bad_words_ids)
@@ -268,11 +272,12 @@ class CoreServer:
             await engine.submit(msg.request, prepared)
         except Exception as exc:  # noqa: BLE001 - every refusal goes back to its caller
             self._owners.pop(request_id, None)
+            self._aborted_while_adding.discard(request_id)
             await self._tell(msg.front_end, encoder.encode(Rejected(request_id, error_info(exc))))
             return
         finally:
             self._adding.discard(request_id)
-        if request_id in self._aborted_while_adding:  # the caller left while its grammar compiled
+        if request_id in self._aborted_while_adding:  # aborted before its hand-over (its grammar compiling, say)
             self._aborted_while_adding.discard(request_id)
             self.engine.abort(request_id)
 
