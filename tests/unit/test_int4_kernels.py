@@ -36,12 +36,14 @@ def test_kernels_in_triton_interpreter() -> None:
     run_in_interpreter(__file__, passed=8)
 
 
-def _awq_weight(n: int, k: int, group: int, seed: int) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+def _awq_weight(n: int, k: int, group: int, seed: int,
+                scale_dtype: torch.dtype = torch.float32) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
     """An AWQ-stored weight [n, k] as the kernels' tensors (from the stored ones, unpacked) and its reference
-    dequantization (float32 [n, k])."""
+    dequantization (float32 [n, k]); the scales are rounded to scale_dtype first, as a checkpoint stores them."""
     g = torch.Generator().manual_seed(seed)
     weight = torch.randn(n, k, generator=g) * torch.rand(n, 1, generator=g)
     q, zeros, scales = quantize_rtn(weight, torch.arange(k) // group, k // group, symmetric=False)
+    scales = scales.to(scale_dtype).float()
     qweight, qzeros = pack(q, 1, AWQ_PACK_ORDER), pack(zeros, 1, AWQ_PACK_ORDER)
     reference = dequantize_awq(qweight, qzeros, scales)
     stored = kernel_layout(*unpack_awq(qweight, qzeros), scales, torch.float32)
@@ -63,7 +65,7 @@ def test_the_int4_product_equals_the_reference_dequantized_product(rows: int) ->
 @pytest.mark.parametrize("rows", [1, pytest.param(20, marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="Triton's interpreter gets tl.dot of bfloat16 wrong"))])
 def test_the_int4_product_in_bfloat16_is_within_its_rounding(rows: int) -> None:
-    packed, reference = _awq_weight(64, 128, group=32, seed=9)
+    packed, reference = _awq_weight(64, 128, group=32, seed=9, scale_dtype=torch.bfloat16)
     x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(8)).to(DEVICE, torch.bfloat16)
     qweight, zeros, scales = packed
     got = int4_linear(x, qweight, zeros, scales.bfloat16())
