@@ -62,7 +62,7 @@ SMOKE_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
                                         num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, vocab_size=512)),
 }
 PROMPT, OUTPUT, BATCH = 128, 128, 256
-SMOKE_SIZES = dict(prompt=16, output=8, batch=8)
+SMOKE_SIZES = dict(prompt=16, output=8, batch=8, gaps=8)  # gaps: the batch-1 inter-token gaps timed (default 63)
 
 
 def hf_config(model_type: str, shape: dict[str, Any]) -> Any:
@@ -148,7 +148,9 @@ async def engine_figures(folder: Path, device: str, sizes: dict[str, int], **opt
     try:
         await asyncio.gather(*(_stream(engine, _request(f"w{i}", p, 8))
                                for i, p in enumerate(gm.random_prompts(batch, prompt, vocab, 1))))
-        _, arrivals, _ = await _stream(engine, _request("itl", gm.random_prompts(1, prompt, vocab, 2)[0], 65))
+        itl_prompt = gm.random_prompts(1, prompt, vocab, 2)[0]
+        # the first token's arrival and the first gap (its step's start) are not timed
+        _, arrivals, _ = await _stream(engine, _request("itl", itl_prompt, sizes.get("gaps", 63) + 2))
         gaps = [b - a for a, b in zip(arrivals[1:], arrivals[2:])]
         res["decode_b1_itl_ms"] = statistics.median(gaps) * 1e3
         prompts = gm.random_prompts(batch, prompt, vocab, 3)

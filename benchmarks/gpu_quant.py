@@ -12,9 +12,12 @@ Phases (each one's result, or its traceback, lands in DIR/gpu_quant.json as it e
                    cuBLAS bf16 vs FP8 tensor cores with per-token activation quantization (runtime/native/models/fp8.py);
                    INT4 (AWQ-style, groups of 128, runtime/native/cuda/int4.py): the one-token GEMV against its
                    weight-bytes floor (half a byte a weight, 3 bytes a group's zero point and scale) and the 256-row GEMM
-  bf16, fp8        NativeEngine (CUDA graphs) over the 8B shape: batch-1 decode inter-token gap against the step's
-                   weight-bytes floor (gpu_families.floor_bytes: FP8 weights count 1 byte, their scales 4 per row),
-                   and 256 requests of 128 in / 128 out, output tok/s; `fp8_vs_bf16` the throughput ratio
+  bf16, fp8, int4  NativeEngine (CUDA graphs) over the 8B shape: batch-1 decode inter-token gap against the step's
+                   weight-bytes floor (gpu_families.floor_bytes: FP8 weights count 1 byte, their scales 4 per row;
+                   INT4 half a byte, 3 bytes a group), and 256 requests of 128 in / 128 out, output tok/s;
+                   `fp8_vs_bf16` and `int4_vs_bf16` the throughput ratios. INT4: every decoder projection kept packed
+                   as an AWQ checkpoint's are on CUDA, with random nibbles, zero points and scales (a checkpoint's
+                   speed does not depend on its values)
 """
 
 from __future__ import annotations
@@ -98,11 +101,29 @@ def _int4_figures(weight: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, cop
     return figures
 
 
+def random_int4_model(path: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
+                      context_window: int | None = None, quantization: str = "none") -> Any:
+    """gpu_families.random_model with every decoder projection in the INT4 form an AWQ checkpoint is kept in on CUDA
+    (int4_checkpoint.to_int4_form, groups of INT4_GROUP), filled at random on the device."""
+    from runtime.native.models.int4_checkpoint import to_int4_form
+    from runtime.native.models.linear import Linear
+
+    model = gf.random_model(path, dtype, device, context_window, quantization)
+    gen = torch.Generator(device=device).manual_seed(1)
+    for name, module in model.named_modules():
+        if isinstance(module, Linear) and ".layers." in name and module.weight is not None:
+            to_int4_form(module, max(1, module.in_features // INT4_GROUP))  # the smoke shapes: one group
+            module.qweight.random_(-2**31, 2**31 - 1, generator=gen)
+            module.qzeros.random_(0, 16, generator=gen)
+            module.qscales.uniform_(0.002, 0.006, generator=gen)
+    return model
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--skip", default="", help="comma-separated phases to leave out: kernels, bf16, fp8")
+    parser.add_argument("--skip", default="", help="comma-separated phases to leave out: kernels, bf16, fp8, int4")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and loads: the code runs, nothing more")
     args = parser.parse_args(argv)
     import runtime.native.core_loader
@@ -120,18 +141,21 @@ def main(argv: list[str] | None = None) -> int:
         record("kernels", lambda: kernel_figures(args.device, SMOKE_SHAPES if args.smoke else SHAPES, bandwidth,
                                                  0 if args.smoke else MIN_BYTES))
     folder = gf.write_config(args.out / "llama-3.1-8b", model_type, shape)
-    for quantization in ("bf16", "fp8"):
+    for quantization in ("bf16", "fp8", "int4"):
         if quantization in skip:
             continue
+        runtime.native.core_loader.load_model = random_int4_model if quantization == "int4" else gf.random_model
         figures = record(quantization, lambda: asyncio.run(gf.engine_figures(
             folder, args.device, sizes, quantization="fp8" if quantization == "fp8" else "none")))
         if "error" not in figures and isinstance(bandwidth, float):
             figures["floor_b1_ms"] = figures["floor_bytes"] / (bandwidth * 1e12) * 1e3
             figures["vs_floor"] = figures["decode_b1_itl_ms"] / figures["floor_b1_ms"]
     key = f"throughput_{sizes['batch']}_tok_s"
-    if key in results.get("fp8", {}) and key in results.get("bf16", {}):
-        results["fp8_vs_bf16"] = results["fp8"][key] / results["bf16"][key]
-        results["b1_fp8_vs_bf16"] = results["fp8"]["decode_b1_itl_ms"] / results["bf16"]["decode_b1_itl_ms"]
+    for quantized in ("fp8", "int4"):
+        if key in results.get(quantized, {}) and key in results.get("bf16", {}):
+            results[f"{quantized}_vs_bf16"] = results[quantized][key] / results["bf16"][key]
+            results[f"b1_{quantized}_vs_bf16"] = (results[quantized]["decode_b1_itl_ms"]
+                                                  / results["bf16"]["decode_b1_itl_ms"])
     phases.write()
     return 1 if phases.failed else 0
 

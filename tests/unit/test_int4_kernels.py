@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 
 pytest.importorskip("triton")
-from runtime.native import core_loader
 from runtime.native.models import int4_checkpoint, load_model
 from runtime.native.models.int4_checkpoint import (
     dequantize_awq,
@@ -80,8 +79,6 @@ async def test_a_model_kept_in_int4_serves_its_dequantized_models_greedy_ids(
     """The projections kept packed (as on CUDA; here forced, the kernels in the interpreter) go through Linear's INT4
     path: prefill through the GEMM, each decode step through the GEMV (an MoE's experts are dequantized)."""
     monkeypatch.setattr(int4_checkpoint, "keeps_int4", lambda device: True)
-    if not torch.cuda.is_available():  # the CPU's own weight forms (cpu_weights.py) never meet a kept INT4 Linear
-        monkeypatch.setattr(core_loader, "prepare_cpu_weights", lambda weights, quantization: 0)
     quantized, plain = write_int4_checkpoint(build_tiny_model(tmp_path, arch), tmp_path, layout)  # type: ignore[arg-type]
     model = load_model(str(quantized), device=DEVICE)
     kept = [name for name, _ in model.named_parameters() if name.endswith(".qweight")]
@@ -97,8 +94,6 @@ async def test_a_lora_adapter_adds_its_updates_to_the_int4_product(tmp_path: Pat
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """An adapter on every projection of a model kept in INT4 gives PEFT's greedy ids over the dequantized model."""
     monkeypatch.setattr(int4_checkpoint, "keeps_int4", lambda device: True)
-    if not torch.cuda.is_available():  # as above
-        monkeypatch.setattr(core_loader, "prepare_cpu_weights", lambda weights, quantization: 0)
     quantized, plain = write_int4_checkpoint(build_tiny_model(tmp_path, "llama"), tmp_path, "awq")
     adapter = make_peft_adapter(plain, tmp_path / "adapter", LORA_TARGETS, r=4, alpha=8, seed=1)
     prompt = [7, 7, 90, 200, 11, 64, 3]

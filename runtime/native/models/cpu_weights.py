@@ -196,7 +196,9 @@ def prepare_cpu_weights(model: nn.Module, quantization: Quantization) -> int:
 
     added = 0
     head_module = getattr(model, "lm_head", None)
-    for linear in [m for m in model.modules() if isinstance(m, Linear) and m is not head_module]:
+    # projections kept in INT4 (int4_checkpoint.keeps_int4) have no plain weight and run their own kernels
+    linears = [m for m in model.modules() if isinstance(m, Linear) and m is not head_module and m.weight is not None]
+    for linear in linears:
         form = cpu_weight(linear.weight, quantization)
         linear.cpu_weight = form if _bytes(form) else None  # nothing faster than F.linear (float32, no quantization)
         added += _bytes(form)
