@@ -11,7 +11,8 @@ Phases (each one's result, or its traceback, lands in DIR/gpu_quant.json as it e
                    tiles (FP8 rows are half the bytes: the bf16 tile table may not suit them); and a 256-row product,
                    cuBLAS bf16 vs FP8 tensor cores with per-token activation quantization (runtime/native/models/fp8.py);
                    INT4 (AWQ-style, groups of 128, runtime/native/cuda/int4.py): the one-token GEMV against its
-                   weight-bytes floor (half a byte a weight, 3 bytes a group's zero point and scale) and the 256-row GEMM
+                   weight-bytes floor (half a byte a weight, 3 bytes a group's zero point and scale) and the 256-row GEMM,
+                   each also at a few other tiles (int4.GEMV_TILE, GEMM_TILE)
   bf16, fp8, int4  NativeEngine (CUDA graphs) over the 8B shape: batch-1 decode inter-token gap against the step's
                    weight-bytes floor (gpu_families.floor_bytes: FP8 weights count 1 byte, their scales 4 per row;
                    INT4 half a byte, 3 bytes a group), and 256 requests of 128 in / 128 out, output tok/s;
@@ -39,6 +40,8 @@ from benchmarks.gpu_bench import bandwidth_tb_s
 # the 8B's projections as (out, in): q/k/v, o, gate/up, down
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 SMOKE_SHAPES = {"qkv": (96, 128), "o": (128, 128), "gate_up": (256, 128), "down": (128, 256)}  # INT4: K of 128 groups
+INT4_GEMV_TILES = [(8, 256, 4), (16, 256, 4), (32, 256, 4), (16, 512, 8), (32, 512, 8), (64, 256, 8)]  # int4.GEMV_TILE
+INT4_GEMM_TILES = [(64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3), (256, 64, 8, 3), (128, 64, 8, 4)]  # GEMM_TILE
 FP8_TILES = [(4, 2048, 4), (8, 2048, 8), (8, 4096, 8), (16, 1024, 4), (16, 2048, 8)]  # (BLOCK_N, BLOCK_K, warps)
 ROWS = 256
 INT4_GROUP = 128
@@ -83,6 +86,7 @@ def _int4_figures(weight: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, cop
                   ) -> dict[str, Any]:
     """The INT4 GEMV and GEMM on `weight` quantized round to nearest in groups of INT4_GROUP (on the CPU, once: the
     copies are clones), and the GEMV's error against the reference dequantization."""
+    from runtime.native.cuda import int4
     from runtime.native.cuda.int4 import int4_linear
     from runtime.native.models.int4_checkpoint import dequantize, kernel_layout, quantize_rtn
 
@@ -98,6 +102,13 @@ def _int4_figures(weight: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, cop
                "int4_us": per_call_us(lambda i: int4_linear(x, *stored[i]), copies), "int4_floor_us": floor_us,
                f"rows_{ROWS}_int4_us": per_call_us(lambda i: int4_linear(rows, *stored[i]), copies)}
     figures["int4_vs_floor"] = figures["int4_us"] / floor_us
+    for name, tiles, inputs in (("GEMV_TILE", INT4_GEMV_TILES, x), ("GEMM_TILE", INT4_GEMM_TILES, rows)):
+        chosen = getattr(int4, name)
+        for tile in tiles:
+            setattr(int4, name, tile)
+            figures["int4_{}_{}_us".format(name[:4].lower(), "x".join(map(str, tile)))] = per_call_us(
+                lambda i: int4_linear(inputs, *stored[i]), copies)
+        setattr(int4, name, chosen)
     return figures
 
 

@@ -1,10 +1,12 @@
 """Products with INT4 weight-only weights (AWQ/GPTQ, runtime/native/models/int4_checkpoint.py) that dequantize in
 registers: a GEMV for one-token steps and a tiled GEMM (tensor cores through tl.dot) for steps of several rows.
 
-Both read one layout, to which the loader repacks either format (int4_checkpoint.py's `kernel_layout`): output-major, so fused parts stack along
-dim 0 as 16-bit weights do. `qweight` int32 [N, K/8], input column 8i + j of row n in bits 4j of qweight[n, i];
-`scales` [N, K/group] in the activations' dtype; `zeros` uint8 [N, K/group] (the true zero points, 0..15). Groups are
-contiguous runs of input columns (GPTQ's act-order checkpoints are dequantized at load instead). W[n, k] = (q[n, k] - zeros[n, k // group]) * scales[...].
+Both read one layout, to which the loader repacks either format (int4_checkpoint.py's `kernel_layout`):
+output-major, so fused parts stack along dim 0 as 16-bit weights do. `qweight` int32 [N, K/8], input column 8i + j of
+row n in bits 4j of qweight[n, i]; `scales` [N, K/group] in the activations' dtype; `zeros` uint8 [N, K/group] (the
+true zero points, 0..15). Groups are contiguous runs of a power of 2 (at least 16) input columns; GPTQ's act-order
+checkpoints and other groups are dequantized at load (int4_checkpoint.kernel_group).
+W[n, k] = (q[n, k] - zeros[n, k // group]) * scales[n, k // group].
 """
 
 from __future__ import annotations
@@ -15,31 +17,31 @@ import triton.language as tl
 
 
 @triton.jit
-def _dequantized_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, cols, col_mask, K: tl.constexpr, GROUPS: tl.constexpr,
-                      GROUP: tl.constexpr):
-    """W[rows, cols] in float32, [BLOCK_N, BLOCK_K], from the packed values (each int32 read once per nibble: the
-    repeated loads hit the cache)."""
-    mask = row_mask[:, None] & col_mask[None, :]
-    packed = tl.load(q_ptr + rows.to(tl.int64)[:, None] * (K // 8) + (cols // 8)[None, :], mask=mask, other=0)
-    q = (packed >> ((cols % 8) * 4)[None, :]) & 0xF
-    group = rows.to(tl.int64)[:, None] * GROUPS + (cols // GROUP)[None, :]
-    zero = tl.load(z_ptr + group, mask=mask, other=0).to(tl.float32)
-    scale = tl.load(s_ptr + group, mask=mask, other=0.0).to(tl.float32)
-    return (q.to(tl.float32) - zero) * scale
+def _nibbles(q_ptr, rows, row_mask, word, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """q[rows, 8 * word : 8 * word + BLOCK_K] as int32 [BLOCK_N, BLOCK_K]: each packed int32 read once, its eight
+    nibbles split by shifts (input column 8i + j is bits 4j of word i)."""
+    words = word + tl.arange(0, BLOCK_K // 8)
+    packed = tl.load(q_ptr + rows.to(tl.int64)[:, None] * (K // 8) + words[None, :], mask=row_mask[:, None], other=0)
+    q = (packed[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF
+    return tl.reshape(q, [rows.shape[0], BLOCK_K])
 
 
 @triton.jit
 def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, N, K: tl.constexpr, GROUPS: tl.constexpr,
                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[rows] = sum over groups g of scale[g] * (q[g] . x[g] - zero[g] * sum x[g]): the zero points and scales are
+    applied once per group, not per weight. BLOCK_K is a multiple of GROUP and divides K."""
+    PER: tl.constexpr = BLOCK_K // GROUP  # groups per chunk
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
-    offs = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc = tl.zeros([BLOCK_N, PER], tl.float32)
     for k in range(0, K, BLOCK_K):
-        cols = k + offs
-        col_mask = cols < K
-        w = _dequantized_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, cols, col_mask, K, GROUPS, GROUP)
-        acc += w * tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        q = tl.reshape(_nibbles(q_ptr, rows, row_mask, k // 8, K, BLOCK_K), [BLOCK_N, PER, GROUP]).to(tl.float32)
+        x = tl.reshape(tl.load(x_ptr + k + tl.arange(0, BLOCK_K)).to(tl.float32), [PER, GROUP])
+        group = rows.to(tl.int64)[:, None] * GROUPS + (k // GROUP + tl.arange(0, PER))[None, :]
+        zero = tl.load(z_ptr + group, mask=row_mask[:, None], other=0).to(tl.float32)
+        scale = tl.load(s_ptr + group, mask=row_mask[:, None], other=0.0).to(tl.float32)
+        acc += scale * (tl.sum(q * x[None, :, :], axis=2) - zero * tl.sum(x, axis=1)[None, :])
     tl.store(out_ptr + rows, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
@@ -47,21 +49,38 @@ def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, N, K: tl.constexpr, G
 def _int4_gemm_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, M, N, K: tl.constexpr, GROUPS: tl.constexpr,
                       GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       PRECISION: tl.constexpr):
+    """Tensor-core tiles: each weight tile dequantized once in registers (BLOCK_K divides GROUP: one zero point and
+    scale per row of the tile) for BLOCK_M tokens."""
     dtype = x_ptr.dtype.element_ty
     tokens = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     token_mask, row_mask = tokens < M, rows < N
-    offs = tl.arange(0, BLOCK_K)
+    cols = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k in range(0, K, BLOCK_K):
-        cols = k + offs
-        col_mask = cols < K
-        x = tl.load(x_ptr + tokens.to(tl.int64)[:, None] * K + cols[None, :],
-                    mask=token_mask[:, None] & col_mask[None, :], other=0.0)
-        w = _dequantized_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, cols, col_mask, K, GROUPS, GROUP)
-        acc += tl.dot(x, tl.trans(w.to(dtype)), input_precision=PRECISION, out_dtype=tl.float32)
+        x = tl.load(x_ptr + tokens.to(tl.int64)[:, None] * K + (k + cols)[None, :], mask=token_mask[:, None], other=0.0)
+        group = rows.to(tl.int64) * GROUPS + k // GROUP
+        zero = tl.load(z_ptr + group, mask=row_mask, other=0).to(tl.float32)
+        scale = tl.load(s_ptr + group, mask=row_mask, other=0.0).to(tl.float32)
+        q = _nibbles(q_ptr, rows, row_mask, k // 8, K, BLOCK_K).to(tl.float32)
+        w = ((q - zero[:, None]) * scale[:, None]).to(dtype)
+        acc += tl.dot(x, tl.trans(w), input_precision=PRECISION, out_dtype=tl.float32)
     tl.store(out_ptr + tokens.to(tl.int64)[:, None] * N + rows[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=token_mask[:, None] & row_mask[None, :])
+
+
+def _chunk(k: int, group: int, most: int) -> int:
+    """The GEMV's K chunk: the most whole groups, up to `most` columns, that divide K."""
+    chunk = group
+    while chunk * 2 <= most and k % (chunk * 2) == 0:
+        chunk *= 2
+    return chunk
+
+
+# (BLOCK_N, most columns a chunk, warps) of the GEMV; the GEMM's (BLOCK_N, BLOCK_K, warps, stages) and its BLOCK_M
+# by the number of rows. benchmarks/gpu_quant.py measures others (tiles for the H200: that run's table)
+GEMV_TILE = (16, 256, 4)
+GEMM_TILE = (128, 64, 4, 3)
 
 
 def int4_linear(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
@@ -70,16 +89,19 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, sca
     (full float32 products for float32 x, the reference math). One row takes the GEMV, more the GEMM."""
     m, k = x.shape
     n, groups = scales.shape
-    assert qweight.shape == (n, k // 8) and k % 8 == 0 and x.is_contiguous()
+    group = k // groups
+    assert qweight.shape == (n, k // 8) and group * groups == k and x.is_contiguous()
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    shape = dict(K=k, GROUPS=groups, GROUP=k // groups)
+    shape = dict(K=k, GROUPS=groups, GROUP=group)
     if m == 1:
-        block_n = 8
+        block_n, most, warps = GEMV_TILE
         _int4_gemv_kernel[(triton.cdiv(n, block_n),)](x, qweight, zeros, scales, out, n, **shape, BLOCK_N=block_n,
-                                                      BLOCK_K=min(256, triton.next_power_of_2(k)))
+                                                      BLOCK_K=_chunk(k, group, most), num_warps=warps)
     else:
-        block_m, block_n = 16, 64
+        block_n, block_k, warps, stages = GEMM_TILE
+        block_m = 16 if m <= 16 else 32 if m <= 32 else 64
         _int4_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
             x, qweight, zeros, scales, out, m, n, **shape, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_K=min(64, triton.next_power_of_2(k)), PRECISION="ieee" if x.dtype == torch.float32 else "tf32")
+            BLOCK_K=min(block_k, group), PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps,
+            num_stages=stages)
     return out if bias is None else out + bias

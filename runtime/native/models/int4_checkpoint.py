@@ -126,6 +126,11 @@ def to_int4_form(linear: Linear, groups: int) -> None:
     linear.qscales = nn.Parameter(torch.empty(out, groups, dtype=dtype, device=device), requires_grad=False)
 
 
+def kernel_group(group: int) -> bool:
+    """Whether runtime/native/cuda/int4.py's kernels take groups of `group` input columns (else: dequantized)."""
+    return group >= 16 and group & (group - 1) == 0
+
+
 def keeps_int4(device: torch.device) -> bool:
     """Whether INT4 weights stay packed for the Triton kernels (CUDA) rather than dequantized at load."""
     return device.type == "cuda"
@@ -163,8 +168,9 @@ class Int4Reader:
                 linear = self.model.get_submodule(module_name)
             except AttributeError:  # a part of another module (stacked experts): dequantized
                 continue
-            if isinstance(linear, Linear) and found in ({None}, set(linear.part_names)):
-                to_int4_form(linear, linear.in_features // group_size(self.config, linear.in_features))
+            group = group_size(self.config, linear.in_features) if isinstance(linear, Linear) else 0
+            if isinstance(linear, Linear) and found in ({None}, set(linear.part_names)) and kernel_group(group):
+                to_int4_form(linear, linear.in_features // group)
                 kept.add(module_name)
         return kept
 
