@@ -15,6 +15,8 @@ import torch
 
 from runtime.architectures import UnsupportedArchitectureError
 from runtime.native.models import load_model
+from runtime.native.models.cpu_weights import prepare_cpu_weights, quantize_int4
+from runtime.native.models.linear import Linear
 from runtime.native.models.int4_checkpoint import (
     AWQ_ORDER,
     dequantize_awq,
@@ -76,6 +78,31 @@ async def test_an_int4_moe_checkpoint_serves_its_dequantized_models_greedy_ids(r
     quantized, plain = write_int4_checkpoint(build_tiny_model(root, "qwen3_moe"), root, "gptq")
     async with running_engine(quantized) as engine:
         out = await collect(engine, request("int4-moe", PROMPT, 12))
+    assert out.tokens[0] == hf_greedy(load_hf(plain), PROMPT, 12)
+
+
+@pytest.mark.parametrize(("layout", "group"), [("awq", 64), ("gptq", 32)])
+def test_cpu_int4_keeps_the_checkpoints_own_4_bit_values(root: Path, layout: str, group: int) -> None:
+    """--cpu-quantization int4 on an AWQ/GPTQ checkpoint serves the stored values (to float32 rounding), where
+    quantizing the dequantized weight again in groups of 32 would move them."""
+    quantized, plain = write_int4_checkpoint(build_tiny_model(root, "llama-untied"), root, layout, group=group)
+    ours, reference = load_model(str(quantized)), dict(load_model(str(plain)).named_parameters())
+    weights = {name: module.weight.detach().clone() for name, module in ours.named_modules()
+               if isinstance(module, Linear) and module.int4_grid is not None}
+    assert len(weights) == 2 * 4  # qkv, o, gate_up, down in each of 2 layers (the output head is not INT4)
+    prepare_cpu_weights(ours, "int4")
+    for name, weight in weights.items():
+        form = ours.get_submodule(name).cpu_weight
+        torch.testing.assert_close(form.quantized.dequantize(), reference[f"{name}.weight"], rtol=1e-6, atol=1e-7)
+        assert not torch.allclose(quantize_int4(weight).dequantize(), weight, rtol=1e-6, atol=1e-7)  # requantized
+
+
+@pytest.mark.parametrize(("layout", "group"), [("awq", 64), ("gptq", 32)])
+async def test_an_int4_checkpoint_under_cpu_int4_serves_its_dequantized_models_greedy_ids(
+        root: Path, layout: str, group: int) -> None:
+    quantized, plain = write_int4_checkpoint(build_tiny_model(root, "llama-untied"), root, layout, group=group)
+    async with running_engine(quantized, cpu_quantization="int4") as engine:
+        out = await collect(engine, request(layout, PROMPT, 12))
     assert out.tokens[0] == hf_greedy(load_hf(plain), PROMPT, 12)
 
 

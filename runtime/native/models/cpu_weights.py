@@ -19,7 +19,8 @@ DRAM as in a real step, RESULTS.md 2026-11-26), milliseconds of matrix products 
   prepacked bf16 weight serves the rest (prefills, busy decode steps). A request's greedy tokens may then
   depend on how many others decode beside it: the quantized and bf16 products round apart.
 - int4 requantizes each weight; for a checkpoint that was Q4_1 (the default model's projections) that
-  recovers the file's own 4-bit values, up to rounding the scales to bf16. The output head of a tied
+  recovers the file's own 4-bit values, up to rounding the scales to bf16. AWQ and GPTQ checkpoints (groups of a
+  multiple of 32 inputs, no act-order) keep their own 4-bit values: the loader hands over their grid. The output head of a tied
   embedding is often kept at 8 bits in GGUF files, so int4 quantizes the head to int8.
 """
 
@@ -126,15 +127,20 @@ def int4_fits(weight: torch.Tensor) -> bool:
     return weight.shape[1] % INT4_GROUP == 0
 
 
-def quantize_int4(weight: torch.Tensor) -> Int4Weight:
-    """Asymmetric int4 per group of INT4_GROUP inputs: each group's minimum maps to 0, its maximum to 15."""
+def quantize_int4(weight: torch.Tensor, grid: tuple[torch.Tensor, torch.Tensor] | None = None) -> Int4Weight:
+    """Asymmetric int4 per group of INT4_GROUP inputs: each group's minimum maps to 0, its maximum to 15; or, given
+    the `grid` an INT4 checkpoint stored the weight on (scale and offset [out, in / INT4_GROUP], Linear.int4_grid),
+    the stored 4-bit values themselves."""
     w = _padded(weight.detach().float())
     out, inputs = w.shape
     w = w.view(out, inputs // INT4_GROUP, INT4_GROUP)
-    low, high = w.amin(dim=-1), w.amax(dim=-1)
-    scale = ((high - low) / 15).clamp(min=1e-12)
-    q = torch.round((w - low[..., None]) / scale[..., None]).clamp(0, 15).to(torch.uint8).view(out, inputs)
-    offset = low + 8 * scale  # the kernel computes (q - 8) * scale + offset
+    if grid is None:
+        low, high = w.amin(dim=-1), w.amax(dim=-1)
+        scale = ((high - low) / 15).clamp(min=1e-12)
+        offset = low + 8 * scale  # the kernel computes (q - 8) * scale + offset
+    else:
+        scale, offset = _padded(grid[0].float()).clamp(min=1e-12), _padded(grid[1].float())
+    q = torch.round((w - offset[..., None]) / scale[..., None] + 8).clamp(0, 15).to(torch.uint8).view(out, inputs)
     tiles = out // TILE
     q = q.view(tiles, TILE, inputs // 4, 2, 2).permute(0, 2, 1, 3, 4)  # [tile, quad, row, high, e]
     packed = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).reshape(tiles, inputs // 4, 2 * TILE).contiguous()
@@ -168,12 +174,13 @@ def can_prepack(weight: torch.Tensor) -> bool:
     return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
 
 
-def cpu_weight(weight: torch.Tensor, quantization: Quantization, head: bool = False) -> CpuWeight:
+def cpu_weight(weight: torch.Tensor, quantization: Quantization, head: bool = False,
+               grid: tuple[torch.Tensor, torch.Tensor] | None = None) -> CpuWeight:
     """The CPU forms of `weight`. int4 serves every row count on its own, an output head (`head`) at int8 (see the
-    module docstring); int8 serves few rows beside prepacked bf16."""
+    module docstring), on an INT4 checkpoint's `grid` where it has one; int8 serves few rows beside prepacked bf16."""
     form = CpuWeight()
     if quantization == "int4" and (head or int4_fits(weight)):
-        form.quantized = quantize_int8(weight) if head else quantize_int4(weight)
+        form.quantized = quantize_int8(weight) if head else quantize_int4(weight, grid)
         form.max_rows = MAX_ROWS["int4"]
         return form
     if can_prepack(weight):
@@ -199,7 +206,8 @@ def prepare_cpu_weights(model: nn.Module, quantization: Quantization) -> int:
     # projections kept in INT4 (int4_checkpoint.keeps_int4) have no plain weight and run their own kernels
     linears = [m for m in model.modules() if isinstance(m, Linear) and m is not head_module and m.weight is not None]
     for linear in linears:
-        form = cpu_weight(linear.weight, quantization)
+        form = cpu_weight(linear.weight, quantization, grid=linear.int4_grid)
+        linear.int4_grid = None
         linear.cpu_weight = form if _bytes(form) else None  # nothing faster than F.linear (float32, no quantization)
         added += _bytes(form)
         if serves_alone(form):

@@ -152,6 +152,9 @@ class Int4Reader:
         self.kept = self._keep_int4(files) if keeps_int4(device) and not config.get("desc_act") else set()
         self.dequantized = 0
         self._held: dict[str, dict[str, torch.Tensor]] = {}
+        # the dequantized projections' 4-bit grids, by our Linear and its part: what --cpu-quantization int4 reads
+        # to take the stored values as they are (cpu_weights.quantize_int4) rather than quantize them again
+        self._grids: dict[str, dict[str | None, tuple[torch.Tensor, torch.Tensor]]] = {}
 
     def _keep_int4(self, files: list[Path]) -> set[str]:
         """Our Linears whose every part is INT4 in the file, turned into INT4 form; their module names."""
@@ -203,12 +206,46 @@ class Int4Reader:
             qweight, qzeros, qscales = kernel_layout(q, zeros, scales, self.dtype)
             return [(f"{module}.qweight", qweight), (f"{module}.qzeros", qzeros), (f"{module}.qscales", qscales)]
         self.dequantized += 1
+        self._keep_grid(module, q.shape[0], zeros, scales, groups)
         return [(f"{module}.weight", dequantize(q, zeros, scales, groups).to(self.dtype))]
+
+    def _keep_grid(self, module: str, inputs: int, zeros: torch.Tensor, scales: torch.Tensor,
+                   groups: torch.Tensor) -> None:
+        """Remember a dequantized projection's grid on the CPU's int4 groups (cpu_weights.INT4_GROUP inputs): scale
+        and offset [out, inputs / INT4_GROUP] with weight = (q - 8) * scale + offset, when each of those groups lies
+        in one stored group (contiguous groups of a multiple of INT4_GROUP)."""
+        from runtime.native.models.cpu_weights import INT4_GROUP
+
+        group = inputs // scales.shape[0]
+        target = self.model.checkpoint_target(f"{module}.weight")
+        linear_name = target[0].removesuffix(".weight") if target is not None else ""
+        if (not isinstance(self._module(linear_name), Linear) or group % INT4_GROUP
+                or group * scales.shape[0] != inputs or not torch.equal(groups, torch.arange(inputs) // group)):
+            return  # (stacked MoE experts are parameters, not Linears)
+        scale = scales.float().t().repeat_interleave(group // INT4_GROUP, dim=1)
+        offset = ((8 - zeros).float().t() * scales.float().t()).repeat_interleave(group // INT4_GROUP, dim=1)
+        self._grids.setdefault(linear_name, {})[target[1]] = (scale, offset)
+
+    def _module(self, name: str) -> nn.Module | None:
+        try:
+            return self.model.get_submodule(name) if name else None
+        except AttributeError:
+            return None
+
+    def _attach_grids(self) -> None:
+        """Give each Linear whose every part was read with a grid its `int4_grid` (the parts in the Linear's order)."""
+        for name, parts in self._grids.items():
+            linear = self.model.get_submodule(name)
+            order: tuple[str | None, ...] = (None,) if set(parts) == {None} else linear.part_names
+            if set(parts) == set(order):
+                linear.int4_grid = tuple(torch.cat([parts[p][i] for p in order]) for i in (0, 1))
+        self._grids.clear()
 
     def finish(self) -> None:
         """After the last tensor: the log line (and an error naming projections missing packed tensors)."""
         if self._held:
             raise ValueError(f"INT4 weights missing packed tensors in the checkpoint: {', '.join(sorted(self._held))}")
+        self._attach_grids()
         if self.kept:
             logger.info("%s INT4 checkpoint: %d projections kept in INT4 (Triton kernels)%s", self.method.upper(),
                         len(self.kept), f", {self.dequantized} dequantized to {self.dtype}" if self.dequantized else "")

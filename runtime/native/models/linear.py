@@ -52,6 +52,9 @@ class Linear(nn.Module):
         self.register_parameter("qweight", None)
         self.register_parameter("qzeros", None)
         self.register_parameter("qscales", None)
+        # an INT4 checkpoint's grid on CPU (int4_checkpoint.py): scale and offset per 32 inputs, so that
+        # --cpu-quantization int4 keeps the stored 4-bit values; dropped once the CPU forms are made
+        self.int4_grid: tuple[torch.Tensor, torch.Tensor] | None = None
         self.delta: Delta | None = None
         self.cpu_weight: CpuWeight | None = None  # prepacked and quantized forms on CPU (prepare_cpu_weights)
 
