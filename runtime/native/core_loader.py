@@ -113,16 +113,18 @@ def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhas
     proposer = load_proposer(cfg, serving_demo=cfg.model == DEMO, tokenizer=tokenizer, vocab_size=spec.vocab_size,
                              dtype=dtype, device=device)
     activations = runner.profile_activation_bytes(cfg.max_num_tokens, cfg.max_batch_size, window)
-    bytes_per_token = kv_cache_bytes_per_token(spec, dtype)
+    kv_dtype = torch.float8_e4m3fn if cfg.kv_cache_dtype == "fp8" else dtype
+    bytes_per_token = kv_cache_bytes_per_token(spec, kv_dtype)
     bytes_per_token += getattr(proposer, "kv_bytes_per_token", 0)  # a draft model's cache gets as many blocks
     blocks = num_kv_blocks(cfg, bytes_per_token, window, device, activations)
     # a compiled step on CPU pays with --cpu-quantization or float32 (not against the prepacked bf16 products,
     # which inductor cannot call: 45 vs 52 ms a SmolLM2 step on the 2-core box, RESULTS.md); it is warmed up
     # in one more block, which the block manager never hands out
-    native = device.type == "cpu" and cfg.cpu_compile and supports(weights) is None
-    compile_steps = (device.type == "cpu" and cfg.cpu_compile and not native and
-                     (quantization != "none" or dtype != torch.bfloat16))
-    runner.allocate_kv_cache(blocks + compile_steps)
+    # the CPU's C++ and compiled steps read 16- or 32-bit caches: an FP8 cache runs eager over the reference attention
+    cpu_steps = device.type == "cpu" and cfg.cpu_compile and kv_dtype == dtype
+    native = cpu_steps and supports(weights) is None
+    compile_steps = cpu_steps and not native and (quantization != "none" or dtype != torch.bfloat16)
+    runner.allocate_kv_cache(blocks + compile_steps, kv_dtype)
     # a speculative step brings 1 + num_draft_tokens rows per sequence
     decode_rows = cfg.max_batch_size * (1 + (cfg.num_draft_tokens if proposer is not None else 0))
     max_blocks = -(-window // cfg.kv_block_size)
@@ -133,7 +135,7 @@ def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhas
     if native:  # its kernels are built: it serves from the first step
         use_cpu_kernels(True)
         runner.graphs = NativeDecode(weights, runner.kv_caches, cfg.kv_block_size, max_blocks, lora.batch)
-    elif device.type == "cpu" and cfg.cpu_compile:
+    elif cpu_steps:
         cpu_warm_up = CpuWarmUp(runner, phases, compile_steps, max_blocks, scratch_block=blocks, stopping=stopping)
     if device.type == "cpu":
         steps = ("C++ decode steps" if native else "compiled one-stream steps (built in the background)"

@@ -52,7 +52,8 @@ def num_kv_blocks(
             f"({context_window}); raise max_kv_tokens / kv_cache_fraction or lower max_model_len"
         )
     logger.info(
-        "KV cache: %d blocks x %d tokens = %d tokens, %.1f MiB (%s)",
+        "KV cache%s: %d blocks x %d tokens = %d tokens, %.1f MiB (%s)",
+        " (FP8)" if config.kv_cache_dtype == "fp8" else "",
         blocks, block_size, blocks * block_size, blocks * bytes_per_block / 2**20, source,
     )
     return blocks

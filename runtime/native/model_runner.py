@@ -135,9 +135,10 @@ class ModelRunner:
 
             enable_cuda_kernels(model)
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
-        """Allocate the paged cache (in the model's dtype); call once, after profiling."""
-        self.kv_caches = allocate_kv_cache(self.model.spec, num_blocks, self.block_size, self.dtype, self.device)
+    def allocate_kv_cache(self, num_blocks: int, dtype: torch.dtype | None = None) -> None:
+        """Allocate the paged cache (in `dtype`, default the model's); call once, after profiling."""
+        self.kv_caches = allocate_kv_cache(self.model.spec, num_blocks, self.block_size, dtype or self.dtype,
+                                           self.device)
 
     def capture_decode_graphs(self, max_rows: int, max_blocks_per_seq: int,
                               lora_version: Callable[[], int] = lambda: 0) -> None:

@@ -13,6 +13,7 @@ tests/fakes/trtllm_api_snapshot.json for the stored version read).
 | max_model_len | `max_seq_len` |
 | kv_cache_fraction / max_kv_tokens / enable_prefix_caching | KvCacheConfig free_gpu_memory_fraction / max_tokens / enable_block_reuse |
 | kv_block_size | KvCacheConfig.tokens_per_block (checkpoints; an engine's is fixed by trtllm-build) |
+| kv_cache_dtype=fp8 | KvCacheConfig.dtype="fp8" (checkpoints; an engine's is fixed when it is built: refused) |
 | scheduler_policy | SchedulerConfig(capacity_scheduler_policy=MAX_UTILIZATION / GUARANTEED_NO_EVICT) |
 | enable_chunked_prefill | `enable_chunked_prefill` |
 | lora_modules, max_lora_rank, max_loras, max_cpu_loras | LoraConfig(lora_dir, max_lora_rank, max_loras, max_cpu_loras, lora_target_modules) |
@@ -111,6 +112,11 @@ def llm_arguments(api: TrtllmApi, config: EngineConfig, folder: ModelFolder,
                               enable_block_reuse=config.enable_prefix_caching)
     if not folder.is_engine:
         kv["tokens_per_block"] = config.kv_block_size
+    if config.kv_cache_dtype == "fp8":  # KvCacheConfig.dtype: read by the PyTorch flow only
+        if folder.is_engine:
+            raise UnsupportedOptionError("kv_cache_dtype", BACKEND, "a TensorRT engine's KV cache dtype is set when "
+                                         "it is built (quantize.py --kv_cache_dtype fp8)")
+        kv["dtype"] = "fp8"
     policy = {"max_utilization": api.CapacitySchedulerPolicy.MAX_UTILIZATION,
               "guaranteed_no_evict": api.CapacitySchedulerPolicy.GUARANTEED_NO_EVICT}[config.scheduler_policy]
     sched: dict[str, Any] = dict(capacity_scheduler_policy=policy)

@@ -100,6 +100,17 @@ def test_extra_speculative_configs_pass_through(fake_trtllm, model_dir, tmp_path
     assert (kv.host_cache_size, kv.free_gpu_memory_fraction) == (1 << 20, 0.9)
 
 
+def test_an_fp8_kv_cache_reaches_a_checkpoints_kv_cache_config_and_is_refused_for_an_engine(
+        fake_trtllm, model_dir, tmp_path) -> None:
+    _, kw = arguments(EngineConfig(model=str(model_dir), backend="trtllm", kv_cache_dtype="fp8"))
+    assert kw["kv_cache_config"].dtype == "fp8"
+    assert arguments(EngineConfig(model=str(model_dir), backend="trtllm"))[1]["kv_cache_config"].dtype == "auto"
+    with pytest.raises(UnsupportedOptionError) as info:
+        arguments(EngineConfig(model=engine_folder(tmp_path), backend="trtllm", kv_cache_dtype="fp8"),
+                  tokenizer=str(model_dir))
+    assert info.value.param == "kv_cache_dtype" and "set when it is built" in info.value.message
+
+
 def test_speculation_the_folder_cannot_run_is_refused_at_start_up(fake_trtllm, model_dir, tmp_path) -> None:
     """TensorRT-LLM's DraftTarget and NGram configs support its PyTorch flow only, Medusa and Lookahead its
     TensorRT flow only (supports_backend): refused naming the option, before TensorRT-LLM starts."""

@@ -97,7 +97,7 @@ def cpu_paged_attention(
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The kernel for decode-only steps; the reference backend for everything else."""
-    if kv_cache is None or not meta.is_decode_only or not kernel_fits(q, k):
+    if kv_cache is None or not meta.is_decode_only or not kernel_fits(q, k) or kv_cache.dtype == torch.float8_e4m3fn:
         return torch_paged_attention(q, k, v, kv_cache, meta, scale, window, sinks)
     write_kv(k, v, kv_cache, meta.slot_mapping)
     out = torch.ops.trtllm_gateway_cpu.paged_decode_attention(  # (a compiled step's lengths are int64)

@@ -138,7 +138,7 @@ def _rope_decode_kernel(
     heads = kvh * GROUP + offs_g
     q = _rotate(q_ptr + b * stride_q + heads[:, None] * D, mask, cos, sin, partner, sign, dtype, q_norm_ptr, q_eps, D,
                 NORM, OFFSET, WEIGHT_F32)
-    q = (q.to(tl.float32) * scale).to(cache_ptr.dtype.element_ty)
+    q = (q.to(tl.float32) * scale).to(dtype)
     tl.debug_barrier()  # this program's K/V stores are seen by its loads below
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     out = attend_decode_group(q, heads, offs_g < GROUP, seq_len, cache_ptr, tables_ptr + b * stride_tb, kvh, v_offset,
@@ -210,7 +210,7 @@ def rope_decode_attention(positions: torch.Tensor, q: torch.Tensor, k: torch.Ten
         out.stride(0), tables.stride(0), window or 0, q if sinks is None else sinks, *norm_args,
         BLOCK_SIZE=block_size, HKV=kv_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=paged_attention.DECODE_BLOCK_N,
-        PRECISION=paged_attention.precision(kv_cache.dtype), num_warps=paged_attention.DECODE_NUM_WARPS,
+        PRECISION=paged_attention.precision(q.dtype), num_warps=paged_attention.DECODE_NUM_WARPS,
         PDL=pdl.ENABLED, WINDOWED=window is not None, SINKS=sinks is not None, **norm_options, **pdl.launch_options(),
     )
     return out

@@ -14,7 +14,8 @@ so a token's K (or V) for all KV heads is one contiguous row at `slot = block_id
   and the new tokens alike, from the paged cache (the new ones were stored first), causally. A tile
   past the sequence's new tokens (a prefill graph's padding, runtime/native/cuda/prefill_graphs.py) does nothing.
 Both kernels accumulate in float32; float32 models use IEEE (not TF32) dot products so greedy decoding
-matches an fp32 reference.
+matches an fp32 reference. An FP8 cache (--kv-cache-dtype fp8: E4M3, scale 1) is stored by the saturating cast and
+read back into the queries' dtype tile by tile.
 
 Sliding windows (WINDOWED, `window` keys a query sees) start a row's loop at the key tile holding its first visible
 key, so blocks before the window are not read; tiles stay aligned to multiples of BLOCK_N in both kernels (a row's
@@ -102,7 +103,7 @@ def attend_query_tile(
         block = tl.load(table_ptr + pos // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
         row = (block * BLOCK_SIZE + pos % BLOCK_SIZE) * HKV + kvh
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(cache_ptr + row[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(cache_ptr + row[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
         seen = n_mask[None, :]
         if CAUSAL:
@@ -115,7 +116,7 @@ def attend_query_tile(
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(cache_ptr + v_offset + row[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(cache_ptr + v_offset + row[:, None] * D + offs_d[None, :], mask=kv_mask, other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     if SINKS:
@@ -161,7 +162,7 @@ def _decode_kernel(
     mask = (offs_g < GROUP)[:, None] & (offs_d < D)[None, :]
     heads = kvh * GROUP + offs_g
     q = tl.load(q_ptr + b * stride_qt + heads[:, None] * stride_qh + offs_d[None, :], mask=mask, other=0.0)
-    q = (q.to(tl.float32) * scale).to(cache_ptr.dtype.element_ty)
+    q = (q.to(tl.float32) * scale).to(q_ptr.dtype.element_ty)
     out = attend_decode_group(q, heads, offs_g < GROUP, seq_len, cache_ptr, tables_ptr + b * stride_tb, kvh, v_offset,
                               window, sinks_ptr, BLOCK_G, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, WINDOWED,
                               SINKS)
@@ -192,7 +193,7 @@ def _prefill_kernel(
     mask = (offs_m < seq_len - context)[:, None] & (offs_d < D)[None, :]
     q = tl.load(q_ptr + (q_start + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
                 mask=mask, other=0.0)
-    q = (q.to(tl.float32) * scale).to(cache_ptr.dtype.element_ty)
+    q = (q.to(tl.float32) * scale).to(q_ptr.dtype.element_ty)
     q_pos = context + offs_m  # absolute positions: query i sees keys 0 .. q_pos[i]
     end = tl.minimum(seq_len, context + q_offset + BLOCK_M)
     end = tl.where(q_offset < seq_len - context, end, 0)  # a tile past the new tokens (graph padding) reads nothing
@@ -238,7 +239,7 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
         q if sinks is None else sinks,
         BLOCK_SIZE=block_size, HKV=kv_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=DECODE_BLOCK_N,
-        PRECISION=precision(kv_cache.dtype), num_warps=DECODE_NUM_WARPS, PDL=pdl.ENABLED,
+        PRECISION=precision(q.dtype), num_warps=DECODE_NUM_WARPS, PDL=pdl.ENABLED,
         WINDOWED=window is not None, SINKS=sinks is not None, **pdl.launch_options(),
     )
     return out
@@ -275,7 +276,7 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMe
         q if sinks is None else sinks,
         BLOCK_SIZE=block_size, HKV=kv_heads, GROUP=heads // kv_heads,
         D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=PREFILL_BLOCK_N, PRECISION=precision(kv_cache.dtype),
+        BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=PREFILL_BLOCK_N, PRECISION=precision(q.dtype),
         WINDOWED=window is not None, SINKS=sinks is not None, num_warps=4, num_stages=2,
     )
     return out

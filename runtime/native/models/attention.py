@@ -46,6 +46,14 @@ def register_attention_backend(device_type: str, backend: AttentionBackend) -> N
     _BACKENDS[device_type] = backend
 
 
+def as_cached(t: torch.Tensor, kv_cache: torch.Tensor | None) -> torch.Tensor:
+    """Fresh keys or values `t` as attention reads them back from `kv_cache`: rounded through an FP8 cache's E4M3
+    (--kv-cache-dtype fp8; the cast saturates at +-448), as they are where every key comes from the cache (CUDA)."""
+    if kv_cache is None or kv_cache.dtype != torch.float8_e4m3fn:
+        return t
+    return t.to(torch.float8_e4m3fn).to(t.dtype)
+
+
 def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
     """Store each new token's K/V at its slot (block_id * block_size + offset)."""
     _, _, block_size, kv_heads, head_dim = kv_cache.shape
@@ -57,8 +65,11 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapp
         blocks, offsets = (slot_mapping // block_size).repeat(2), (slot_mapping % block_size).repeat(2)
         kv_cache.index_put_((which, blocks, offsets), torch.cat((k, v)).to(kv_cache.dtype))
         return
-    kv_cache[0].view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(kv_cache.dtype))
-    kv_cache[1].view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(kv_cache.dtype))
+    k, v = k.to(kv_cache.dtype), v.to(kv_cache.dtype)
+    if kv_cache.dtype == torch.float8_e4m3fn:  # as bytes: index_copy_ has no float8 kernel on CPU
+        kv_cache, k, v = kv_cache.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
+    kv_cache[0].view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k)
+    kv_cache[1].view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v)
 
 
 def torch_paged_attention(
@@ -178,7 +189,7 @@ def _varlen_attention(
         first = 0 if window is None else max(0, context_len - window + 1) // meta.block_size * meta.block_size
         if context_len == 0:
             # the whole sequence is new: attend to the fresh K/V, no gather needed
-            first, keys, values = 0, k[start:end], v[start:end]
+            first, keys, values = 0, as_cached(k[start:end], kv_cache), as_cached(v[start:end], kv_cache)
         elif kv_cache is None:
             raise ValueError("a sequence with cached context needs a KV cache")
         else:
