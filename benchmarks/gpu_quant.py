@@ -16,7 +16,9 @@ Phases (each one's result, or its traceback, lands in DIR/gpu_quant.json as it e
   bf16, fp8, int4  NativeEngine (CUDA graphs) over the 8B shape: batch-1 decode inter-token gap against the step's
                    weight-bytes floor (gpu_families.floor_bytes: FP8 weights count 1 byte, their scales 4 per row;
                    INT4 half a byte, 3 bytes a group), and 256 requests of 128 in / 128 out, output tok/s;
-                   `fp8_vs_bf16` and `int4_vs_bf16` the throughput ratios. INT4: every decoder projection kept packed
+                   `fp8_vs_bf16` and `int4_vs_bf16` the throughput ratios.
+  kv_fp8           the bf16 model over an FP8 KV cache (--kv-cache-dtype fp8, half the cache's bytes): the same figures
+                   (the floor counts the cache's bytes at 2 a value: a bound, not the floor), `kv_fp8_vs_bf16`. INT4: every decoder projection kept packed
                    as an AWQ checkpoint's are on CUDA, with random nibbles, zero points and scales (a checkpoint's
                    speed does not depend on its values)
 """
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--skip", default="", help="comma-separated phases to leave out: kernels, bf16, fp8, int4")
+    parser.add_argument("--skip", default="", help="comma-separated phases to leave out: kernels, bf16, fp8, int4, kv_fp8")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and loads: the code runs, nothing more")
     args = parser.parse_args(argv)
     import runtime.native.core_loader
@@ -152,17 +154,18 @@ def main(argv: list[str] | None = None) -> int:
         record("kernels", lambda: kernel_figures(args.device, SMOKE_SHAPES if args.smoke else SHAPES, bandwidth,
                                                  0 if args.smoke else MIN_BYTES))
     folder = gf.write_config(args.out / "llama-3.1-8b", model_type, shape)
-    for quantization in ("bf16", "fp8", "int4"):
+    for quantization in ("bf16", "fp8", "int4", "kv_fp8"):
         if quantization in skip:
             continue
         runtime.native.core_loader.load_model = random_int4_model if quantization == "int4" else gf.random_model
-        figures = record(quantization, lambda: asyncio.run(gf.engine_figures(
-            folder, args.device, sizes, quantization="fp8" if quantization == "fp8" else "none")))
+        options = {"quantization": "fp8" if quantization == "fp8" else "none",
+                   "kv_cache_dtype": "fp8" if quantization == "kv_fp8" else "auto"}
+        figures = record(quantization, lambda: asyncio.run(gf.engine_figures(folder, args.device, sizes, **options)))
         if "error" not in figures and isinstance(bandwidth, float):
             figures["floor_b1_ms"] = figures["floor_bytes"] / (bandwidth * 1e12) * 1e3
             figures["vs_floor"] = figures["decode_b1_itl_ms"] / figures["floor_b1_ms"]
     key = f"throughput_{sizes['batch']}_tok_s"
-    for quantized in ("fp8", "int4"):
+    for quantized in ("fp8", "int4", "kv_fp8"):
         if key in results.get(quantized, {}) and key in results.get("bf16", {}):
             results[f"{quantized}_vs_bf16"] = results[quantized][key] / results["bf16"][key]
             results[f"b1_{quantized}_vs_bf16"] = (results[quantized]["decode_b1_itl_ms"]

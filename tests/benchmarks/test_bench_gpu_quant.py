@@ -26,8 +26,9 @@ def test_every_phase_runs_and_writes_its_figures(tmp_path: Path) -> None:
         assert figures["int4_max_rel_err"] < 2e-2  # the INT4 GEMV against its reference dequantization (bf16 out)
         assert figures["int4_floor_us"] < figures["fp8_floor_us"]
         assert {"int4_us", "rows_256_int4_us", "int4_vs_floor"} <= set(figures)  # timed on a GPU only (nan here)
-    for quantization in ("bf16", "fp8", "int4"):
+    for quantization in ("bf16", "fp8", "int4", "kv_fp8"):
         figures = result[quantization]
         assert positive(figures["decode_b1_itl_ms"], figures["throughput_8_tok_s"], figures["vs_floor"]), figures
     assert result["int4"]["floor_bytes"] < result["bf16"]["floor_bytes"]  # (FP8 weights are dequantized on the CPU)
-    assert positive(result["fp8_vs_bf16"], result["b1_fp8_vs_bf16"], result["int4_vs_bf16"], result["b1_int4_vs_bf16"])
+    assert positive(result["fp8_vs_bf16"], result["b1_fp8_vs_bf16"], result["int4_vs_bf16"], result["b1_int4_vs_bf16"],
+                    result["kv_fp8_vs_bf16"])
