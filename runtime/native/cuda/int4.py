@@ -4,7 +4,7 @@ registers: a GEMV for one-token steps and a tiled GEMM (tensor cores through tl.
 Both read one layout, to which the loader repacks either format (int4_checkpoint.py's `kernel_layout`):
 output-major, so fused parts stack along dim 0 as 16-bit weights do. `qweight` int32 [N, K/8], input column 8i + j of
 row n in bits 4j of qweight[n, i]; `scales` [N, K/group] in the activations' dtype; `zeros` uint8 [N, K/group] (the
-true zero points, 0..15). Groups are contiguous runs of a power of 2 (at least 16) input columns; GPTQ's act-order
+true zero points, 0..15). Groups are contiguous runs of a multiple of 8 input columns; GPTQ's act-order
 checkpoints and other groups are dequantized at load (int4_checkpoint.kernel_group).
 W[n, k] = (q[n, k] - zeros[n, k // group]) * scales[n, k // group].
 """
@@ -17,70 +17,66 @@ import triton.language as tl
 
 
 @triton.jit
-def _nibbles(q_ptr, rows, row_mask, word, K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """q[rows, 8 * word : 8 * word + BLOCK_K] as int32 [BLOCK_N, BLOCK_K]: each packed int32 read once, its eight
-    nibbles split by shifts (input column 8i + j is bits 4j of word i)."""
-    words = word + tl.arange(0, BLOCK_K // 8)
-    packed = tl.load(q_ptr + rows.to(tl.int64)[:, None] * (K // 8) + words[None, :], mask=row_mask[:, None], other=0)
-    q = (packed[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF
-    return tl.reshape(q, [rows.shape[0], BLOCK_K])
+def _word_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word, WORDS: tl.constexpr, K: tl.constexpr,
+               GROUPS: tl.constexpr, GROUP: tl.constexpr):
+    """Packed words word .. word + WORDS - 1 of `rows` (int32 [BLOCK_N, WORDS], input columns 8w .. 8w + 7 in word w)
+    with the zero point and scale of each word's group (float32, same shape: a word never straddles two groups)."""
+    words = word + tl.arange(0, WORDS)
+    mask = row_mask[:, None] & (words < K // 8)[None, :]
+    packed = tl.load(q_ptr + rows.to(tl.int64)[:, None] * (K // 8) + words[None, :], mask=mask, other=0)
+    group = rows.to(tl.int64)[:, None] * GROUPS + (words // (GROUP // 8))[None, :]
+    zero = tl.load(z_ptr + group, mask=mask, other=0).to(tl.float32)
+    scale = tl.load(s_ptr + group, mask=mask, other=0.0).to(tl.float32)
+    return packed, zero, scale
 
 
 @triton.jit
 def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, N, K: tl.constexpr, GROUPS: tl.constexpr,
-                      GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[rows] = sum over groups g of scale[g] * (q[g] . x[g] - zero[g] * sum x[g]): the zero points and scales are
-    applied once per group, not per weight. BLOCK_K is a multiple of GROUP and divides K."""
-    PER: tl.constexpr = BLOCK_K // GROUP  # groups per chunk
+                      GROUP: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
+    """out[rows] = sum over columns of (q - zero) * scale * x, WORDS packed words (8 * WORDS columns) a step: nibble j
+    of every word at once against x's columns 8w + j, so that nothing is reshaped (a reshape of the unpacked tile
+    cost a layout change through shared memory: 14x the weight-bytes floor on an H200)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
-    acc = tl.zeros([BLOCK_N, PER], tl.float32)
-    for k in range(0, K, BLOCK_K):
-        q = tl.reshape(_nibbles(q_ptr, rows, row_mask, k // 8, K, BLOCK_K), [BLOCK_N, PER, GROUP]).to(tl.float32)
-        x = tl.reshape(tl.load(x_ptr + k + tl.arange(0, BLOCK_K)).to(tl.float32), [PER, GROUP])
-        group = rows.to(tl.int64)[:, None] * GROUPS + (k // GROUP + tl.arange(0, PER))[None, :]
-        zero = tl.load(z_ptr + group, mask=row_mask[:, None], other=0).to(tl.float32)
-        scale = tl.load(s_ptr + group, mask=row_mask[:, None], other=0.0).to(tl.float32)
-        acc += scale * (tl.sum(q * x[None, :, :], axis=2) - zero * tl.sum(x, axis=1)[None, :])
+    acc = tl.zeros([BLOCK_N, WORDS], tl.float32)
+    for word in range(0, K // 8, WORDS):
+        packed, zero, scale = _word_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word, WORDS, K, GROUPS, GROUP)
+        cols = (word + tl.arange(0, WORDS)) * 8
+        for j in tl.static_range(8):
+            x = tl.load(x_ptr + cols + j, mask=cols < K, other=0.0).to(tl.float32)
+            acc += (((packed >> (4 * j)) & 0xF).to(tl.float32) - zero) * scale * x[None, :]
     tl.store(out_ptr + rows, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
 @triton.jit
 def _int4_gemm_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, M, N, K: tl.constexpr, GROUPS: tl.constexpr,
-                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr,
                       PRECISION: tl.constexpr):
-    """Tensor-core tiles: each weight tile dequantized once in registers (BLOCK_K divides GROUP: one zero point and
-    scale per row of the tile) for BLOCK_M tokens."""
+    """Tensor-core tiles over WORDS packed words a step: one product per nibble position j, the weight tile of every
+    word's nibble j [BLOCK_N, WORDS] against x's columns 8w + j [BLOCK_M, WORDS] (the sum over columns taken in
+    another order, nothing reshaped)."""
     dtype = x_ptr.dtype.element_ty
     tokens = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     token_mask, row_mask = tokens < M, rows < N
-    cols = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k in range(0, K, BLOCK_K):
-        x = tl.load(x_ptr + tokens.to(tl.int64)[:, None] * K + (k + cols)[None, :], mask=token_mask[:, None], other=0.0)
-        group = rows.to(tl.int64) * GROUPS + k // GROUP
-        zero = tl.load(z_ptr + group, mask=row_mask, other=0).to(tl.float32)
-        scale = tl.load(s_ptr + group, mask=row_mask, other=0.0).to(tl.float32)
-        q = _nibbles(q_ptr, rows, row_mask, k // 8, K, BLOCK_K).to(tl.float32)
-        w = ((q - zero[:, None]) * scale[:, None]).to(dtype)
-        acc += tl.dot(x, tl.trans(w), input_precision=PRECISION, out_dtype=tl.float32)
+    for word in range(0, K // 8, WORDS):
+        packed, zero, scale = _word_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word, WORDS, K, GROUPS, GROUP)
+        cols = (word + tl.arange(0, WORDS)) * 8
+        x_rows = x_ptr + tokens.to(tl.int64)[:, None] * K + cols[None, :]
+        x_mask = token_mask[:, None] & (cols < K)[None, :]
+        for j in tl.static_range(8):
+            x = tl.load(x_rows + j, mask=x_mask, other=0.0)
+            w = ((((packed >> (4 * j)) & 0xF).to(tl.float32) - zero) * scale).to(dtype)
+            acc += tl.dot(x, tl.trans(w), input_precision=PRECISION, out_dtype=tl.float32)
     tl.store(out_ptr + tokens.to(tl.int64)[:, None] * N + rows[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=token_mask[:, None] & row_mask[None, :])
 
 
-def _chunk(k: int, group: int, most: int) -> int:
-    """The GEMV's K chunk: the most whole groups, up to `most` columns, that divide K."""
-    chunk = group
-    while chunk * 2 <= most and k % (chunk * 2) == 0:
-        chunk *= 2
-    return chunk
-
-
-# (BLOCK_N, most columns a chunk, warps) of the GEMV; the GEMM's (BLOCK_N, BLOCK_K, warps, stages) and its BLOCK_M
-# by the number of rows. benchmarks/gpu_quant.py measures others (tiles for the H200: that run's table)
-GEMV_TILE = (16, 256, 4)
-GEMM_TILE = (128, 64, 4, 3)
+# (BLOCK_N, WORDS, warps) of the GEMV; the GEMM's (BLOCK_N, WORDS, warps, stages) and its BLOCK_M by the number of
+# rows. benchmarks/gpu_quant.py measures others (INT4_GEMV_TILES, INT4_GEMM_TILES)
+GEMV_TILE = (32, 32, 4)
+GEMM_TILE = (128, 16, 4, 3)
 
 
 def int4_linear(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
@@ -94,14 +90,13 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, sca
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     shape = dict(K=k, GROUPS=groups, GROUP=group)
     if m == 1:
-        block_n, most, warps = GEMV_TILE
+        block_n, words, warps = GEMV_TILE
         _int4_gemv_kernel[(triton.cdiv(n, block_n),)](x, qweight, zeros, scales, out, n, **shape, BLOCK_N=block_n,
-                                                      BLOCK_K=_chunk(k, group, most), num_warps=warps)
+                                                      WORDS=words, num_warps=warps)
     else:
-        block_n, block_k, warps, stages = GEMM_TILE
+        block_n, words, warps, stages = GEMM_TILE
         block_m = 16 if m <= 16 else 32 if m <= 32 else 64
         _int4_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
-            x, qweight, zeros, scales, out, m, n, **shape, BLOCK_M=block_m, BLOCK_N=block_n,
-            BLOCK_K=min(block_k, group), PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps,
-            num_stages=stages)
+            x, qweight, zeros, scales, out, m, n, **shape, BLOCK_M=block_m, BLOCK_N=block_n, WORDS=words,
+            PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages)
     return out if bias is None else out + bias
