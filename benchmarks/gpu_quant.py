@@ -16,11 +16,11 @@ Phases (each one's result, or its traceback, lands in DIR/gpu_quant.json as it e
   bf16, fp8, int4  NativeEngine (CUDA graphs) over the 8B shape: batch-1 decode inter-token gap against the step's
                    weight-bytes floor (gpu_families.floor_bytes: FP8 weights count 1 byte, their scales 4 per row;
                    INT4 half a byte, 3 bytes a group), and 256 requests of 128 in / 128 out, output tok/s;
-                   `fp8_vs_bf16` and `int4_vs_bf16` the throughput ratios.
-  kv_fp8           the bf16 model over an FP8 KV cache (--kv-cache-dtype fp8, half the cache's bytes): the same figures
-                   (the floor counts the cache's bytes at 2 a value: a bound, not the floor), `kv_fp8_vs_bf16`. INT4: every decoder projection kept packed
+                   `fp8_vs_bf16` and `int4_vs_bf16` the throughput ratios. INT4: every decoder projection kept packed
                    as an AWQ checkpoint's are on CUDA, with random nibbles, zero points and scales (a checkpoint's
                    speed does not depend on its values)
+  kv_fp8           the bf16 model over an FP8 KV cache (--kv-cache-dtype fp8, half the cache's bytes): the same
+                   figures (the floor counts the cache at 2 bytes a value: a bound, not the floor), `kv_fp8_vs_bf16`
 """
 
 from __future__ import annotations
@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--skip", default="", help="comma-separated phases to leave out: kernels, bf16, fp8, int4, kv_fp8")
+    parser.add_argument("--skip", default="",
+                        help="comma-separated phases to leave out: kernels, bf16, fp8, int4, kv_fp8")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and loads: the code runs, nothing more")
     args = parser.parse_args(argv)
     import runtime.native.core_loader
