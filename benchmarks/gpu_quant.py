@@ -42,8 +42,8 @@ from benchmarks.gpu_bench import bandwidth_tb_s
 # the 8B's projections as (out, in): q/k/v, o, gate/up, down
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 SMOKE_SHAPES = {"qkv": (96, 128), "o": (128, 128), "gate_up": (256, 128), "down": (128, 256)}  # INT4: K of 128 groups
-INT4_GEMV_TILES = [(16, 32, 4), (32, 32, 4), (64, 32, 4), (32, 64, 4), (64, 64, 8), (128, 32, 8)]  # int4.GEMV_TILE
-INT4_GEMM_TILES = [(64, 16, 4, 3), (128, 16, 4, 4), (128, 32, 4, 3), (128, 32, 8, 3), (256, 16, 8, 3)]  # GEMM_TILE
+INT4_GEMV_TILES = [(8, 32, 4), (16, 32, 4), (16, 64, 4), (16, 16, 2), (32, 64, 4)]  # int4.GEMV_TILE
+INT4_GEMM_TILES = [(64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4)]  # GEMM_TILE
 FP8_TILES = [(4, 2048, 4), (8, 2048, 8), (8, 4096, 8), (16, 1024, 4), (16, 2048, 8)]  # (BLOCK_N, BLOCK_K, warps)
 ROWS = 256
 INT4_GROUP = 128

@@ -93,7 +93,7 @@ def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhas
     eos_token_ids = list(dict.fromkeys(tokenizer.eos_token_ids + spec.eos_token_ids))
     window = model.info.context_window
     with phases.phase("loading the weights"):
-        weights = load_model(model.path, dtype, device, window, cfg.quantization)
+        weights = load_model(model.path, dtype, device, window, cfg.quantization, cfg.int4_kernels)
     quantization, cpu_weight_bytes = "none", 0
     if device.type == "cpu":
         quantization = cpu_quantization(cfg.cpu_quantization, source_quantization(spec.config))

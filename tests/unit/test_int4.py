@@ -112,7 +112,7 @@ def test_the_cpu_says_once_that_it_dequantizes(root: Path, caplog: pytest.LogCap
         load_model(str(quantized))
     lines = [r.getMessage() for r in caplog.records if r.name == "runtime.native.models.int4_checkpoint"]
     assert lines == ["GPTQ INT4 checkpoint: 14 projections dequantized to torch.float32 at load "
-                     "(INT4 kernels: CUDA, without act-order)"]  # 2 layers x 7 projections
+                     "(INT4 kernels: --int4-kernels on CUDA, without act-order)"]  # 2 layers x 7 projections
 
 
 @pytest.mark.parametrize(("edit", "message"), [

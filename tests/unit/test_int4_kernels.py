@@ -80,11 +80,11 @@ async def test_a_model_kept_in_int4_serves_its_dequantized_models_greedy_ids(
     path: prefill through the GEMM, each decode step through the GEMV (an MoE's experts are dequantized)."""
     monkeypatch.setattr(int4_checkpoint, "keeps_int4", lambda device: True)
     quantized, plain = write_int4_checkpoint(build_tiny_model(tmp_path, arch), tmp_path, layout)  # type: ignore[arg-type]
-    model = load_model(str(quantized), device=DEVICE)
+    model = load_model(str(quantized), device=DEVICE, int4_kernels=True)
     kept = [name for name, _ in model.named_parameters() if name.endswith(".qweight")]
     assert len(kept) == kept_linears and model.get_submodule("model.layers.0.self_attn.qkv_proj").weight is None
     prompt = [5, 17, 42, 99, 7, 150, 3]
-    async with running_engine(quantized) as engine:
+    async with running_engine(quantized, int4_kernels=True) as engine:
         out = await collect(engine, request(layout, prompt, 8))
     assert out.tokens[0] == hf_greedy(load_hf(plain), prompt, 8)
 
@@ -99,7 +99,7 @@ async def test_a_lora_adapter_adds_its_updates_to_the_int4_product(tmp_path: Pat
     prompt = [7, 7, 90, 200, 11, 64, 3]
     want = peft_greedy(plain, adapter, prompt, 8)
     assert want != hf_greedy(load_hf(plain), prompt, 8)  # the adapter changes the output
-    async with running_engine(quantized, lora_modules={"a": str(adapter)}) as engine:
+    async with running_engine(quantized, lora_modules={"a": str(adapter)}, int4_kernels=True) as engine:
         req = request("lora", prompt, 8)
         req.adapter = "a"
         out = await collect(engine, req)

@@ -4,7 +4,7 @@ registers: a GEMV for one-token steps and a tiled GEMM (tensor cores through tl.
 Both read one layout, to which the loader repacks either format (int4_checkpoint.py's `kernel_layout`):
 output-major, so fused parts stack along dim 0 as 16-bit weights do. `qweight` int32 [N, K/8], input column 8i + j of
 row n in bits 4j of qweight[n, i]; `scales` [N, K/group] in the activations' dtype; `zeros` uint8 [N, K/group] (the
-true zero points, 0..15). Groups are contiguous runs of a multiple of 8 input columns; GPTQ's act-order
+true zero points, 0..15). Groups are contiguous runs of a power of 2 (at least 16) input columns; GPTQ's act-order
 checkpoints and other groups are dequantized at load (int4_checkpoint.kernel_group).
 W[n, k] = (q[n, k] - zeros[n, k // group]) * scales[n, k // group].
 """
@@ -31,6 +31,16 @@ def _word_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word, WORDS: tl.constexpr, K
 
 
 @triton.jit
+def _nibbles(q_ptr, rows, row_mask, word, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """q[rows, 8 * word : 8 * word + BLOCK_K] as int32 [BLOCK_N, BLOCK_K]: each packed int32 read once, its eight
+    nibbles split by shifts (input column 8i + j is bits 4j of word i)."""
+    words = word + tl.arange(0, BLOCK_K // 8)
+    packed = tl.load(q_ptr + rows.to(tl.int64)[:, None] * (K // 8) + words[None, :], mask=row_mask[:, None], other=0)
+    q = (packed[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF
+    return tl.reshape(q, [rows.shape[0], BLOCK_K])
+
+
+@triton.jit
 def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, N, K: tl.constexpr, GROUPS: tl.constexpr,
                       GROUP: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
     """out[rows] = sum over columns of (q - zero) * scale * x, WORDS packed words (8 * WORDS columns) a step: nibble j
@@ -50,33 +60,33 @@ def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, N, K: tl.constexpr, G
 
 @triton.jit
 def _int4_gemm_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, M, N, K: tl.constexpr, GROUPS: tl.constexpr,
-                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr,
+                      GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                       PRECISION: tl.constexpr):
-    """Tensor-core tiles over WORDS packed words a step: one product per nibble position j, the weight tile of every
-    word's nibble j [BLOCK_N, WORDS] against x's columns 8w + j [BLOCK_M, WORDS] (the sum over columns taken in
-    another order, nothing reshaped)."""
+    """Tensor-core tiles: each weight tile dequantized once in registers (BLOCK_K divides GROUP: one zero point and
+    scale per row of the tile) for BLOCK_M tokens."""
     dtype = x_ptr.dtype.element_ty
     tokens = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     token_mask, row_mask = tokens < M, rows < N
+    cols = tl.arange(0, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for word in range(0, K // 8, WORDS):
-        packed, zero, scale = _word_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word, WORDS, K, GROUPS, GROUP)
-        cols = (word + tl.arange(0, WORDS)) * 8
-        x_rows = x_ptr + tokens.to(tl.int64)[:, None] * K + cols[None, :]
-        x_mask = token_mask[:, None] & (cols < K)[None, :]
-        for j in tl.static_range(8):
-            x = tl.load(x_rows + j, mask=x_mask, other=0.0)
-            w = ((((packed >> (4 * j)) & 0xF).to(tl.float32) - zero) * scale).to(dtype)
-            acc += tl.dot(x, tl.trans(w), input_precision=PRECISION, out_dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        x = tl.load(x_ptr + tokens.to(tl.int64)[:, None] * K + (k + cols)[None, :], mask=token_mask[:, None], other=0.0)
+        group = rows.to(tl.int64) * GROUPS + k // GROUP
+        zero = tl.load(z_ptr + group, mask=row_mask, other=0).to(tl.float32)
+        scale = tl.load(s_ptr + group, mask=row_mask, other=0.0).to(tl.float32)
+        q = _nibbles(q_ptr, rows, row_mask, k // 8, K, BLOCK_K).to(tl.float32)
+        w = ((q - zero[:, None]) * scale[:, None]).to(dtype)
+        acc += tl.dot(x, tl.trans(w), input_precision=PRECISION, out_dtype=tl.float32)
     tl.store(out_ptr + tokens.to(tl.int64)[:, None] * N + rows[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=token_mask[:, None] & row_mask[None, :])
 
 
-# (BLOCK_N, WORDS, warps) of the GEMV; the GEMM's (BLOCK_N, WORDS, warps, stages) and its BLOCK_M by the number of
-# rows. benchmarks/gpu_quant.py measures others (INT4_GEMV_TILES, INT4_GEMM_TILES)
-GEMV_TILE = (32, 32, 4)
-GEMM_TILE = (128, 16, 4, 3)
+# (BLOCK_N, WORDS, warps) of the GEMV; the GEMM's (BLOCK_N, BLOCK_K, warps, stages) and its BLOCK_M by the number of
+# rows: the best of benchmarks/gpu_quant.py's INT4_GEMV_TILES / INT4_GEMM_TILES on an H200 (RESULTS.md, 2026-11-29).
+# The GEMM unpacks a tile by a reshape (one tl.dot per nibble position, as the GEMV reads them, took 4x as long)
+GEMV_TILE = (16, 32, 4)
+GEMM_TILE = (128, 64, 4, 3)
 
 
 def int4_linear(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
@@ -94,9 +104,10 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, sca
         _int4_gemv_kernel[(triton.cdiv(n, block_n),)](x, qweight, zeros, scales, out, n, **shape, BLOCK_N=block_n,
                                                       WORDS=words, num_warps=warps)
     else:
-        block_n, words, warps, stages = GEMM_TILE
+        block_n, block_k, warps, stages = GEMM_TILE
         block_m = 16 if m <= 16 else 32 if m <= 32 else 64
         _int4_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
-            x, qweight, zeros, scales, out, m, n, **shape, BLOCK_M=block_m, BLOCK_N=block_n, WORDS=words,
-            PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps, num_stages=stages)
+            x, qweight, zeros, scales, out, m, n, **shape, BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_K=min(block_k, group), PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=warps,
+            num_stages=stages)
     return out if bias is None else out + bias

@@ -128,7 +128,7 @@ def to_int4_form(linear: Linear, groups: int) -> None:
 
 def kernel_group(group: int) -> bool:
     """Whether runtime/native/cuda/int4.py's kernels take groups of `group` input columns (else: dequantized)."""
-    return group % 8 == 0  # a packed word never straddles two groups
+    return group >= 16 and group & (group - 1) == 0  # the GEMM's K tiles: powers of 2 within one group
 
 
 def keeps_int4(device: torch.device) -> bool:
@@ -140,7 +140,8 @@ class Int4Reader:
     """Collects each INT4 projection's packed tensors as the loader reads them (in any order) and hands back, once all
     are read, its tensors in the kernels' layout (a Linear kept in INT4 form) or its dequantized `<module>.weight`."""
 
-    def __init__(self, model: CausalLM, config: dict[str, Any], files: list[Path], device: torch.device) -> None:
+    def __init__(self, model: CausalLM, config: dict[str, Any], files: list[Path], device: torch.device,
+                 packed: bool = False) -> None:
         self.model = model
         self.method = config["quant_method"]
         self.config = config
@@ -149,7 +150,8 @@ class Int4Reader:
         self.needed = ("qweight", "qzeros", "scales") + (("g_idx",) if self.method == "gptq" else ())
         # act-order's input rows out of group order: one permutation per checkpoint projection, which fused parts
         # need not share, so those weights are dequantized
-        self.kept = self._keep_int4(files) if keeps_int4(device) and not config.get("desc_act") else set()
+        # (`packed`: --int4-kernels)
+        self.kept = self._keep_int4(files) if packed and keeps_int4(device) and not config.get("desc_act") else set()
         self.dequantized = 0
         self._held: dict[str, dict[str, torch.Tensor]] = {}
         # the dequantized projections' 4-bit grids, by our Linear and its part: what --cpu-quantization int4 reads
@@ -250,5 +252,5 @@ class Int4Reader:
             logger.info("%s INT4 checkpoint: %d projections kept in INT4 (Triton kernels)%s", self.method.upper(),
                         len(self.kept), f", {self.dequantized} dequantized to {self.dtype}" if self.dequantized else "")
         else:
-            logger.info("%s INT4 checkpoint: %d projections dequantized to %s at load (INT4 kernels: CUDA, without "
-                        "act-order)", self.method.upper(), self.dequantized, self.dtype)
+            logger.info("%s INT4 checkpoint: %d projections dequantized to %s at load (INT4 kernels: --int4-kernels on "
+                        "CUDA, without act-order)", self.method.upper(), self.dequantized, self.dtype)

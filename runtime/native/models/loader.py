@@ -24,14 +24,15 @@ Quantization = Literal["none", "fp8"]
 
 
 def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
-               context_window: int | None = None, quantization: Quantization = "none") -> CausalLM:
+               context_window: int | None = None, quantization: Quantization = "none",
+               int4_kernels: bool = False) -> CausalLM:
     """Our CausalLM for the folder `path` (config.json + model.safetensors or sharded with an index).
 
     dtype None keeps the checkpoint's dtype (float32 if config.json names none). Tensors are
     converted and moved as they are copied in; a progress bar counts them. `context_window`: the served
     context (max_model_len), which picks LongRoPE's factors. FP8 checkpoints keep their FP8 weights where the
     device multiplies them (runtime/native/models/fp8_checkpoint.py); AWQ/GPTQ INT4 ones are dequantized at load
-    (int4_checkpoint.py); `quantization` "fp8" quantizes a 16-bit checkpoint's
+    unless `int4_kernels` keeps them packed on CUDA (int4_checkpoint.py); `quantization` "fp8" quantizes a 16-bit checkpoint's
     projections. Raises UnsupportedArchitectureError for architectures or options we do not implement.
     """
     folder = Path(path)
@@ -51,7 +52,7 @@ def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device
         int4 = int4_config(spec.config)
         reader: Fp8Reader | Int4Reader | None = (
             Fp8Reader(model, files, torch.device(device)) if checkpoint_is_fp8(folder, spec.config)
-            else Int4Reader(model, int4, files, torch.device(device)) if int4 is not None else None)
+            else Int4Reader(model, int4, files, torch.device(device), int4_kernels) if int4 is not None else None)
     except ValueError as exc:  # a quantization scheme we do not read
         raise UnsupportedArchitectureError(spec.architecture, str(exc)) from exc
     _fill(model, files, reader)
