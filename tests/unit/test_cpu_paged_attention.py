@@ -99,6 +99,7 @@ def test_without_a_compiler_the_reference_serves_with_a_warning(monkeypatch: pyt
         raise RuntimeError("Error building extension 'trtllm_gateway_cpu': c++: not found")
 
     monkeypatch.setattr(cpp_extension, "load", no_compiler)
+    monkeypatch.setattr(paged_attention, "_kernel_loaded", lambda: False)  # as in a process that never built it
     build_kernel.cache_clear()
     try:
         with caplog.at_level(logging.WARNING):

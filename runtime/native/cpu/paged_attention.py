@@ -53,11 +53,19 @@ def clear_stale_lock(build_dir: Path, now: float | None = None) -> bool:
     return True
 
 
+def _kernel_loaded() -> bool:
+    """Whether this process holds the kernels' ops already: loading their library again (torch builds a renamed copy
+    when its build arguments differ) registers them twice, which aborts the process."""
+    return hasattr(torch.ops.trtllm_gateway_cpu, "paged_decode_attention")
+
+
 @functools.cache
 def build_kernel() -> bool:
     """Build the kernel, or load it from torch's extension cache; False, with a warning, where that fails."""
     from torch.utils import cpp_extension
 
+    if _kernel_loaded():
+        return True
     started = time.perf_counter()
     logger.info("CPU: building the paged decode-attention kernel (cached after the first start)")
     name = "trtllm_gateway_cpu"
