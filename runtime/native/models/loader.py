@@ -14,11 +14,13 @@ from runtime.architectures import UnsupportedArchitectureError, check_supported
 from runtime.native.device import DTYPES
 from runtime.model_spec import ModelSpec
 from runtime.native.models.base import CausalLM
+from runtime.native.models.embedding import Embedding
 from runtime.native.models.fp8_checkpoint import Fp8Reader, checkpoint_is_fp8, quantize_model
 from runtime.native.models.int4_checkpoint import Int4Reader, int4_config
 from runtime.native.models.linear import Linear
 from runtime.native.models.moe import Experts
 from runtime.native.models.registry import model_class
+from runtime.native.parallel.group import current
 
 Quantization = Literal["none", "fp8"]
 
@@ -54,6 +56,9 @@ def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device
             else Int4Reader(model, int4, files, torch.device(device)) if int4 is not None else None)
     except ValueError as exc:  # a quantization scheme we do not read
         raise UnsupportedArchitectureError(spec.architecture, str(exc)) from exc
+    if current().size > 1 and (reader is not None or quantization != "none"):
+        raise UnsupportedArchitectureError(spec.architecture, "quantized weights are not split by "
+                                           "--tensor-parallel-size yet")
     _fill(model, files, reader)
     if reader is None and quantization == "fp8":
         quantize_model(model)
@@ -131,9 +136,12 @@ def _complete(model: CausalLM, param_name: str, parts: set[str | None]) -> bool:
 
 def _copy(model: CausalLM, param_name: str, part: str | None, tensor: torch.Tensor) -> None:
     module, attr = _owner(model, param_name)
-    if isinstance(module, Linear | Experts):
+    if isinstance(module, Linear | Experts | Embedding):
         module.load(attr, tensor, part)
         return
+    tp_slice = getattr(module, "tp_slices", {}).get(attr)  # a rank's share of a per-head tensor
+    if tp_slice is not None:
+        tensor = tensor.narrow(*tp_slice)
     target = getattr(module, attr).data
     if target.shape != tensor.shape:
         raise ValueError(

@@ -1,0 +1,127 @@
+"""Rank 0's side of tensor parallelism: it starts a worker process per other rank, joins their group, and tells them
+each model call (runtime/native/parallel/messages.py); the model runner calls it around its own.
+
+A worker that dies takes the engine with it: `on_failure` is told at once (the engine's step loop then dies, failing
+every request; the engine-core process exits non-zero) and the workers left are killed when the engine stops. The
+workers die with rank 0's process too (runtime/process/parent.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+
+import msgspec
+import torch
+import torch.distributed as dist
+
+from runtime.config import EngineConfig
+from runtime.native.parallel import group as tp_group
+from runtime.native.parallel.messages import (
+    HOST,
+    IDLE_TIMEOUT,
+    AllocateCache,
+    CopyBlocks,
+    Forward,
+    HostStep,
+    Logits,
+    Profile,
+    Stop,
+    WorkerArgs,
+    broadcast,
+    join_group,
+)
+
+logger = logging.getLogger(__name__)
+
+STOP_GRACE = 10.0  # s a worker may take to exit after Stop before it is killed
+
+
+def rank_device(device: torch.device, rank: int) -> torch.device:
+    """The device of `rank`: the GPU `rank` places after rank 0's (cuda:0 unless --device names another); the CPU."""
+    if device.type != "cuda":
+        return device
+    return torch.device("cuda", (device.index or 0) + rank)
+
+
+class Workers:
+    """The worker processes of ranks 1..size-1 and the messages to them (see the module docstring)."""
+
+    def __init__(self, config: EngineConfig, device: torch.device, on_failure: Callable[[str], None]) -> None:
+        size = config.tensor_parallel_size
+        if device.type == "cuda" and (device.index or 0) + size > torch.cuda.device_count():
+            raise ValueError(f"--tensor-parallel-size {size} needs {size} GPUs from {device}; "
+                             f"{torch.cuda.device_count()} are visible")
+        self.size = size
+        self._device = device
+        self._on_failure = on_failure
+        self._stopping = False
+        self.failure: str | None = None
+        store = dist.TCPStore(HOST, 0, size, is_master=True, timeout=IDLE_TIMEOUT, wait_for_workers=False)
+        self._procs: list[subprocess.Popen[bytes]] = []
+        for rank in range(1, size):
+            args = WorkerArgs(config, rank, size, store.port, str(rank_device(device, rank)), os.getpid())
+            proc = subprocess.Popen([sys.executable, "-m", "runtime.native.parallel.worker"], stdin=subprocess.PIPE)
+            assert proc.stdin is not None
+            proc.stdin.write(msgspec.msgpack.encode(args))
+            proc.stdin.close()
+            self._procs.append(proc)
+            threading.Thread(target=self._watch, args=(rank, proc), name=f"tp-worker-{rank}", daemon=True).start()
+        tp, self._control = join_group(0, size, store, rank_device(device, 0))
+        tp_group.use(tp)
+        self._tp = tp
+
+    def _watch(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        code = proc.wait()
+        if self._stopping:
+            return
+        self.failure = f"tensor-parallel worker {rank} (pid {proc.pid}) exited with code {code}"
+        logger.error("%s; the engine stops", self.failure)
+        self._on_failure(self.failure)
+
+    def _send(self, message: object) -> None:
+        if self.failure is not None:
+            raise RuntimeError(self.failure)
+        broadcast(message, self._control)
+
+    # ---- the model runner's calls, each before its own ------------------------------------------
+    def forward(self, step: HostStep, prev_samples: list[int], adapter_slots: list[int]) -> None:
+        self._send(Forward(step, prev_samples, adapter_slots))
+
+    def logits(self, rows: list[int], sampled: int) -> None:
+        self._send(Logits(rows, sampled))
+
+    def share_sampled(self, token_ids: torch.Tensor) -> None:
+        """The step's sampled ids [Logits.sampled] to every rank (after the sampler ran)."""
+        dist.broadcast(token_ids, src=0, group=self._tp.group)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        self._send(CopyBlocks(copies))
+
+    def profile(self, max_num_tokens: int, max_batch_size: int, context_window: int) -> None:
+        self._send(Profile(max_num_tokens, max_batch_size, context_window))
+
+    def allocate_cache(self, num_blocks: int) -> None:
+        self._send(AllocateCache(num_blocks))
+
+    def stop(self) -> None:
+        """Stop the workers (killing those that do not exit) and leave the group; the model cannot run after."""
+        self._stopping = True
+        if self.failure is None:
+            try:
+                broadcast(Stop(), self._control)
+            except Exception:  # noqa: BLE001 - a worker gone already: killed below
+                logger.exception("could not tell the tensor-parallel workers to stop")
+        for proc in self._procs:
+            try:
+                proc.wait(STOP_GRACE)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self.failure is None or self._device.type == "cpu":  # (NCCL may hang on a group with a dead rank)
+            dist.destroy_process_group()
+        tp_group.use(tp_group.TensorParallel())
