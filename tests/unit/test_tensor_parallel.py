@@ -6,6 +6,7 @@ prefill; seeded sampling with forks equals size 1's; the shares each rank holds.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.errors import InvalidRequestError
 from runtime.native.models.linear import Linear, Shard
 from runtime.native.parallel import group as tp_group
 from runtime.native.parallel.group import TensorParallel
@@ -83,6 +85,16 @@ async def test_tp2_seeded_samples_with_forks_equal_tp1(models) -> None:
             out = await collect(engine, request("r", prompt, 10, temperature=0.8, n=3, seed=7))
             outs.append(out.tokens)
     assert outs[0] == outs[1] and len(outs[0]) == 3
+
+
+async def test_lora_adapters_are_refused_with_tp(models, tmp_path: Path) -> None:
+    """Not split across ranks yet: a 400, never an adapter applied on rank 0 alone."""
+    path, _ = models["llama"]
+    async with running_engine(path, tensor_parallel_size=2) as engine:
+        with pytest.raises(InvalidRequestError, match="not served with --tensor-parallel-size"):
+            await engine.load_lora_adapter("a", str(tmp_path))
+        with pytest.raises(InvalidRequestError, match="not served with --tensor-parallel-size"):
+            await collect(engine, dataclasses.replace(request("r", [5, 6, 7], 2), adapter="a"))
 
 
 async def test_options_not_served_with_tp_are_refused_at_start(models) -> None:
