@@ -104,7 +104,7 @@ def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhas
 
 def check_tensor_parallel(cfg: EngineConfig) -> None:
     """ValueError naming an option that --tensor-parallel-size does not serve yet."""
-    unsupported = {"--speculative draft": cfg.speculative == "draft", "--lora-modules": bool(cfg.lora_modules),
+    unsupported = {"--speculative draft": cfg.speculative == "draft",
                    "--cpu-quantization": cfg.cpu_quantization not in ("auto", "none"),
                    "--quantization fp8": cfg.quantization != "none"}
     named = [option for option, on in unsupported.items() if on]
@@ -141,6 +141,8 @@ def _load(cfg: EngineConfig, model: ModelDescription, phases: StartupPhases, on_
     runner = ModelRunner(weights, cfg.kv_block_size, Sampler(cfg.seed))
     runner.peers = peers
     lora = LoraManager(cfg, weights, on_ready=on_lora_ready)
+    if peers is not None:
+        lora.slots.on_change = peers.lora_changed
     runner.lora = lora.batch
     proposer = load_proposer(cfg, serving_demo=cfg.model == DEMO, tokenizer=tokenizer, vocab_size=spec.vocab_size,
                              dtype=dtype, device=device)

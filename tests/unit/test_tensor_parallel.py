@@ -1,12 +1,12 @@
 """--tensor-parallel-size through the engine (NativeEngine, rank 0 in this process, a worker process per other rank,
 gloo on the CPU, float32): greedy ids of every family we serve equal transformers' `generate` (which the same
 engine at size 1 equals: test_model_families.py), in batches whose requests join at different steps with chunked
-prefill; seeded sampling with forks equals size 1's; the shares each rank holds."""
+prefill; with LoRA adapters, transformers + PEFT's; seeded sampling with forks equals size 1's; the shares each rank
+holds."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 import random
 from pathlib import Path
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.errors import InvalidRequestError
 from runtime.native.models.linear import Linear, Shard
 from runtime.native.parallel import group as tp_group
 from runtime.native.parallel.group import TensorParallel
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
+from tests.lora_adapters import make_peft_adapter, peft_greedy
 from tests.tiny_models import FAMILIES, SLIDING_WINDOW, build_tiny_model
 
 ARCHS = ("llama", "llama-untied", "qwen2", *FAMILIES)
@@ -88,14 +88,25 @@ async def test_tp2_seeded_samples_with_forks_equal_tp1(models) -> None:
     assert outs[0] == outs[1] and len(outs[0]) == 3
 
 
-async def test_lora_adapters_are_refused_with_tp(models, tmp_path: Path) -> None:
-    """Not split across ranks yet: a 400, never an adapter applied on rank 0 alone."""
-    path, _ = models["llama"]
-    async with running_engine(path, tensor_parallel_size=2) as engine:
-        with pytest.raises(InvalidRequestError, match="not served with --tensor-parallel-size"):
-            await engine.load_lora_adapter("a", str(tmp_path))
-        with pytest.raises(InvalidRequestError, match="not served with --tensor-parallel-size"):
-            await collect(engine, dataclasses.replace(request("r", [5, 6, 7], 2), adapter="a"))
+@pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
+async def test_tp2_lora_adapters_equal_peft(models, arch: str, tmp_path: Path) -> None:
+    """Adapters split like their base weights (B by output rows on q/k/v and gate/up, A by input columns on o and
+    down), two of them and the base model in one batch; one slot, so the second adapter evicts the first on every
+    rank; the first registered at run time."""
+    path, hf = models[arch]
+    mlp = ["gate_proj", "up_proj", "down_proj"] if arch == "llama" else []
+    every = make_peft_adapter(path, tmp_path / "every", ["q_proj", "k_proj", "v_proj", "o_proj", *mlp], r=4, seed=11)
+    attn = make_peft_adapter(path, tmp_path / "attn", ["q_proj", "o_proj"], r=2, seed=12)
+    ps = prompts([7, 12, 5], seed=6)
+    async with running_engine(path, tensor_parallel_size=2, lora_modules={"attn": str(attn)}, max_loras=1) as engine:
+        await engine.load_lora_adapter("every", str(every))
+        reqs = [request(f"r{i}", p, 10) for i, p in enumerate(ps)]
+        reqs[0].adapter, reqs[1].adapter = "every", "attn"
+        outs = await asyncio.gather(*(collect(engine, r) for r in reqs))
+        assert engine.lora.stats()["lora_evictions"] >= 1
+    assert outs[0].tokens[0] == peft_greedy(path, every, ps[0], 10) != hf_greedy(hf, ps[0], 10)
+    assert outs[1].tokens[0] == peft_greedy(path, attn, ps[1], 10)
+    assert outs[2].tokens[0] == hf_greedy(hf, ps[2], 10)
 
 
 async def test_options_not_served_with_tp_are_refused_at_start(models) -> None:

@@ -32,7 +32,6 @@ from runtime.native.lora.targets import LoraTargets
 from runtime.native.lora.trtllm_format import weights_from_trtllm
 from runtime.native.lora.weights import LoraWeights
 from runtime.native.models import CausalLM
-from runtime.native.parallel.group import current
 from runtime.request import GenerationRequest
 
 logger = logging.getLogger(__name__)
@@ -74,7 +73,6 @@ class LoraManager:
     # ---- registry ----------------------------------------------------------------------------
     def register(self, name: str, path: str, load: bool = True) -> Adapter:
         """Add a PEFT adapter under `name` (weights read now when `load`); 400 if invalid or taken."""
-        _check_not_tensor_parallel()
         if not name or name != name.strip():
             raise InvalidRequestError("lora_name must be a non-empty name without surrounding spaces",
                                       param="lora_name")
@@ -150,7 +148,6 @@ class LoraManager:
         task = request.lora_task
         if request.adapter is None and task is None:
             return None
-        _check_not_tensor_parallel()
         with self._lock:
             if request_id in self._held:
                 raise InvalidRequestError(f"request_id {request_id!r} is already running", param="request_id")
@@ -286,10 +283,3 @@ class LoraManager:
             return {"lora_loaded": len(self.registry.by_id), "lora_cache_hits": self.hits,
                     "lora_cache_misses": self.misses, "lora_evictions": self.evictions,
                     "lora_requests": dict(self.request_counts)}
-
-
-def _check_not_tensor_parallel() -> None:
-    """Adapters are not split across tensor-parallel ranks yet: refused (400) rather than applied on rank 0 alone."""
-    if current().size > 1:
-        raise InvalidRequestError("LoRA adapters are not served with --tensor-parallel-size above 1 yet",
-                                  param="lora_name")

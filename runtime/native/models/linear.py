@@ -34,11 +34,13 @@ Delta = Callable[[torch.Tensor, "Linear"], torch.Tensor]
 class Shard:
     """This rank's slice of a checkpoint projection. Column-parallel: `rows`, (start, count) of each part's output
     rows out of its `full_rows` (a count short of the part's size here leaves zero rows: a vocabulary's padding).
-    Row-parallel: `cols`, (start, count) of the input columns; the bias is added on the first rank only."""
+    Row-parallel: `cols`, (start, count) of the input columns out of `full_cols`; the bias is added on the first rank
+    only."""
 
     rows: tuple[tuple[int, int], ...] = ()
     full_rows: tuple[int, ...] = ()
     cols: tuple[int, int] | None = None
+    full_cols: int = 0
 
     def take(self, linear: Linear, attr: str, tensor: torch.Tensor, part: str | None) -> torch.Tensor:
         """The rank's slice of the checkpoint tensor for `attr` (and part) of `linear`."""
@@ -117,6 +119,19 @@ class Linear(nn.Module):
         """(start, size) of a named part along the output dimension."""
         index = self.part_names.index(part)
         return sum(self.part_sizes[:index]), self.part_sizes[index]
+
+    @property
+    def full_in_features(self) -> int:
+        """The checkpoint projection's input width (this Linear's unless row-parallel)."""
+        return self.shard.full_cols if self.shard is not None and self.shard.cols is not None else self.in_features
+
+    def full_part_range(self, part: str | None) -> tuple[int, int]:
+        """(start, size) of a named part (None: every part) along the checkpoint projection's output dimension."""
+        sizes = self.shard.full_rows if self.shard is not None and self.shard.cols is None else self.part_sizes
+        if part is None:
+            return 0, sum(sizes)
+        index = self.part_names.index(part)
+        return sum(sizes[:index]), sizes[index]
 
     def split(self, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The output cut into its parts, in order."""

@@ -62,7 +62,7 @@ class LlamaAttention(nn.Module):
             full_kv = spec.num_kv_heads * d
             qkv_shard = Shard(rows=((first_head * d, q_size), (first_kv * d, kv_size), (first_kv * d, kv_size)),
                               full_rows=(spec.num_heads * d, full_kv, full_kv))
-            o_shard = Shard(cols=(first_head * d, q_size))
+            o_shard = Shard(cols=(first_head * d, q_size), full_cols=spec.num_heads * d)
         self.qkv_proj = Linear(spec.hidden_size, [("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)],
                                bias=spec.qkv_bias, dtype=dtype, shard=qkv_shard)
         self.o_proj = Linear(q_size, [("o_proj", spec.hidden_size)], bias=spec.o_bias, dtype=dtype, shard=o_shard)
@@ -103,7 +103,7 @@ class LlamaMLP(nn.Module):
         up_shard = down_shard = None
         if current().size > 1:
             up_shard = Shard(rows=((start, inter), (start, inter)), full_rows=(full, full))
-            down_shard = Shard(cols=(start, inter))
+            down_shard = Shard(cols=(start, inter), full_cols=full)
         self.gate_up_proj = Linear(spec.hidden_size, [("gate_proj", inter), ("up_proj", inter)], bias=bias, dtype=dtype,
                                    shard=up_shard)
         self.down_proj = Linear(inter, [("down_proj", spec.hidden_size)], bias=bias, dtype=dtype, shard=down_shard)

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.config import EngineConfig
+from runtime.native.lora.weights import LoraWeights
 from runtime.native.parallel.group import TensorParallel
 
 # a worker waits for the next step in a broadcast as long as the server idles: no timeout that an idle night reaches
@@ -46,12 +47,18 @@ class HostStep(NamedTuple):
     tables: np.ndarray  # int32 [inputs, widest table]
 
 
+# a LoRA slot's change since the last Forward: (slot, adapter key, its whole weights), or (slot, None, None): emptied
+SlotChange = tuple[int, int | None, LoraWeights | None]
+
+
 class Forward(NamedTuple):
-    """Run the model over a step; `prev_samples` and `adapter_slots` per input as in StepInputs."""
+    """Run the model over a step; `prev_samples` and `adapter_slots` per input as in StepInputs; first apply
+    `lora_changes` to the LoRA slots (DeviceSlots.on_change on rank 0)."""
 
     step: HostStep
     prev_samples: list[int]
     adapter_slots: list[int]
+    lora_changes: list[SlotChange]
 
 
 class Logits(NamedTuple):

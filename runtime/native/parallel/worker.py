@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from runtime.native.core_loader import describe_model
 from runtime.native.decode_rows import fill_pending
+from runtime.native.lora import LoraManager
 from runtime.native.model_runner import ModelRunner
 from runtime.native.models import load_model
 from runtime.native.models.cpu_weights import prepare_cpu_weights
@@ -58,6 +59,8 @@ class Worker:
         if device.type == "cpu":
             prepare_cpu_weights(weights, "none")  # as rank 0 does without --cpu-quantization (refused with TP)
         self.runner = ModelRunner(weights, config.kv_block_size, Sampler(config.seed))
+        self.lora = LoraManager(config, weights)  # its slots only: rank 0 says what they hold (Forward.lora_changes)
+        self.runner.lora = self.lora.batch
         self.hidden: torch.Tensor | None = None  # the last Forward's hidden states
 
     @torch.inference_mode()
@@ -68,6 +71,12 @@ class Worker:
             if isinstance(msg, Forward):
                 inputs = StepInputs()  # what fill_pending reads: each input's token count and pending sample
                 inputs.counts, inputs.prev_samples = msg.step.query_lens, msg.prev_samples
+                for slot, key, lora_weights in msg.lora_changes:
+                    if key is None or lora_weights is None:
+                        self.lora.slots.clear(slot)
+                    else:
+                        self.lora.slots.place(slot, key, lora_weights)
+                self.lora.batch.set(msg.step.query_lens, msg.adapter_slots)
                 input_ids, positions, meta = runner.tensors(msg.step)
                 fill_pending(inputs, input_ids, runner.last_sampled)
                 self.hidden = runner.model(input_ids, positions, runner.kv_caches, meta)

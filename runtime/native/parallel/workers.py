@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.config import EngineConfig
+from runtime.native.lora.weights import LoraWeights
 from runtime.native.parallel import group as tp_group
 from runtime.native.parallel.messages import (
     HOST,
@@ -30,6 +31,7 @@ from runtime.native.parallel.messages import (
     HostStep,
     Logits,
     Profile,
+    SlotChange,
     Stop,
     WorkerArgs,
     broadcast,
@@ -61,6 +63,8 @@ class Workers:
         self._on_failure = on_failure
         self._stopping = False
         self.failure: str | None = None
+        self._lora_changes: list[SlotChange] = []  # since the last Forward (appended from any thread)
+        self._lora_lock = threading.Lock()
         store = dist.TCPStore(HOST, 0, size, is_master=True, timeout=IDLE_TIMEOUT, wait_for_workers=False)
         self._procs: list[subprocess.Popen[bytes]] = []
         for rank in range(1, size):
@@ -90,7 +94,15 @@ class Workers:
 
     # ---- the model runner's calls, each before its own ------------------------------------------
     def forward(self, step: HostStep, prev_samples: list[int], adapter_slots: list[int]) -> None:
-        self._send(Forward(step, prev_samples, adapter_slots))
+        with self._lora_lock:
+            changes, self._lora_changes = self._lora_changes, []
+        self._send(Forward(step, prev_samples, adapter_slots, changes))
+
+    def lora_changed(self, slot: int, key: int | None, weights: LoraWeights | None) -> None:
+        """A LoRA slot was placed or emptied on rank 0 (DeviceSlots.on_change): the other ranks follow before the next
+        step (whichever thread changed it: the messages themselves go out from the step thread only)."""
+        with self._lora_lock:
+            self._lora_changes.append((slot, key, weights))
 
     def logits(self, rows: list[int], sampled: int) -> None:
         self._send(Logits(rows, sampled))
