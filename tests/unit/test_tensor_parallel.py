@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from runtime.architectures import UnsupportedArchitectureError
 from runtime.native.models.linear import Linear, Shard
 from runtime.native.parallel import group as tp_group
 from runtime.native.parallel.group import TensorParallel
@@ -109,10 +110,13 @@ async def test_tp2_lora_adapters_equal_peft(models, arch: str, tmp_path: Path) -
     assert outs[2].tokens[0] == hf_greedy(hf, ps[2], 10)
 
 
-async def test_options_not_served_with_tp_are_refused_at_start(models) -> None:
+async def test_what_tp_does_not_serve_is_refused_at_start(models, tmp_path: Path) -> None:
     path, _ = models["llama"]
     with pytest.raises(ValueError, match="does not serve --speculative draft"):
         async with running_engine(path, tensor_parallel_size=2, speculative="draft", draft_model=str(path)):
+            pass
+    with pytest.raises(UnsupportedArchitectureError, match="not split by --tensor-parallel-size"):
+        async with running_engine(build_tiny_model(tmp_path, "gpt2"), tensor_parallel_size=2):
             pass
 
 

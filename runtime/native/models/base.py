@@ -22,6 +22,7 @@ class CausalLM(nn.Module):
     packed_modules: dict[str, tuple[str, str]] = {}
     # substrings of checkpoint names that carry no weights we use (rotary caches, causal-mask buffers)
     ignored_checkpoint_names: tuple[str, ...] = ()
+    tensor_parallel = False  # splits itself over --tensor-parallel-size ranks (runtime/native/parallel/group.py)
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()

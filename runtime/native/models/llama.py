@@ -181,6 +181,7 @@ class LlamaForCausalLM(CausalLM):
         "up_proj": ("gate_up_proj", "up_proj"),
     }
     ignored_checkpoint_names = ("rotary_emb.inv_freq",)
+    tensor_parallel = True
 
     def __init__(self, spec: ModelSpec, dtype: torch.dtype = torch.float32) -> None:
         super().__init__(spec)

@@ -41,6 +41,8 @@ def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device
     spec.context_window = context_window or spec.context_window
     check_supported(spec)
     cls = model_class(spec.architecture)
+    if current().size > 1 and not cls.tensor_parallel:
+        raise UnsupportedArchitectureError(spec.architecture, "not split by --tensor-parallel-size yet")
     dtype = dtype or DTYPES[spec.dtype]
     try:
         # parameters are allocated empty on the target device; the checkpoint fills every one
