@@ -5,14 +5,17 @@
 
 A random bf16 checkpoint of the shape (benchmarks/gpu_models.make_checkpoint; the shape is gpu_families'), served by
 NativeEngine in this process as rank 0 (the worker processes of the other ranks start with it). Engines, in turn:
-  tp1         one GPU, as served by default (CUDA graphs)
-  tp1_eager   one GPU without CUDA graphs: the like-for-like baseline of tp2, whose steps run op by op
-  tp2         --tensor-parallel-size 2 (NCCL)
+  tp1         one GPU, as served by default (CUDA graphs for decode and prefill steps)
+  tp1_eager   one GPU without CUDA graphs
+  tp2         --tensor-parallel-size 2 (NCCL), as served by default: decode steps from CUDA graphs that hold the
+              collectives, prompts op by op
+  tp2_eager   --tensor-parallel-size 2 without CUDA graphs
 Each: load seconds, batch-1 decode (inter-token ms, p50 over 64 tokens of a 128-token prompt), 256 requests of
-128 in / 128 out all at once (output tok/s). tp2 also runs under torch.profiler for a batch-1 decode and a short
-256-row window: the all-reduce (and logits all-gather) kernel time per step on rank 0's GPU, and its share of the
-step's kernel time (tp2_trace_b1.json: the trace). Results in DIR/gpu_tp.json, written after each engine; a phase
-that raises is recorded with its traceback and the run exits 1.
+128 in / 128 out all at once (output tok/s). The tp2 engines also run under torch.profiler for a batch-1 decode and
+a short 256-row window: the all-reduce (and logits all-gather) kernel time per step on rank 0's GPU, and its share of
+the step's kernel time (LABEL_trace_b1.json: the trace). Then tp2/tp2_eager against tp1/tp1_eager. Results in
+DIR/gpu_tp.json, written after each engine; an engine that fails is recorded with its traceback, the others still
+run, and the run exits 1.
 """
 
 from __future__ import annotations
@@ -36,7 +39,8 @@ from benchmarks.gpu_bench import FULL, SMOKE, Sizes, _request, _stream, engine_c
 from benchmarks.gpu_families import SHAPES
 
 SHAPE = "llama-3.1-8b"
-ENGINES = {"tp1": (1, True), "tp1_eager": (1, False), "tp2": (2, False)}  # label -> (tensor parallel size, graphs)
+# label -> (tensor parallel size, CUDA graphs)
+ENGINES = {"tp1": (1, True), "tp1_eager": (1, False), "tp2": (2, True), "tp2_eager": (2, False)}
 
 
 def shape(smoke: bool) -> dict[str, Any]:
@@ -46,7 +50,7 @@ def shape(smoke: bool) -> dict[str, Any]:
     return {k: v for k, v in SHAPES[SHAPE][1].items() if k != "rope_theta"}
 
 
-async def measure(folder: Path, device: str, s: Sizes, size: int, graphs: bool, profile_dir: Path | None
+async def measure(folder: Path, device: str, s: Sizes, size: int, graphs: bool, trace: Path | None
                   ) -> dict[str, Any]:
     from runtime.native.llm_engine import NativeEngine
 
@@ -65,9 +69,9 @@ async def measure(folder: Path, device: str, s: Sizes, size: int, graphs: bool, 
         t = time.perf_counter()
         done = await asyncio.gather(*(_stream(engine, _request(f"t{i}", p, s.output)) for i, p in enumerate(prompts)))
         res[f"throughput_{s.batch}_tok_s"] = sum(d[2] for d in done) / (time.perf_counter() - t)
-        if profile_dir is not None:
+        if trace is not None:
             res["collectives_b1"] = await collectives(engine, [gm.random_prompts(1, s.prompt, vocab, 3)[0]], 33,
-                                                      profile_dir / "tp2_trace_b1.json")
+                                                      trace)
             res["collectives_batch"] = await collectives(engine, gm.random_prompts(s.batch, s.prompt, vocab, 4), 16,
                                                          None)
     finally:
@@ -130,21 +134,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_tp: {label} (tensor parallel size {size}, CUDA graphs {graphs})", flush=True)
         try:
             results[label] = asyncio.run(measure(folder, args.device, s, size, graphs,
-                                                 args.out if size > 1 else None))
+                                                 args.out / f"{label}_trace_b1.json" if size > 1 else None))
         except Exception:  # noqa: BLE001 - recorded; the other engines still run
             failed = True
             results[label] = {"error": traceback.format_exc()}
             traceback.print_exc()
         (args.out / "gpu_tp.json").write_text(json.dumps(results, indent=1))
         print(f"gpu_tp: {label} {json.dumps(results[label])[:600]}", flush=True)
-    for base in ("tp1", "tp1_eager"):  # tp2 against each single-GPU engine: time per token and throughput
-        one, two = results.get(base, {}), results.get("tp2", {})
+    for new, base in (("tp2", "tp1"), ("tp2_eager", "tp1_eager"), ("tp2_eager", "tp1")):  # time per token, tok/s
+        one, two = results.get(base, {}), results.get(new, {})
         if "decode_b1_itl_ms_p50" in one and "decode_b1_itl_ms_p50" in two:
-            results[f"tp2_vs_{base}"] = {
+            results[f"{new}_vs_{base}"] = {
                 "decode_b1_time_ratio": two["decode_b1_itl_ms_p50"] / one["decode_b1_itl_ms_p50"],
                 "throughput_ratio": two[f"throughput_{s.batch}_tok_s"] / one[f"throughput_{s.batch}_tok_s"]}
     (args.out / "gpu_tp.json").write_text(json.dumps(results, indent=1))
-    print("gpu_tp: ratios " + json.dumps({k: v for k, v in results.items() if k.startswith("tp2_vs")}), flush=True)
+    print("gpu_tp: ratios " + json.dumps({k: v for k, v in results.items() if "_vs_" in k}), flush=True)
     return 1 if failed else 0
 
 

@@ -153,7 +153,7 @@ def _load(cfg: EngineConfig, model: ModelDescription, phases: StartupPhases, on_
     # a compiled step on CPU pays with --cpu-quantization or float32 (not against the prepacked bf16 products,
     # which inductor cannot call: 45 vs 52 ms a SmolLM2 step on the 2-core box, RESULTS.md); it is warmed up
     # in one more block, which the block manager never hands out
-    # (steps that graphs, compiled or C++ code run do not tell the other tensor-parallel ranks: eager steps there)
+    # (the CPU's compiled and C++ steps do not tell the other tensor-parallel ranks: eager steps there)
     native = device.type == "cpu" and cfg.cpu_compile and supports(weights) is None and peers is None
     compile_steps = (device.type == "cpu" and cfg.cpu_compile and not native and peers is None and
                      (quantization != "none" or dtype != torch.bfloat16))
@@ -161,9 +161,10 @@ def _load(cfg: EngineConfig, model: ModelDescription, phases: StartupPhases, on_
     # a speculative step brings 1 + num_draft_tokens rows per sequence
     decode_rows = cfg.max_batch_size * (1 + (cfg.num_draft_tokens if proposer is not None else 0))
     max_blocks = -(-window // cfg.kv_block_size)
-    if cfg.enable_cuda_graphs and device.type == "cuda" and peers is None:
+    if cfg.enable_cuda_graphs and device.type == "cuda":
         runner.capture_decode_graphs(decode_rows, max_blocks, lora_version=lambda: lora.slots.version)
-        runner.capture_prefill_graphs(cfg.max_num_tokens, max_blocks, lora_version=lambda: lora.slots.version)
+        if peers is None:  # (under tensor parallelism the prompts' steps run op by op)
+            runner.capture_prefill_graphs(cfg.max_num_tokens, max_blocks, lora_version=lambda: lora.slots.version)
     cpu_warm_up = None
     if native:  # its kernels are built: it serves from the first step
         use_cpu_kernels(True)

@@ -27,7 +27,7 @@ import torch
 
 from runtime.native.attention_metadata import AttentionMetadata
 from runtime.native.block_tables import BlockTables, step_tables
-from runtime.native.decode_rows import MAX_ROWS_PER_SEQ, DecodeOutput, fill_pending
+from runtime.native.decode_rows import MAX_ROWS_PER_SEQ, DecodeOutput, fill_pending, pack_rows
 from runtime.native.device import host_tensor, record_now, to_device
 from runtime.native.lora.apply import LoraBatch
 from runtime.native.models import CausalLM, allocate_kv_cache
@@ -155,6 +155,8 @@ class ModelRunner:
         """
         from runtime.native.cuda.graphs import DecodeGraphs
 
+        if self.peers is not None:
+            self.peers.capture_graphs(max_rows, max_blocks_per_seq)
         self.graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, max_rows, max_blocks_per_seq,
                                    self.lora, lora_version)
 
@@ -223,7 +225,7 @@ class ModelRunner:
         values = forward.values
         if not forward.are_logits:
             if self.peers is not None:
-                self.peers.logits(rows, len(sample_rows))
+                self.peers.logits(rows)
             logits = self.model.compute_logits(values[host_tensor(rows, torch.long, self.device)])
         elif len(rows) == values.shape[0]:  # every row (plain decode steps); rows ascend, so in order
             logits = values.clone() if inputs.on_device else values
@@ -281,7 +283,12 @@ class ModelRunner:
         """
         graphs, prefill = self.graphs, self.prefill_graphs
         if graphs is not None and graphs.accepts(inputs):
-            out = graphs.run(inputs, last_sampled, self.block_tables)  # one row per new token, in order
+            if self.peers is None:
+                out = graphs.run(inputs, last_sampled, self.block_tables)  # one row per new token, in order
+            else:  # (CUDA only: DecodeGraphs) the other ranks replay the same rows' graph
+                columns, tables = pack_rows(inputs, self.block_size, self.block_tables)
+                self.peers.graph_step(columns, tables)
+                out = graphs.replay(columns, tables, last_sampled)  # type: ignore[union-attr]
             return Forward(out.logits, inputs.first_rows(), True, out)
         if prefill is not None:
             # prompts are the inputs past a decode graph's tokens per sequence; failing that (the rows do not fit

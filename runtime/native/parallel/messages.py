@@ -61,12 +61,33 @@ class Forward(NamedTuple):
     lora_changes: list[SlotChange]
 
 
+class GraphStep(NamedTuple):
+    """Replay the decode graph of these packed rows (runtime/native/decode_rows.py's pack_rows), after applying
+    `lora_changes` as Forward does."""
+
+    columns: np.ndarray
+    tables: np.ndarray
+    lora_changes: list[SlotChange]
+
+
 class Logits(NamedTuple):
-    """Logits of rows `rows` of the last Forward's hidden states; then, when `sampled`, receive that many sampled
-    ids from rank 0 (the next step's pending tokens read them: async scheduling)."""
+    """Logits of rows `rows` of the last Forward's hidden states."""
 
     rows: list[int]
-    sampled: int
+
+
+class Sampled(NamedTuple):
+    """Receive the `count` ids rank 0 sampled from the last step's logits (the next step's pending tokens read them:
+    async scheduling)."""
+
+    count: int
+
+
+class CaptureGraphs(NamedTuple):
+    """ModelRunner.capture_decode_graphs (every rank captures the same graphs, their collectives inside)."""
+
+    max_rows: int
+    max_blocks_per_seq: int
 
 
 class CopyBlocks(NamedTuple):

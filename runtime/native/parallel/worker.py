@@ -26,10 +26,14 @@ from runtime.native.parallel.messages import (
     HOST,
     IDLE_TIMEOUT,
     AllocateCache,
+    CaptureGraphs,
     CopyBlocks,
     Forward,
+    GraphStep,
     Logits,
     Profile,
+    Sampled,
+    SlotChange,
     Stop,
     WorkerArgs,
     broadcast,
@@ -71,23 +75,28 @@ class Worker:
             if isinstance(msg, Forward):
                 inputs = StepInputs()  # what fill_pending reads: each input's token count and pending sample
                 inputs.counts, inputs.prev_samples = msg.step.query_lens, msg.prev_samples
-                for slot, key, lora_weights in msg.lora_changes:
-                    if key is None or lora_weights is None:
-                        self.lora.slots.clear(slot)
-                    else:
-                        self.lora.slots.place(slot, key, lora_weights)
+                self.apply(msg.lora_changes)
                 self.lora.batch.set(msg.step.query_lens, msg.adapter_slots)
                 input_ids, positions, meta = runner.tensors(msg.step)
                 fill_pending(inputs, input_ids, runner.last_sampled)
                 self.hidden = runner.model(input_ids, positions, runner.kv_caches, meta)
+                runner.last_sampled = None  # (as rank 0's launch: until the step's samples come, Sampled)
+            elif isinstance(msg, GraphStep):
+                self.apply(msg.lora_changes)
+                graphs = runner.graphs  # DecodeGraphs (CaptureGraphs; CUDA only)
+                assert graphs is not None
+                # the graph's greedy ids, which rank 0 reads as the step's samples too unless it samples otherwise
+                out = graphs.replay(msg.columns, msg.tables, runner.last_sampled)  # type: ignore[union-attr]
+                runner.last_sampled = out.greedy
             elif isinstance(msg, Logits):
                 assert self.hidden is not None
                 rows = torch.tensor(msg.rows, dtype=torch.long, device=runner.device)
                 runner.model.compute_logits(self.hidden[rows])
-                runner.last_sampled = None
-                if msg.sampled:
-                    runner.last_sampled = torch.empty(msg.sampled, dtype=torch.long, device=runner.device)
-                    dist.broadcast(runner.last_sampled, src=0, group=self.tp.group)
+            elif isinstance(msg, Sampled):
+                runner.last_sampled = torch.empty(msg.count, dtype=torch.long, device=runner.device)
+                dist.broadcast(runner.last_sampled, src=0, group=self.tp.group)
+            elif isinstance(msg, CaptureGraphs):
+                runner.capture_decode_graphs(*msg, lora_version=lambda: self.lora.slots.version)
             elif isinstance(msg, CopyBlocks):
                 runner.copy_blocks(msg.copies)
             elif isinstance(msg, Profile):
@@ -98,6 +107,14 @@ class Worker:
                 return
             else:
                 raise TypeError(f"unknown message {type(msg).__name__}")
+
+    def apply(self, changes: list[SlotChange]) -> None:
+        """Place or empty LoRA slots as rank 0 did."""
+        for slot, key, lora_weights in changes:
+            if key is None or lora_weights is None:
+                self.lora.slots.clear(slot)
+            else:
+                self.lora.slots.place(slot, key, lora_weights)
 
 
 def main() -> int:

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 
 import msgspec
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -26,11 +27,14 @@ from runtime.native.parallel.messages import (
     HOST,
     IDLE_TIMEOUT,
     AllocateCache,
+    CaptureGraphs,
     CopyBlocks,
     Forward,
+    GraphStep,
     HostStep,
     Logits,
     Profile,
+    Sampled,
     SlotChange,
     Stop,
     WorkerArgs,
@@ -94,9 +98,15 @@ class Workers:
 
     # ---- the model runner's calls, each before its own ------------------------------------------
     def forward(self, step: HostStep, prev_samples: list[int], adapter_slots: list[int]) -> None:
+        self._send(Forward(step, prev_samples, adapter_slots, self._take_lora_changes()))
+
+    def graph_step(self, columns: np.ndarray, tables: np.ndarray) -> None:
+        self._send(GraphStep(columns, tables, self._take_lora_changes()))
+
+    def _take_lora_changes(self) -> list[SlotChange]:
         with self._lora_lock:
             changes, self._lora_changes = self._lora_changes, []
-        self._send(Forward(step, prev_samples, adapter_slots, changes))
+        return changes
 
     def lora_changed(self, slot: int, key: int | None, weights: LoraWeights | None) -> None:
         """A LoRA slot was placed or emptied on rank 0 (DeviceSlots.on_change): the other ranks follow before the next
@@ -104,12 +114,16 @@ class Workers:
         with self._lora_lock:
             self._lora_changes.append((slot, key, weights))
 
-    def logits(self, rows: list[int], sampled: int) -> None:
-        self._send(Logits(rows, sampled))
+    def logits(self, rows: list[int]) -> None:
+        self._send(Logits(rows))
 
     def share_sampled(self, token_ids: torch.Tensor) -> None:
-        """The step's sampled ids [Logits.sampled] to every rank (after the sampler ran)."""
+        """The step's sampled ids (long [count], on the device) to every rank, after the sampler ran."""
+        self._send(Sampled(token_ids.shape[0]))
         dist.broadcast(token_ids, src=0, group=self._tp.group)
+
+    def capture_graphs(self, max_rows: int, max_blocks_per_seq: int) -> None:
+        self._send(CaptureGraphs(max_rows, max_blocks_per_seq))
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         self._send(CopyBlocks(copies))
