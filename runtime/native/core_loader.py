@@ -88,14 +88,15 @@ def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhas
     """Load tokenizer, weights and KV cache, capture graphs, and build the core (blocking). `phases` says what it is
     doing; `stopping()`: the engine no longer serves (the CPU's background warm-up then gives up);
     `on_worker_failure(reason)`: a tensor-parallel worker died (runtime/native/parallel/workers.py)."""
-    cfg, device, dtype, spec = config, model.device, model.dtype, model.spec
     peers = None
-    if cfg.tensor_parallel_size > 1:
-        check_tensor_parallel(cfg)
-        with phases.phase(f"starting {cfg.tensor_parallel_size - 1} tensor-parallel workers"):
-            peers = Workers(cfg, device, on_worker_failure)
+    if config.tensor_parallel_size < 1:
+        raise ValueError(f"--tensor-parallel-size must be at least 1, got {config.tensor_parallel_size}")
+    if config.tensor_parallel_size > 1:
+        check_tensor_parallel(config)
+        with phases.phase(f"starting {config.tensor_parallel_size - 1} tensor-parallel workers"):
+            peers = Workers(config, model.device, on_worker_failure)
     try:
-        return _load(cfg, model, phases, on_lora_ready, stopping, peers)
+        return _load(config, model, phases, on_lora_ready, stopping, peers)
     except BaseException:
         if peers is not None:
             peers.stop()

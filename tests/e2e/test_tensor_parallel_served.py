@@ -68,5 +68,5 @@ def test_a_killed_tp_worker_ends_streams_with_an_error_and_the_server_exits_nonz
     assert "tensor-parallel worker 1" in error["message"] or "model step failed" in error["message"]
     assert served.proc.wait(30) == 1
     assert "fatal: the engine stopped serving" in served.log.read_text()
-    gone, alive = psutil.wait_procs(processes, timeout=10)
+    _, alive = psutil.wait_procs(processes, timeout=10)
     assert not alive  # no process left behind

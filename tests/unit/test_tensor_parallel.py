@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import random
 from pathlib import Path
 
 import pytest
@@ -21,6 +20,7 @@ from runtime.native.parallel.group import TensorParallel
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
 from tests.lora_adapters import make_peft_adapter, peft_greedy
 from tests.tiny_models import FAMILIES, SLIDING_WINDOW, build_tiny_model
+from tests.unit.test_model_families import prompts
 
 ARCHS = ("llama", "llama-untied", "qwen2", *FAMILIES)
 SERVE = {"phi3": {"max_model_len": 64}}  # (as test_model_families.py: LongRoPE's short factors)
@@ -31,11 +31,6 @@ DEVICE = os.environ.get("ENGINE_TEST_DEVICE", "cpu")  # (running_engine reads it
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, torch.nn.Module]]:
     root = tmp_path_factory.mktemp("tp")
     return {arch: (path, load_hf(path)) for arch in ARCHS for path in [build_tiny_model(root, arch)]}
-
-
-def prompts(lengths: list[int], seed: int) -> list[list[int]]:
-    rng = random.Random(seed)
-    return [[rng.randrange(3, 300) for _ in range(n)] for n in lengths]
 
 
 async def _joining(engine, ps: list[list[int]], max_tokens: list[int]) -> list[list[int]]:

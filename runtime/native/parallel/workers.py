@@ -140,7 +140,7 @@ class Workers:
         if self.failure is None:
             try:
                 broadcast(Stop(), self._control)
-            except Exception:  # noqa: BLE001 - a worker gone already: killed below
+            except Exception:  # a worker gone already: killed below
                 logger.exception("could not tell the tensor-parallel workers to stop")
         for proc in self._procs:
             try:
