@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,16 @@ async def test_what_tp_does_not_serve_is_refused_at_start(models, tmp_path: Path
     with pytest.raises(UnsupportedArchitectureError, match="not split by --tensor-parallel-size"):
         async with running_engine(build_tiny_model(tmp_path, "gpt2"), tensor_parallel_size=2):
             pass
+
+
+async def test_a_worker_that_cannot_start_fails_the_start(models, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a group that waits for it without end."""
+    path, _ = models["llama"]
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # the worker process exits at once, with 1
+    with pytest.raises(RuntimeError, match="worker 1 exited with code 1 before joining"):
+        async with running_engine(path, tensor_parallel_size=2):
+            pass
+    assert tp_group.current().size == 1
 
 
 def test_shares_of_heads_kv_heads_and_vocabulary() -> None:

@@ -110,6 +110,11 @@ class Stop(NamedTuple):
     pass
 
 
+def joining_key(rank: int) -> str:
+    """The store key a worker sets just before it joins the group (rank 0 waits for it: Workers)."""
+    return f"joining/{rank}"
+
+
 def join_group(rank: int, size: int, store: dist.Store, device: torch.device) -> tuple[TensorParallel, Any]:
     """Join the ranks' process group (NCCL on CUDA, gloo on CPU): (the group, the control group of the messages)."""
     backend = "nccl" if device.type == "cuda" else "gloo"

@@ -38,6 +38,7 @@ from runtime.native.parallel.messages import (
     WorkerArgs,
     broadcast,
     join_group,
+    joining_key,
 )
 from runtime.native.sampler import Sampler
 from runtime.native.step_inputs import StepInputs
@@ -56,6 +57,7 @@ class Worker:
         if device.type == "cpu":
             torch.set_num_threads(max(1, torch.get_num_threads() // args.size))
         store = dist.TCPStore(HOST, args.store_port, args.size, is_master=False, timeout=IDLE_TIMEOUT)
+        store.set(joining_key(args.rank), "1")
         tp, self.control = join_group(args.rank, args.size, store, device)
         tp_group.use(tp)
         self.tp = tp

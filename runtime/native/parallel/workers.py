@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 import msgspec
@@ -40,11 +41,13 @@ from runtime.native.parallel.messages import (
     WorkerArgs,
     broadcast,
     join_group,
+    joining_key,
 )
 
 logger = logging.getLogger(__name__)
 
 STOP_GRACE = 10.0  # s a worker may take to exit after Stop before it is killed
+JOIN_POLL = 0.05  # s between looks at the workers while they start
 
 
 def rank_device(device: torch.device, rank: int) -> torch.device:
@@ -79,9 +82,34 @@ class Workers:
             proc.stdin.close()
             self._procs.append(proc)
             threading.Thread(target=self._watch, args=(rank, proc), name=f"tp-worker-{rank}", daemon=True).start()
-        tp, self._control = join_group(0, size, store, rank_device(device, 0))
+        try:
+            self._wait_until_joining(store)
+            tp, self._control = join_group(0, size, store, rank_device(device, 0))
+        except BaseException:
+            self._stopping = True
+            self._end_workers(0.0)
+            raise
         tp_group.use(tp)
         self._tp = tp
+
+    def _wait_until_joining(self, store: dist.Store) -> None:
+        """Until every worker is about to join the group (it marks `joining_key` in the store): a worker that
+        exits before is an error here, not a group that waits for it without end."""
+        for rank, proc in enumerate(self._procs, start=1):
+            while not store.check([joining_key(rank)]):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"tensor-parallel worker {rank} exited with code {proc.returncode} before "
+                                       "joining (its log says why)")
+                time.sleep(JOIN_POLL)
+
+    def _end_workers(self, grace: float) -> None:
+        """Wait up to `grace` s for each worker to exit, then kill it."""
+        for proc in self._procs:
+            try:
+                proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
     def _watch(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
         code = proc.wait()
@@ -142,12 +170,7 @@ class Workers:
                 broadcast(Stop(), self._control)
             except Exception:  # a worker gone already: killed below
                 logger.exception("could not tell the tensor-parallel workers to stop")
-        for proc in self._procs:
-            try:
-                proc.wait(STOP_GRACE)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        self._end_workers(STOP_GRACE)
         if self.failure is None or self._device.type == "cpu":  # (NCCL may hang on a group with a dead rank)
             dist.destroy_process_group()
         tp_group.use(tp_group.TensorParallel())
