@@ -170,7 +170,7 @@ class Workers:
                 broadcast(Stop(), self._control)
             except Exception:  # a worker gone already: killed below
                 logger.exception("could not tell the tensor-parallel workers to stop")
-        self._end_workers(STOP_GRACE)
+        self._end_workers(STOP_GRACE if self.failure is None else 0.0)  # (after a failure the others wait in vain)
         if self.failure is None or self._device.type == "cpu":  # (NCCL may hang on a group with a dead rank)
             dist.destroy_process_group()
         tp_group.use(tp_group.TensorParallel())
