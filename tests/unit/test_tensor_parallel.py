@@ -72,17 +72,22 @@ async def test_tp4_with_kv_heads_replicated_matches_transformers(models) -> None
     assert out.tokens[0] == hf_greedy(hf, prompt, 12)
 
 
-async def test_tp2_seeded_samples_with_forks_equal_tp1(models) -> None:
+async def test_tp2_seeded_samples_with_forks_equal_tp1(models, monkeypatch: pytest.MonkeyPatch) -> None:
     """n=3 samples of one prompt (forked blocks: copy-on-write copies on every rank), seeded: rank 0 samples from
     the gathered logits as a single rank does."""
     path, _ = models["llama"]
     prompt = prompts([6], seed=5)[0]
-    outs = []
+    outs, copies = [], []
     for size in (1, 2):
         async with running_engine(path, tensor_parallel_size=size) as engine:
+            if size == 2:  # count the copy-on-write copies the workers are told
+                peers = engine.runner.peers
+                tell = peers.copy_blocks
+                monkeypatch.setattr(peers, "copy_blocks", lambda c: (copies.append(c), tell(c))[1])
             out = await collect(engine, request("r", prompt, 10, temperature=0.8, n=3, seed=7))
             outs.append(out.tokens)
     assert outs[0] == outs[1] and len(outs[0]) == 3
+    assert copies  # the forks' shared last block (6 prompt tokens in blocks of 4) was copied on every rank
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3_moe"])
