@@ -155,7 +155,26 @@ def test_linear_shards_take_their_rows_and_columns(monkeypatch: pytest.MonkeyPat
     padded = Linear(3, [("lm_head", 3)], shard=Shard(rows=((3, 2),), full_rows=(5,)))
     padded.load("weight", full[:5], "lm_head")
     assert padded.weight.tolist() == [*full[3:5].tolist(), [0.0, 0.0, 0.0]]
-    row = Linear(2, [("o", 6)], bias=True, shard=Shard(cols=(1, 2)))
+    row = Linear(2, [("o", 6)], bias=True, shard=Shard(cols=(1, 2), full_cols=3))
     row.load("weight", full, None)
     row.load("bias", torch.ones(6), None)
     assert row.weight.tolist() == full[:, 1:].tolist() and row.bias.tolist() == [0.0] * 6
+
+
+def test_a_rank_reads_only_its_share_of_a_stored_weight(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through safetensors' slices (LazyTensor): the rows of each fused part, and the columns of a row-parallel
+    weight, as from the whole tensor."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from runtime.native.models.loader import LazyTensor
+
+    monkeypatch.setattr(tp_group, "_current", TensorParallel(1, 2))
+    full = torch.randn(6, 3)  # parts a (4 rows) and b (2 rows), fused as Phi-3 stores q/k/v
+    save_file({"w": full}, str(tmp_path / "w.safetensors"))
+    with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as f:
+        column = Linear(3, [("a", 2), ("b", 1)], shard=Shard(rows=((2, 2), (1, 1)), full_rows=(4, 2)))
+        column.load("weight", LazyTensor(f.get_slice("w")), None)
+        row = Linear(2, [("o", 6)], shard=Shard(cols=(1, 2), full_cols=3))
+        row.load("weight", LazyTensor(f.get_slice("w")), None)
+    assert torch.equal(column.weight, full[[2, 3, 5]]) and torch.equal(row.weight, full[:, 1:])

@@ -43,20 +43,24 @@ class Shard:
     full_cols: int = 0
 
     def take(self, linear: Linear, attr: str, tensor: torch.Tensor, part: str | None) -> torch.Tensor:
-        """The rank's slice of the checkpoint tensor for `attr` (and part) of `linear`."""
+        """The rank's slice of the checkpoint tensor for `attr` (and part) of `linear`. `tensor` may be a lazy view
+        of the checkpoint's tensor (loader.py's LazyTensor: a weight's `narrow` reads only that slice)."""
         if self.cols is not None:
             if attr == "bias":
                 return tensor if current().rank == 0 else torch.zeros_like(tensor)
             return tensor.narrow(1, *self.cols)
         if part is not None:
             index = linear.part_names.index(part)
-            return _rows(tensor, self.rows[index], linear.part_sizes[index])
-        pieces = tensor.split(self.full_rows)  # a checkpoint that fuses the parts too (Phi-3's qkv_proj)
-        return torch.cat([_rows(piece, rows, size) for piece, rows, size in zip(pieces, self.rows, linear.part_sizes)])
+            return _rows(tensor, 0, self.rows[index], linear.part_sizes[index])
+        # a checkpoint that fuses the parts too (Phi-3's qkv_proj): each part's slice at its offset in the whole
+        offsets = [sum(self.full_rows[:i]) for i in range(len(self.full_rows))]
+        return torch.cat([_rows(tensor, offset, rows, size)
+                          for offset, rows, size in zip(offsets, self.rows, linear.part_sizes)])
 
 
-def _rows(tensor: torch.Tensor, rows: tuple[int, int], size: int) -> torch.Tensor:
-    piece = tensor.narrow(0, *rows)
+def _rows(tensor: torch.Tensor, offset: int, rows: tuple[int, int], size: int) -> torch.Tensor:
+    """Rows offset + rows[0] .. of `tensor`, `rows[1]` of them, zero-padded to `size`."""
+    piece = tensor.narrow(0, offset + rows[0], rows[1])
     if rows[1] == size:
         return piece
     return torch.cat((piece, piece.new_zeros(size - rows[1], *piece.shape[1:])))
