@@ -83,7 +83,7 @@ async def test_tp2_seeded_samples_with_forks_equal_tp1(models, monkeypatch: pyte
             if size == 2:  # count the copy-on-write copies the workers are told
                 peers = engine.runner.peers
                 tell = peers.copy_blocks
-                monkeypatch.setattr(peers, "copy_blocks", lambda c: (copies.append(c), tell(c))[1])
+                monkeypatch.setattr(peers, "copy_blocks", lambda c, tell=tell: (copies.append(c), tell(c))[1])
             out = await collect(engine, request("r", prompt, 10, temperature=0.8, n=3, seed=7))
             outs.append(out.tokens)
     assert outs[0] == outs[1] and len(outs[0]) == 3
