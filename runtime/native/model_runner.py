@@ -194,6 +194,14 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, inputs: StepInputs | Sequence[StepInput], copies: Sequence[tuple[int, int]] = ()) -> PendingStep:
         """`execute` without waiting: the step is queued on the device (see the module docstring)."""
+        try:
+            return self._launch(inputs, copies)
+        except Exception as exc:
+            if self.peers is not None:
+                self.peers.explain(exc)  # a collective that failed because a worker died says so
+            raise
+
+    def _launch(self, inputs: StepInputs | Sequence[StepInput], copies: Sequence[tuple[int, int]]) -> PendingStep:
         inputs = StepInputs.of(inputs)
         self.copy_blocks(copies)
         forward = self._forward(inputs, self.last_sampled)

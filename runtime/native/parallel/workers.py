@@ -47,7 +47,8 @@ from runtime.native.parallel.messages import (
 logger = logging.getLogger(__name__)
 
 STOP_GRACE = 10.0  # s a worker may take to exit after Stop before it is killed
-JOIN_POLL = 0.05  # s between looks at the workers while they start
+JOIN_POLL = 0.05  # s between looks at the workers while they start (or after a failed step)
+EXPLAIN_WAIT = 1.0  # s a failed step waits for a worker's exit to explain it
 
 
 def rank_device(device: torch.device, rank: int) -> torch.device:
@@ -112,12 +113,24 @@ class Workers:
                 proc.wait()
 
     def _watch(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
-        code = proc.wait()
+        proc.wait()
         if self._stopping:
             return
-        self.failure = f"tensor-parallel worker {rank} (pid {proc.pid}) exited with code {code}"
+        self.failure = _exited(rank, proc)
         logger.error("%s; the engine stops", self.failure)
         self._on_failure(self.failure)
+
+    def explain(self, exc: Exception, wait: float = EXPLAIN_WAIT) -> None:
+        """Raise `exc`'s cause when it is a worker that died (a collective with it fails as its connection closes,
+        just before its exit is seen): waits up to `wait` s for one to have exited; returns otherwise."""
+        deadline = time.monotonic() + wait
+        while True:
+            for rank, proc in enumerate(self._procs, start=1):
+                if proc.poll() is not None:
+                    raise RuntimeError(_exited(rank, proc)) from exc
+            if time.monotonic() > deadline:
+                return
+            time.sleep(JOIN_POLL)
 
     def _send(self, message: object) -> None:
         if self.failure is not None:
@@ -174,3 +187,7 @@ class Workers:
         if self.failure is None or self._device.type == "cpu":  # (NCCL may hang on a group with a dead rank)
             dist.destroy_process_group()
         tp_group.use(tp_group.TensorParallel())
+
+
+def _exited(rank: int, proc: subprocess.Popen[bytes]) -> str:
+    return f"tensor-parallel worker {rank} (pid {proc.pid}) exited with code {proc.returncode}"
