@@ -61,6 +61,16 @@ async def test_tp2_greedy_batches_match_transformers(models, arch: str) -> None:
         assert got[i] == hf_greedy(hf, prompt, max_tokens[i]), f"request {i}"
 
 
+async def test_tp2_ngram_speculation_keeps_the_greedy_ids(models) -> None:
+    """Verification steps score several tokens a sequence (every row's logits gathered from the ranks)."""
+    path, hf = models["qwen3"]
+    prompt = [7, 8, 9, 10, 7, 8, 9, 10, 7, 8]  # repeats, so that n-grams propose
+    async with running_engine(path, tensor_parallel_size=2, speculative="ngram", num_draft_tokens=2) as engine:
+        out = await collect(engine, request("r", prompt, 16))
+        assert engine.stats().spec_draft_tokens > 0
+    assert out.tokens[0] == hf_greedy(hf, prompt, 16)
+
+
 @pytest.mark.skipif(DEVICE.startswith("cuda") and torch.cuda.device_count() < 4, reason="needs 4 GPUs")
 async def test_tp4_with_kv_heads_replicated_matches_transformers(models) -> None:
     """4 ranks over 2 KV heads: each KV head is cached by the two ranks whose query heads read it."""
