@@ -75,15 +75,9 @@ class Workers:
         self._lora_lock = threading.Lock()
         store = dist.TCPStore(HOST, 0, size, is_master=True, timeout=IDLE_TIMEOUT, wait_for_workers=False)
         self._procs: list[subprocess.Popen[bytes]] = []
-        for rank in range(1, size):
-            args = WorkerArgs(config, rank, size, store.port, str(rank_device(device, rank)), os.getpid())
-            proc = subprocess.Popen([sys.executable, "-m", "runtime.native.parallel.worker"], stdin=subprocess.PIPE)
-            assert proc.stdin is not None
-            proc.stdin.write(msgspec.msgpack.encode(args))
-            proc.stdin.close()
-            self._procs.append(proc)
-            threading.Thread(target=self._watch, args=(rank, proc), name=f"tp-worker-{rank}", daemon=True).start()
         try:
+            for rank in range(1, size):
+                self._start(WorkerArgs(config, rank, size, store.port, str(rank_device(device, rank)), os.getpid()))
             self._wait_until_joining(store)
             tp, self._control = join_group(0, size, store, rank_device(device, 0))
         except BaseException:
@@ -92,6 +86,17 @@ class Workers:
             raise
         tp_group.use(tp)
         self._tp = tp
+
+    def _start(self, args: WorkerArgs) -> None:
+        proc = subprocess.Popen([sys.executable, "-m", "runtime.native.parallel.worker"], stdin=subprocess.PIPE)
+        self._procs.append(proc)
+        assert proc.stdin is not None
+        try:
+            proc.stdin.write(msgspec.msgpack.encode(args))
+            proc.stdin.close()
+        except BrokenPipeError:  # it exited at once: _wait_until_joining says so
+            pass
+        threading.Thread(target=self._watch, args=(args.rank, proc), name=f"tp-worker-{args.rank}", daemon=True).start()
 
     def _wait_until_joining(self, store: dist.Store) -> None:
         """Until every worker is about to join the group (it marks `joining_key` in the store): a worker that
