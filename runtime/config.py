@@ -80,10 +80,10 @@ class EngineConfig:
     # section: GPU execution
     enable_cuda_graphs: bool = True  # replay decode and prefill steps from captured CUDA graphs
     async_scheduling: bool | None = None  # prepare step N+1 while the device runs step N; default: on for CUDA
+    tensor_parallel_size: int = 1  # GPUs each layer is split over, one process each (both backends; native: docs/tensor_parallel.md, also on the CPU over gloo)
     # section: streaming
     stream_interval: int = 1  # a stream's tokens go out in groups of this many (its first at once): fewer, larger events for less host work per token
     # section: TensorRT-LLM only
-    tensor_parallel_size: int = 1  # GPUs each layer is split over
     pipeline_parallel_size: int = 1  # GPUs the layers are spread over, in stages
     trtllm_extra: dict[str, object] = field(default_factory=dict)  # pass-through LLM(...) kwargs
 

@@ -35,6 +35,7 @@ from runtime.native.model_runner import ModelRunner
 from runtime.model_spec import ModelSpec
 from runtime.native.models import kv_cache_bytes_per_token, load_model
 from runtime.native.models.cpu_weights import prepare_cpu_weights
+from runtime.native.parallel.workers import Workers
 from runtime.native.sampler import Sampler
 from runtime.native.scheduler import Scheduler
 from runtime.served_model import describe_served_model
@@ -82,10 +83,39 @@ class LoadedCore:
 
 
 def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhases,
-              on_lora_ready: Callable[[], None], stopping: Callable[[], bool]) -> LoadedCore:
+              on_lora_ready: Callable[[], None], stopping: Callable[[], bool],
+              on_worker_failure: Callable[[str], None] = lambda reason: None) -> LoadedCore:
     """Load tokenizer, weights and KV cache, capture graphs, and build the core (blocking). `phases` says what it is
-    doing; `stopping()`: the engine no longer serves (the CPU's background warm-up then gives up)."""
-    cfg, device, dtype, spec = config, model.device, model.dtype, model.spec
+    doing; `stopping()`: the engine no longer serves (the CPU's background warm-up then gives up);
+    `on_worker_failure(reason)`: a tensor-parallel worker died (runtime/native/parallel/workers.py)."""
+    peers = None
+    if config.tensor_parallel_size < 1:
+        raise ValueError(f"--tensor-parallel-size must be at least 1, got {config.tensor_parallel_size}")
+    if config.tensor_parallel_size > 1:
+        check_tensor_parallel(config)
+        with phases.phase(f"starting {config.tensor_parallel_size - 1} tensor-parallel workers"):
+            peers = Workers(config, model.device, on_worker_failure)
+    try:
+        return _load(config, model, phases, on_lora_ready, stopping, peers)
+    except BaseException:
+        if peers is not None:
+            peers.stop()
+        raise
+
+
+def check_tensor_parallel(cfg: EngineConfig) -> None:
+    """ValueError naming an option that --tensor-parallel-size does not serve yet."""
+    unsupported = {"--speculative draft": cfg.speculative == "draft",
+                   "--cpu-quantization": cfg.cpu_quantization not in ("auto", "none"),
+                   "--quantization fp8": cfg.quantization != "none"}
+    named = [option for option, on in unsupported.items() if on]
+    if named:
+        raise ValueError(f"--tensor-parallel-size {cfg.tensor_parallel_size} does not serve {', '.join(named)} yet")
+
+
+def _load(cfg: EngineConfig, model: ModelDescription, phases: StartupPhases, on_lora_ready: Callable[[], None],
+          stopping: Callable[[], bool], peers: Workers | None) -> LoadedCore:
+    device, dtype, spec = model.device, model.dtype, model.spec
     if device.type == "cpu":
         torch.set_num_threads(cpu_thread_count(cfg.cpu_threads))  # process-wide: the step thread's matmuls
     with phases.phase("loading the tokenizer"):
@@ -97,6 +127,8 @@ def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhas
     quantization, cpu_weight_bytes = "none", 0
     if device.type == "cpu":
         quantization = cpu_quantization(cfg.cpu_quantization, source_quantization(spec.config))
+        if peers is not None and quantization != "none":
+            raise ValueError(f"--tensor-parallel-size does not serve --cpu-quantization {quantization} yet")
         use_cpu_kernels(False)  # until the kernel is built (runtime/native/cpu/warm_up.py), whatever engines did before
         if quantization != "none":
             with phases.phase("building the CPU kernels"):  # the quantized products need them (cached after a first start)
@@ -108,7 +140,10 @@ def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhas
             logger.info("CPU: %s weights (%+.0f MB)", "prepacked" if quantization == "none" else
                         f"{quantization} weight-only", cpu_weight_bytes / 2**20)
     runner = ModelRunner(weights, cfg.kv_block_size, Sampler(cfg.seed))
+    runner.peers = peers
     lora = LoraManager(cfg, weights, on_ready=on_lora_ready)
+    if peers is not None:
+        lora.slots.on_change = peers.lora_changed
     runner.lora = lora.batch
     proposer = load_proposer(cfg, serving_demo=cfg.model == DEMO, tokenizer=tokenizer, vocab_size=spec.vocab_size,
                              dtype=dtype, device=device)
@@ -120,8 +155,9 @@ def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhas
     # a compiled step on CPU pays with --cpu-quantization or float32 (not against the prepacked bf16 products,
     # which inductor cannot call: 45 vs 52 ms a SmolLM2 step on the 2-core box, RESULTS.md); it is warmed up
     # in one more block, which the block manager never hands out
-    # the CPU's C++ and compiled steps read 16- or 32-bit caches: an FP8 cache runs eager over the reference attention
-    cpu_steps = device.type == "cpu" and cfg.cpu_compile and kv_dtype == dtype
+    # the CPU's C++ and compiled steps read 16- or 32-bit caches (an FP8 cache runs eager over the reference
+    # attention), and do not tell the other tensor-parallel ranks (eager steps there)
+    cpu_steps = device.type == "cpu" and cfg.cpu_compile and kv_dtype == dtype and peers is None
     native = cpu_steps and supports(weights) is None
     compile_steps = cpu_steps and not native and (quantization != "none" or dtype != torch.bfloat16)
     runner.allocate_kv_cache(blocks + compile_steps, kv_dtype)
@@ -130,7 +166,8 @@ def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhas
     max_blocks = -(-window // cfg.kv_block_size)
     if cfg.enable_cuda_graphs and device.type == "cuda":
         runner.capture_decode_graphs(decode_rows, max_blocks, lora_version=lambda: lora.slots.version)
-        runner.capture_prefill_graphs(cfg.max_num_tokens, max_blocks, lora_version=lambda: lora.slots.version)
+        if peers is None:  # (under tensor parallelism the prompts' steps run op by op)
+            runner.capture_prefill_graphs(cfg.max_num_tokens, max_blocks, lora_version=lambda: lora.slots.version)
     cpu_warm_up = None
     if native:  # its kernels are built: it serves from the first step
         use_cpu_kernels(True)

@@ -66,6 +66,7 @@ class NativeEngine(AsyncEngine):
         self._accepting = False
         self._stopping = False
         self._loop_error: BaseException | None = None
+        self._worker_failure: str | None = None  # why a tensor-parallel worker died (_worker_died)
         self._stats = EngineStats(max_batch_size=config.max_batch_size, max_num_tokens=config.max_num_tokens)
         self._stats_lock = threading.Lock()
         self._guided_compiler: GuidedCompiler | None = None
@@ -110,7 +111,7 @@ class NativeEngine(AsyncEngine):
         if self.core is not None:
             return
         loaded = load_core(self.config, self.model, self.phases, on_lora_ready=self._wake,
-                           stopping=lambda: not self._accepting)
+                           stopping=lambda: not self._accepting, on_worker_failure=self._worker_died)
         self.tokenizer, self.eos_token_ids = loaded.tokenizer, loaded.eos_token_ids
         self.cpu_warm_up = loaded.cpu_warm_up
         if self._in_process:
@@ -151,12 +152,14 @@ class NativeEngine(AsyncEngine):
             self._cond.notify()
         await asyncio.to_thread(self._thread.join)
         self._prepare.shutdown()
+        if self.core is not None and self.core.runner.peers is not None:
+            await asyncio.to_thread(self.core.runner.peers.stop)
         gc.unfreeze()  # what this engine held may be freed by the collector again (tests start many engines)
 
     @property
     def ready(self) -> bool:
         alive = self._thread is not None and self._thread.is_alive()
-        return self._accepting and alive and self._loop_error is None
+        return self._accepting and alive and self._loop_error is None and self._worker_failure is None
 
     def _busy(self) -> bool:
         with self._cond:
@@ -244,6 +247,13 @@ class NativeEngine(AsyncEngine):
         with self._cond:
             self._cond.notify()
 
+    def _worker_died(self, reason: str) -> None:
+        """A tensor-parallel worker died: the step loop dies at its next turn (every request fails, the engine turns
+        not ready; the engine-core process then exits non-zero)."""
+        with self._cond:
+            self._worker_failure = reason
+            self._cond.notify()
+
     # ---- the step thread ----------------------------------------------------------------------
     def _run(self) -> None:
         core = self.core
@@ -251,8 +261,11 @@ class NativeEngine(AsyncEngine):
         try:
             while True:
                 with self._cond:
-                    while not (self._stopping or self._inbox or self._aborts or core.has_work()):
+                    while not (self._stopping or self._inbox or self._aborts or core.has_work()
+                               or self._worker_failure):
                         self._cond.wait()
+                    if self._worker_failure is not None:
+                        raise RuntimeError(self._worker_failure)
                     if self._stopping and not self._aborts:
                         break
                 if self.step() == 0 and not self._aborts:

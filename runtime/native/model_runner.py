@@ -12,6 +12,9 @@ adapter indices (LoRA).
 ids. Between the two the host may prepare (and launch) the next step: a decode input may then name its
 token as "row r of the previous launch's samples" (`StepInput.prev_sample`), which is read on the device,
 so the next step never waits for the host to learn the token (the engine's async scheduling).
+
+Under tensor parallelism this is rank 0's runner: `peers` tells the other ranks each model call before it makes its
+own (runtime/native/parallel/), with the step's host inputs (`host_step`) from which every rank makes its tensors.
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ import torch
 
 from runtime.native.attention_metadata import AttentionMetadata
 from runtime.native.block_tables import BlockTables, step_tables
-from runtime.native.decode_rows import MAX_ROWS_PER_SEQ, DecodeOutput, fill_pending
+from runtime.native.decode_rows import MAX_ROWS_PER_SEQ, DecodeOutput, fill_pending, pack_rows
 from runtime.native.device import host_tensor, record_now, to_device
 from runtime.native.lora.apply import LoraBatch
 from runtime.native.models import CausalLM, allocate_kv_cache
+from runtime.native.parallel.messages import HostStep
 from runtime.native.sampler import Sampler, SamplingRow, plain_greedy
 from runtime.native.step_inputs import StepInput, StepInputs
 from runtime.native.step_results import StepResults
@@ -37,6 +41,7 @@ if TYPE_CHECKING:
     from runtime.native.cuda.graphs import DecodeGraphs
     from runtime.native.cuda.mixed_graphs import MixedGraphs
     from runtime.native.cuda.prefill_graphs import PrefillGraphs
+    from runtime.native.parallel.workers import Workers
 
 
 class RowArgmax(NamedTuple):
@@ -130,6 +135,7 @@ class ModelRunner:
         self.mixed_graphs: MixedGraphs | None = None  # decode rows and prompts together (capture_prefill_graphs)
         self.last_sampled: torch.Tensor | None = None  # the last launch's sampled ids, on the device
         self.eager_steps = 0  # steps run op by op, not replayed from graphs (or a compiled step on CPU)
+        self.peers: Workers | None = None  # the other tensor-parallel ranks (rank 0 only; set by the loader)
         if self.device.type == "cuda":
             from runtime.native.cuda import enable_cuda_kernels
 
@@ -137,6 +143,8 @@ class ModelRunner:
 
     def allocate_kv_cache(self, num_blocks: int, dtype: torch.dtype | None = None) -> None:
         """Allocate the paged cache (in `dtype`, default the model's); call once, after profiling."""
+        if self.peers is not None:
+            self.peers.allocate_cache(num_blocks, dtype)
         self.kv_caches = allocate_kv_cache(self.model.spec, num_blocks, self.block_size, dtype or self.dtype,
                                            self.device)
 
@@ -148,6 +156,8 @@ class ModelRunner:
         """
         from runtime.native.cuda.graphs import DecodeGraphs
 
+        if self.peers is not None:
+            self.peers.capture_graphs(max_rows, max_blocks_per_seq)
         self.graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, max_rows, max_blocks_per_seq,
                                    self.lora, lora_version)
 
@@ -185,6 +195,14 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, inputs: StepInputs | Sequence[StepInput], copies: Sequence[tuple[int, int]] = ()) -> PendingStep:
         """`execute` without waiting: the step is queued on the device (see the module docstring)."""
+        try:
+            return self._launch(inputs, copies)
+        except Exception as exc:
+            if self.peers is not None:
+                self.peers.explain(exc)  # a collective that failed because a worker died says so
+            raise
+
+    def _launch(self, inputs: StepInputs | Sequence[StepInput], copies: Sequence[tuple[int, int]]) -> PendingStep:
         inputs = StepInputs.of(inputs)
         self.copy_blocks(copies)
         forward = self._forward(inputs, self.last_sampled)
@@ -215,6 +233,8 @@ class ModelRunner:
             return PendingStep(counts, [None] * 4, None)
         values = forward.values
         if not forward.are_logits:
+            if self.peers is not None:
+                self.peers.logits(rows)
             logits = self.model.compute_logits(values[host_tensor(rows, torch.long, self.device)])
         elif len(rows) == values.shape[0]:  # every row (plain decode steps); rows ascend, so in order
             logits = values.clone() if inputs.on_device else values
@@ -240,6 +260,8 @@ class ModelRunner:
             picked = logits if identity else logits[host_tensor(sample_idx, torch.long, self.device)]
             out = self.sampler(picked, sample_rows)
             self.last_sampled = out.token_ids
+            if self.peers is not None:
+                self.peers.share_sampled(out.token_ids)
             # one wait, in collect(), for all device-to-host copies instead of one synchronising .tolist() each
             fetched = [t.to("cpu", non_blocking=True) if t is not None else None
                        for t in (out.token_ids, out.logprobs, out.top_ids, out.top_logprobs)]
@@ -270,7 +292,12 @@ class ModelRunner:
         """
         graphs, prefill = self.graphs, self.prefill_graphs
         if graphs is not None and graphs.accepts(inputs):
-            out = graphs.run(inputs, last_sampled, self.block_tables)  # one row per new token, in order
+            if self.peers is None:
+                out = graphs.run(inputs, last_sampled, self.block_tables)  # one row per new token, in order
+            else:  # (CUDA only: DecodeGraphs) the other ranks replay the same rows' graph
+                columns, tables = pack_rows(inputs, self.block_size, self.block_tables)
+                self.peers.graph_step(columns, tables)
+                out = graphs.replay(columns, tables, last_sampled)  # type: ignore[union-attr]
             return Forward(out.logits, inputs.first_rows(), True, out)
         if prefill is not None:
             # prompts are the inputs past a decode graph's tokens per sequence; failing that (the rows do not fit
@@ -290,46 +317,58 @@ class ModelRunner:
         self.eager_steps += 1
         if self.lora is not None:  # per-token adapter slots for the hooked Linears (runtime/native/lora/apply.py)
             self.lora.set(inputs.counts, inputs.adapter_slots)
-        input_ids, positions, meta = self.prepare(inputs)
+        step = self.host_step(inputs)
+        if self.peers is not None:
+            self.peers.forward(step, inputs.prev_samples, inputs.adapter_slots)
+        input_ids, positions, meta = self.tensors(step)
         fill_pending(inputs, input_ids, last_sampled)
         return Forward(self.model(input_ids, positions, self.kv_caches, meta), inputs.first_rows(), False)
 
     def prepare(self, inputs: StepInputs | Sequence[StepInput]) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         """Flat input ids and positions of all new tokens, and their AttentionMetadata."""
+        return self.tensors(self.host_step(inputs))
+
+    def host_step(self, inputs: StepInputs | Sequence[StepInput]) -> HostStep:
+        """The step's flat input ids, positions and cache slots, and its block tables, on the host."""
         inputs = StepInputs.of(inputs)
         bs = self.block_size
         positions: list[int] = []
         slots: list[int] = []
-        query_lens = inputs.counts
-        context_lens = inputs.start_pos
+        for start, n, table in zip(inputs.start_pos, inputs.counts, inputs.block_tables):
+            positions.extend(range(start, start + n))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, start + n))
+        return HostStep(inputs.token_ids, positions, slots, inputs.counts, inputs.start_pos,
+                        step_tables(inputs, self.block_tables))
+
+    def tensors(self, step: HostStep) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """`step`'s input ids and positions, and its AttentionMetadata, on the device."""
+        query_lens, context_lens = step.query_lens, step.context_lens
         seq_lens = [start + n for start, n in zip(context_lens, query_lens)]
-        for start, end, table in zip(context_lens, seq_lens, inputs.block_tables):
-            positions.extend(range(start, end))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-        query_start = list(accumulate(query_lens, initial=0))
 
         def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
             return host_tensor(values, dtype, self.device)
 
         meta = AttentionMetadata(
-            query_start_loc=tensor(query_start, torch.int32),
+            query_start_loc=tensor(list(accumulate(query_lens, initial=0)), torch.int32),
             context_lens=tensor(context_lens, torch.int32),
             seq_lens=tensor(seq_lens, torch.int32),
-            block_tables=to_device(torch.from_numpy(step_tables(inputs, self.block_tables)), self.device),
-            slot_mapping=tensor(slots, torch.int64),
-            block_size=bs,
+            block_tables=to_device(torch.from_numpy(step.tables), self.device),
+            slot_mapping=tensor(step.slots, torch.int64),
+            block_size=self.block_size,
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
             query_lens_host=query_lens,
             seq_lens_host=seq_lens,
         )
-        return tensor(inputs.token_ids, torch.long), tensor(positions, torch.long), meta
+        return tensor(step.token_ids, torch.long), tensor(step.positions, torch.long), meta
 
     @torch.inference_mode()
     def profile_activation_bytes(self, max_num_tokens: int, max_batch_size: int, context_window: int) -> int:
         """Peak CUDA memory of the largest step (max_num_tokens prompt tokens, no cache); 0 off CUDA."""
         if self.device.type != "cuda":
             return 0
+        if self.peers is not None:
+            self.peers.profile(max_num_tokens, max_batch_size, context_window)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
         base = torch.cuda.memory_allocated(self.device)
@@ -350,6 +389,8 @@ class ModelRunner:
         """Copy whole KV blocks src -> dst in every layer (copy-on-write of shared blocks)."""
         if not copies:
             return
+        if self.peers is not None:
+            self.peers.copy_blocks(list(copies))
         src = host_tensor([s for s, _ in copies], torch.long, self.device)
         dst = host_tensor([d for _, d in copies], torch.long, self.device)
         for cache in self.kv_caches:

@@ -35,6 +35,7 @@ from runtime.native.cuda.norms import add_rms_norm, rms_norm, scaled_norm
 from runtime.native.cuda.one_token_moe import one_token_moe
 from runtime.native.cuda.paged_attention import attend_decode_group, attend_over_cache
 from runtime.native.cuda.pdl import wait_for_previous_kernel
+from runtime.native.parallel.group import current
 
 
 @triton.jit
@@ -287,6 +288,8 @@ def one_token_projections(model: nn.Module) -> bool:
     GEMV's prologue), SwiGLU MLPs (or experts, which run their own one-token kernel), no LoRA, no INT4 weights."""
     from runtime.native.models.llama import LlamaMLP
 
+    if current().size > 1:  # the GEMVs would skip the row-parallel projections' all-reduce (and fold the residual in)
+        return False
     first = model.layers[0]
     norm = first.input_layernorm
     if norm.weight.dtype not in (torch.bfloat16, torch.float16) or norm.offset or norm.weight_in_float32:
@@ -346,7 +349,7 @@ def use_fused_kernels(model: nn.Module) -> int:
     from runtime.native.models.norm import RMSNorm
 
     count = 0
-    if isinstance(model, CausalLM):
+    if isinstance(model, CausalLM) and current().size == 1:  # (split logits are gathered: CausalLM's own)
         model.compute_logits = types.MethodType(_compute_logits, model)
     for module in model.modules():
         if isinstance(module, LlamaModel) and len(module.layers) and module.layers[0].pre_feedforward_layernorm is None:

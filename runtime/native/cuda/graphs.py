@@ -159,7 +159,8 @@ class DecodeGraphs:
         self.tables = self.inputs[self.width :].view(max_rows, max_blocks_per_seq)
         self.sampled = torch.zeros(max_rows, dtype=torch.long, device=device)  # the last graph's greedy ids
         self.ids = torch.zeros(max_rows, dtype=torch.long, device=device)  # each row's token, resolved
-        self.greedy = GreedyIds(max_rows, model.output_embedding().shape[0], device)
+        vocab = model.spec.vocab_size  # (under tensor parallelism the output embedding holds a slice of it)
+        self.greedy = GreedyIds(max_rows, vocab, device)
         # per graph set: pinned inputs, pinned greedy ids, and an event recorded after its last replay
         self.host_inputs = [torch.zeros_like(self.inputs, device="cpu").pin_memory() for _ in range(SETS)]
         self.host_sampled = [torch.zeros_like(self.sampled, device="cpu").pin_memory() for _ in range(SETS)]
@@ -167,7 +168,7 @@ class DecodeGraphs:
         self.turn = 0
         self.query_start = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
         # one output buffer for every graph: [max_rows, vocab] float32 once, not once per bucket and set
-        self.logits = torch.empty((max_rows, model.output_embedding().shape[0]), dtype=torch.float32, device=device)
+        self.logits = torch.empty((max_rows, vocab), dtype=torch.float32, device=device)
         self.lora, self.lora_version = lora, lora_version
         self.pool = None
         self.captured_version = lora_version()
@@ -238,7 +239,10 @@ class DecodeGraphs:
         (both valid until the next run) and in pinned host memory (valid until the run after next; read it
         once the step has run). `last_sampled`: the previous launch's sampled ids, on the device; `resident`: the
         block tables the inputs name rows of (pack_rows)."""
-        columns, tables = pack_rows(inputs, self.block_size, resident)
+        return self.replay(*pack_rows(inputs, self.block_size, resident), last_sampled)
+
+    def replay(self, columns: np.ndarray, tables: np.ndarray, last_sampled: torch.Tensor | None) -> DecodeOutput:
+        """`run` for rows packed already (pack_rows): what the other tensor-parallel ranks replay too."""
         n = tables.shape[0]
         bucket = pick_bucket(self.sizes, n)
         assert bucket is not None

@@ -162,7 +162,7 @@ class PrefillGraphs:
         self.layout = PrefillLayout(rows, MAX_PREFILL_SEQS, tiles_for(rows), max_blocks_per_seq)
         self.buffer = torch.zeros(self.layout.size, dtype=torch.long, device=device)
         self.staging = PinnedStaging(tuple(self.buffer.shape), self.buffer.dtype)
-        self.logits = torch.empty((MAX_PREFILL_SEQS, model.output_embedding().shape[0]), dtype=torch.float32,
+        self.logits = torch.empty((MAX_PREFILL_SEQS, model.spec.vocab_size), dtype=torch.float32,
                                   device=device)
         self.lora, self.lora_version = lora, lora_version
         self.captured_version = lora_version()

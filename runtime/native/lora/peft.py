@@ -53,9 +53,9 @@ def load_peft_adapter(path: str | Path, targets: LoraTargets, max_rank: int,
         a, b = ab["A"].float(), ab["B"].float()
         rank = a.shape[0]
         linear = targets.modules[module]
-        if a.dim() != 2 or b.shape != (size, rank) or a.shape[1] != linear.in_features:
+        if a.dim() != 2 or b.shape != (size, rank) or a.shape[1] != linear.full_in_features:
             raise bad_adapter(path, f"'{peft_module}': lora_A {tuple(a.shape)} / lora_B {tuple(b.shape)} do not fit a "
-                             f"[{size} x {linear.in_features}] projection")
+                             f"[{size} x {linear.full_in_features}] projection")
         if rank > max_rank:
             raise bad_adapter(path, f"'{peft_module}' has rank {rank}, more than --max-lora-rank ({max_rank})")
         scale = cfg.scaling(peft_module.removeprefix("base_model.model."), rank)

@@ -11,18 +11,21 @@ A lives under the Linear's base weight in one [out + cap * S, in] buffer (the ba
 there), so one matmul yields both the base output and every slot's x A^T. A Linear's stacks are
 allocated when the first adapter touching it is placed; `version` counts those allocations and
 widenings of the CUDA matmul (captured CUDA graphs hold the old addresses and shapes). Slots are
-recycled least-recently-used first, and never while pinned by a request.
+recycled least-recently-used first, and never while pinned by a request. Under tensor parallelism each rank's
+stacks hold its share of the adapters (weights.local_pair); rank 0 decides the slots, and `on_change` hands each
+placement and clearing on to the other ranks (runtime/native/parallel/workers.py), which `place` and `clear` the same.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 
 from runtime.errors import InvalidRequestError
 from runtime.native.lora.targets import LoraTargets
-from runtime.native.lora.weights import LoraPair, LoraWeights
+from runtime.native.lora.weights import LoraPair, LoraWeights, local_pair
 from runtime.native.models.fp8 import FP8
 from runtime.native.models.linear import Linear
 
@@ -101,6 +104,8 @@ class DeviceSlots:
         self._lru: OrderedDict[int, None] = OrderedDict()  # unpinned occupied slots, oldest first
         self.on_allocate: list = []  # callbacks(module name, LinearSlots) when a Linear gets stacks
         self.version = 0  # +1 whenever a Linear gets stacks (and so a hook) or a wider CUDA matmul
+        # (slot, key, weights) of each placement, (slot, None, None) of each clearing (tensor parallelism)
+        self.on_change: Callable[[int, int | None, LoraWeights | None], None] | None = None
 
     def capacity(self, module: str) -> int:
         return self.max_rank * len(self.targets.modules[module].part_names)
@@ -135,7 +140,7 @@ class DeviceSlots:
                 del self._slot_of[evicted]  # type: ignore[arg-type]
             else:
                 return None
-            self._place(slot, key, weights)
+            self.place(slot, key, weights)
         self._lru.pop(slot, None)
         self.pins[slot] += 1
         return slot, hit, evicted
@@ -153,10 +158,16 @@ class DeviceSlots:
             return False
         del self._slot_of[key]
         self._lru.pop(slot, None)
+        self.clear(slot)
+        return True
+
+    def clear(self, slot: int) -> None:
+        """Empty `slot` (its adapter dropped)."""
         self.owner[slot] = None
         for stacks in self.linears.values():
             stacks.clear(slot)
-        return True
+        if self.on_change is not None:
+            self.on_change(slot, None, None)
 
     def _folds(self, linear: Linear) -> bool:
         """A under the base weight in one buffer: on CUDA, for 16-bit weights (an FP8 or INT4 weight has its own
@@ -180,14 +191,18 @@ class DeviceSlots:
     def nbytes(self) -> int:
         return sum(s.a.numel() * s.a.element_size() + s.b.numel() * s.b.element_size() for s in self.linears.values())
 
-    def _place(self, slot: int, key: int, weights: LoraWeights) -> None:
+    def place(self, slot: int, key: int, weights: LoraWeights) -> None:
+        """Write adapter `key`'s weights (this rank's share of them) into `slot`."""
         for module, stacks in self.linears.items():
             if module not in weights.modules:
                 stacks.clear(slot)
         for module, pairs in weights.modules.items():
             stacks = self.allocate(module)
             matmul_rank = stacks.matmul_rank
-            stacks.write(slot, pairs)
+            linear = self.targets.modules[module]
+            stacks.write(slot, [local_pair(linear, pair) for pair in pairs])
             self.version += stacks.matmul_rank != matmul_rank  # a wider matmul: graphs are recaptured
         self.owner[slot] = key
         self._slot_of[key] = slot
+        if self.on_change is not None:
+            self.on_change(slot, key, weights)

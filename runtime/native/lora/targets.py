@@ -53,9 +53,9 @@ class LoraTargets:
                         else _GPT2_TRTLLM if "attn.c_attn" in locals_ else {})
 
     def rows(self, module: str, part: str | None) -> tuple[int, int]:
-        """(start, size) of the output rows `part` covers (the whole Linear for None)."""
-        linear = self.modules[module]
-        return (0, linear.out_features) if part is None else linear.part_range(part)
+        """(start, size) of the output rows `part` covers (the whole Linear for None), in the checkpoint's projection
+        (the whole of it under tensor parallelism too: adapters are read whole, then split: DeviceSlots.place)."""
+        return self.modules[module].full_part_range(part)
 
     def resolve_peft(self, peft_module: str) -> tuple[str, int, int]:
         """(our module, row start, row count) for a PEFT module path; InvalidRequestError if not adaptable."""

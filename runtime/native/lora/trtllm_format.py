@@ -53,7 +53,7 @@ def weights_from_trtllm(weights: Any, config: Any, targets: LoraTargets, max_ran
             raise _bad(f"row {i}: adapter size {rank} must be between 1 and the maximum rank ({max_rank})",
                        "lora_config")
         module, start, size = targets.resolve_trtllm(module_id, layer)
-        fan_in = targets.modules[module].in_features
+        fan_in = targets.modules[module].full_in_features
         need = rank * fan_in + size * rank
         if need > w.shape[1]:
             raise _bad(f"row {i} needs {need} values (R={rank}: {rank}x{fan_in} A + {size}x{rank} B), "

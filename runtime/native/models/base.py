@@ -8,6 +8,7 @@ from torch import nn
 from runtime.native.attention_metadata import AttentionMetadata
 from runtime.model_spec import ModelSpec
 from runtime.native.models.cpu_weights import CpuWeight
+from runtime.native.parallel.group import current
 
 
 class CausalLM(nn.Module):
@@ -21,6 +22,7 @@ class CausalLM(nn.Module):
     packed_modules: dict[str, tuple[str, str]] = {}
     # substrings of checkpoint names that carry no weights we use (rotary caches, causal-mask buffers)
     ignored_checkpoint_names: tuple[str, ...] = ()
+    tensor_parallel = False  # splits itself over --tensor-parallel-size ranks (runtime/native/parallel/group.py)
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -42,7 +44,8 @@ class CausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Float32 logits [N, vocab_size] for N hidden states (select the rows you sample first), written
-        into `out` when given (the cast to float32 is then that copy: no extra pass)."""
+        into `out` when given (the cast to float32 is then that copy: no extra pass). Under tensor parallelism each
+        rank's slice of the vocabulary, gathered (a collective: every rank calls it with the same rows)."""
         head: CpuWeight | None = getattr(self, "cpu_head", None)  # prepare_cpu_weights
         if head is not None:
             logits = head.linear(hidden, self.output_embedding(), None)
@@ -51,6 +54,7 @@ class CausalLM(nn.Module):
         cap = self.spec.final_logit_softcap
         if cap:  # Gemma's final softcapping, in the logits' dtype as transformers does it
             logits = torch.tanh(logits / cap) * cap
+        logits = current().gather_vocab(logits, self.spec.vocab_size)
         return logits.float() if out is None else out.copy_(logits)
 
     def checkpoint_target(self, name: str) -> tuple[str, str | None] | None:

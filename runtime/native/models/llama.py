@@ -6,6 +6,11 @@
   embeddings, GeGLU, sliding and global layers with their own RoPE bases);
 - mixture-of-experts MLPs in place of the dense one (moe.py): Mixtral, Qwen3-MoE, gpt-oss (with attention sinks).
 RMSNorm, RoPE, grouped-query attention over the paged cache, gated MLP.
+
+Under tensor parallelism (runtime/native/parallel/) each rank builds its share: its query heads and their KV heads
+(q/k/v column-parallel, o_proj row-parallel), its slice of the MLP's intermediate size (gate/up column-parallel,
+down_proj row-parallel), its slice of the vocabulary (embedding and lm_head): one all-reduce after attention and one
+after the MLP, inside the row-parallel Linears.
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ from runtime.native.models.activation import get_activation
 from runtime.native.models.attention import Attention
 from runtime.native.models.base import CausalLM
 from runtime.native.models.embedding import Embedding
-from runtime.native.models.linear import Linear
+from runtime.native.models.linear import Linear, Shard
 from runtime.native.models.moe import MoE, expert_target
 from runtime.native.models.norm import RMSNorm
 from runtime.native.models.rotary_embedding import RopeConfig, RotaryEmbedding
+from runtime.native.parallel.group import current
 
 # checkpoint name prefixes -> ours: Gemma 3's multimodal checkpoints (transformers 5 and 4 spellings) keep their text
 # model under language_model; Mixtral's MoE block is "block_sparse_moe"; gpt-oss's router is "router"
@@ -47,17 +53,26 @@ class LlamaAttention(nn.Module):
 
     def __init__(self, spec: ModelSpec, rotary: RotaryEmbedding, dtype: torch.dtype, layer: int) -> None:
         super().__init__()
-        q_size = spec.num_heads * spec.head_dim
-        kv_size = spec.num_kv_heads * spec.head_dim
+        tp, d = current(), spec.head_dim
+        first_head, heads = tp.share(spec.num_heads, "attention heads")
+        first_kv, kv_heads = tp.kv_heads(spec.num_kv_heads)
+        q_size, kv_size = heads * d, kv_heads * d
+        qkv_shard = o_shard = None
+        if tp.size > 1:
+            full_kv = spec.num_kv_heads * d
+            qkv_shard = Shard(rows=((first_head * d, q_size), (first_kv * d, kv_size), (first_kv * d, kv_size)),
+                              full_rows=(spec.num_heads * d, full_kv, full_kv))
+            o_shard = Shard(cols=(first_head * d, q_size), full_cols=spec.num_heads * d)
         self.qkv_proj = Linear(spec.hidden_size, [("q_proj", q_size), ("k_proj", kv_size), ("v_proj", kv_size)],
-                               bias=spec.qkv_bias, dtype=dtype)
-        self.o_proj = Linear(q_size, [("o_proj", spec.hidden_size)], bias=spec.o_bias, dtype=dtype)
+                               bias=spec.qkv_bias, dtype=dtype, shard=qkv_shard)
+        self.o_proj = Linear(q_size, [("o_proj", spec.hidden_size)], bias=spec.o_bias, dtype=dtype, shard=o_shard)
         self.q_norm = rms_norm(spec, spec.head_dim, dtype) if spec.qk_norm else None
         self.k_norm = rms_norm(spec, spec.head_dim, dtype) if spec.qk_norm else None
-        self.sinks = nn.Parameter(torch.empty(spec.num_heads, dtype=dtype), requires_grad=False) \
+        self.sinks = nn.Parameter(torch.empty(heads, dtype=dtype), requires_grad=False) \
             if spec.attention_sinks else None
+        self.tp_slices = {"sinks": (0, first_head, heads)}  # (dim, start, length) of checkpoint tensors (loader.py)
         self.rotary = rotary  # one module shared by the layers of a type (it has no weights)
-        self.attn = Attention(spec.num_heads, spec.num_kv_heads, spec.head_dim, scale=spec.attention_scale,
+        self.attn = Attention(heads, kv_heads, spec.head_dim, scale=spec.attention_scale,
                               window=spec.layer_windows[layer])
 
     def forward(
@@ -82,10 +97,16 @@ class LlamaMLP(nn.Module):
 
     def __init__(self, spec: ModelSpec, dtype: torch.dtype) -> None:
         super().__init__()
-        inter = int(spec.config["intermediate_size"])
+        full = int(spec.config["intermediate_size"])
+        start, inter = current().share(full, "MLP intermediate size")
         bias = bool(spec.config.get("mlp_bias", False))
-        self.gate_up_proj = Linear(spec.hidden_size, [("gate_proj", inter), ("up_proj", inter)], bias=bias, dtype=dtype)
-        self.down_proj = Linear(inter, [("down_proj", spec.hidden_size)], bias=bias, dtype=dtype)
+        up_shard = down_shard = None
+        if current().size > 1:
+            up_shard = Shard(rows=((start, inter), (start, inter)), full_rows=(full, full))
+            down_shard = Shard(cols=(start, inter), full_cols=full)
+        self.gate_up_proj = Linear(spec.hidden_size, [("gate_proj", inter), ("up_proj", inter)], bias=bias, dtype=dtype,
+                                   shard=up_shard)
+        self.down_proj = Linear(inter, [("down_proj", spec.hidden_size)], bias=bias, dtype=dtype, shard=down_shard)
         self.act = get_activation(spec.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -160,14 +181,17 @@ class LlamaForCausalLM(CausalLM):
         "up_proj": ("gate_up_proj", "up_proj"),
     }
     ignored_checkpoint_names = ("rotary_emb.inv_freq",)
+    tensor_parallel = True
 
     def __init__(self, spec: ModelSpec, dtype: torch.dtype = torch.float32) -> None:
         super().__init__(spec)
         self.model = LlamaModel(spec, dtype)
         self.tie_word_embeddings = bool(spec.config.get("tie_word_embeddings", False))
+        tp = current()
+        start, read, held = tp.vocab_share(spec.vocab_size)  # vocabulary-parallel under tensor parallelism
         self.lm_head = None if self.tie_word_embeddings else Linear(
-            spec.hidden_size, [("lm_head", spec.vocab_size)], dtype=dtype
-        )
+            spec.hidden_size, [("lm_head", held)], dtype=dtype,
+            shard=Shard(rows=((start, read),), full_rows=(spec.vocab_size,)) if tp.size > 1 else None)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor], meta: AttentionMetadata

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from safetensors import safe_open
@@ -14,11 +14,13 @@ from runtime.architectures import UnsupportedArchitectureError, check_supported
 from runtime.native.device import DTYPES
 from runtime.model_spec import ModelSpec
 from runtime.native.models.base import CausalLM
+from runtime.native.models.embedding import Embedding
 from runtime.native.models.fp8_checkpoint import Fp8Reader, checkpoint_is_fp8, quantize_model
 from runtime.native.models.int4_checkpoint import Int4Reader, int4_config
 from runtime.native.models.linear import Linear
 from runtime.native.models.moe import Experts
 from runtime.native.models.registry import model_class
+from runtime.native.parallel.group import current
 
 Quantization = Literal["none", "fp8"]
 
@@ -40,6 +42,8 @@ def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device
     spec.context_window = context_window or spec.context_window
     check_supported(spec)
     cls = model_class(spec.architecture)
+    if current().size > 1 and not cls.tensor_parallel:
+        raise UnsupportedArchitectureError(spec.architecture, "not split by --tensor-parallel-size yet")
     dtype = dtype or DTYPES[spec.dtype]
     try:
         # parameters are allocated empty on the target device; the checkpoint fills every one
@@ -55,6 +59,9 @@ def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device
             else Int4Reader(model, int4, files, torch.device(device), int4_kernels) if int4 is not None else None)
     except ValueError as exc:  # a quantization scheme we do not read
         raise UnsupportedArchitectureError(spec.architecture, str(exc)) from exc
+    if current().size > 1 and (reader is not None or quantization != "none"):
+        raise UnsupportedArchitectureError(spec.architecture, "quantized weights are not split by "
+                                           "--tensor-parallel-size yet")
     _fill(model, files, reader)
     if reader is None and quantization == "fp8":
         quantize_model(model)
@@ -100,7 +107,9 @@ def _fill(model: CausalLM, files: list[Path], quantized: Fp8Reader | Int4Reader 
                         if param_name not in params:
                             raise ValueError(f"checkpoint tensor {ready_name!r} in {file.name} matches no model "
                                              "parameter")
-                        tensor = model.convert_tensor(param_name, f.get_tensor(name) if read is None else read)
+                        tensor = _read(model, f, name, param_name) if read is None else read
+                        if not isinstance(tensor, LazyTensor):
+                            tensor = model.convert_tensor(param_name, tensor)
                         if tensor is not None:  # None: held until what it combines with is read (gpt_oss.py)
                             _copy(model, param_name, part, tensor)
                             loaded[param_name].add(part)
@@ -110,6 +119,30 @@ def _fill(model: CausalLM, files: list[Path], quantized: Fp8Reader | Int4Reader 
     missing = [name for name, parts in loaded.items() if not _complete(model, name, parts)]
     if missing:
         raise ValueError(f"checkpoint is missing weights for: {', '.join(missing)}")
+
+
+class LazyTensor:
+    """A checkpoint tensor not read yet: `narrow` reads one slice of it from the file (a tensor-parallel rank's share
+    of a weight: the rest is never read)."""
+
+    def __init__(self, lazy: Any) -> None:  # safetensors' PySafeSlice
+        self._lazy = lazy
+        self.shape = torch.Size(lazy.get_shape())
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        index = [slice(None)] * len(self.shape)
+        index[dim] = slice(start, start + length)
+        return self._lazy[tuple(index)]
+
+
+def _read(model: CausalLM, f: Any, name: str, param_name: str) -> torch.Tensor | LazyTensor:
+    """The checkpoint tensor `name`; a LazyTensor where a tensor-parallel rank keeps a share of it as it is stored
+    (a split weight of a model that does not convert it on load)."""
+    module, attr = _owner(model, param_name)
+    split = isinstance(module, Embedding) or isinstance(module, Linear) and module.shard is not None
+    if attr == "weight" and split and current().size > 1 and type(model).convert_tensor is CausalLM.convert_tensor:
+        return LazyTensor(f.get_slice(name))
+    return f.get_tensor(name)
 
 
 def _owner(model: CausalLM, param_name: str) -> tuple[torch.nn.Module, str]:
@@ -130,11 +163,14 @@ def _complete(model: CausalLM, param_name: str, parts: set[str | None]) -> bool:
     return False
 
 
-def _copy(model: CausalLM, param_name: str, part: str | None, tensor: torch.Tensor) -> None:
+def _copy(model: CausalLM, param_name: str, part: str | None, tensor: torch.Tensor | LazyTensor) -> None:
     module, attr = _owner(model, param_name)
-    if isinstance(module, Linear | Experts):
+    if isinstance(module, Linear | Experts | Embedding):
         module.load(attr, tensor, part)
         return
+    tp_slice = getattr(module, "tp_slices", {}).get(attr)  # a rank's share of a per-head tensor
+    if tp_slice is not None:
+        tensor = tensor.narrow(*tp_slice)
     target = getattr(module, attr).data
     if target.shape != tensor.shape:
         raise ValueError(

@@ -9,10 +9,15 @@ layout; gpt-oss's own, transposed and with gate and up interleaved: gpt_oss.py c
 A step groups its tokens by expert: the (token, expert) pairs sorted by expert, one matmul pair per expert that has
 tokens, then each token's weighted sum. On CUDA the fused Triton kernels (runtime/native/cuda/moe.py) replace `Experts`'s
 forward: no loop over experts there.
+
+Under tensor parallelism every rank holds every expert, each with its slice of the intermediate size (`share`:
+gate/up rows column-parallel, down_proj columns row-parallel): the simplest split, with every rank busy on every
+token whatever the routing; the ranks' partial sums meet in one all-reduce at the end of MoE.forward.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import torch
@@ -22,6 +27,7 @@ from torch import nn
 from runtime.model_spec import ModelSpec, MoeSpec
 from runtime.native.models.activation import get_activation
 from runtime.native.models.linear import Linear
+from runtime.native.parallel.group import current
 
 # per-expert checkpoint tensors: (layer path).experts.(expert).(kind).weight
 _PER_EXPERT = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.(?P<kind>w1|w2|w3|gate_proj|up_proj|down_proj)"
@@ -63,7 +69,11 @@ class Experts(nn.Module):
     """The stacked weights of every expert (module docstring) and the grouped product over a step's tokens."""
 
     def __init__(self, moe: MoeSpec, hidden: int, hidden_act: str, dtype: torch.dtype) -> None:
+        """`moe`: this rank's experts, of its share of the intermediate size (the whole outside tensor parallelism),
+        `share` (start, size) within the checkpoint's."""
         super().__init__()
+        self.share = current().share(moe.intermediate_size, "experts' intermediate size")
+        moe = dataclasses.replace(moe, intermediate_size=self.share[1])
         self.moe = moe
         experts, inter = moe.num_experts, moe.intermediate_size
 
@@ -124,6 +134,7 @@ class Experts(nn.Module):
     def load(self, attr: str, tensor: torch.Tensor, part: str | None) -> None:
         """Copy a checkpoint tensor into `attr`, or into one expert's slice of it (`part`: see expert_target)."""
         target = getattr(self, attr).data
+        tensor = self._take(attr, tensor, part)
         if part is not None:
             expert, _, half = part.partition(".")
             target = target[int(expert)]
@@ -134,6 +145,23 @@ class Experts(nn.Module):
             raise ValueError(f"shape mismatch for experts.{attr}[{part}]: checkpoint {tuple(tensor.shape)}, "
                              f"model {tuple(target.shape)}")
         target.copy_(tensor)
+
+    def _take(self, attr: str, tensor: torch.Tensor, part: str | None) -> torch.Tensor:
+        """This rank's slice of a checkpoint tensor (stacked, or one expert's `part`); the tensor outside tensor
+        parallelism."""
+        tp = current()
+        if tp.size == 1:
+            return tensor
+        if attr == "down_proj":  # [E, H, I] or one expert's [H, I]: the columns of this rank's share
+            return tensor.narrow(-1, *self.share)
+        if attr == "down_proj_bias":  # added once: on the first rank
+            return tensor if tp.rank == 0 else torch.zeros_like(tensor)
+        if part is not None and "." in part:  # one expert's gate or up rows [I, H]
+            return tensor.narrow(0, *self.share)
+        # stacked gate_up_proj [E, 2I, H] or its bias [E, 2I]: the share of the gates, then of the ups
+        dim = 1 if part is None else 0
+        gate, up = tensor.chunk(2, dim=dim)
+        return torch.cat((gate.narrow(dim, *self.share), up.narrow(dim, *self.share)), dim=dim)
 
     def expected_parts(self, attr: str) -> set[str | None]:
         """The parts that fill `attr` when a checkpoint gives it per expert."""
@@ -155,4 +183,4 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = route(self.gate(x), self.moe)
-        return self.experts(x, weights, ids)
+        return current().all_reduce(self.experts(x, weights, ids))
