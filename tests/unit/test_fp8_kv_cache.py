@@ -44,13 +44,15 @@ def test_an_fp8_cache_holds_twice_the_tokens_of_a_16_bit_one(tmp_path: Path) -> 
     assert 2 * kv_cache_bytes_per_token(spec, torch.float8_e4m3fn) == kv_cache_bytes_per_token(spec, torch.bfloat16)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-async def test_greedy_ids_equal_transformers_over_an_fp8_rounding_cache(tmp_path: Path, arch: str) -> None:
+@pytest.mark.parametrize(("arch", "ranks"), [("llama", 1), ("qwen2", 1), ("llama", 2)])
+async def test_greedy_ids_equal_transformers_over_an_fp8_rounding_cache(tmp_path: Path, arch: str, ranks: int) -> None:
+    """Also split over two tensor-parallel ranks, each caching its KV heads in FP8."""
     checkpoint = build_tiny_model(tmp_path, arch)
     hf = load_hf(checkpoint)
     want = hf_greedy_fp8(hf, PROMPT, 16)
     assert want != hf_greedy(hf, PROMPT, 16)  # the rounding shows in the ids
-    async with running_engine(checkpoint, kv_cache_dtype="fp8", max_num_tokens=8) as engine:
+    async with running_engine(checkpoint, kv_cache_dtype="fp8", max_num_tokens=8,
+                              tensor_parallel_size=ranks) as engine:
         assert engine.runner.kv_caches[0].dtype == torch.float8_e4m3fn
         # a chunked prompt (8-token steps), then the same prompt again from the prefix cache, beside another request
         first = await collect(engine, request("a", PROMPT, 16))
