@@ -87,9 +87,10 @@ def write_config(folder: Path, model_type: str, shape: dict[str, Any]) -> Path:
 
 @torch.inference_mode()
 def random_model(path: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
-                 context_window: int | None = None, quantization: str = "none") -> Any:
+                 context_window: int | None = None, quantization: str = "none", int4_kernels: bool = False) -> Any:
     """runtime.native.models.load_model's signature: our model for `path`/config.json, N(0, 0.02) matrices, unit norms
-    (quantization "fp8": then quantized as --quantization fp8 quantizes a checkpoint)."""
+    (quantization "fp8": then quantized as --quantization fp8 quantizes a checkpoint; `int4_kernels` has nothing to
+    keep: benchmarks/gpu_quant.py's random_int4_model makes INT4 forms)."""
     from runtime.architectures import check_supported
     from runtime.native.device import DTYPES
     from runtime.model_spec import ModelSpec

@@ -115,7 +115,7 @@ def _int4_figures(weight: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, cop
 
 
 def random_int4_model(path: str, dtype: torch.dtype | None = None, device: torch.device | str = "cpu",
-                      context_window: int | None = None, quantization: str = "none") -> Any:
+                      context_window: int | None = None, quantization: str = "none", int4_kernels: bool = True) -> Any:
     """gpu_families.random_model with every decoder projection in the INT4 form an AWQ checkpoint is kept in on CUDA
     (int4_checkpoint.to_int4_form, groups of INT4_GROUP), filled at random on the device."""
     from runtime.native.models.int4_checkpoint import to_int4_form

@@ -19,7 +19,8 @@ from tests.benchmarks.smoke import REPO_ROOT
 SCRIPT = REPO_ROOT / "benchmarks" / "gpu_smoke.sh"
 # benchmark modules that mention CUDA but get no entry of their own, and why
 NOT_ENTRIES = {"gpu_models": "a library of checkpoints and baselines: the gpu_bench, decode_b1 and http_vs_core "
-                             "entries run it on the GPU"}
+                             "entries run it on the GPU",
+               "gpu_tp": "needs two GPUs: benchmarks/gpu_tp.sh runs its tests and figures on the 2-GPU machine"}
 
 
 class Parsed(Exception):
