@@ -67,7 +67,7 @@ from runtime.process.messages import (
     to_front_end,
 )
 from runtime.request import GenerationRequest, OutputDelta
-from runtime.served_model import convert_apart, describe_served_model, with_our_packages
+from runtime.served_model import builds_cpu_kernels, convert_apart, describe_served_model, with_our_packages
 from runtime.tokenizer import Tokenizer
 from runtime.validation import PreparedRequest
 from runtime.workers import WorkerPool
@@ -138,7 +138,9 @@ class EngineClient(AsyncEngine):
             return
         self._started = True
         if self._converting is not None:
-            self._phase = "converting the GGUF file into a checkpoint (once: it is cached for the next starts)"
+            self._phase = ("converting the GGUF file into a checkpoint (once: it is cached for the next starts)"
+                           if not builds_cpu_kernels(self.config) else "converting the GGUF file into a checkpoint "
+                           "and building the CPU kernels (once: both are cached for the next starts)")
             started = time.perf_counter()
             await asyncio.to_thread(self._describe)
             logger.info("start-up: %s: %.1f s", self._phase, time.perf_counter() - started)

@@ -19,6 +19,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -257,13 +258,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Convert a GGUF file into the cached checkpoint folder served from it")
     parser.add_argument("path")
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--build-cpu-kernels", action="store_true",
+                        help="also build the CPU kernels meanwhile (unless a GPU serves), so that a first start pays "
+                             "for the two at once: the compiler runs in its own processes beside the conversion")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    build = None
+    if args.build_cpu_kernels and not torch.cuda.is_available():
+        from runtime.native.cpu.paged_attention import build_kernel
+
+        build = threading.Thread(target=build_kernel, name="cpu-kernels")
+        build.start()
     try:
         print(resolve_gguf(args.path, args.dtype))
     except (OSError, ValueError) as exc:
         print(exc, file=sys.stderr)
         return 1
+    finally:
+        if build is not None:
+            build.join()  # the engine core then loads them from the build folder
     return 0
 
 
