@@ -112,6 +112,9 @@ def _with_triton_repo(values: dict[str, Any]) -> dict[str, Any]:
 def serve(settings: Settings) -> int:
     """Run the server until SIGTERM/SIGINT (drained: 0); 1 if the engine failed to start or died."""
     if settings.api_servers > 1:
+        if settings.engine.data_parallel_size > 1:  # each front end would start cores of its own
+            logging.getLogger("gateway.cli").error("--api-servers and --data-parallel-size do not combine yet: give one")
+            return 2
         from gateway.api_servers import serve_many
 
         return serve_many(settings)

@@ -18,6 +18,8 @@ async def health(request: Request) -> Response:
     if state.fatal_error or state.startup_error:
         return JSONResponse({"status": "failed", "error": state.fatal_error or state.startup_error}, status_code=503)
     engine = state.engine
+    if engine.degraded is not None:  # still serving on what is left: a load balancer should send elsewhere
+        return JSONResponse({"status": "degraded", "error": engine.degraded}, status_code=503)
     ready = engine.ready
     body = {"status": "ready" if ready else "loading"}
     if engine.phase is not None:

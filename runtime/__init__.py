@@ -25,6 +25,10 @@ from runtime.request import (
 def build_engine(config: EngineConfig) -> Engine:
     """The engine for `config.backend`: "native" (our PyTorch runtime) or "trtllm" (TensorRT-LLM)."""
     if config.backend == "native":
+        if config.data_parallel_size > 1:
+            from runtime.process.data_parallel import DataParallelEngine
+
+            return DataParallelEngine(config)
         if config.engine_process:
             from runtime.process.client import EngineClient
 

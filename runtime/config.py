@@ -80,6 +80,7 @@ class EngineConfig:
     # section: GPU execution
     enable_cuda_graphs: bool = True  # replay decode and prefill steps from captured CUDA graphs
     async_scheduling: bool | None = None  # prepare step N+1 while the device runs step N; default: on for CUDA
+    data_parallel_size: int = 1  # native backend: engine cores, each a whole copy of the model on its own GPU (or tensor-parallel group), behind the same front end; a request goes to the least queued core, a cached prefix's core first (docs/scaling.md)
     tensor_parallel_size: int = 1  # GPUs each layer is split over, one process each (both backends; native: docs/tensor_parallel.md, also on the CPU over gloo)
     # section: streaming
     stream_interval: int = 1  # a stream's tokens go out in groups of this many (its first at once): fewer, larger events for less host work per token
@@ -90,3 +91,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.stream_interval < 1:  # refused at start-up, in one line, before any process starts
             raise ValueError(f"--stream-interval must be at least 1, got {self.stream_interval}")
+        if self.data_parallel_size < 1:
+            raise ValueError(f"--data-parallel-size must be at least 1, got {self.data_parallel_size}")
+        if self.data_parallel_size > 1 and (self.backend != "native" or not self.engine_process):
+            raise ValueError("--data-parallel-size runs engine-core processes of the native backend: not with "
+                             "--backend trtllm (use its own replicas) or --no-engine-process")

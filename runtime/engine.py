@@ -119,6 +119,12 @@ class Engine(abc.ABC):
         return False
 
     @property
+    def degraded(self) -> str | None:
+        """Why part of the engine stopped serving while the rest serves on (an engine core of several died);
+        /health answers 503 with it. None: whole."""
+        return None
+
+    @property
     def phase(self) -> str | None:
         """What the engine is doing while it starts, or builds faster code while it serves (None: neither)."""
         return None

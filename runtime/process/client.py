@@ -225,10 +225,10 @@ class EngineClient(AsyncEngine):
             self._close()
             return
         if process.poll() is None:
-            self._send(Shutdown(drain_timeout))
             try:
+                self._send(Shutdown(drain_timeout))
                 await asyncio.to_thread(process.wait, drain_timeout + EXIT_GRACE)
-            except subprocess.TimeoutExpired:
+            except (zmq.Again, subprocess.TimeoutExpired):  # not connected yet (a start cut short), or too slow
                 pass  # killed below
         self._kill()
         await self._drain_messages()  # the core's last deltas (aborts of what did not finish in time)
