@@ -25,7 +25,7 @@ DATASOURCE = ROOT / "deploy" / "grafana" / "provisioning" / "datasources" / "pro
 REPLICAS = ROOT / "deploy" / "compose.replicas.yml"  # the docs/scaling.md example
 NGINX = ROOT / "deploy" / "nginx.conf"
 PROMETHEUS_REPLICAS = ROOT / "deploy" / "prometheus.replicas.yml"
-GATEWAYS = {"gateway": None, "gateway-gpu": "gpu", "gateway-trtllm": "trtllm"}  # service -> profile
+GATEWAYS = {"gateway": None, "gateway-gpu": "gpu", "gateway-dp": "dp", "gateway-trtllm": "trtllm"}  # service -> profile
 
 
 
@@ -51,7 +51,7 @@ def compose_errors(*args: str, file: Path = COMPOSE, overrides: tuple[Path, ...]
 
 def test_compose_file_validates_with_compose_v2_in_every_profile():
     assert compose_errors() == ""
-    assert compose_errors("--profile", "gpu", "--profile", "trtllm") == ""
+    assert compose_errors("--profile", "gpu", "--profile", "trtllm", "--profile", "dp") == ""
 
 
 def test_the_validator_rejects_a_broken_compose_file(tmp_path):
