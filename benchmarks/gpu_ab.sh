@@ -32,7 +32,7 @@ if [[ ${SMOKE:-0} == 1 ]]; then  # as the tests run: eager CPU steps (compiling 
   flags=(--device cpu --smoke)
   export TRTLLM_GATEWAY_CPU_COMPILE=false
 fi
-all=bandwidth,logits,greedy_fp32,hf,engine,profile,http,http_batch,http_api2,http_api4,http_batch_api2,http_batch_api4,http_in_process,tserve
+all=bandwidth,logits,greedy_fp32,hf,engine,profile,http,http_batch,http_api2,http_api4,http_batch_api2,http_batch_api4,http_batch_dp2,http_in_process,tserve
 echo "A/B: base $(cat "$base_dir/COMMIT" 2>/dev/null || echo "$base_dir") vs new $(cat "$new_dir/COMMIT" 2>/dev/null || git -C "$new_dir" rev-parse --short HEAD 2>/dev/null || echo "$new_dir")" | tee -a "$L"
 
 part() {  # part SIDE DIR PHASE CAP_S: gpu_bench's PHASE alone, from DIR's tree

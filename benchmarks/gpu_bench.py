@@ -20,6 +20,7 @@ in DIR/gpu_bench.json even when a later one fails:
   http        our gateway over HTTP, 64 concurrent streams (benchmarks/serve.py), vs the engine at 64
   http_batch  our gateway over HTTP, 256 concurrent streams, vs the engine core's 256 closed-loop streams
   http_api2, http_api4, http_batch_api2, http_batch_api4   the same with --api-servers 2 / 4 (front ends over one core)
+  http_batch_dp2   `http_batch` with --data-parallel-size 2 (two engine cores, a GPU each: needs two GPUs)
   http_in_process  `http` with --no-engine-process (the engine in the HTTP server's process)
   tserve      `transformers serve --continuous-batching` over HTTP, same load
 `--skip profile` leaves out the engine phase's torch.profiler window; `--skip engine_load` ends the engine phase
@@ -629,6 +630,8 @@ def main(argv: list[str] | None = None) -> int:
         phase(f"http_api{n}", lambda n=n: gateway(f"gateway-api{n}", s.streams, "--api-servers", str(n)))
     for n in (2, 4):
         phase(f"http_batch_api{n}", lambda n=n: gateway(f"gateway-batch-api{n}", s.batch, "--api-servers", str(n)))
+    # two engine cores (one GPU each) behind one front end, against http_batch's one (the 2-GPU machine)
+    phase("http_batch_dp2", lambda: gateway("gateway-batch-dp2", s.batch, "--data-parallel-size", "2"))
     phase("http_in_process", lambda: gateway("gateway-in-process", s.streams, "--no-engine-process"))
     phase("tserve", lambda: http_phase(
         ["transformers", "serve", "--continuous-batching", "--device", device, "--dtype", "bfloat16",
@@ -679,6 +682,7 @@ def summary(r: dict[str, Any]) -> dict[str, Any]:
         f"http_{s.streams}_api4_tok_s": get("http_api4", "summary", "output_token_throughput"),
         f"http_{s.batch}_api2_tok_s": get("http_batch_api2", "summary", "output_token_throughput"),
         f"http_{s.batch}_api4_tok_s": get("http_batch_api4", "summary", "output_token_throughput"),
+        f"http_{s.batch}_dp2_tok_s": get("http_batch_dp2", "summary", "output_token_throughput"),
         f"tserve_{s.streams}_tok_s": get("tserve", "summary", "output_token_throughput"),
     }
 

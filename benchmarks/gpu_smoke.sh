@@ -26,7 +26,7 @@ ENTRIES=(
   "gpu_moe_profile 60 python -m benchmarks.gpu_moe_profile --smoke --device cuda --steps 5 --profile-steps 1 --out $W/moe_profile"
   "gpu_quant 60 python -m benchmarks.gpu_quant --smoke --device cuda --out $W/quant"
   "http_vs_core 60 python -m benchmarks.http_vs_core --smoke --device cuda --rounds 1 --streams 4 --out $W/http_vs_core --work $W/models"
-  "gpu_bench 130 python -m benchmarks.gpu_bench --smoke --device cuda --skip tserve,http_batch,http_api2,http_api4,http_batch_api2,http_batch_api4 --out $W/gpu_bench --work $W/models"
+  "gpu_bench 130 python -m benchmarks.gpu_bench --smoke --device cuda --skip tserve,http_batch,http_api2,http_api4,http_batch_api2,http_batch_api4,http_batch_dp2 --out $W/gpu_bench --work $W/models"
 )
 if [[ ${1:-} == --list ]]; then
   printf '%s\n' "${ENTRIES[@]}"

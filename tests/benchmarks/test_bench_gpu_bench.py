@@ -21,11 +21,11 @@ pytestmark = pytest.mark.benchmark_smoke
 
 def test_every_phase_on_the_cpu(tmp_path: Path, load_generator_here: None) -> None:
     out = tmp_path / "out"
-    # the --api-servers phases and `http_in_process` run the same phase code as `http` with one more flag
-    # (tests/e2e/test_api_servers.py covers --api-servers, tests/e2e/test_shutdown.py and test_default_model.py
-    # serve with --no-engine-process), and `http_batch` runs it with more streams; left out here (each starts a
-    # server: 6-13 s)
-    code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "tserve,http_api2,http_api4,http_batch,http_batch_api2,http_batch_api4,http_in_process", "--out", str(out),
+    # the --api-servers and --data-parallel-size phases and `http_in_process` run the same phase code as `http`
+    # with one more flag (tests/e2e/test_api_servers.py covers --api-servers, test_data_parallel_served.py
+    # --data-parallel-size, tests/e2e/test_shutdown.py and test_default_model.py serve with --no-engine-process),
+    # and `http_batch` runs it with more streams; left out here (each starts a server: 6-13 s)
+    code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "tserve,http_api2,http_api4,http_batch,http_batch_api2,http_batch_api4,http_batch_dp2,http_in_process", "--out", str(out),
                            "--work", str(tmp_path / "work")])
     assert code == 0
     r = json.loads((out / "gpu_bench.json").read_text())
@@ -56,7 +56,7 @@ def test_a_failing_phase_fails_the_run(tmp_path: Path, monkeypatch: pytest.Monke
 
     monkeypatch.setattr(gpu_bench.gm, "check_logits", broken)
     out = tmp_path / "out"
-    code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "greedy_fp32,hf,engine,http,http_in_process,http_batch,tserve,http_api2,http_api4,http_batch_api2,http_batch_api4",
+    code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "greedy_fp32,hf,engine,http,http_in_process,http_batch,tserve,http_api2,http_api4,http_batch_api2,http_batch_api4,http_batch_dp2",
                            "--out", str(out), "--work", str(tmp_path / "work")])
     assert code == 1
     r = json.loads((out / "gpu_bench.json").read_text())
@@ -68,6 +68,6 @@ def test_a_failing_phase_fails_the_run(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_a_failed_check_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gpu_bench.gm, "check_logits", lambda *a, **k: {"pass": False})
-    code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "bandwidth,greedy_fp32,hf,engine,http,http_in_process,http_batch,tserve,http_api2,http_api4,http_batch_api2,http_batch_api4",
+    code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "bandwidth,greedy_fp32,hf,engine,http,http_in_process,http_batch,tserve,http_api2,http_api4,http_batch_api2,http_batch_api4,http_batch_dp2",
                            "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
     assert code == 1
