@@ -208,6 +208,32 @@ def test_request_limits_hold_on_grpc_as_on_http(secured: RunningServer) -> None:
         assert err.value.status() == f"StatusCode.{status}", (status, err.value.message())
 
 
+def http_infer(srv: RunningServer, key: str, request_id: str, asked: int, stop: bool = False) -> httpx.Response:
+    """A KServe /infer call to `tensorrt_llm` of `asked` tokens, or (`stop`) the stop signal of `request_id`."""
+    def tensor(name: str, datatype: str, data: list) -> dict[str, Any]:
+        return {"name": name, "datatype": datatype, "shape": [1, len(data)], "data": data}
+
+    ids = [] if stop else [5, 6, 7, 8]
+    inputs = [tensor("input_ids", "INT32", ids or [0]), tensor("input_lengths", "INT32", [len(ids)]),
+              tensor("request_output_len", "UINT32", [0 if stop else asked]), tensor("end_id", "INT32", [-1])]
+    if stop:
+        inputs.append(tensor("stop", "BOOL", [True]))
+    return post(srv, "/v2/models/tensorrt_llm/infer", headers=auth(key), json={"id": request_id, "inputs": inputs})
+
+
+def test_a_triton_stop_over_http_reaches_only_its_own_keys_request(secured: RunningServer) -> None:
+    """Any client could stop another's request by its id. A stop sent before its request is kept for that request
+    (issue 40): so another key's stop sent first must not end this one, and the key's own must."""
+    asked = 40
+    assert http_infer(secured, KEYS[1], "shared-id", 0, stop=True).status_code == 200  # another key's stop
+    r = http_infer(secured, KEYS[0], "shared-id", asked)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["outputs"][0]["data"]) == 4 + asked  # ran to its length (prompt ids included)
+    assert http_infer(secured, KEYS[0], "own-id", 0, stop=True).status_code == 200  # its own key's stop
+    r = http_infer(secured, KEYS[0], "own-id", asked)
+    assert r.status_code == 200 and len(r.json()["outputs"][0]["data"]) < 4 + asked, r.text
+
+
 # ---- CORS -------------------------------------------------------------------------------------------
 
 def test_cors_preflight_for_an_allowed_origin(secured: RunningServer) -> None:
