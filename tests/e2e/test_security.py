@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import numpy as np
 import openai
 import pytest
 
-from tests.e2e.conftest import MODEL_NAME, RunningServer, launch, scrape
+from tests.e2e.conftest import MODEL_NAME, RunningServer, free_port, launch, scrape
 
 KEYS = ["key-one-7f3a", "key-two-91bc"]
 FILE_KEY = "key-from-file-c0de"
@@ -25,7 +27,8 @@ def secured(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
     keys_file = tmp_path_factory.mktemp("keys") / "keys.txt"
     keys_file.write_text(f"# one key per line\n\n{FILE_KEY}\n")
     srv = launch(tiny_model_dir, "native", gateway=dict(api_key=KEYS, api_keys_file=str(keys_file),
-                                                        admin_api_key=[ADMIN], cors_origins=[ORIGIN], **LIMITS))
+                                                        admin_api_key=[ADMIN], cors_origins=[ORIGIN],
+                                                        grpc_port=free_port(), **LIMITS))
     yield srv
     srv.stop()
 
@@ -175,6 +178,60 @@ def test_requests_at_the_limits_pass(secured: RunningServer) -> None:
     r = post(secured, "/v1/chat/completions", json=body)
     assert r.status_code == 200, r.text
     assert len(r.json()["choices"]) == 4
+
+
+def grpc_infer(srv: RunningServer, key: str | None, text: str, **arrays: np.ndarray) -> Any:
+    """A tritonclient ModelInfer of `text` (raises InferenceServerException)."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    named = {"text_input": np.array([[text]]).astype(object), "max_tokens": np.array([[1]], dtype=np.int32), **arrays}
+    inputs = []
+    for name, array in named.items():
+        inputs.append(grpcclient.InferInput(name, list(array.shape), "BYTES" if array.dtype == object else "INT32"))
+        inputs[-1].set_data_from_numpy(array)
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{srv.settings.grpc_port}") as c:
+        return c.infer("ensemble", inputs, headers=auth(key) if key else None)
+
+
+def test_request_limits_hold_on_grpc_as_on_http(secured: RunningServer) -> None:
+    """Every rule holds on every transport: the key, the body size and the field limits, over gRPC ModelInfer."""
+    from tritonclient.utils import InferenceServerException
+
+    assert grpc_infer(secured, KEYS[0], "hi").as_numpy("text_output").size == 1
+    refusals = [(None, "hi", {}, "UNAUTHENTICATED"),
+                (KEYS[0], "y" * 10_000, {}, "RESOURCE_EXHAUSTED"),  # over --max-body-bytes 4096
+                (KEYS[0], "hi", {"stop_words": np.array([["a", "b", "c"]]).astype(object)}, "INVALID_ARGUMENT"),
+                (KEYS[0], "hi", {"guided_decoding": np.array([["[" * 20 + "]" * 20]]).astype(object)},
+                 "INVALID_ARGUMENT")]  # nested past --max-json-depth 8
+    for key, text, arrays, status in refusals:
+        with pytest.raises(InferenceServerException) as err:
+            grpc_infer(secured, key, text, **arrays)
+        assert err.value.status() == f"StatusCode.{status}", (status, err.value.message())
+
+
+def http_infer(srv: RunningServer, key: str, request_id: str, asked: int, stop: bool = False) -> httpx.Response:
+    """A KServe /infer call to `tensorrt_llm` of `asked` tokens, or (`stop`) the stop signal of `request_id`."""
+    def tensor(name: str, datatype: str, data: list) -> dict[str, Any]:
+        return {"name": name, "datatype": datatype, "shape": [1, len(data)], "data": data}
+
+    ids = [] if stop else [5, 6, 7, 8]
+    inputs = [tensor("input_ids", "INT32", ids or [0]), tensor("input_lengths", "INT32", [len(ids)]),
+              tensor("request_output_len", "UINT32", [0 if stop else asked]), tensor("end_id", "INT32", [-1])]
+    if stop:
+        inputs.append(tensor("stop", "BOOL", [True]))
+    return post(srv, "/v2/models/tensorrt_llm/infer", headers=auth(key), json={"id": request_id, "inputs": inputs})
+
+
+def test_a_triton_stop_over_http_reaches_only_its_own_keys_request(secured: RunningServer) -> None:
+    """Any client could stop another's request by its id. A stop sent before its request is kept for that request
+    (issue 40): so another key's stop sent first must not end this one, and the key's own must."""
+    asked = 40
+    assert http_infer(secured, KEYS[1], "shared-id", 0, stop=True).status_code == 200  # another key's stop
+    r = http_infer(secured, KEYS[0], "shared-id", asked)
+    assert r.status_code == 200, r.text
+    assert len(r.json()["outputs"][0]["data"]) == 4 + asked  # ran to its length (prompt ids included)
+    assert http_infer(secured, KEYS[0], "own-id", 0, stop=True).status_code == 200  # its own key's stop
+    r = http_infer(secured, KEYS[0], "own-id", asked)
+    assert r.status_code == 200 and len(r.json()["outputs"][0]["data"]) < 4 + asked, r.text
 
 
 # ---- CORS -------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""GenerationExecutor: the LLM's executor (real: NVIDIA/TensorRT-LLM tensorrt_llm/executor/executor.py, stored-file
-id 697825693 of the search index, and the worker side of base_worker.py, stored-file id 1131391427; neither
-gave a commit).
+"""GenerationExecutor: the LLM's executor (real: NVIDIA/TensorRT-LLM tensorrt_llm/executor/executor.py
+@ ed53795b33fc139493f762a1c6c53f691cf52d38, and the worker side of tensorrt_llm/executor/base_worker.py
+@ 7b437aaa73bf5a44b1102aee5c631074da763b8f).
 
 Behaviour kept from the real files:
 - generate_async first calls _maybe_initialize_iteration_results: the iteration-stats IterationResult is made

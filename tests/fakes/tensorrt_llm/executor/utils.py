@@ -1,5 +1,6 @@
-"""RequestError and ErrorResponse (real: NVIDIA/TensorRT-LLM tensorrt_llm/executor/utils.py; the worker raises
-RequestError from _enqueue_request, base_worker.py stored-file id 1131391427 of the search index)."""
+"""RequestError and ErrorResponse (real: NVIDIA/TensorRT-LLM tensorrt_llm/executor/utils.py
+@ 7b437aaa73bf5a44b1102aee5c631074da763b8f, the version the search index holds; the worker raises RequestError
+from _enqueue_request, base_worker.py at the same commit)."""
 
 from __future__ import annotations
 

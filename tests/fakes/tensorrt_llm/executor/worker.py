@@ -5,7 +5,7 @@ and answers as the C++ executor does (tensorrt_llm/bindings/executor.py): one Re
 new token when streaming (all of the sequence's tokens at its end otherwise); an end id ends a sequence
 without being output, a stop word ends it with the word output (the result handler cuts it); `is_final` only
 on the last response of a request. Requests take the bad and stop words the worker's _enqueue_request built
-with SamplingParams._get_bad_words / _get_stop_words (base_worker.py, stored-file id 1131391427), and
+with SamplingParams._get_bad_words / _get_stop_words (base_worker.py @ 7b437aaa73bf), and
 `end_id=-1` with ignore_eos, as there. Each iteration yields one iteration-stats dict when stats are on.
 """
 

@@ -1,5 +1,5 @@
-"""AsyncQueue and print_colored (real: NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/utils.py, stored-file id 868072924
-of the search index, which gave no commit).
+"""AsyncQueue and print_colored (real: NVIDIA/TensorRT-LLM tensorrt_llm/llmapi/utils.py
+@ cc4777e94ddab84b0e2676f1dbcc91b86060329f).
 
 AsyncQueue.get(timeout): None waits until an item comes; > 0 raises asyncio.TimeoutError after `timeout`
 seconds without one; <= 0 raises asyncio.QueueEmpty at once. The fake's producers run on the event loop,
