@@ -50,7 +50,10 @@ INT4_GROUP = 128
 MIN_BYTES = 256 * 2**20  # weight copies per shape: more than the H200's 50 MB L2 holds
 
 
-def kernel_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: float, min_bytes: int) -> dict[str, Any]:
+def kernel_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: float, min_bytes: int,
+                   sweep: bool = True) -> dict[str, Any]:
+    """Per projection shape, the GEMV and 256-row figures (module docstring); `sweep`: also at the other tiles
+    (a smoke run on the CPU leaves them out: each is minutes of Triton's interpreter there)."""
     from runtime.native.cuda import gemv as gemv_module
     from runtime.native.models.fp8 import dequantize, fp8_linear, quantize_rows
 
@@ -70,7 +73,7 @@ def kernel_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: f
         figures["fp8_floor_us"] = (n * k + 4 * n) / (bandwidth * 1e12) * 1e6
         figures["bf16_vs_floor"] = figures["bf16_us"] / figures["bf16_floor_us"]
         figures["fp8_vs_floor"] = figures["fp8_us"] / figures["fp8_floor_us"]
-        for tile in FP8_TILES:
+        for tile in FP8_TILES if sweep else []:
             gemv_module.FP8_TILES[(n, k)] = tile
             figures["fp8_tile_{}x{}x{}_us".format(*tile)] = per_call_us(
                 lambda i: gemv_module.gemv(x, fp8[i][0], scale=fp8[i][1]), copies)
@@ -79,13 +82,13 @@ def kernel_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: f
         figures[f"rows_{ROWS}_bf16_us"] = per_call_us(lambda i: F.linear(rows, bf16[i]), copies)
         figures[f"rows_{ROWS}_fp8_us"] = per_call_us(lambda i: fp8_linear(rows, fp8[i][0], fp8[i][1], None, None),
                                                      copies)
-        figures.update(_int4_figures(bf16[0], x, rows, copies, bandwidth))
+        figures.update(_int4_figures(bf16[0], x, rows, copies, bandwidth, sweep))
         res[name] = figures
     return res
 
 
-def _int4_figures(weight: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, copies: int, bandwidth: float
-                  ) -> dict[str, Any]:
+def _int4_figures(weight: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, copies: int, bandwidth: float,
+                  sweep: bool) -> dict[str, Any]:
     """The INT4 GEMV and GEMM on `weight` quantized round to nearest in groups of INT4_GROUP (on the CPU, once: the
     copies are clones), and the GEMV's error against the reference dequantization."""
     from runtime.native.cuda import int4
@@ -104,7 +107,8 @@ def _int4_figures(weight: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, cop
                "int4_us": per_call_us(lambda i: int4_linear(x, *stored[i]), copies), "int4_floor_us": floor_us,
                f"rows_{ROWS}_int4_us": per_call_us(lambda i: int4_linear(rows, *stored[i]), copies)}
     figures["int4_vs_floor"] = figures["int4_us"] / floor_us
-    for name, tiles, inputs in (("GEMV_TILE", INT4_GEMV_TILES, x), ("GEMM_TILE", INT4_GEMM_TILES, rows)):
+    sweeps = (("GEMV_TILE", INT4_GEMV_TILES, x), ("GEMM_TILE", INT4_GEMM_TILES, rows)) if sweep else ()
+    for name, tiles, inputs in sweeps:
         chosen = getattr(int4, name)
         for tile in tiles:
             setattr(int4, name, tile)
@@ -153,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = record("bandwidth_tb_s", lambda: bandwidth_tb_s(1 / 64 if args.smoke else 1.0, args.device))
     if "kernels" not in skip and isinstance(bandwidth, float):
         record("kernels", lambda: kernel_figures(args.device, SMOKE_SHAPES if args.smoke else SHAPES, bandwidth,
-                                                 0 if args.smoke else MIN_BYTES))
+                                                 0 if args.smoke else MIN_BYTES, sweep=not args.smoke))
     folder = gf.write_config(args.out / "llama-3.1-8b", model_type, shape)
     for quantization in ("bf16", "fp8", "int4", "kv_fp8"):
         if quantization in skip:
