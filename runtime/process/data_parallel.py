@@ -12,6 +12,7 @@ every core; stats are summed over the cores.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 from collections.abc import AsyncIterator
@@ -95,8 +96,11 @@ class DataParallelEngine(AsyncEngine):
     # ---- requests -----------------------------------------------------------------------------
     async def generate_batches(self, request: GenerationRequest) -> AsyncIterator[list[OutputDelta]]:
         try:
-            async for batch in super().generate_batches(request):
-                yield batch
+            # closed here, before the owner is forgotten below: a consumer that leaves early (client gone) has the
+            # request aborted in its core through _forget, which needs the owner
+            async with contextlib.aclosing(super().generate_batches(request)) as batches:
+                async for batch in batches:
+                    yield batch
         finally:  # finished, failed, refused or abandoned: its tokens leave its core's count
             if self._owners.get(request.request_id) is not None:
                 del self._owners[request.request_id]

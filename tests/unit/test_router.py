@@ -4,14 +4,18 @@ runtime/process/data_parallel.py does with its cores besides (summed stats, adap
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
+from runtime.async_engine import AsyncEngine
 from runtime.config import EngineConfig
 from runtime.engine import EngineStats
 from runtime.process import router as router_module
 from runtime.process.data_parallel import DataParallelEngine, core_devices
 from runtime.process.router import AFFINITY_SLACK, Router
+from runtime.request import GenerationRequest
 
 
 def test_a_request_goes_to_the_core_with_the_fewest_queued_tokens() -> None:
@@ -90,6 +94,9 @@ class FakeCore:
     def abort(self, request_id: str, index: int | None = None) -> None:
         self.calls.append(("abort", request_id))
 
+    def _forget(self, request_id: str) -> None:
+        self.calls.append(("forget", request_id))
+
 
 def _engine(cores: list[FakeCore]) -> DataParallelEngine:
     engine = object.__new__(DataParallelEngine)  # the cores alone: no processes
@@ -114,3 +121,29 @@ def test_stats_are_summed_adapters_go_to_every_live_core_and_aborts_to_the_owner
     engine.abort("unknown")
     assert two.calls[-1] == ("abort", "r") and len(one.calls) == 1
     assert engine.degraded == "engine core 2: exited (exit code -9)"
+
+
+def test_a_consumer_that_leaves_early_has_its_request_ended_in_its_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The client went away mid-stream: the request's core is told (through _forget, as AsyncEngine's reader does
+    when it is closed early), while the engine still knows which core owns it."""
+    async def one_core_stream(self: DataParallelEngine, request: GenerationRequest) -> AsyncIterator[list[Any]]:
+        self._owners[request.request_id] = 1  # what _add records
+        self.router.pick(request.request_id, [1, 2, 3], 8)
+        try:
+            yield ["first"]
+            yield ["second"]
+        finally:
+            self._forget(request.request_id)  # AsyncEngine's read_batches on an early close
+
+    monkeypatch.setattr(AsyncEngine, "generate_batches", one_core_stream)
+    cores = [FakeCore(EngineStats()), FakeCore(EngineStats())]
+    engine = _engine(cores)
+    engine.router = Router(2, block_size=4)
+
+    async def leave_after_the_first_batch() -> None:
+        batches = engine.generate_batches(GenerationRequest("r", prompt_token_ids=[1, 2, 3]))
+        assert await batches.__anext__() == ["first"]
+        await batches.aclose()
+
+    asyncio.run(leave_after_the_first_batch())
+    assert cores[1].calls == [("forget", "r")] and engine._owners == {} and engine.router.queued == [0, 0]
