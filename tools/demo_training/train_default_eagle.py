@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ import torch.nn.functional as F
 from runtime.demo import DEFAULT_EAGLE_DIR, pack_draft, unpack_draft
 from tools.demo_training.eagle_head import EagleHead
 from tools.demo_training.lora_training import lr_scale
-from tools.demo_training.train_default_draft import K_RANGE, answer_all, batch_tensors, prompt_pool
+from tools.demo_training.train_default_draft import K_RANGE, batch_tensors, target_data
 
 PASS_DECAY = 0.8
 
@@ -125,27 +124,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from runtime.default_model import resolve_model
 
     args = parse_args(argv)
-    device = torch.device(args.device)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    rng = random.Random(args.seed)
     started = time.perf_counter()
-    folder = resolve_model(None, "float32")[0]
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
+    data = target_data(args, resolve_model(None, "float32")[0])
+    target, pad, train, held, device, rng = data.target, data.pad, data.train, data.held, data.device, data.rng
     target.requires_grad_(False)
-    train_prompts, held_prompts = prompt_pool(args.seed)
-    train_prompts, held_prompts = train_prompts[: args.prompts], held_prompts[: args.held_out]
-    held = answer_all(target, tokenizer, held_prompts, args.max_new_tokens, args.gen_batch_size, 0, pad, device)
-    train = answer_all(target, tokenizer, train_prompts, args.max_new_tokens, args.gen_batch_size, 4, pad, device)
-    answer_tokens = sum(len(t) - s for t, s in train)
-    print(f"data: {answer_tokens} answer tokens, elapsed {time.perf_counter() - started:.0f}s", flush=True)
 
     depth = max(K_RANGE)
     head = EagleHead.from_target(target)
@@ -184,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     weights = save_head(head.float(), args.out)
     with torch.no_grad():
         after = acceptance(chain_hits(head, target, held, pad, depth, device), depth)
-    write_report(args.out, args, len(train), answer_tokens, len(held), before, after,
+    write_report(args.out, args, len(train), data.answer_tokens, len(held), before, after,
                  time.perf_counter() - started, weights.stat().st_size, argv)
     print(f"held-out acceptance per position {' '.join(f'{a:.3f}' for a in after[0])}; wrote {args.out}", flush=True)
 
@@ -197,11 +182,11 @@ def write_report(out: Path, args: argparse.Namespace, prompts: int, tokens: int,
     lines = [
         "# EAGLE head for the default model (SmolLM2-135M-Instruct)",
         "",
-        f"Trained by `{command}` ({seconds:.0f} s on {args.device}, torch {torch.__version__}); "
-        f"{size} bytes shipped.",
-        f"Data: the target's answers to {prompts} chat prompts ({tokens} answer tokens, at most "
-        f"{args.max_new_tokens} each); {args.steps} steps of {args.batch_size} answers, {args.passes} chain steps "
-        f"unrolled, KL(target || head) + cross-entropy on its argmax, AdamW lr {args.lr:g}, seed {args.seed}.",
+        (f"Trained by `{command}` ({seconds:.0f} s on {args.device}, torch {torch.__version__}); "
+         f"{size} bytes shipped."),
+        (f"Data: the target's answers to {prompts} chat prompts ({tokens} answer tokens, at most "
+         f"{args.max_new_tokens} each); {args.steps} steps of {args.batch_size} answers, {args.passes} chain steps "
+         f"unrolled, KL(target || head) + cross-entropy on its argmax, AdamW lr {args.lr:g}, seed {args.seed}."),
         f"Held-out greedy answers to {held} prompts, exact chained drafts (module docstring).",
         "",
         f"Acceptance per position at k = {len(after[0])} (draft j accepted, given drafts 1..j-1 were):",
