@@ -57,14 +57,14 @@ def chain_hits(head: EagleHead, target: torch.nn.Module, held: list[tuple[list[i
         ids, mask, _, _ = batch_tensors(chunk, pad, device)
         hidden, embeds = target_states(target, ids, mask)
         outs = head.unrolled(hidden.float(), embeds.float(), depth)
-        guesses = [target.lm_head(o).argmax(-1) for o in outs]  # [B, T] each: pass u at t predicts x_{t+2}
+        guesses = [target.lm_head(o).argmax(-1).tolist() for o in outs]  # [B][T]: pass u at t predicts x_{t+2}
         for row, (tokens, start) in enumerate(chunk):
             hits = []
             for u in range(depth):
                 # chain from n = start-1 .. ; step u+1 sits at index n+u and predicts x_{n+u+2}
                 row_hits = []
                 for n in range(start - 1, len(tokens) - 2 - u):
-                    row_hits.append(int(guesses[u][row, n + u]) == tokens[n + u + 2])
+                    row_hits.append(guesses[u][row][n + u] == tokens[n + u + 2])
                 hits.append(row_hits)
             out.append(hits)
     return out
