@@ -111,7 +111,7 @@ def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhas
     lora = LoraManager(cfg, weights, on_ready=on_lora_ready)
     runner.lora = lora.batch
     proposer = load_proposer(cfg, serving_demo=cfg.model == DEMO, tokenizer=tokenizer, vocab_size=spec.vocab_size,
-                             dtype=dtype, device=device)
+                             dtype=dtype, device=device, target=weights, runner=runner)
     activations = runner.profile_activation_bytes(cfg.max_num_tokens, cfg.max_batch_size, window)
     bytes_per_token = kv_cache_bytes_per_token(spec, dtype)
     bytes_per_token += getattr(proposer, "kv_bytes_per_token", 0)  # a draft model's cache gets as many blocks
@@ -119,21 +119,23 @@ def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhas
     # a compiled step on CPU pays with --cpu-quantization or float32 (not against the prepacked bf16 products,
     # which inductor cannot call: 45 vs 52 ms a SmolLM2 step on the 2-core box, RESULTS.md); it is warmed up
     # in one more block, which the block manager never hands out
-    native = device.type == "cpu" and cfg.cpu_compile and supports(weights) is None
-    compile_steps = (device.type == "cpu" and cfg.cpu_compile and not native and
+    # an EAGLE head reads the hidden states of eager steps (runtime/native/speculative/eagle.py): no compiled steps
+    compiled = cfg.cpu_compile and cfg.speculative != "eagle"
+    native = device.type == "cpu" and compiled and supports(weights) is None
+    compile_steps = (device.type == "cpu" and compiled and not native and
                      (quantization != "none" or dtype != torch.bfloat16))
     runner.allocate_kv_cache(blocks + compile_steps)
     # a speculative step brings 1 + num_draft_tokens rows per sequence
     decode_rows = cfg.max_batch_size * (1 + (cfg.num_draft_tokens if proposer is not None else 0))
     max_blocks = -(-window // cfg.kv_block_size)
-    if cfg.enable_cuda_graphs and device.type == "cuda":
+    if cfg.enable_cuda_graphs and device.type == "cuda" and cfg.speculative != "eagle":
         runner.capture_decode_graphs(decode_rows, max_blocks, lora_version=lambda: lora.slots.version)
         runner.capture_prefill_graphs(cfg.max_num_tokens, max_blocks, lora_version=lambda: lora.slots.version)
     cpu_warm_up = None
     if native:  # its kernels are built: it serves from the first step
         use_cpu_kernels(True)
         runner.graphs = NativeDecode(weights, runner.kv_caches, cfg.kv_block_size, max_blocks, lora.batch)
-    elif device.type == "cpu" and cfg.cpu_compile:
+    elif device.type == "cpu" and compiled:
         cpu_warm_up = CpuWarmUp(runner, phases, compile_steps, max_blocks, scratch_block=blocks, stopping=stopping)
     if device.type == "cpu":
         steps = ("C++ decode steps" if native else "compiled one-stream steps (built in the background)"

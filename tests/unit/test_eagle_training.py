@@ -1,4 +1,4 @@
-"""The EAGLE head's training form (tools/demo_training/eagle_head.py) and its training script
+"""The EAGLE head's training form (runtime/native/speculative/eagle_head.py) and its training script
 (tools/demo_training/train_default_eagle.py): the unrolled passes are the chained drafts exactly, and the
 script runs end to end on the CPU."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from tools.demo_training.eagle_head import EagleHead
+from runtime.native.speculative.eagle_head import EagleHead
 
 
 def chained(head: EagleHead, hidden: torch.Tensor, embeds: torch.Tensor, n: int, steps: int) -> list[torch.Tensor]:

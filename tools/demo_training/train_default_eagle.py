@@ -1,10 +1,10 @@
-"""Train the default model's EAGLE head (tools/demo_training/eagle_head.py) for SmolLM2-135M-Instruct.
+"""Train the default model's EAGLE head (runtime/native/speculative/eagle_head.py) for SmolLM2-135M-Instruct.
 
     python -m tools.demo_training.train_default_eagle --device cuda    # -> runtime/demo/smollm2_eagle/
 
 Data: the shipped draft's (train_default_draft.py: the same seeded prompt pool and held-out split, answered by the
 target itself, greedy with every fourth batch sampled). The target's hidden states and logits are computed on the
-fly for each batch. Loss, summed over the unrolled chain passes (eagle_head.py; pass u weighted 0.8^u):
+fly for each batch. Loss, summed over the unrolled chain passes (eagle_head.py's docstring; pass u weighted 0.8^u):
 KL(target || head) plus the cross-entropy on the target's argmax, over the answer positions.
 Metric, on the held-out prompts' greedy answers: the exact chained drafts of the head from every verified index
 (the unroll is the chain), so EAGLE.md gives acceptance per position (the share of steps whose draft j is
@@ -24,11 +24,35 @@ import torch
 import torch.nn.functional as F
 
 from runtime.demo import DEFAULT_EAGLE_DIR, pack_draft, unpack_draft
-from tools.demo_training.eagle_head import EagleHead
+from runtime.native.speculative.eagle_head import EagleHead
 from tools.demo_training.lora_training import lr_scale
 from tools.demo_training.train_default_draft import K_RANGE, batch_tensors, target_data
 
 PASS_DECAY = 0.8
+
+
+def head_from_target(target: torch.nn.Module) -> EagleHead:
+    """A head shaped like a layer of the HF Llama `target`, initialised from its last layer and final norm,
+    with fc passing the hidden state through (so the untrained head predicts what the target's next layer would)."""
+    c = target.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    theta = (getattr(c, "rope_parameters", None) or {}).get("rope_theta") or getattr(c, "rope_theta", 10000.0)
+    head = EagleHead(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, head_dim, c.intermediate_size,
+                     c.rms_norm_eps, float(theta)).to(target.device)
+    last = target.model.layers[-1]
+    with torch.no_grad():
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            getattr(head, name).weight.copy_(getattr(last.self_attn, name).weight)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            getattr(head, name).weight.copy_(getattr(last.mlp, name).weight)
+        head.input_layernorm.copy_(last.input_layernorm.weight)
+        head.post_attention_layernorm.copy_(last.post_attention_layernorm.weight)
+        head.norm.copy_(target.model.norm.weight)
+        hidden = c.hidden_size
+        head.fc.weight.zero_()
+        head.fc.weight[:, :hidden].normal_(std=0.02)  # the embedding's share starts small
+        head.fc.weight[:, hidden:].copy_(torch.eye(hidden))
+    return head
 
 
 def target_states(target: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor
@@ -133,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     target.requires_grad_(False)
 
     depth = max(K_RANGE)
-    head = EagleHead.from_target(target)
+    head = head_from_target(target)
     with torch.no_grad():
         before = acceptance(chain_hits(head, target, held, pad, depth, device), depth)
     optimizer = torch.optim.AdamW(head.parameters(), lr=args.lr, weight_decay=0.0)

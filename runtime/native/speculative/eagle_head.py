@@ -1,4 +1,4 @@
-"""The EAGLE head in its training form: one decoder layer over (the target's hidden state, the next token's embedding).
+"""The EAGLE head: one decoder layer over (the target's hidden state, the next token's embedding).
 
 At index t the head reads h_t (the target's final-normed hidden state there) and e(x_{t+1}) (the target's
 embedding, shared), mixes them with fc, runs one Llama decoder layer and the final norm; the result o_t goes
@@ -8,7 +8,9 @@ Chained drafting from a verified index n: step 1 reads (h_n, e(x_{n+1})), step j
 at index n+j. Its attention sees the head's entries for the verified indices (computed from the target's hidden
 states) and its own earlier chain steps. Training and the acceptance metric unroll that exactly over every start n
 at once ("training-time test"): pass u holds chain step u+1 of the chain started at n = t-u, at index t, and
-attends to pass 0 at indices <= t-u and to pass j at index t-u+j (j = 1..u).
+attends to pass 0 at indices <= t-u and to pass j at index t-u+j (j = 1..u). The engine runs the same
+weights one sequence at a time over a dense KV cache of its own (`extend`; eagle.py).
+Trained by tools/demo_training/train_default_eagle.py.
 """
 
 from __future__ import annotations
@@ -60,30 +62,6 @@ class EagleHead(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.norm = nn.Parameter(torch.ones(hidden))
 
-    @classmethod
-    def from_target(cls, target: nn.Module) -> EagleHead:
-        """A head shaped like a layer of the HF Llama `target`, initialised from its last layer and final norm,
-        with fc passing the hidden state through (so the untrained head predicts what the target's next layer would)."""
-        c = target.config
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        theta = (getattr(c, "rope_parameters", None) or {}).get("rope_theta") or getattr(c, "rope_theta", 10000.0)
-        head = cls(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, head_dim, c.intermediate_size,
-                   c.rms_norm_eps, float(theta)).to(target.device)
-        last = target.model.layers[-1]
-        with torch.no_grad():
-            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                getattr(head, name).weight.copy_(getattr(last.self_attn, name).weight)
-            for name in ("gate_proj", "up_proj", "down_proj"):
-                getattr(head, name).weight.copy_(getattr(last.mlp, name).weight)
-            head.input_layernorm.copy_(last.input_layernorm.weight)
-            head.post_attention_layernorm.copy_(last.post_attention_layernorm.weight)
-            head.norm.copy_(target.model.norm.weight)
-            hidden = c.hidden_size
-            head.fc.weight.zero_()
-            head.fc.weight[:, :hidden].normal_(std=0.02)  # the embedding's share starts small
-            head.fc.weight[:, hidden:].copy_(torch.eye(hidden))
-        return head
-
     def config(self) -> dict[str, object]:
         return {"architectures": ["EagleHead"], "hidden_size": self.fc.out_features,
                 "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads, "head_dim": self.head_dim,
@@ -96,10 +74,47 @@ class EagleHead(nn.Module):
         angles = torch.cat([angles, angles], dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
+    def layer(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              mask: torch.Tensor | None) -> torch.Tensor:
+        """The rest of the decoder layer after q, k, v ([B, heads, T, D], roped): attention, o_proj, MLP, final norm."""
+        batch, length = x.shape[0], x.shape[1]
+        group = self.heads // self.kv_heads
+        attn = F.scaled_dot_product_attention(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1),
+                                              attn_mask=mask)
+        x = x + self.o_proj(attn.transpose(1, 2).reshape(batch, length, -1))
+        h = rms_norm(x, self.post_attention_layernorm, self.eps)
+        x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return rms_norm(x, self.norm, self.eps)
+
+    def qkv(self, hidden: torch.Tensor, embeds: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(fc's output x [B, T, H], roped q, roped k, v [B, heads, T, D]) of T indices."""
+        batch, length, _ = hidden.shape
+        x = self.fc(torch.cat([embeds.to(hidden.dtype), hidden], dim=-1))
+        h = rms_norm(x, self.input_layernorm, self.eps)
+        q = self.q_proj(h).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        return x, rotate(q, cos, sin), rotate(k, cos, sin), v
+
+    def extend(self, hidden: torch.Tensor, embeds: torch.Tensor, start: int, past_k: torch.Tensor,
+               past_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One sequence's next T indices from `start` ([T, H] each), attending to the cache ([kv_heads, start', D]
+        for the indices before, which may begin later than 0) and causally to themselves: (outputs [T, H], their k
+        and v [kv_heads, T, D] to cache)."""
+        length = hidden.shape[0]
+        cos, sin = self.rope(start + length, hidden.device, hidden.dtype)
+        x, q, k, v = self.qkv(hidden[None], embeds[None], cos[start:], sin[start:])
+        past = past_k.shape[1]
+        mask = torch.ones(length, past + length, dtype=torch.bool, device=hidden.device)
+        mask[:, past:] = torch.ones(length, length, dtype=torch.bool, device=hidden.device).tril()
+        out = self.layer(x, q, torch.cat([past_k[None], k], dim=2), torch.cat([past_v[None], v], dim=2), mask)
+        return out[0], k[0], v[0]
+
     def unrolled(self, hidden: torch.Tensor, embeds: torch.Tensor, passes: int) -> list[torch.Tensor]:
         """The head's output hidden states [B, T, H] of each pass (module docstring): `hidden` [B, T, H] is the
         target's at each index, `embeds` [B, T, H] the embedding of the token after it."""
-        batch, length, _ = hidden.shape
+        length = hidden.shape[1]
         cos, sin = self.rope(length, hidden.device, hidden.dtype)
         masks = chain_mask(length, passes, hidden.device)
         keys: list[torch.Tensor] = []
@@ -109,20 +124,8 @@ class EagleHead(nn.Module):
         for u in range(passes):
             if u:  # chain step u+1 at index t reads step u's output at index t-1
                 feed = torch.cat([torch.zeros_like(outs[-1][:, :1]), outs[-1][:, :-1]], dim=1)
-            x = self.fc(torch.cat([embeds, feed], dim=-1))
-            h = rms_norm(x, self.input_layernorm, self.eps)
-            q = self.q_proj(h).view(batch, length, self.heads, self.head_dim).transpose(1, 2)
-            k = self.k_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
-            v = self.v_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
-            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            x, q, k, v = self.qkv(feed, embeds, cos, sin)
             keys.append(k)
             values.append(v)
-            group = self.heads // self.kv_heads
-            k_all = torch.cat(keys, dim=2).repeat_interleave(group, dim=1)
-            v_all = torch.cat(values, dim=2).repeat_interleave(group, dim=1)
-            attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=masks[u])
-            x = x + self.o_proj(attn.transpose(1, 2).reshape(batch, length, -1))
-            h = rms_norm(x, self.post_attention_layernorm, self.eps)
-            x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-            outs.append(rms_norm(x, self.norm, self.eps))
+            outs.append(self.layer(x, q, torch.cat(keys, dim=2), torch.cat(values, dim=2), masks[u]))
         return outs
