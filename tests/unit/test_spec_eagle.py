@@ -142,4 +142,64 @@ def test_eagle_head_is_refused_when_not_one(tmp_path: Path) -> None:
     from runtime.native.speculative.eagle import load_head
 
     with pytest.raises(ValueError, match="not an EAGLE head"):
-        load_head(str(tmp_path), torch.float32, torch.device("cpu"))
+        load_head(str(tmp_path), torch.float32, torch.device("cpu"), 2)
+
+
+def write_eagle3(out: Path, target_hidden: int, vocab: int, draft_vocab: int) -> str:
+    """A tiny random EAGLE-3 checkpoint in the published layout (fc over 3 layers, midlayer with a 2H attention
+    input, its own lm_head over a draft vocabulary mapped by d2t/t2d); draft id i stands for target id 2i + 1."""
+    hidden, heads, kv_heads, head_dim, inter = 64, 4, 2, 16, 96
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.2
+
+    d2t = torch.arange(draft_vocab) + 1  # target id = draft id + d2t[draft id] = 2 * draft id + 1
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[2 * torch.arange(draft_vocab) + 1] = True
+    tensors = {
+        "fc.weight": rand(hidden, 3 * target_hidden),
+        "midlayer.input_layernorm.weight": torch.ones(hidden), "midlayer.hidden_norm.weight": torch.ones(hidden),
+        "midlayer.self_attn.q_proj.weight": rand(heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": rand(kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": rand(kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": rand(hidden, heads * head_dim),
+        "midlayer.post_attention_layernorm.weight": torch.ones(hidden),
+        "midlayer.mlp.gate_proj.weight": rand(inter, hidden), "midlayer.mlp.up_proj.weight": rand(inter, hidden),
+        "midlayer.mlp.down_proj.weight": rand(hidden, inter),
+        "norm.weight": torch.ones(hidden), "lm_head.weight": rand(draft_vocab, hidden), "d2t": d2t, "t2d": t2d,
+    }
+    save_file(tensors, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+        "intermediate_size": inter, "rms_norm_eps": 1e-5, "num_hidden_layers": 1, "vocab_size": vocab,
+        "draft_vocab_size": draft_vocab, "target_hidden_size": target_hidden,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 64}, "rope_theta": 500000.0}))
+    return str(out)
+
+
+async def test_a_published_layout_eagle3_head_loads_and_drafts_exactly(tmp_path: Path) -> None:
+    """A tiny random EAGLE-3 checkpoint over a 6-layer tiny Llama: it loads (layers 2, 3 and 3 feed fc), drafts only
+    ids of its draft vocabulary mapped through d2t, and greedy ids equal plain greedy's."""
+    from runtime.native.speculative.eagle import load_head
+
+    target = build_tiny_model(tmp_path, "llama", num_hidden_layers=6)
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    (tmp_path / "eagle3").mkdir()
+    head_dir = write_eagle3(tmp_path / "eagle3", 64, vocab, vocab // 2)
+    head = load_head(head_dir, torch.float32, torch.device("cpu"), 6)
+    assert head.aux_layers == (2, 3, 3)
+    ps = prompts(3, seed=21)
+    want = await plain_greedy(target, ps, 20)
+    async with running_engine(target, speculative="eagle", draft_model=head_dir, num_draft_tokens=3) as engine:
+        drafted: list[list[int]] = []
+        proposer = engine.speculator.proposer
+        propose = proposer.propose
+        proposer.propose = lambda seq, k: drafted.append(propose(seq, k)) or drafted[-1]  # type: ignore[method-assign]
+        outs = await run_all(engine, [request(f"e{i}", p, 20) for i, p in enumerate(ps)])
+        engine.block_manager.check_invariants([])
+    assert [o.tokens[0] for o in outs] == want
+    ids = [t for d in drafted for t in d]
+    assert ids and all(t % 2 == 1 for t in ids)  # draft vocabulary ids mapped by d2t

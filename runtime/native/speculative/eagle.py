@@ -21,6 +21,7 @@ import torch
 from runtime.native.model_runner import ModelRunner
 from runtime.native.models.base import CausalLM
 from runtime.native.sequence import Sequence, SequenceStatus
+from runtime.native.speculative.eagle3 import EAGLE3_ARCHITECTURES, Eagle3Head
 from runtime.native.speculative.eagle_head import EagleHead
 from runtime.native.step_inputs import StepInputs
 
@@ -28,8 +29,9 @@ _CONFIG_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "
                   "rms_norm_eps", "rope_theta")
 
 
-def load_head(path: str, dtype: torch.dtype, device: torch.device) -> EagleHead:
-    """A head folder written by tools/demo_training/train_default_eagle.py (config.json, packed model.safetensors)."""
+def load_head(path: str, dtype: torch.dtype, device: torch.device, target_layers: int) -> EagleHead | Eagle3Head:
+    """A head folder: ours (tools/demo_training/train_default_eagle.py: config.json, packed model.safetensors), or a
+    published EAGLE-3 checkpoint for a Llama target of `target_layers` layers (eagle3.py)."""
     from safetensors.torch import load_file
 
     from runtime.demo import unpack_draft
@@ -38,6 +40,8 @@ def load_head(path: str, dtype: torch.dtype, device: torch.device) -> EagleHead:
     if not (folder / "config.json").is_file():
         raise ValueError(f"--draft-model {path}: no config.json there (expected an EAGLE head folder)")
     config = json.loads((folder / "config.json").read_text())
+    if set(config.get("architectures") or ()) & EAGLE3_ARCHITECTURES:
+        return Eagle3Head.load(folder, config, target_layers, dtype, device)
     if config.get("architectures") != ["EagleHead"]:
         raise ValueError(f"--draft-model {path}: not an EAGLE head (architectures {config.get('architectures')})")
     h, heads, kv, dim, inter, eps, theta = (config[k] for k in _CONFIG_FIELDS)
@@ -74,11 +78,19 @@ class EagleProposer:
 
     def __init__(self, path: str, target: CausalLM, runner: ModelRunner, dtype: torch.dtype,
                  device: torch.device) -> None:
-        self.head = load_head(path, dtype, device)
+        self.head: EagleHead | Eagle3Head = load_head(path, dtype, device, len(target.model.layers))  # type: ignore[union-attr,arg-type]
         self.target = target
         self.runner = runner
         runner.keep_hidden = True
         self._states: dict[int, _HeadState] = {}
+        self._aux: dict[int, torch.Tensor] = {}  # layer -> its input in the last forward (EAGLE-3 heads)
+        for i in self.head.aux_layers:
+            target.model.layers[i].register_forward_pre_hook(self._keeper(i))  # type: ignore[union-attr,index]
+
+    def _keeper(self, layer: int):  # noqa: ANN202
+        def keep(_module: torch.nn.Module, args: tuple) -> None:
+            self._aux[layer] = args[1]  # forward(positions, x, kv_cache, meta)
+        return keep
 
     @property
     def weight_bytes(self) -> int:
@@ -94,6 +106,9 @@ class EagleProposer:
         if kept is None:
             return
         values, first_rows = kept
+        if self.head.aux_layers:  # EAGLE-3: the inputs of three of the target's layers, side by side
+            values = torch.cat([self._aux[i] for i in self.head.aux_layers], dim=-1)
+        values = self.head.feature(values)
         for b, seq in enumerate(seqs):
             start, count = inputs.start_pos[b], inputs.counts[b]
             state = self._states.get(seq.seq_id)
@@ -116,25 +131,25 @@ class EagleProposer:
             return []
         state.ensure(last + 1 + k)
         tokens, base = seq.token_ids, state.first
-        embed = self.target.model.embed  # type: ignore[attr-defined]
+        head, target = self.head, self.target
         start = state.cached
-        out, keys, values = self.head.extend(
+        out, feed, keys, values = head.extend(
             state.hidden[start - base : last + 1 - base],
-            embed(torch.tensor(tokens[start + 1 : last + 2], device=state.hidden.device)),
+            head.embed(torch.tensor(tokens[start + 1 : last + 2], device=state.hidden.device), target),
             start, state.keys[:, : start - base], state.values[:, : start - base])
         state.keys[:, start - base : last + 1 - base] = keys
         state.values[:, start - base : last + 1 - base] = values
         state.cached = last + 1
-        feed = out[-1:]
+        out, feed = out[-1:], feed[-1:]
         drafts: list[int] = []
         for j in range(k):
-            token = int(self.target.compute_logits(feed).argmax(dim=-1))
+            token = int(head.logits(out, target).argmax(dim=-1))
             drafts.append(token)
             if j == k - 1:
                 break
             at = last + 1 + j  # chain entries: cached past `cached` and overwritten by the next catch-up
-            feed, keys, values = self.head.extend(
-                feed, embed(torch.tensor([token], device=feed.device)), at,
+            out, feed, keys, values = head.extend(
+                feed, head.embed(torch.tensor([token], device=feed.device), target), at,
                 state.keys[:, : at - base], state.values[:, : at - base])
             state.keys[:, at - base : at + 1 - base] = keys
             state.values[:, at - base : at + 1 - base] = values

@@ -97,11 +97,24 @@ class EagleHead(nn.Module):
         v = self.v_proj(h).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
         return x, rotate(q, cos, sin), rotate(k, cos, sin), v
 
+    aux_layers: tuple[int, ...] = ()  # the target hands its final hidden state (EAGLE-3 heads: eagle3.py)
+
+    def feature(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What the head stores per position from the target's hidden state: the state itself."""
+        return hidden
+
+    def logits(self, out: torch.Tensor, target: torch.nn.Module) -> torch.Tensor:
+        """Logits over the target's vocabulary: the target's head (shared)."""
+        return target.compute_logits(out)  # type: ignore[operator]
+
+    def embed(self, ids: torch.Tensor, target: torch.nn.Module) -> torch.Tensor:
+        return target.model.embed(ids)  # type: ignore[union-attr,operator]
+
     def extend(self, hidden: torch.Tensor, embeds: torch.Tensor, start: int, past_k: torch.Tensor,
-               past_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               past_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One sequence's next T indices from `start` ([T, H] each), attending to the cache ([kv_heads, start', D]
-        for the indices before, which may begin later than 0) and causally to themselves: (outputs [T, H], their k
-        and v [kv_heads, T, D] to cache)."""
+        for the indices before, which may begin later than 0) and causally to themselves: (outputs [T, H] for the
+        logits, the hidden states the next chain step reads (the same here), their k and v [kv_heads, T, D])."""
         length = hidden.shape[0]
         cos, sin = self.rope(start + length, hidden.device, hidden.dtype)
         x, q, k, v = self.qkv(hidden[None], embeds[None], cos[start:], sin[start:])
@@ -109,7 +122,7 @@ class EagleHead(nn.Module):
         mask = torch.ones(length, past + length, dtype=torch.bool, device=hidden.device)
         mask[:, past:] = torch.ones(length, length, dtype=torch.bool, device=hidden.device).tril()
         out = self.layer(x, q, torch.cat([past_k[None], k], dim=2), torch.cat([past_v[None], v], dim=2), mask)
-        return out[0], k[0], v[0]
+        return out[0], out[0], k[0], v[0]
 
     def unrolled(self, hidden: torch.Tensor, embeds: torch.Tensor, passes: int) -> list[torch.Tensor]:
         """The head's output hidden states [B, T, H] of each pass (module docstring): `hidden` [B, T, H] is the
