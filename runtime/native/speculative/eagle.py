@@ -13,6 +13,7 @@ Embedding and lm_head are the target's. Proposals are argmax chains, verified as
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,7 +88,9 @@ class EagleProposer:
         for i in self.head.aux_layers:
             target.model.layers[i].register_forward_pre_hook(self._keeper(i))  # type: ignore[union-attr,index]
 
-    def _keeper(self, layer: int):  # noqa: ANN202
+    def _keeper(self, layer: int) -> Callable[[torch.nn.Module, tuple], None]:
+        """A pre-hook keeping `layer`'s input hidden states."""
+
         def keep(_module: torch.nn.Module, args: tuple) -> None:
             self._aux[layer] = args[1]  # forward(positions, x, kv_cache, meta)
         return keep
