@@ -203,3 +203,14 @@ async def test_a_published_layout_eagle3_head_loads_and_drafts_exactly(tmp_path:
     assert [o.tokens[0] for o in outs] == want
     ids = [t for d in drafted for t in d]
     assert ids and all(t % 2 == 1 for t in ids)  # draft vocabulary ids mapped by d2t
+
+
+def test_eagle_without_a_head_names_the_flag() -> None:
+    """No shipped head for the default model (or --model without --draft-model): a start-up error naming the flag."""
+    from runtime.native.speculative import resolve_eagle_path
+
+    with pytest.raises(ValueError, match="--draft-model DIR"):
+        resolve_eagle_path(EngineConfig(model="some/model", speculative="eagle"))
+    if not (DEFAULT_EAGLE_DIR / "config.json").is_file():
+        with pytest.raises(ValueError, match="train_default_eagle"):
+            resolve_eagle_path(EngineConfig(speculative="eagle"))

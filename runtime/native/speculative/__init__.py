@@ -33,7 +33,7 @@ from runtime.tokenizer import Tokenizer
 
 __all__ = [
     "DraftProposer", "DraftTokenizerMismatchError", "EagleProposer", "NgramProposer", "SpecCounters", "Speculator", "Verdict",
-    "build_speculator", "load_proposer", "resolve_draft_path", "verify_greedy", "verify_sampled",
+    "build_speculator", "load_proposer", "resolve_draft_path", "resolve_eagle_path", "verify_greedy", "verify_sampled",
 ]
 
 
@@ -61,6 +61,9 @@ def resolve_eagle_path(config: EngineConfig) -> str:
     if config.model is None:
         from runtime.demo import DEFAULT_EAGLE_DIR
 
+        if not (DEFAULT_EAGLE_DIR / "config.json").is_file():
+            raise ValueError("--speculative eagle: no EAGLE head is shipped for the default model yet; train one with "
+                             "`python -m tools.demo_training.train_default_eagle` and pass --draft-model DIR")
         return str(DEFAULT_EAGLE_DIR)
     raise ValueError("--speculative eagle needs --draft-model DIR (an EAGLE head trained for the served model)")
 
