@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.native.speculative.eagle_head import rms_norm, rotate
+from runtime.native.speculative.eagle_head import after_cache, rms_norm, rotate
 
 EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"}
 
@@ -125,9 +125,7 @@ class Eagle3Head(nn.Module):
         k = self.k_proj(x).view(1, length, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(1, length, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = rotate(q, cos[start:], sin[start:]), rotate(k, cos[start:], sin[start:])
-        past = past_k.shape[1]
-        mask = torch.ones(length, past + length, dtype=torch.bool, device=hidden.device)
-        mask[:, past:] = torch.ones(length, length, dtype=torch.bool, device=hidden.device).tril()
+        mask = after_cache(past_k.shape[1], length, hidden.device)
         group = self.heads // self.kv_heads
         keys, values = torch.cat([past_k[None], k], dim=2), torch.cat([past_v[None], v], dim=2)
         attn = F.scaled_dot_product_attention(q, keys.repeat_interleave(group, dim=1),

@@ -31,6 +31,13 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat([-b, a], dim=-1) * sin
 
 
+def after_cache(past: int, length: int, device: torch.device) -> torch.Tensor:
+    """The [T, past + T] mask of T new indices: every cached index, and causally each other."""
+    mask = torch.ones(length, past + length, dtype=torch.bool, device=device)
+    mask[:, past:] = torch.ones(length, length, dtype=torch.bool, device=device).tril()
+    return mask
+
+
 def chain_mask(length: int, passes: int, device: torch.device) -> list[torch.Tensor]:
     """For each pass u, the boolean [T, (u+1) T] mask of the keys its query at index t may see (module docstring)."""
     t = torch.arange(length, device=device)
@@ -118,9 +125,7 @@ class EagleHead(nn.Module):
         length = hidden.shape[0]
         cos, sin = self.rope(start + length, hidden.device, hidden.dtype)
         x, q, k, v = self.qkv(hidden[None], embeds[None], cos[start:], sin[start:])
-        past = past_k.shape[1]
-        mask = torch.ones(length, past + length, dtype=torch.bool, device=hidden.device)
-        mask[:, past:] = torch.ones(length, length, dtype=torch.bool, device=hidden.device).tril()
+        mask = after_cache(past_k.shape[1], length, hidden.device)
         out = self.layer(x, q, torch.cat([past_k[None], k], dim=2), torch.cat([past_v[None], v], dim=2), mask)
         return out[0], out[0], k[0], v[0]
 
