@@ -214,3 +214,29 @@ def test_eagle_without_a_head_names_the_flag() -> None:
     if not (DEFAULT_EAGLE_DIR / "config.json").is_file():
         with pytest.raises(ValueError, match="train_default_eagle"):
             resolve_eagle_path(EngineConfig(speculative="eagle"))
+
+
+async def test_tiny_target_in_one_batch_with_a_lora_adapter_and_guided_decoding(tiny, tmp_path: Path) -> None:
+    """EAGLE requests on the base model and on a LoRA adapter (the head reads the adapted hidden states) beside a
+    guided (JSON) request: every output as the same engine's without speculation."""
+    from runtime.request import GuidedDecoding
+    from tests.lora_adapters import make_peft_adapter
+    from tests.unit.test_guided_engine import SCHEMA, guided_request
+    from tests.unit.test_lora_engine import LLAMA_ALL, lora_request
+
+    target, head = tiny
+    adapter = make_peft_adapter(target, tmp_path / "all", LLAMA_ALL, r=4, alpha=8, seed=1)
+    ps = prompts(3, seed=31)
+
+    def batch() -> list:
+        return [request("base", ps[0], 20), lora_request("lora", ps[1], 20, "all"),
+                guided_request("json", ps[2], GuidedDecoding(json_schema=SCHEMA), temperature=0.0, max_tokens=40)]
+
+    async with running_engine(target, lora_modules={"all": str(adapter)}) as engine:
+        want = [o.tokens[0] for o in await run_all(engine, batch())]
+    async with running_engine(target, lora_modules={"all": str(adapter)}, speculative="eagle", draft_model=head,
+                              num_draft_tokens=3) as engine:
+        got = [o.tokens[0] for o in await run_all(engine, batch())]
+        stats = engine.stats()
+    assert got == want
+    assert stats.spec_draft_tokens > 0
