@@ -4,9 +4,10 @@
     python -m benchmarks.spec_decode --model DIR --draft-model DIR --device cuda --max-tokens 256
     python -m benchmarks.spec_decode --model default --draft-layers 4 --dtype bfloat16 --modes none draft
     python -m benchmarks.spec_decode --model default --prompts chat --dtype float32   # the shipped distilled draft
+    python -m benchmarks.spec_decode --model default --prompts chat --dtype float32 --modes none draft eagle
 
 For each concurrency (default 1 and 8) runs the same greedy requests (ignore_eos, fixed length) with
---speculative none, draft and ngram; reports completion tokens/s, the speedup over `none` measured in
+--speculative none, draft and ngram (and eagle: the shipped head, or --eagle-head DIR); reports completion tokens/s, the speedup over `none` measured in
 the same run, the acceptance rate and mean accepted drafts per step, and whether every output equals
 the non-speculative one (greedy speculation must be exact). `--json FILE` writes the table.
 `--draft-layers N` drafts with the target's own first N layers, final norm and head (an early-exit draft,
@@ -183,7 +184,7 @@ async def bench(args: argparse.Namespace) -> list[Row]:
             for mode in args.modes if round_ % 2 == 0 else args.modes[::-1]:
                 config = EngineConfig(model=args.model, device=args.device, dtype=args.dtype, seed=0,
                                       max_batch_size=max(8, concurrency), speculative=mode,
-                                      draft_model=args.draft_model if mode == "draft" else None,
+                                      draft_model={"draft": args.draft_model, "eagle": args.eagle_head}.get(mode),
                                       num_draft_tokens=args.num_draft_tokens, ngram_min=args.ngram_min,
                                       ngram_max=args.ngram_max, max_kv_tokens=args.max_kv_tokens,
                                       speculative_max_concurrency=args.speculative_max_concurrency,
@@ -220,7 +221,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--draft-layers", type=int, default=None, help="draft with the target's first N layers (no training)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--modes", nargs="+", default=["none", "draft", "ngram"], choices=["none", "draft", "ngram"])
+    p.add_argument("--modes", nargs="+", default=["none", "draft", "ngram"], choices=["none", "draft", "ngram", "eagle"])
+    p.add_argument("--eagle-head", default=None,
+                   help="EAGLE head folder for --modes eagle (default: the default model's shipped one)")
     p.add_argument("--concurrency", nargs="+", type=int, default=[1, 8])
     p.add_argument("--requests-per-slot", type=int, default=2, help="requests = this x concurrency")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -249,7 +252,10 @@ def main(argv: list[str] | None = None) -> None:
 
             args.draft_model = default_draft_path(folder)
         if args.model == "default":
+            from runtime.demo import DEFAULT_EAGLE_DIR
+
             args.model = folder
+            args.eagle_head = args.eagle_head or str(DEFAULT_EAGLE_DIR)
         rows = asyncio.run(bench(args))
     print(f"\n{'mode':6} {'conc':>4} {'tok/s':>8} {'speedup':>7} {'cpu':>6} {'accept':>6} {'acc/step':>8} {'exact':>5}")
     for r in rows:

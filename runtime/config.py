@@ -53,8 +53,8 @@ class EngineConfig:
     max_cpu_loras: int = 32  # adapters kept in host memory
     max_lora_rank: int = 64  # largest adapter rank accepted
     # section: speculative decoding
-    speculative: Literal["none", "draft", "ngram"] = "none"  # speculative decoding: a draft model proposes tokens, or n-grams of the context do
-    draft_model: str | None = None  # the draft model's checkpoint folder (--speculative draft); none: the served model's shipped draft, where there is one
+    speculative: Literal["none", "draft", "ngram", "eagle"] = "none"  # speculative decoding: a draft model proposes tokens, n-grams of the context do, or an EAGLE head over the target's hidden states
+    draft_model: str | None = None  # the draft model's (or with --speculative eagle, the EAGLE head's) checkpoint folder; none: the served model's shipped one, where there is one
     # drafts per step: the default model's draft on CPU 1.16x at 2 vs 0.85x at 4 (acceptance 0.53 vs 0.38), n-gram on
     # the H100 2.27x vs 2.14x; only the demo pair's n-gram on CPU did better at 4 (1.70x vs 1.63x; benchmarks/RESULTS.md)
     num_draft_tokens: int = 2  # tokens proposed per speculative step

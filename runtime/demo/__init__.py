@@ -16,6 +16,8 @@ DEMO_DIR = Path(__file__).resolve().parent
 # the default model's draft: config.json and its decoder layers + final norm (matrices in int8 with a float32
 # scale a row, "NAME.scale": half the bytes of bf16); the embedding is the target's
 DEFAULT_DRAFT_DIR = DEMO_DIR / "smollm2_draft"
+# the default model's EAGLE head (tools/demo_training/train_default_eagle.py), packed the same way
+DEFAULT_EAGLE_DIR = DEMO_DIR / "smollm2_eagle"
 
 
 def demo_model_path() -> str:

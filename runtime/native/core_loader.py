@@ -105,7 +105,7 @@ def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhas
 
 def check_tensor_parallel(cfg: EngineConfig) -> None:
     """ValueError naming an option that --tensor-parallel-size does not serve yet."""
-    unsupported = {"--speculative draft": cfg.speculative == "draft",
+    unsupported = {"--speculative draft": cfg.speculative == "draft", "--speculative eagle": cfg.speculative == "eagle",
                    "--cpu-quantization": cfg.cpu_quantization not in ("auto", "none"),
                    "--quantization fp8": cfg.quantization != "none"}
     named = [option for option, on in unsupported.items() if on]
@@ -146,7 +146,7 @@ def _load(cfg: EngineConfig, model: ModelDescription, phases: StartupPhases, on_
         lora.slots.on_change = peers.lora_changed
     runner.lora = lora.batch
     proposer = load_proposer(cfg, serving_demo=cfg.model == DEMO, tokenizer=tokenizer, vocab_size=spec.vocab_size,
-                             dtype=dtype, device=device)
+                             dtype=dtype, device=device, target=weights, runner=runner)
     activations = runner.profile_activation_bytes(cfg.max_num_tokens, cfg.max_batch_size, window)
     kv_dtype = torch.float8_e4m3fn if cfg.kv_cache_dtype == "fp8" else dtype
     bytes_per_token = kv_cache_bytes_per_token(spec, kv_dtype)
@@ -156,15 +156,17 @@ def _load(cfg: EngineConfig, model: ModelDescription, phases: StartupPhases, on_
     # which inductor cannot call: 45 vs 52 ms a SmolLM2 step on the 2-core box, RESULTS.md); it is warmed up
     # in one more block, which the block manager never hands out
     # the CPU's C++ and compiled steps read 16- or 32-bit caches (an FP8 cache runs eager over the reference
-    # attention), and do not tell the other tensor-parallel ranks (eager steps there)
-    cpu_steps = device.type == "cpu" and cfg.cpu_compile and kv_dtype == dtype and peers is None
+    # attention), do not tell the other tensor-parallel ranks (eager steps there), and keep no hidden states for an
+    # EAGLE head (runtime/native/speculative/eagle.py reads those of eager steps)
+    cpu_steps = (device.type == "cpu" and cfg.cpu_compile and kv_dtype == dtype and peers is None
+                 and cfg.speculative != "eagle")
     native = cpu_steps and supports(weights) is None
     compile_steps = cpu_steps and not native and (quantization != "none" or dtype != torch.bfloat16)
     runner.allocate_kv_cache(blocks + compile_steps, kv_dtype)
     # a speculative step brings 1 + num_draft_tokens rows per sequence
     decode_rows = cfg.max_batch_size * (1 + (cfg.num_draft_tokens if proposer is not None else 0))
     max_blocks = -(-window // cfg.kv_block_size)
-    if cfg.enable_cuda_graphs and device.type == "cuda":
+    if cfg.enable_cuda_graphs and device.type == "cuda" and cfg.speculative != "eagle":
         runner.capture_decode_graphs(decode_rows, max_blocks, lora_version=lambda: lora.slots.version)
         if peers is None:  # (under tensor parallelism the prompts' steps run op by op)
             runner.capture_prefill_graphs(cfg.max_num_tokens, max_blocks, lora_version=lambda: lora.slots.version)

