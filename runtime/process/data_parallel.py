@@ -66,7 +66,7 @@ class DataParallelEngine(AsyncEngine):
         else:  # converted once, in start(), before the cores (each would convert it)
             self.model_info = ModelInfo(config.served_model_name or self._converting, 0, 0, "native")
         self.router = Router(config.data_parallel_size, config.kv_block_size)
-        self._owners: dict[str, int] = {}  # request id -> its core
+        self._owners: dict[str, tuple[int, GenerationRequest]] = {}  # request id -> its core, and the request
         self._phase: str | None = None
         self._started = False
         self._prepare = WorkerPool("prepare")
@@ -102,7 +102,8 @@ class DataParallelEngine(AsyncEngine):
                 async for batch in batches:
                     yield batch
         finally:  # finished, failed, refused or abandoned: its tokens leave its core's count
-            if self._owners.get(request.request_id) is not None:
+            # (a refused duplicate of a running id leaves that request's entry alone)
+            if self._owners.get(request.request_id, (0, None))[1] is request:
                 del self._owners[request.request_id]
                 self.router.finish(request.request_id)
 
@@ -122,7 +123,7 @@ class DataParallelEngine(AsyncEngine):
         except BaseException:
             self.router.finish(request_id)
             raise
-        self._owners[request_id] = index
+        self._owners[request_id] = (index, request)
         return queue
 
     def _check_ready(self) -> None:
@@ -130,14 +131,12 @@ class DataParallelEngine(AsyncEngine):
             raise EngineNotReadyError("The engine is not serving: " + (self.degraded or "not started"))
 
     def abort(self, request_id: str, index: int | None = None) -> None:
-        owner = self._owners.get(request_id)
-        if owner is not None:
-            self.cores[owner].abort(request_id, index)
+        if request_id in self._owners:
+            self.cores[self._owners[request_id][0]].abort(request_id, index)
 
     def _forget(self, request_id: str) -> None:
-        owner = self._owners.get(request_id)
-        if owner is not None:
-            self.cores[owner]._forget(request_id)
+        if request_id in self._owners:
+            self.cores[self._owners[request_id][0]]._forget(request_id)
 
     # ---- state --------------------------------------------------------------------------------
     @property

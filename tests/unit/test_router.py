@@ -12,6 +12,7 @@ import pytest
 from runtime.async_engine import AsyncEngine
 from runtime.config import EngineConfig
 from runtime.engine import EngineStats
+from runtime.errors import InvalidRequestError
 from runtime.process import router as router_module
 from runtime.process.data_parallel import DataParallelEngine, core_devices
 from runtime.process.router import AFFINITY_SLACK, Router
@@ -116,7 +117,7 @@ def test_stats_are_summed_adapters_go_to_every_live_core_and_aborts_to_the_owner
     assert stats.kv_tokens_per_block == 16 and stats.lora_requests == {"a": 3, "b": 1}
     asyncio.run(engine.load_lora_adapter("x", "/adapters/x"))
     assert one.calls == two.calls == [("load", "x", "/adapters/x")] and dead.calls == []
-    engine._owners["r"] = 1
+    engine._owners["r"] = (1, GenerationRequest("r", prompt_token_ids=[1]))
     engine.abort("r")
     engine.abort("unknown")
     assert two.calls[-1] == ("abort", "r") and len(one.calls) == 1
@@ -127,7 +128,7 @@ def test_a_consumer_that_leaves_early_has_its_request_ended_in_its_core(monkeypa
     """The client went away mid-stream: the request's core is told (through _forget, as AsyncEngine's reader does
     when it is closed early), while the engine still knows which core owns it."""
     async def one_core_stream(self: DataParallelEngine, request: GenerationRequest) -> AsyncIterator[list[Any]]:
-        self._owners[request.request_id] = 1  # what _add records
+        self._owners[request.request_id] = (1, request)  # what _add records
         self.router.pick(request.request_id, [1, 2, 3], 8)
         try:
             yield ["first"]
@@ -147,3 +148,25 @@ def test_a_consumer_that_leaves_early_has_its_request_ended_in_its_core(monkeypa
 
     asyncio.run(leave_after_the_first_batch())
     assert cores[1].calls == [("forget", "r")] and engine._owners == {} and engine.router.queued == [0, 0]
+
+
+def test_a_refused_duplicate_id_leaves_the_running_request_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second request under a running request's id is refused; the first keeps its core and its queued tokens."""
+    async def through_add(self: DataParallelEngine, request: GenerationRequest) -> AsyncIterator[list[Any]]:
+        await self._add(request, None)  # type: ignore[arg-type]  (refused before the prepared request is read)
+        yield []
+
+    monkeypatch.setattr(AsyncEngine, "generate_batches", through_add)
+    engine = _engine([FakeCore(EngineStats()), FakeCore(EngineStats())])
+    engine.router = Router(2, block_size=4)
+    running = GenerationRequest("r", prompt_token_ids=[1, 2, 3])
+    engine._owners["r"] = (1, running)
+    engine.router.pick("r", [1, 2, 3], 8)
+
+    async def duplicate() -> None:
+        with pytest.raises(InvalidRequestError, match="already running"):
+            async for _ in engine.generate_batches(GenerationRequest("r", prompt_token_ids=[4])):
+                pass
+
+    asyncio.run(duplicate())
+    assert engine._owners == {"r": (1, running)} and engine.router.queued == [11, 0]
