@@ -169,9 +169,8 @@ class Int4Reader:
                         parts.setdefault(target[0].removesuffix(".qweight"), set()).add(target[1])
         kept = set()
         for module_name, found in parts.items():
-            try:
-                linear = self.model.get_submodule(module_name)
-            except AttributeError:  # a part of another module (stacked experts): dequantized
+            linear = self._module(module_name)
+            if linear is None:  # a part of another module (stacked experts): dequantized
                 continue
             group = group_size(self.config, linear.in_features) if isinstance(linear, Linear) else 0
             if isinstance(linear, Linear) and found in ({None}, set(linear.part_names)) and kernel_group(group):
