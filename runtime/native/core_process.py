@@ -293,8 +293,9 @@ class CoreServer:
         await self._tell_all(LoraReply(msg.call_id, self.engine.lora_adapters() or {}, error, msg.front_end))
 
     async def _watch_engine(self) -> None:
-        """Return when the engine stops serving without having been told to (its step loop died)."""
-        while self._stopping or self.engine.ready:
+        """Return when the engine's step loop died without having been told to stop, once it has handed every
+        request's error over (waiting for `ready` alone raced it: the process could exit first)."""
+        while self._stopping or self.engine.loop_alive:
             await asyncio.sleep(0.1)
         logger.error("the engine's step loop died; the engine-core process exits")
 

@@ -158,8 +158,12 @@ class NativeEngine(AsyncEngine):
 
     @property
     def ready(self) -> bool:
-        alive = self._thread is not None and self._thread.is_alive()
-        return self._accepting and alive and self._loop_error is None and self._worker_failure is None
+        return self._accepting and self.loop_alive and self._loop_error is None and self._worker_failure is None
+
+    @property
+    def loop_alive(self) -> bool:
+        """Whether the step thread still runs (after it dies, every request it held has had its error handed over)."""
+        return self._thread is not None and self._thread.is_alive()
 
     def _busy(self) -> bool:
         with self._cond:

@@ -8,6 +8,7 @@ in which the core reads and handles them is fixed, not left to timing. Its outpu
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 from pathlib import Path
 
@@ -103,3 +104,51 @@ def test_an_abort_read_in_the_same_batch_as_its_request_aborts_it(checkpoint: Pa
 def test_a_request_without_an_abort_runs_to_its_length(checkpoint: Path, tmp_path: Path) -> None:
     """The same harness without the Abort: the request runs to max_tokens (so the test above can fail)."""
     assert asyncio.run(finish_reasons(checkpoint, tmp_path, [add_request("r")], "r")) == (["length"], MAX_TOKENS)
+
+
+def test_a_dying_step_loop_hands_every_error_over_before_the_core_exits(checkpoint: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tensor-parallel worker dies mid-request: the core must send the request's error (naming the worker) before
+    it exits. Before the fix the core exited as soon as the engine turned not ready, while the step loop was still
+    failing its requests: the front end saw only 'the engine-core process exited' (CI, 2026-11-29). Failing the
+    requests is slowed here so that the old order loses every time."""
+    from runtime.native.engine_core import EngineCore
+    fail_all = EngineCore.fail_all
+
+    def slow_fail_all(self: EngineCore, *args: object) -> object:
+        time.sleep(0.5)
+        return fail_all(self, *args)
+
+    monkeypatch.setattr(EngineCore, "fail_all", slow_fail_all)
+    reason = "tensor-parallel worker 1 (pid 1) exited with code -9"
+
+    async def serve_until_the_core_exits() -> tuple[int, list[str]]:
+        addresses = Addresses(f"ipc://{tmp_path}/to-core", f"ipc://{tmp_path}/to-front-end")
+        context = zmq.asyncio.Context()
+        receiver = context.socket(zmq.PULL)
+        receiver.bind(addresses.to_front_end)
+        server = CoreServer(EngineConfig(model=str(checkpoint), **ENGINE), [addresses])
+        server._inbox.close(linger=0)
+        inbox = server._inbox = BatchInbox()
+        serving = asyncio.create_task(server.serve())
+        errors: list[str] = []
+        try:
+            inbox.put(add_request("r"))
+            while not isinstance(msg := to_front_end.decode(await asyncio.wait_for(receiver.recv(), 120.0)),
+                                 StepOutputs) or "r" not in msg.token_requests:
+                pass  # until the request runs
+            server.engine._worker_died(reason)
+            code = await asyncio.wait_for(serving, 60.0)
+            server.close()
+            while await receiver.poll(1000):
+                msg = to_front_end.decode(await receiver.recv())
+                if isinstance(msg, StepOutputs):
+                    errors += [delta.error for _, deltas, _ in msg.deltas for delta in deltas if delta.error]
+            return code, errors
+        finally:
+            receiver.close(linger=0)
+            context.term()
+
+    code, errors = asyncio.run(serve_until_the_core_exits())
+    assert code == 1
+    assert len(errors) == 1 and reason in errors[0]
