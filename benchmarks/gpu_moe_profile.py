@@ -52,14 +52,14 @@ GEMM_256_TILES = ((16, 64, 64, 4, 3), (16, 128, 128, 4, 2), (32, 128, 128, 4, 3)
 
 def timed(fn: Callable[[int], Any], calls: int, cuda: bool, repeats: int = 5) -> float:
     """Microseconds per call of fn(i), i < calls: on CUDA from one graph of the calls (median of `repeats` replays),
-    else one plain run of them on the host clock."""
-    for i in range(calls):
-        fn(i)  # compiles, and allocates outside the graph
+    else one plain run of them on the host clock (the interpreter compiles nothing: no warm-up run)."""
     if not cuda:
         start = time.perf_counter()
         for i in range(calls):
             fn(i)
         return (time.perf_counter() - start) * 1e6 / calls
+    for i in range(calls):
+        fn(i)  # compiles, and allocates outside the graph
     graph = capture(lambda: [fn(i) for i in range(calls)])
     return replay_us(graph, repeats) / calls
 

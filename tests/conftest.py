@@ -17,11 +17,17 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     # run side by side, and torch threads oversubscribing the cores wait on each other
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# one build of the CPU kernels for the whole run: tests that point XDG_CACHE_HOME at a temporary folder (where GGUF
+# conversions go) would move torch's extension cache there too, and build the kernels again (30 s of CPU each)
+os.environ.setdefault("TORCH_EXTENSIONS_DIR",
+                      str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "torch_extensions"))
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-pytest_plugins = ["tests.progress"]  # a line per finished test file (tests/progress.py)
+pytest_plugins = ["tests.progress"]
+INTERPRETER_TEST = "test_kernels_in_triton_interpreter"  # each kernel test file's check of its interpreter run  # a line per finished test file (tests/progress.py)
 
 
 @pytest.fixture(autouse=True)
@@ -33,3 +39,18 @@ def _keep_torch_threads() -> Iterator[None]:
     yield
     if torch is not None:
         torch.set_num_threads(threads)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the run's Triton-interpreter child for the selected kernel tests, in the background
+    (tests/triton_interpreter.py)."""
+    from tests.triton_interpreter import start_interpreter_run
+
+    files = {Path(item.path) for item in session.items if getattr(item, "originalname", None) == INTERPRETER_TEST}
+    start_interpreter_run(files, session.config._tmp_path_factory.getbasetemp())  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.triton_interpreter import finish_interpreter_run
+
+    finish_interpreter_run()

@@ -2,9 +2,11 @@
 pytest process (TRITON_INTERPRET must be set before Triton is first imported, which other modules of the
 session may already have done). On a CUDA machine the same tests run natively, in process.
 
-One child runs every test file of the session that calls run_in_interpreter (each child costs seconds to start
-here: Python, torch, Triton and pytest's plugins), and each file's test checks its own results in that run; under
-pytest-xdist, one child per file."""
+One child runs every selected test file that calls run_in_interpreter, for the whole run: it starts in the
+background as soon as the tests are collected (`start_interpreter_run`, from tests/conftest.py, for the files whose
+test_kernels_in_triton_interpreter is selected), and each file's test waits for it and checks its own results. Under pytest-xdist the first worker to finish collecting starts it
+and every worker reads its results from a folder they share (a child per file cost each its own start: Python,
+torch, Triton and the tiny models, about 30 s of CPU over the seven files)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -23,44 +28,74 @@ kernels = pytest.mark.skipif(not RUN_HERE, reason="runs in the interpreter child
 # pytest plugins the kernel tests do not use, left out of the child: loading them (and rewriting their modules'
 # asserts) took 2-3 s per child here
 UNUSED_PLUGINS = ("langsmith_plugin", "schemathesis", "hypothesispytest", "benchmark", "anyio")
+CHILD_TIMEOUT = 900.0  # s: the seven files take about 90 s alone, more beside the workers
 
 ROOT = Path(__file__).resolve().parent.parent  # pytest's rootdir (pyproject.toml): node ids are relative to it
-_runs: dict[Path, subprocess.CompletedProcess[str]] = {}  # test file -> the child run that ran it
 
 
-def _files_to_run(test_file: Path) -> list[Path]:
-    """`test_file` and every other test module of this session that imported run_in_interpreter (pytest imports
-    all of them at collection, before any test runs) and whose file has not run yet. Under pytest-xdist, only
-    `test_file`: each worker collects every module, but runs only the files it is given, so each worker's child
-    ran them all (the same kernels two or three times over)."""
-    files = {test_file}
-    if "PYTEST_XDIST_WORKER" in os.environ:
-        return [test_file]
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if path and getattr(module, "run_in_interpreter", None) is run_in_interpreter:
-            files.add(Path(path).resolve())
-    return sorted(f for f in files if f not in _runs)
+_folder: Path | None = None  # where the run's child writes its output (start_interpreter_run)
+_waiting: threading.Thread | None = None  # in the process that started the child: waits for it, writes its code
+
+
+def start_interpreter_run(test_files: Iterable[Path], basetemp: Path) -> None:
+    """Start the child that runs `test_files` in Triton's interpreter, unless this run has started it already.
+    `basetemp`: pytest's temporary folder of this process; under xdist its parent is the run's, shared by the
+    workers."""
+    global _folder, _waiting
+    _folder = (basetemp.parent if "PYTEST_XDIST_WORKER" in os.environ else basetemp) / "triton-interpreter"
+    files = sorted({Path(f).resolve() for f in test_files})
+    if RUN_HERE or not files:
+        return
+    folder = _folder
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(folder / "claimed", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:  # another worker started it
+        return
+    disable = [arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")]
+    # -rfEsxXp: a line per test with its outcome, without the captured output of passes (a failure's report shows)
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *disable, "-rfEsxXp",
+               "--continue-on-collection-errors", *map(str, files)]
+    output = open(folder / "output", "w")  # noqa: SIM115 - the thread below closes it
+    child = subprocess.Popen(command, env={**os.environ, "TRITON_INTERPRET": "1"}, stdout=output,
+                             stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+
+    def wait() -> None:
+        try:
+            code = child.wait(CHILD_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            code = child.wait()
+        output.close()
+        (folder / "code.tmp").write_text(str(code))
+        (folder / "code.tmp").rename(folder / "code")  # whole, for the workers that wait on it
+
+    _waiting = threading.Thread(target=wait, name="triton-interpreter-run", daemon=True)
+    _waiting.start()
+
+
+def finish_interpreter_run() -> None:
+    """At the end of the session of the process that started the child: wait for it (the other workers may still
+    be waiting on its results)."""
+    if _waiting is not None:
+        _waiting.join()
 
 
 def run_in_interpreter(test_file: str, passed: int) -> None:
-    """Run `test_file` again under TRITON_INTERPRET=1 and expect `passed` tests to pass there and none to fail."""
+    """Expect `passed` tests of `test_file` to pass in the run's interpreter child, and none to fail."""
     if RUN_HERE:
         pytest.skip("the kernels run directly in this process")
+    folder = _folder
+    assert folder is not None, "tests/conftest.py's pytest_collection_finish starts the interpreter run"
+    deadline = time.monotonic() + CHILD_TIMEOUT + 60
+    while not (folder / "code").exists():
+        assert time.monotonic() < deadline, "the interpreter run did not finish"
+        time.sleep(0.2)
+    code, stdout = int((folder / "code").read_text()), (folder / "output").read_text()
     path = Path(test_file).resolve()
-    if path not in _runs:
-        files = _files_to_run(path)
-        disable = [arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")]
-        child = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *disable, "-rA",
-                                "--continue-on-collection-errors", *map(str, files)],
-                               env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
-                               timeout=240)
-        _runs.update(dict.fromkeys(files, child))
-    child = _runs[path]
-    # -rA: one "OUTCOME nodeid" line per test; this file's own, whatever the other files of the run did
-    outcomes = [m[1] for m in re.finditer(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+?)(?:::| |$)",
-                                          child.stdout, re.M)
+    outcomes = [m[1] for m in re.finditer(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+?)(?:::| |$)", stdout, re.M)
                 if (ROOT / m[2]).resolve() == path]
-    tail = child.stdout[-3000:] + child.stderr[-2000:]
-    assert child.returncode in (0, 1), tail  # 1: some test failed (here or in another file); else pytest broke
-    assert outcomes.count("PASSED") == passed and not {"FAILED", "ERROR"} & set(outcomes), tail
+    failures = stdout.find("= FAILURES =")
+    report = stdout[failures:failures + 8000] if failures >= 0 else stdout[-4000:]
+    assert code in (0, 1), report  # 1: some test failed (here or in another file); else pytest broke
+    assert outcomes.count("PASSED") == passed and not {"FAILED", "ERROR"} & set(outcomes), report
