@@ -71,8 +71,10 @@ def build_kernel() -> bool:
     name = "trtllm_gateway_cpu"
     root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root())
     # our own folder, so that its lock is known; one per Python and torch build, as torch's default folders are, and
-    # per source: two checkouts whose kernels differ (another signature) never rebuild over each other's
-    source = hashlib.sha256(b"".join(p.read_bytes() for p in (*_SOURCES, _HEADER))).hexdigest()[:12]
+    # per source and its place: two checkouts never rebuild over each other's (ninja rebuilds everything when the
+    # sources' paths in its build file change, even for the same code)
+    source = hashlib.sha256(b"".join(p.read_bytes() for p in (*_SOURCES, _HEADER))
+                            + str(_HEADER.parent).encode()).hexdigest()[:12]
     build_dir = root / f"{name}-py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}-{source}"
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
