@@ -34,9 +34,9 @@ from tests.e2e.conftest import MODEL_NAME, RunningServer, launch  # noqa: E402
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
           response_headers_conformance]
 # (positive, negative) cases per operation: generation routes cost a forward pass each, reads nothing.
-GENERATE = (80, 40)
-TRITON = (40, 25)
-CHEAP = (15, 15)
+GENERATE = (40, 24)
+TRITON = (24, 16)
+CHEAP = (10, 10)
 READ = (8, 0)
 
 
