@@ -14,43 +14,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import DynamicCache
 
 from runtime.model_spec import ModelSpec
 from runtime.native.models import kv_cache_bytes_per_token, load_model
-from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
+from tests.engine_harness import collect, hf_greedy, hf_greedy_fp8, load_hf, request, running_engine
 from tests.fp8_checkpoints import amplify_kv, kv_scales_for, write_fp8_checkpoint
 from tests.tiny_models import build_tiny_model
 
 PROMPT = [5, 17, 42, 99, 7, 150, 3, 88, 19, 240, 61]
-
-
-class Fp8RoundingCache(DynamicCache):
-    """transformers' cache, each key and value stored as saturate(x / scale) in E4M3 and read back times the scale:
-    `scales` (k_scale, v_scale) per layer, None: 1."""
-
-    def __init__(self, scales: list[tuple[float, float]] | None, **kwargs: object) -> None:
-        super().__init__(**kwargs)  # type: ignore[arg-type]
-        self.scales = scales
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,  # type: ignore[override]
-               *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
-        k_scale, v_scale = (1.0, 1.0) if self.scales is None else self.scales[layer_idx]
-
-        def rounded(t: torch.Tensor, scale: float) -> torch.Tensor:
-            return (t / scale).to(torch.float8_e4m3fn).to(t.dtype) * scale
-
-        return super().update(rounded(key_states, k_scale), rounded(value_states, v_scale), layer_idx, *args,
-                              **kwargs)
-
-
-def hf_greedy_fp8(model: torch.nn.Module, prompt: list[int], max_new_tokens: int,
-                  scales: list[tuple[float, float]] | None = None) -> list[int]:
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                             past_key_values=Fp8RoundingCache(scales, config=model.config))
-    return out[0, len(prompt):].tolist()
 
 
 def test_an_fp8_cache_holds_twice_the_tokens_of_a_16_bit_one(tmp_path: Path) -> None:
