@@ -425,9 +425,9 @@ def _fp8_case(query_lens: list[int], context_lens: list[int], seed: int):
 @pytest.mark.parametrize(("query_lens", "context_lens"), [([5, 1, 70, 3], [0, 9, 2, 13]), ([1, 1, 1], [0, 17, 140])],
                          ids=["prefill-mixed", "decode"])
 def test_an_fp8_cache_with_scales_matches_the_reference_backend(query_lens: list[int], context_lens: list[int]) -> None:
-    """--kv-cache-dtype fp8 with a checkpoint's scales: the store kernel writes the reference's E4M3 bytes of K / k_scale
-    and V / v_scale, and the prefill and decode kernels read them back times the scales, as the reference backend
-    (runtime/native/models/attention.py) does; without the scales the output is another."""
+    """--kv-cache-dtype fp8 with a checkpoint's scales: the store kernel writes the reference's E4M3 bytes of
+    K / k_scale and V / v_scale, and the prefill and decode kernels read them back times the scales, as the reference
+    backend (runtime/native/models/attention.py) does; without the scales the output is another."""
     q, k, v, cache, meta = _fp8_case(query_lens, context_lens, seed=21)
     want_cache, got_cache = cache.clone(), cache.clone()
     want = torch_paged_attention(q, k, v, want_cache, meta, D**-0.5, kv_scales=FP8_SCALES)

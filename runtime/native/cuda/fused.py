@@ -146,8 +146,8 @@ def _rope_decode_kernel(
     out = attend_decode_group(q, heads, offs_g < GROUP, seq_len, cache_ptr, tables_ptr + b * stride_tb, kvh, v_offset,
                               window, sinks_ptr, BLOCK_G, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, WINDOWED,
                               SINKS)
-    tl.store(out_ptr + b * stride_o + heads[:, None] * D + offs_d[None, :], (out * v_scale).to(out_ptr.dtype.element_ty),
-             mask=mask)
+    tl.store(out_ptr + b * stride_o + heads[:, None] * D + offs_d[None, :],
+             (out * v_scale).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -188,7 +188,8 @@ def rope_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         _rope_store_kv_kernel[(tokens,)](
             positions, cos_cache, sin_cache, q, k, v, q_out, kv_cache, slot_mapping,
             num_blocks * block_size * hk * head_dim, q.stride(0), k.stride(0), v.stride(0), cos_cache.stride(0),
-            *norm_args, kv_scales.k, kv_scales.v, HQ=hq, HK=hk, BLOCK_H=triton.next_power_of_2(max(hq, hk)), D=head_dim,
+            *norm_args, kv_scales.k, kv_scales.v, HQ=hq, HK=hk, BLOCK_H=triton.next_power_of_2(max(hq, hk)),
+            D=head_dim,
             BLOCK_D=triton.next_power_of_2(head_dim), PDL=pdl.ENABLED, **norm_options, **pdl.launch_options(),
         )
     return q_out
@@ -209,7 +210,8 @@ def rope_decode_attention(positions: torch.Tensor, q: torch.Tensor, k: torch.Ten
     norm_args, norm_options = _norm_arguments(norms, q)
     _rope_decode_kernel[(batch, kv_heads)](
         positions, cos_cache, sin_cache, q, k, v, kv_cache, out, meta.slot_mapping, tables, meta.seq_lens,
-        scale * kv_scales.k, kv_scales.k, kv_scales.v, num_blocks * block_size * kv_heads * head_dim, q.stride(0), k.stride(0), v.stride(0), cos_cache.stride(0),
+        scale * kv_scales.k, kv_scales.k, kv_scales.v, num_blocks * block_size * kv_heads * head_dim, q.stride(0),
+        k.stride(0), v.stride(0), cos_cache.stride(0),
         out.stride(0), tables.stride(0), window or 0, q if sinks is None else sinks, *norm_args,
         BLOCK_SIZE=block_size, HKV=kv_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=paged_attention.DECODE_BLOCK_N,

@@ -1,4 +1,4 @@
-"""Per-tensor scales of an FP8 KV cache (--kv-cache-dtype fp8), one K and one V scale per layer, read from the checkpoint.
+"""Per-tensor scales of an FP8 KV cache (--kv-cache-dtype fp8): one K and one V scale per layer, from the checkpoint.
 
 The cache stores saturate(k / k_scale) in E4M3 and attention reads stored * k_scale (V alike), so a calibrated scale
 maps a layer's largest key to about 448 where scale 1 would clip it. The names checkpoints give them, as vLLM reads
