@@ -42,7 +42,7 @@ class EngineConfig:
     kv_block_size: int = 16  # tokens per KV block
     max_kv_tokens: int | None = None  # KV cache size in tokens; None: from kv_cache_fraction (GPU), one context window for the batch (CPU, runtime/native/kv_cache.py)
     kv_cache_fraction: float = 0.9  # of free device memory after weights (GPU)
-    kv_cache_dtype: Literal["auto", "fp8"] = "auto"  # fp8: keys and values stored as FP8 E4M3 (per-tensor scale 1, saturating), twice the tokens in the same memory; auto: the model's dtype (docs/quantization.md)
+    kv_cache_dtype: Literal["auto", "fp8"] = "auto"  # fp8: keys and values stored as FP8 E4M3 (per-tensor scales from the checkpoint, else 1; saturating), twice the tokens in the same memory; auto: the model's dtype (docs/quantization.md)
     enable_prefix_caching: bool = True  # reuse the KV blocks of a prompt prefix computed before
     enable_chunked_prefill: bool = True  # split long prompts over several steps, beside running decodes
     scheduler_policy: SchedulerPolicy = "max_utilization"  # max_utilization: admit while blocks are free, preempting when they run out; guaranteed_no_evict: admit only what can finish

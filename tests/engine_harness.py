@@ -168,6 +168,30 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) ->
     return _HF_CACHE[key]
 
 
+def hf_greedy_fp8(model: torch.nn.Module, prompt: list[int], max_new_tokens: int,
+                  scales: list[tuple[float, float]] | None = None) -> list[int]:
+    """hf_greedy over a cache that stores each key and value as saturate(x / scale) in E4M3 and reads it back times
+    the scale (--kv-cache-dtype fp8's reference): `scales` (k_scale, v_scale) per layer, None: 1."""
+    from transformers import DynamicCache  # (imported here: a second and more for every test module otherwise)
+
+    class Fp8RoundingCache(DynamicCache):
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,  # type: ignore[override]
+                   *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+            k_scale, v_scale = (1.0, 1.0) if scales is None else scales[layer_idx]
+            return super().update(_e4m3(key_states, k_scale), _e4m3(value_states, v_scale), layer_idx, *args,
+                                  **kwargs)
+
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+                             past_key_values=Fp8RoundingCache(config=model.config))
+    return out[0, len(prompt):].tolist()
+
+
+def _e4m3(t: torch.Tensor, scale: float) -> torch.Tensor:
+    return (t / scale).to(torch.float8_e4m3fn).to(t.dtype) * scale
+
+
 def load_hf(checkpoint: Path) -> torch.nn.Module:
     """The same checkpoint through transformers, with eos disabled so greedy runs go the full length."""
     from transformers import AutoModelForCausalLM

@@ -34,7 +34,9 @@ from runtime.native.lora import LoraManager
 from runtime.native.model_runner import ModelRunner
 from runtime.model_spec import ModelSpec
 from runtime.native.models import kv_cache_bytes_per_token, load_model
+from runtime.native.models.attention import attention_layers
 from runtime.native.models.cpu_weights import prepare_cpu_weights
+from runtime.native.models.kv_scales import FP8, describe_kv_scales
 from runtime.native.parallel.workers import Workers
 from runtime.native.sampler import Sampler
 from runtime.native.scheduler import Scheduler
@@ -148,7 +150,7 @@ def _load(cfg: EngineConfig, model: ModelDescription, phases: StartupPhases, on_
     proposer = load_proposer(cfg, serving_demo=cfg.model == DEMO, tokenizer=tokenizer, vocab_size=spec.vocab_size,
                              dtype=dtype, device=device, target=weights, runner=runner)
     activations = runner.profile_activation_bytes(cfg.max_num_tokens, cfg.max_batch_size, window)
-    kv_dtype = torch.float8_e4m3fn if cfg.kv_cache_dtype == "fp8" else dtype
+    kv_dtype = FP8 if cfg.kv_cache_dtype == "fp8" else dtype
     bytes_per_token = kv_cache_bytes_per_token(spec, kv_dtype)
     bytes_per_token += getattr(proposer, "kv_bytes_per_token", 0)  # a draft model's cache gets as many blocks
     blocks = num_kv_blocks(cfg, bytes_per_token, window, device, activations)
@@ -163,6 +165,8 @@ def _load(cfg: EngineConfig, model: ModelDescription, phases: StartupPhases, on_
     native = cpu_steps and supports(weights) is None
     compile_steps = cpu_steps and not native and (quantization != "none" or dtype != torch.bfloat16)
     runner.allocate_kv_cache(blocks + compile_steps, kv_dtype)
+    if kv_dtype == FP8:
+        logger.info(describe_kv_scales(attention_layers(weights)))
     # a speculative step brings 1 + num_draft_tokens rows per sequence
     decode_rows = cfg.max_batch_size * (1 + (cfg.num_draft_tokens if proposer is not None else 0))
     max_blocks = -(-window // cfg.kv_block_size)

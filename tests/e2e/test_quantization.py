@@ -1,7 +1,8 @@
 """--quantization fp8 through the HTTP server: a 16-bit checkpoint served with its projections quantized at load to
 E4M3 per output channel gives, on /v1/completions, transformers' greedy ids over those E4M3 weights (on the CPU the
 engine serves them dequantized; on an H100/H200 on the FP8 tensor cores); an AWQ INT4 checkpoint likewise gives the
-greedy ids of its dequantized weights."""
+greedy ids of its dequantized weights; an FP8 checkpoint with KV-cache scales served with --kv-cache-dtype fp8 gives
+the ids of its dequantized weights over a cache rounded through those scales."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ import httpx
 from safetensors.torch import load_file, save_file
 
 from tests.e2e.conftest import MODEL_NAME, launch
-from tests.engine_harness import hf_greedy, load_hf
-from tests.fp8_checkpoints import PROJECTION, to_e4m3
+from tests.engine_harness import hf_greedy, hf_greedy_fp8, load_hf
+from tests.fp8_checkpoints import PROJECTION, amplify_kv, kv_scales_for, to_e4m3, write_fp8_checkpoint
 from tests.int4_checkpoints import write_int4_checkpoint
 
 PROMPT = [7, 99, 31, 250, 4, 18]
@@ -54,3 +55,16 @@ def test_an_awq_checkpoint_serves_the_greedy_ids_of_its_dequantized_weights(tiny
     want = hf_greedy(load_hf(plain), PROMPT, 16)
     assert want != hf_greedy(load_hf(tiny_model_dir), PROMPT, 16)  # the INT4 rounding shows in these ids
     _served_greedy(quantized, want)
+
+
+def test_an_fp8_checkpoints_kv_scales_serve_the_fp8_cache(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """A ModelOpt FP8 checkpoint with k/v scales (keys and values past 448: tests/fp8_checkpoints.py's amplify_kv)
+    and --kv-cache-dtype fp8: /v1/completions gives transformers' ids over a cache rounded through the same scaled
+    E4M3, not scale 1's."""
+    scales = kv_scales_for(2)
+    quantized, plain = write_fp8_checkpoint(amplify_kv(tiny_model_dir, tmp_path), tmp_path, "modelopt",
+                                            kv_scales=scales)
+    hf = load_hf(plain)
+    want = hf_greedy_fp8(hf, PROMPT, 16, scales)
+    assert want != hf_greedy_fp8(hf, PROMPT, 16)  # scale 1 saturates these keys and values
+    _served_greedy(quantized, want, kv_cache_dtype="fp8")

@@ -14,6 +14,7 @@ from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter  # no
 
 from runtime.native.attention_metadata import AttentionMetadata  # noqa: E402
 from runtime.native.models.attention import torch_paged_attention  # noqa: E402
+from runtime.native.models.kv_scales import KvScales  # noqa: E402
 from runtime.native.models.norm import RMSNorm  # noqa: E402
 from runtime.native.models.rotary_embedding import RopeConfig, RotaryEmbedding  # noqa: E402
 
@@ -26,7 +27,7 @@ if RUN_HERE:
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=31)
+    run_in_interpreter(__file__, passed=34)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -400,3 +401,66 @@ def test_rope_kernel_norms_each_head_first(dtype: torch.dtype, offset: float) ->
             torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
         else:
             assert _bf16_close(got, want)
+
+
+FP8_SCALES = KvScales(4.5, 3.25)  # not powers of two: E4M3's grid lands elsewhere than at scale 1
+
+
+def _on_grid(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Values an FP8 cache of `scale` holds exactly (E4M3 values times the scale, exact in float32), so storing them
+    rounds nothing: Triton's interpreter rounds some casts to E4M3 wrongly (126.2 -> 64; triton-lang/triton#11897),
+    which these tests are not about."""
+    return (x / scale).to(torch.float8_e4m3fn).float() * scale
+
+
+def _fp8_case(query_lens: list[int], context_lens: list[int], seed: int):
+    """_case with keys and values well past E4M3's 448 (scale 1 saturates them; queries smaller by as much, so the
+    scores stay the same) and an FP8 cache holding the context at FP8_SCALES."""
+    q, k, v, cache, meta = _case(query_lens, context_lens, seed, num_blocks=256)
+    stored = torch.cat(((cache[:1] * 300 / FP8_SCALES.k), (cache[1:] * 200 / FP8_SCALES.v))).to(torch.float8_e4m3fn)
+    return q / 300, _on_grid(k * 300, FP8_SCALES.k), _on_grid(v * 200, FP8_SCALES.v), stored, meta
+
+
+@kernels
+@pytest.mark.parametrize(("query_lens", "context_lens"), [([5, 1, 70, 3], [0, 9, 2, 13]), ([1, 1, 1], [0, 17, 140])],
+                         ids=["prefill-mixed", "decode"])
+def test_an_fp8_cache_with_scales_matches_the_reference_backend(query_lens: list[int], context_lens: list[int]) -> None:
+    """--kv-cache-dtype fp8 with a checkpoint's scales: the store kernel writes the reference's E4M3 bytes of
+    K / k_scale and V / v_scale, and the prefill and decode kernels read them back times the scales, as the reference
+    backend (runtime/native/models/attention.py) does; without the scales the output is another."""
+    q, k, v, cache, meta = _fp8_case(query_lens, context_lens, seed=21)
+    want_cache, got_cache = cache.clone(), cache.clone()
+    want = torch_paged_attention(q, k, v, want_cache, meta, D**-0.5, kv_scales=FP8_SCALES)
+    got = triton_paged_attention(q, k, v, got_cache, meta, D**-0.5, kv_scales=FP8_SCALES)
+    assert torch.equal(got_cache.view(torch.uint8), want_cache.view(torch.uint8))
+    assert ((got - want).norm() / want.norm()).item() < 1e-5
+    unscaled = triton_paged_attention(q, k, v, cache.clone(), meta, D**-0.5)
+    assert ((unscaled - want).norm() / want.norm()).item() > 1e-2
+
+
+@kernels
+def test_the_fused_rope_kernels_store_and_read_an_fp8_cache_through_its_scales() -> None:
+    """rope_store_kv stores K / k_scale and V / v_scale (at position 0, where RoPE leaves K as it is: the exact E4M3
+    bytes), and rope_decode_attention gives the bits of rope_store_kv then decode_attention with the scales."""
+    g = torch.Generator().manual_seed(22)
+    query_lens, context_lens = [1, 1], [150, 7]
+    _, _, _, cache, meta = _fp8_case(query_lens, context_lens, seed=22)
+    rotary = RotaryEmbedding(D, 256, RopeConfig(10000.0, "default", {})).to(DEVICE)
+    q, k, v = torch.randn(2, (H + 2 * HKV) * D, generator=g).to(DEVICE).split([H * D, HKV * D, HKV * D], dim=-1)
+    q, k, v = q / 300, _on_grid(k * 300, FP8_SCALES.k), _on_grid(v * 200, FP8_SCALES.v)
+    at_zero = cache.clone()
+    rope_store_kv(torch.zeros(2, dtype=torch.long, device=DEVICE), q, k, v, rotary.cos_cache, rotary.sin_cache, D,
+                  at_zero, meta.slot_mapping, kv_scales=FP8_SCALES)
+    stored = at_zero.view(2, -1, HKV * D)[:, meta.slot_mapping]
+    assert torch.equal(stored[0].view(torch.uint8), (k / FP8_SCALES.k).to(torch.float8_e4m3fn).view(torch.uint8))
+    assert torch.equal(stored[1].view(torch.uint8), (v / FP8_SCALES.v).to(torch.float8_e4m3fn).view(torch.uint8))
+    positions = torch.tensor(context_lens, device=DEVICE)
+    want_cache = cache.clone()
+    rotated = rope_store_kv(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, D, want_cache,
+                            meta.slot_mapping, kv_scales=FP8_SCALES)
+    want = decode_attention(rotated.view(2, H, D), want_cache, meta, D**-0.5, kv_scales=FP8_SCALES).view(2, H * D)
+    got_cache = cache.clone()
+    got = rope_decode_attention(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, got_cache, meta, D**-0.5,
+                                kv_scales=FP8_SCALES)
+    assert torch.equal(got_cache.view(torch.uint8), want_cache.view(torch.uint8))
+    assert torch.equal(got, want)

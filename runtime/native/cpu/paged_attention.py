@@ -27,6 +27,7 @@ from runtime.native.models.attention import (
     torch_paged_attention,
     write_kv,
 )
+from runtime.native.models.kv_scales import FP8, UNIT, KvScales
 
 logger = logging.getLogger(__name__)
 # one extension: the decode-attention kernel, the int4/int8 products and the whole decode step, which calls both
@@ -105,10 +106,11 @@ def cpu_paged_attention(
     scale: float,
     window: int | None = None,
     sinks: torch.Tensor | None = None,
+    kv_scales: KvScales = UNIT,
 ) -> torch.Tensor:
-    """The kernel for decode-only steps; the reference backend for everything else."""
-    if kv_cache is None or not meta.is_decode_only or not kernel_fits(q, k) or kv_cache.dtype == torch.float8_e4m3fn:
-        return torch_paged_attention(q, k, v, kv_cache, meta, scale, window, sinks)
+    """The kernel for decode-only steps of 16- and 32-bit caches; the reference backend for everything else."""
+    if kv_cache is None or not meta.is_decode_only or not kernel_fits(q, k) or kv_cache.dtype == FP8:
+        return torch_paged_attention(q, k, v, kv_cache, meta, scale, window, sinks, kv_scales)
     write_kv(k, v, kv_cache, meta.slot_mapping)
     out = torch.ops.trtllm_gateway_cpu.paged_decode_attention(  # (a compiled step's lengths are int64)
         (q.float() * scale).contiguous(), kv_cache, meta.block_tables.contiguous(),

@@ -33,8 +33,9 @@ from runtime.native.cuda import paged_attention, pdl
 from runtime.native.cuda.gemv import gemv
 from runtime.native.cuda.norms import add_rms_norm, rms_norm, scaled_norm
 from runtime.native.cuda.one_token_moe import one_token_moe
-from runtime.native.cuda.paged_attention import attend_decode_group, attend_over_cache
+from runtime.native.cuda.paged_attention import attend_decode_group, attend_over_cache, to_cache
 from runtime.native.cuda.pdl import wait_for_previous_kernel
+from runtime.native.models.kv_scales import UNIT, KvScales, cache_scales
 from runtime.native.parallel.group import current
 
 
@@ -82,7 +83,7 @@ def _rotate(rows, mask, cos, sin, partner, sign, dtype, norm_ptr, eps, D: tl.con
 @triton.jit(do_not_specialize_on_alignment=["pos_ptr", "slot_ptr"])  # step metadata (runtime/native/cuda/paged_attention.py)
 def _rope_store_kv_kernel(
     pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, qo_ptr, cache_ptr, slot_ptr, v_offset,
-    stride_q, stride_k, stride_v, stride_cache, q_norm_ptr, k_norm_ptr, q_eps, k_eps,
+    stride_q, stride_k, stride_v, stride_cache, q_norm_ptr, k_norm_ptr, q_eps, k_eps, k_scale, v_scale,
     HQ: tl.constexpr, HK: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     PDL: tl.constexpr, NORM: tl.constexpr, OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr,
 ):
@@ -101,17 +102,17 @@ def _rope_store_kv_kernel(
         mask = (offs_h < HK)[:, None] & d_mask[None, :]
         k = _rotate(k_ptr + t * stride_k + offs_h[:, None] * D, mask, cos, sin, partner, sign, dtype, k_norm_ptr,
                     k_eps, D, NORM, OFFSET, WEIGHT_F32)
-        tl.store(cache_ptr + slot * HK * D + heads, k.to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(cache_ptr + slot * HK * D + heads, to_cache(k, k_scale, cache_ptr), mask=mask)
         v = tl.load(v_ptr + t * stride_v + heads, mask=mask)
-        tl.store(cache_ptr + v_offset + slot * HK * D + heads, v.to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(cache_ptr + v_offset + slot * HK * D + heads, to_cache(v, v_scale, cache_ptr), mask=mask)
 
 
 @triton.jit(do_not_specialize=["stride_tb"],
             do_not_specialize_on_alignment=["pos_ptr", "slot_ptr", "tables_ptr", "seq_lens_ptr"])
 def _rope_decode_kernel(
     pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, cache_ptr, out_ptr, slot_ptr, tables_ptr, seq_lens_ptr,
-    scale, v_offset, stride_q, stride_k, stride_v, stride_cache, stride_o, stride_tb, window, sinks_ptr,
-    q_norm_ptr, k_norm_ptr, q_eps, k_eps,
+    scale, k_scale, v_scale, v_offset, stride_q, stride_k, stride_v, stride_cache, stride_o, stride_tb, window,
+    sinks_ptr, q_norm_ptr, k_norm_ptr, q_eps, k_eps,
     BLOCK_SIZE: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
     WINDOWED: tl.constexpr, SINKS: tl.constexpr, NORM: tl.constexpr, OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr,
@@ -131,22 +132,22 @@ def _rope_decode_kernel(
         k = _rotate(k_ptr + b * stride_k + kvh * D + one, mask, cos, sin, partner, sign, dtype, k_norm_ptr, k_eps, D,
                     NORM, OFFSET, WEIGHT_F32)
         row = (slot * HKV + kvh) * D + one + offs_d[None, :]
-        tl.store(cache_ptr + row, k.to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(cache_ptr + row, to_cache(k, k_scale, cache_ptr), mask=mask)
         v = tl.load(v_ptr + b * stride_v + kvh * D + one + offs_d[None, :], mask=mask)
-        tl.store(cache_ptr + v_offset + row, v.to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(cache_ptr + v_offset + row, to_cache(v, v_scale, cache_ptr), mask=mask)
     offs_g = tl.arange(0, BLOCK_G)
     mask = (offs_g < GROUP)[:, None] & d_mask[None, :]
     heads = kvh * GROUP + offs_g
     q = _rotate(q_ptr + b * stride_q + heads[:, None] * D, mask, cos, sin, partner, sign, dtype, q_norm_ptr, q_eps, D,
                 NORM, OFFSET, WEIGHT_F32)
-    q = (q.to(tl.float32) * scale).to(dtype)
+    q = (q.to(tl.float32) * scale).to(dtype)  # (times k_scale: as paged_attention's kernels read an FP8 cache)
     tl.debug_barrier()  # this program's K/V stores are seen by its loads below
     seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
     out = attend_decode_group(q, heads, offs_g < GROUP, seq_len, cache_ptr, tables_ptr + b * stride_tb, kvh, v_offset,
                               window, sinks_ptr, BLOCK_G, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, WINDOWED,
                               SINKS)
-    tl.store(out_ptr + b * stride_o + heads[:, None] * D + offs_d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=mask)
+    tl.store(out_ptr + b * stride_o + heads[:, None] * D + offs_d[None, :],
+             (out * v_scale).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -172,11 +173,12 @@ def _norm_arguments(norms: tuple[nn.Module, nn.Module] | None,
 
 def rope_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   cos_cache: torch.Tensor, sin_cache: torch.Tensor, head_dim: int, kv_cache: torch.Tensor,
-                  slot_mapping: torch.Tensor, norms: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
+                  slot_mapping: torch.Tensor, norms: tuple[nn.Module, nn.Module] | None = None,
+                  kv_scales: KvScales = UNIT) -> torch.Tensor:
     """Rotate-half RoPE of packed q [T, Hq*D] and k [T, Hk*D] (rows may be strided views), then store_kv
     (runtime/native/cuda/paged_attention.py) in the same kernel: each token's rotated K and its V go straight to its
-    cache slot (none for slot < 0); returns the rotated q [T, Hq*D]. `norms`: the (q, k) RMSNorms of every head,
-    applied first (Qwen3, Gemma 3)."""
+    cache slot (none for slot < 0), divided by an FP8 cache's `kv_scales`; returns the rotated q [T, Hq*D]. `norms`:
+    the (q, k) RMSNorms of every head, applied first (Qwen3, Gemma 3)."""
     tokens = q.shape[0]
     hq, hk = q.shape[1] // head_dim, k.shape[1] // head_dim
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -186,7 +188,8 @@ def rope_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         _rope_store_kv_kernel[(tokens,)](
             positions, cos_cache, sin_cache, q, k, v, q_out, kv_cache, slot_mapping,
             num_blocks * block_size * hk * head_dim, q.stride(0), k.stride(0), v.stride(0), cos_cache.stride(0),
-            *norm_args, HQ=hq, HK=hk, BLOCK_H=triton.next_power_of_2(max(hq, hk)), D=head_dim,
+            *norm_args, kv_scales.k, kv_scales.v, HQ=hq, HK=hk, BLOCK_H=triton.next_power_of_2(max(hq, hk)),
+            D=head_dim,
             BLOCK_D=triton.next_power_of_2(head_dim), PDL=pdl.ENABLED, **norm_options, **pdl.launch_options(),
         )
     return q_out
@@ -195,8 +198,8 @@ def rope_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
 def rope_decode_attention(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           cos_cache: torch.Tensor, sin_cache: torch.Tensor, kv_cache: torch.Tensor,
                           meta: AttentionMetadata, scale: float, window: int | None = None,
-                          sinks: torch.Tensor | None = None,
-                          norms: tuple[nn.Module, nn.Module] | None = None) -> torch.Tensor:
+                          sinks: torch.Tensor | None = None, norms: tuple[nn.Module, nn.Module] | None = None,
+                          kv_scales: KvScales = UNIT) -> torch.Tensor:
     """rope_store_kv then decode_attention (runtime/native/cuda/paged_attention.py) in one kernel, for a step of one new
     token per sequence: q [B, Hq*D], k and v [B, Hkv*D] (rows may be strided views) -> [B, Hq*D]."""
     _, num_blocks, block_size, kv_heads, head_dim = kv_cache.shape
@@ -206,8 +209,9 @@ def rope_decode_attention(positions: torch.Tensor, q: torch.Tensor, k: torch.Ten
     tables = meta.block_tables
     norm_args, norm_options = _norm_arguments(norms, q)
     _rope_decode_kernel[(batch, kv_heads)](
-        positions, cos_cache, sin_cache, q, k, v, kv_cache, out, meta.slot_mapping, tables, meta.seq_lens, scale,
-        num_blocks * block_size * kv_heads * head_dim, q.stride(0), k.stride(0), v.stride(0), cos_cache.stride(0),
+        positions, cos_cache, sin_cache, q, k, v, kv_cache, out, meta.slot_mapping, tables, meta.seq_lens,
+        scale * kv_scales.k, kv_scales.k, kv_scales.v, num_blocks * block_size * kv_heads * head_dim, q.stride(0),
+        k.stride(0), v.stride(0), cos_cache.stride(0),
         out.stride(0), tables.stride(0), window or 0, q if sinks is None else sinks, *norm_args,
         BLOCK_SIZE=block_size, HKV=kv_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), BLOCK_N=paged_attention.DECODE_BLOCK_N,
@@ -250,13 +254,14 @@ def _rope_and_attend(self: nn.Module, positions: torch.Tensor, q: torch.Tensor, 
         q, k = rotary(positions, *self.head_norms(q, k))
         return attn(q, k, v, kv_cache, meta, self.sinks)
     norms = None if self.q_norm is None else (self.q_norm, self.k_norm)  # inside the RoPE kernels
+    kv_scales = cache_scales(attn.kv_scales, kv_cache)
     if meta.decode is None and meta.is_decode_only:
         return rope_decode_attention(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, kv_cache, meta,
-                                     attn.scale, attn.window, self.sinks, norms)
+                                     attn.scale, attn.window, self.sinks, norms, kv_scales)
     q = rope_store_kv(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, rotary.head_dim, kv_cache,
-                      meta.step_slots(), norms)
+                      meta.step_slots(), norms, kv_scales)
     return attend_over_cache(q.view(q.shape[0], attn.num_heads, attn.head_dim), kv_cache, meta,
-                             attn.scale, attn.window, self.sinks).view(q.shape)
+                             attn.scale, attn.window, self.sinks, kv_scales).view(q.shape)
 
 
 def _swiglu_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:

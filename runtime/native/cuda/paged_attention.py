@@ -14,8 +14,10 @@ so a token's K (or V) for all KV heads is one contiguous row at `slot = block_id
   and the new tokens alike, from the paged cache (the new ones were stored first), causally. A tile
   past the sequence's new tokens (a prefill graph's padding, runtime/native/cuda/prefill_graphs.py) does nothing.
 Both kernels accumulate in float32; float32 models use IEEE (not TF32) dot products so greedy decoding
-matches an fp32 reference. An FP8 cache (--kv-cache-dtype fp8: E4M3, scale 1) is stored by the saturating cast and
-read back into the queries' dtype tile by tile.
+matches an fp32 reference. An FP8 cache (--kv-cache-dtype fp8: E4M3) stores K / k_scale and V / v_scale (float32
+division, then the saturating cast; runtime/native/models/kv_scales.py) and is read back into the queries' dtype tile by
+tile; the scales are applied outside the key loop: k_scale joins the queries' softmax scale, v_scale multiplies the
+output (the same math as scaling each tile, up to rounding, for no work per tile; 16-bit caches pass 1 and 1).
 
 Sliding windows (WINDOWED, `window` keys a query sees) start a row's loop at the key tile holding its first visible
 key, so blocks before the window are not read; tiles stay aligned to multiples of BLOCK_N in both kernels (a row's
@@ -33,6 +35,7 @@ from runtime.native.attention_metadata import AttentionMetadata
 from runtime.native.cuda import pdl
 from runtime.native.cuda.pdl import wait_for_previous_kernel
 from runtime.native.device import host_tensor
+from runtime.native.models.kv_scales import UNIT, KvScales
 
 # 128 keys a tile: 4.6 us per call at batch 1 and 129-256 tokens vs 5.2-6.2 us with 64, 12.7 vs 19.1 at 1,024
 # (H200, benchmarks/cuda_decode_attention.py)
@@ -52,9 +55,16 @@ DECODE_NUM_WARPS = 4
 # combination: 0.4-0.7 s each, several times a run of a draft model's catch-ups (H200, benchmarks/RESULTS.md).
 
 
+@triton.jit
+def to_cache(x, scale, cache_ptr):
+    """Keys or values as the cache at `cache_ptr` stores them: x / scale, correctly rounded in float32 (as the
+    reference's division; exact for scale 1), then the cast (saturating for E4M3)."""
+    return tl.div_rn(x.to(tl.float32), scale).to(cache_ptr.dtype.element_ty)
+
+
 @triton.jit(do_not_specialize_on_alignment=["slot_ptr"])
 def _store_kv_kernel(
-    k_ptr, v_ptr, cache_ptr, slot_ptr, v_offset, stride_k, stride_v,
+    k_ptr, v_ptr, cache_ptr, slot_ptr, v_offset, stride_k, stride_v, k_scale, v_scale,
     ROW: tl.constexpr, BLOCK: tl.constexpr,
 ):
     t = tl.program_id(0)
@@ -64,8 +74,9 @@ def _store_kv_kernel(
         mask = offs < ROW
         k = tl.load(k_ptr + t * stride_k + offs, mask=mask)
         v = tl.load(v_ptr + t * stride_v + offs, mask=mask)
-        tl.store(cache_ptr + slot * ROW + offs, k.to(cache_ptr.dtype.element_ty), mask=mask)
-        tl.store(cache_ptr + v_offset + slot * ROW + offs, v.to(cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(cache_ptr + slot * ROW + offs, to_cache(k, k_scale, cache_ptr), mask=mask)
+        tl.store(cache_ptr + v_offset + slot * ROW + offs, to_cache(v, v_scale, cache_ptr), mask=mask)
+
 
 
 @triton.jit
@@ -147,7 +158,7 @@ def attend_decode_group(
 
 @triton.jit(do_not_specialize=["stride_tb"], do_not_specialize_on_alignment=["tables_ptr", "seq_lens_ptr"])
 def _decode_kernel(
-    q_ptr, cache_ptr, out_ptr, tables_ptr, seq_lens_ptr, scale, v_offset,
+    q_ptr, cache_ptr, out_ptr, tables_ptr, seq_lens_ptr, scale, v_scale, v_offset,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_tb, window, sinks_ptr,
     BLOCK_SIZE: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
@@ -167,7 +178,7 @@ def _decode_kernel(
                               window, sinks_ptr, BLOCK_G, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, WINDOWED,
                               SINKS)
     tl.store(out_ptr + b * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=mask)
+             (out * v_scale).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit(do_not_specialize=["stride_tb"],
@@ -175,7 +186,7 @@ def _decode_kernel(
                                             "tile_seq_ptr", "tile_offset_ptr"])
 def _prefill_kernel(
     q_ptr, cache_ptr, out_ptr, tables_ptr, query_start_ptr, context_lens_ptr, seq_lens_ptr,
-    tile_seq_ptr, tile_offset_ptr, scale, v_offset,
+    tile_seq_ptr, tile_offset_ptr, scale, v_scale, v_offset,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_tb, window, sinks_ptr,
     BLOCK_SIZE: tl.constexpr, HKV: tl.constexpr, GROUP: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -205,28 +216,30 @@ def _prefill_kernel(
                             BLOCK_M, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, CAUSAL=True,
                             WINDOWED=WINDOWED, SINKS=SINKS)
     tl.store(out_ptr + (q_start + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=mask)
+             (out * v_scale).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Write each token's K/V [T, Hkv, D] to its slot; slots < 0 are skipped."""
+def store_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+             kv_scales: KvScales = UNIT) -> None:
+    """Write each token's K/V [T, Hkv, D] to its slot, divided by the layer's scales; slots < 0 are skipped."""
     tokens = k.shape[0]
     if tokens == 0:
         return
     _, num_blocks, block_size, kv_heads, head_dim = kv_cache.shape
     row = kv_heads * head_dim
     _store_kv_kernel[(tokens,)](
-        k, v, kv_cache, slot_mapping, num_blocks * block_size * row, k.stride(0), v.stride(0),
+        k, v, kv_cache, slot_mapping, num_blocks * block_size * row, k.stride(0), v.stride(0), kv_scales.k, kv_scales.v,
         ROW=row, BLOCK=triton.next_power_of_2(row),
     )
 
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                     window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                     window: int | None = None, sinks: torch.Tensor | None = None,
+                     kv_scales: KvScales = UNIT) -> torch.Tensor:
     """One query token per sequence: q [B, H, D] -> [B, H, D]."""
     batch, heads, head_dim = q.shape
     _, num_blocks, block_size, kv_heads, _ = kv_cache.shape
@@ -234,7 +247,8 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMet
     out = torch.empty_like(q)
     tables = meta.block_tables
     _decode_kernel[(batch, kv_heads)](
-        q, kv_cache, out, tables, meta.seq_lens, scale, num_blocks * block_size * kv_heads * head_dim,
+        q, kv_cache, out, tables, meta.seq_lens, scale * kv_scales.k, kv_scales.v,
+        num_blocks * block_size * kv_heads * head_dim,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0), window or 0,
         q if sinks is None else sinks,
         BLOCK_SIZE=block_size, HKV=kv_heads, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
@@ -257,7 +271,8 @@ def prefill_tiles(query_lens: list[int], block_m: int) -> tuple[list[int], list[
 
 
 def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                      window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                      window: int | None = None, sinks: torch.Tensor | None = None,
+                      kv_scales: KvScales = UNIT) -> torch.Tensor:
     """Packed queries of any lengths, q [T, H, D] -> [T, H, D], over keys already in the cache."""
     tokens, heads, head_dim = q.shape
     _, num_blocks, block_size, kv_heads, _ = kv_cache.shape
@@ -271,7 +286,7 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMe
     tables = meta.block_tables
     _prefill_kernel[(tiles.shape[1], heads)](
         q, kv_cache, out, tables, meta.query_start_loc, meta.context_lens, meta.seq_lens, tiles[0], tiles[1],
-        scale, num_blocks * block_size * kv_heads * head_dim,
+        scale * kv_scales.k, kv_scales.v, num_blocks * block_size * kv_heads * head_dim,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), tables.stride(0), window or 0,
         q if sinks is None else sinks,
         BLOCK_SIZE=block_size, HKV=kv_heads, GROUP=heads // kv_heads,
@@ -291,24 +306,26 @@ def triton_paged_attention(
     scale: float,
     window: int | None = None,
     sinks: torch.Tensor | None = None,
+    kv_scales: KvScales = UNIT,
 ) -> torch.Tensor:
     """The "cuda" attention backend (runtime/native/models/attention.py's AttentionBackend)."""
     if kv_cache is None:  # cache-less warm-up / profiling pass: the reference path handles it
         from runtime.native.models.attention import torch_paged_attention
 
         return torch_paged_attention(q, k, v, kv_cache, meta, scale, window, sinks)
-    store_kv(k, v, kv_cache, meta.slot_mapping)
-    return attend_over_cache(q, kv_cache, meta, scale, window, sinks)
+    store_kv(k, v, kv_cache, meta.slot_mapping, kv_scales)
+    return attend_over_cache(q, kv_cache, meta, scale, window, sinks, kv_scales)
 
 
 def attend_over_cache(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                      window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                      window: int | None = None, sinks: torch.Tensor | None = None,
+                      kv_scales: KvScales = UNIT) -> torch.Tensor:
     """Attention of q [T, H, D] over the cache, once the step's new K/V are stored there (a sliding `window`,
-    float32 `sinks` [H]: see the module docstring)."""
+    float32 `sinks` [H], an FP8 cache's `kv_scales`: see the module docstring)."""
     if meta.decode is not None:  # a mixed step: its decode-shaped rows first (runtime/native/cuda/mixed_graphs.py)
         rows = meta.decode_rows
-        return torch.cat((decode_attention(q[:rows], kv_cache, meta.decode, scale, window, sinks),
-                          prefill_attention(q[rows:], kv_cache, meta, scale, window, sinks)))
+        return torch.cat((decode_attention(q[:rows], kv_cache, meta.decode, scale, window, sinks, kv_scales),
+                          prefill_attention(q[rows:], kv_cache, meta, scale, window, sinks, kv_scales)))
     if meta.is_decode_only:
-        return decode_attention(q, kv_cache, meta, scale, window, sinks)
-    return prefill_attention(q, kv_cache, meta, scale, window, sinks)
+        return decode_attention(q, kv_cache, meta, scale, window, sinks, kv_scales)
+    return prefill_attention(q, kv_cache, meta, scale, window, sinks, kv_scales)

@@ -5,6 +5,9 @@
 decode steps: runtime/native/cpu/paged_attention.py) plugs in with `register_attention_backend("cuda", fn)` without touching model files.
 Cache layout per layer: [2, num_blocks, block_size, num_kv_heads, head_dim] (kv_cache.py).
 
+An FP8 cache (--kv-cache-dtype fp8) holds K / k_scale and V / v_scale in E4M3, read back times the scale
+(runtime/native/models/kv_scales.py); every backend takes the layer's `kv_scales` (1 and 1 for 16-bit caches).
+
 Two per-layer options every backend takes: `window`, a sliding window (a query at position p sees the keys at
 p - window + 1 .. p; blocks wholly before that are not read), and `sinks`, a learned logit per query head that joins
 every softmax's denominator without a value (gpt-oss's attention sinks).
@@ -19,11 +22,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.native.attention_metadata import AttentionMetadata
+from runtime.native.models.kv_scales import FP8, UNIT, KvScales, cache_scales
 
 
 class AttentionBackend(Protocol):
     """q [T, H, D], k/v [T, Hkv, D] of the new tokens -> output [T, H, D]; stores k/v in the cache. `window`: the
-    layer's sliding window (None: every key); `sinks`: float32 [H] logits of its attention sinks (None: none)."""
+    layer's sliding window (None: every key); `sinks`: float32 [H] logits of its attention sinks (None: none);
+    `kv_scales`: the FP8 cache's scales of the layer."""
 
     def __call__(
         self,
@@ -35,6 +40,7 @@ class AttentionBackend(Protocol):
         scale: float,
         window: int | None = None,
         sinks: torch.Tensor | None = None,
+        kv_scales: KvScales = UNIT,
     ) -> torch.Tensor: ...
 
 
@@ -46,27 +52,39 @@ def register_attention_backend(device_type: str, backend: AttentionBackend) -> N
     _BACKENDS[device_type] = backend
 
 
-def as_cached(t: torch.Tensor, kv_cache: torch.Tensor | None) -> torch.Tensor:
-    """Fresh keys or values `t` as attention reads them back from `kv_cache`: rounded through an FP8 cache's E4M3
-    (--kv-cache-dtype fp8; the cast saturates at +-448), as they are where every key comes from the cache (CUDA)."""
-    if kv_cache is None or kv_cache.dtype != torch.float8_e4m3fn:
+def as_cached(t: torch.Tensor, kv_cache: torch.Tensor | None, scale: float = 1.0) -> torch.Tensor:
+    """Fresh keys or values `t` as attention reads them back from `kv_cache`: an FP8 cache's saturate(t / scale) in
+    E4M3 (--kv-cache-dtype fp8; the cast saturates at +-448) times `scale`, as they are where every key comes from
+    the cache (CUDA)."""
+    if kv_cache is None or kv_cache.dtype != FP8:
         return t
-    return t.to(torch.float8_e4m3fn).to(t.dtype)
+    return dequantized(to_cache(t, FP8, scale), t.dtype, scale)
 
 
-def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Store each new token's K/V at its slot (block_id * block_size + offset)."""
+def to_cache(t: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """Keys or values as a cache of `dtype` stores them: divided by the layer's `scale` (in float32) first."""
+    return t.to(dtype) if scale == 1.0 else (t.float() / scale).to(dtype)
+
+
+def dequantized(cached: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """Cached keys or values as attention reads them: in `dtype`, times the layer's `scale`."""
+    return cached.to(dtype) if scale == 1.0 else cached.to(dtype) * scale
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+             kv_scales: KvScales = UNIT) -> None:
+    """Store each new token's K/V at its slot (block_id * block_size + offset), divided by the layer's scales."""
     _, _, block_size, kv_heads, head_dim = kv_cache.shape
+    k, v = to_cache(k, kv_cache.dtype, kv_scales.k), to_cache(v, kv_cache.dtype, kv_scales.v)
     if torch.compiler.is_compiling():
         # one index_put_ into the cache tensor itself: inductor keeps it in place, where a write through a view
         # of the cache (below) becomes a copy of the whole cache (runtime/native/cpu/compiled_decode.py)
         tokens = k.shape[0]
         which = torch.arange(2, device=k.device).repeat_interleave(tokens)
         blocks, offsets = (slot_mapping // block_size).repeat(2), (slot_mapping % block_size).repeat(2)
-        kv_cache.index_put_((which, blocks, offsets), torch.cat((k, v)).to(kv_cache.dtype))
+        kv_cache.index_put_((which, blocks, offsets), torch.cat((k, v)))
         return
-    k, v = k.to(kv_cache.dtype), v.to(kv_cache.dtype)
-    if kv_cache.dtype == torch.float8_e4m3fn:  # as bytes: index_copy_ has no float8 kernel on CPU
+    if kv_cache.dtype == FP8:  # as bytes: index_copy_ has no float8 kernel on CPU
         kv_cache, k, v = kv_cache.view(torch.uint8), k.view(torch.uint8), v.view(torch.uint8)
     kv_cache[0].view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, k)
     kv_cache[1].view(-1, kv_heads, head_dim).index_copy_(0, slot_mapping, v)
@@ -81,6 +99,7 @@ def torch_paged_attention(
     scale: float,
     window: int | None = None,
     sinks: torch.Tensor | None = None,
+    kv_scales: KvScales = UNIT,
 ) -> torch.Tensor:
     """Reference backend on top of scaled_dot_product_attention (a plain softmax where sinks join it).
 
@@ -90,10 +109,10 @@ def torch_paged_attention(
     """
     if kv_cache is None:
         return _varlen_attention(q, k, v, None, meta, scale, window, sinks)
-    write_kv(k, v, kv_cache, meta.slot_mapping)
+    write_kv(k, v, kv_cache, meta.slot_mapping, kv_scales)
     if meta.is_decode_only:
-        return _decode_attention(q, kv_cache, meta, scale, window, sinks)
-    return _varlen_attention(q, k, v, kv_cache, meta, scale, window, sinks)
+        return _decode_attention(q, kv_cache, meta, scale, window, sinks, kv_scales)
+    return _varlen_attention(q, k, v, kv_cache, meta, scale, window, sinks, kv_scales)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, causal: bool, scale: float,
@@ -116,7 +135,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
 
 
 def _decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, scale: float,
-                      window: int | None, sinks: torch.Tensor | None) -> torch.Tensor:
+                      window: int | None, sinks: torch.Tensor | None, kv_scales: KvScales) -> torch.Tensor:
     batch = q.shape[0]  # one token per sequence (not meta.num_seqs: a compiled step must not guard on a list)
     _, cache_blocks, _, kv_heads, head_dim = kv_cache.shape
     blocks, bias = _decode_inputs(meta, q.dtype, q.device)
@@ -125,10 +144,11 @@ def _decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMe
     # K and V of every sequence's blocks in one index_select of whole blocks (row copies; advanced
     # indexing `cache[tables]` copies element by element and cost as much as the layer's matmuls)
     kv = kv_cache.view(2, cache_blocks, -1).index_select(1, blocks.view(-1)).view(2, batch, -1, kv_heads, head_dim)
-    kv = kv.to(q.dtype).transpose(2, 3)  # [2, B, Hkv, L, D]
+    kv = kv.transpose(2, 3)  # [2, B, Hkv, L, D]
+    keys, values = dequantized(kv[0], q.dtype, kv_scales.k), dequantized(kv[1], q.dtype, kv_scales.v)
     # grouped-query attention without repeating K/V: a group's query heads become the query length
     group_q = q.reshape(batch, kv_heads, -1, head_dim)  # [B, Hkv, H/Hkv, D]
-    out = _attend(group_q, kv[0], kv[1], bias, False, scale,
+    out = _attend(group_q, keys, values, bias, False, scale,
                   None if sinks is None else sinks.view(kv_heads, -1, 1))
     return out.reshape(q.shape)
 
@@ -178,6 +198,7 @@ def _varlen_attention(
     scale: float,
     window: int | None = None,
     sinks: torch.Tensor | None = None,
+    kv_scales: KvScales = UNIT,
 ) -> torch.Tensor:
     out = torch.empty_like(q)
     start = 0
@@ -189,11 +210,14 @@ def _varlen_attention(
         first = 0 if window is None else max(0, context_len - window + 1) // meta.block_size * meta.block_size
         if context_len == 0:
             # the whole sequence is new: attend to the fresh K/V, no gather needed
-            first, keys, values = 0, as_cached(k[start:end], kv_cache), as_cached(v[start:end], kv_cache)
+            first = 0
+            keys = as_cached(k[start:end], kv_cache, kv_scales.k)
+            values = as_cached(v[start:end], kv_cache, kv_scales.v)
         elif kv_cache is None:
             raise ValueError("a sequence with cached context needs a KV cache")
         else:
             keys, values = _gather(kv_cache, meta.block_tables[b], first, seq_len, meta.block_size)
+            keys, values = dequantized(keys, q.dtype, kv_scales.k), dequantized(values, q.dtype, kv_scales.v)
         mask = None
         windowed = window is not None and seq_len - first > window  # a query has keys outside its window
         if query_len > 1 and context_len > 0 or windowed:
@@ -205,8 +229,8 @@ def _varlen_attention(
                 mask &= positions > rows - window
         o = _attend(
             q[start:end].transpose(0, 1).unsqueeze(0),  # [1, H, q, D]
-            keys.transpose(0, 1).unsqueeze(0).to(q.dtype),  # [1, Hkv, s, D]
-            values.transpose(0, 1).unsqueeze(0).to(q.dtype),
+            keys.transpose(0, 1).unsqueeze(0),  # [1, Hkv, s, D]
+            values.transpose(0, 1).unsqueeze(0),
             mask, query_len > 1 and mask is None, scale, head_sinks,
         )
         out[start:end] = o[0].transpose(0, 1)
@@ -238,6 +262,7 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = scale
         self.window = window
+        self.kv_scales = UNIT  # an FP8 cache's, from the checkpoint (runtime/native/models/kv_scales.py)
 
     def forward(
         self,
@@ -253,7 +278,7 @@ class Attention(nn.Module):
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        options = {"window": self.window, "sinks": sinks}
+        options = {"window": self.window, "sinks": sinks, "kv_scales": cache_scales(self.kv_scales, kv_cache)}
         if meta.decode is None:
             out = backend(q, k, v, kv_cache, meta, self.scale, **options)
         else:  # a mixed step: its decode-shaped rows first, then the sequences `meta` describes
@@ -261,3 +286,8 @@ class Attention(nn.Module):
             out = torch.cat((backend(q[:rows], k[:rows], v[:rows], kv_cache, meta.decode, self.scale, **options),
                              backend(q[rows:], k[rows:], v[rows:], kv_cache, meta, self.scale, **options)))
         return out.reshape(tokens, self.num_heads * self.head_dim)
+
+
+def attention_layers(model: nn.Module) -> list[Attention]:
+    """`model`'s attention modules in layer order (the i-th reads the i-th KV cache)."""
+    return [m for m in model.modules() if isinstance(m, Attention)]

@@ -9,8 +9,8 @@ Both formats store each quantized projection as `<module>.weight` (float8_e4m3fn
 - ModelOpt: `hf_quant_config.json` {"quantization": {"quant_algo": "FP8" (or "FP8_PER_CHANNEL_PER_TOKEN"),
   "exclude_modules": [...]}}, or the same keys flat in config.json's `quantization_config` ("quant_method": "modelopt").
 Which projections are FP8 is read from the tensors themselves (their dtype in the safetensors headers), so ignore and
-exclude lists need no matching against our module names. KV-cache scales (`k_scale`, `v_scale`) are skipped: the
-cache stays 16-bit.
+exclude lists need no matching against our module names. KV-cache scales (`k_scale`, `v_scale`, ...) go to the
+attention layers, for an FP8 KV cache (runtime/native/models/kv_scales.py).
 
 With FP8 tensor cores (runtime/native/models/fp8.py's `native_fp8`), every Linear whose parts are all FP8 in the file keeps
 them (the output head excepted: logits stay 16-bit); other FP8 tensors (experts, the head) and every FP8 tensor on
@@ -29,15 +29,16 @@ from safetensors import safe_open
 from torch import nn
 
 from runtime.fp8_config import QUANT_METHODS, check_modelopt, check_quantization_config
+from runtime.native.models.attention import attention_layers
 from runtime.native.models.base import CausalLM
 from runtime.native.models.fp8 import FP8, dequantize, native_fp8, quantize_rows
+from runtime.native.models.kv_scales import KvScaleReader, is_kv_scale
 from runtime.native.models.linear import Linear
 from runtime.native.models.moe import MoE
 
 logger = logging.getLogger(__name__)
 
 _SCALES = (".weight_scale", ".input_scale")
-_KV_SCALES = (".k_scale", ".v_scale", ".kv_scale")
 
 
 def checkpoint_is_fp8(folder: Path, config: dict[str, Any]) -> bool:
@@ -75,6 +76,7 @@ class Fp8Reader:
         self.fp8_modules = {name.removesuffix(".weight") for name in fp8_weights}
         self.dequantized = 0
         self._held: dict[str, dict[str, torch.Tensor]] = {}
+        self.kv_scales = KvScaleReader()
 
     def _keep_fp8(self, fp8_weights: set[str]) -> set[str]:
         """Our Linears whose every part is FP8 in the file, turned into FP8 form; their module names."""
@@ -108,12 +110,13 @@ class Fp8Reader:
 
     def takes(self, name: str) -> bool:
         """Whether `name` goes through `accept` (an FP8 weight, its scales, a KV-cache scale)."""
-        return name.endswith(_KV_SCALES) or name.removesuffix(".weight") in self.fp8_modules or any(
+        return is_kv_scale(name) or name.removesuffix(".weight") in self.fp8_modules or any(
             name.endswith(suffix) and name.removesuffix(suffix) in self.fp8_modules for suffix in _SCALES)
 
     def accept(self, name: str, tensor: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
         """The (checkpoint name, tensor) pairs ready to load once `name` is read: none until a weight's scales are."""
-        if name.endswith(_KV_SCALES):
+        if is_kv_scale(name):
+            self.kv_scales.add(name, tensor)
             return []
         module, _, kind = name.rpartition(".")
         held = self._held.setdefault(module, {})
@@ -139,6 +142,7 @@ class Fp8Reader:
         """After the last tensor: static activation scales to one per Linear, and the log line."""
         if self._held:
             raise ValueError(f"FP8 weights without their scales in the checkpoint: {', '.join(sorted(self._held))}")
+        self.kv_scales.apply(attention_layers(self.model))
         for module in self.kept:
             linear = self.model.get_submodule(module)
             if linear.input_scale is not None:  # fused parts' scales: the largest, so no part's activations clip
@@ -146,7 +150,7 @@ class Fp8Reader:
         if self.kept:
             logger.info("FP8 checkpoint: %d projections kept in FP8 (FP8 tensor cores)%s", len(self.kept),
                         f", {self.dequantized} FP8 tensors dequantized to {self.dtype}" if self.dequantized else "")
-        else:
+        elif self.fp8_modules:
             logger.info("FP8 checkpoint: no FP8 tensor cores on this device (CUDA compute capability 8.9+), "
                         "%d FP8 tensors dequantized to %s at load", self.dequantized, self.dtype)
 

@@ -59,7 +59,9 @@ def load_model(path: str, dtype: torch.dtype | None = None, device: torch.device
             else Int4Reader(model, int4, files, torch.device(device), int4_kernels) if int4 is not None else None)
     except ValueError as exc:  # a quantization scheme we do not read
         raise UnsupportedArchitectureError(spec.architecture, str(exc)) from exc
-    if current().size > 1 and (reader is not None or quantization != "none"):
+    # (a checkpoint of 16-bit weights with KV-cache scales only is split: the scales are per tensor, every rank's)
+    quantized = isinstance(reader, Int4Reader) or isinstance(reader, Fp8Reader) and bool(reader.fp8_modules)
+    if current().size > 1 and (quantized or quantization != "none"):
         raise UnsupportedArchitectureError(spec.architecture, "quantized weights are not split by "
                                            "--tensor-parallel-size yet")
     _fill(model, files, reader)
