@@ -10,10 +10,26 @@
 - bitmask.py: batched bitmask fill and apply, used by the sampler.
 """
 
-from runtime.native.guided.bitmask import apply_bitmask, fill_bitmasks
-from runtime.native.guided.compiler import GuidedCompiler
-from runtime.native.guided.guide import GuideState
-from runtime.schema_check import check_schema, unsupported_features
+from __future__ import annotations
 
-__all__ = ["GuideState", "GuidedCompiler", "apply_bitmask", "check_schema", "fill_bitmasks",
-           "unsupported_features"]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runtime.native.guided.bitmask import apply_bitmask, fill_bitmasks
+    from runtime.native.guided.compiler import GuidedCompiler
+    from runtime.native.guided.guide import GuideState
+    from runtime.schema_check import check_schema, unsupported_features
+
+# Imported when first named: xgrammar (and the transformers it imports, 0.9 s) loads with the compiler, a guide or
+# a constrained step, not in every process that holds a sampler (tensor-parallel workers never mask).
+_HOMES = {"GuideState": "runtime.native.guided.guide", "GuidedCompiler": "runtime.native.guided.compiler",
+          "apply_bitmask": "runtime.native.guided.bitmask", "fill_bitmasks": "runtime.native.guided.bitmask",
+          "check_schema": "runtime.schema_check", "unsupported_features": "runtime.schema_check"}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

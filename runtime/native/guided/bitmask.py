@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
-import xgrammar as xgr
 
 from runtime.native.device import to_device
 from runtime.native.guided.guide import GuideState
+
+if TYPE_CHECKING:  # (imported by the first constrained step: see runtime/native/guided/__init__.py)
+    import xgrammar as xgr
 
 
 def fill_bitmasks(guides: Sequence[GuideState | None], vocab_size: int) -> tuple[torch.Tensor, list[int]] | None:
@@ -21,6 +24,8 @@ def fill_bitmasks(guides: Sequence[GuideState | None], vocab_size: int) -> tuple
     indices = [i for i, g in enumerate(guides) if g is not None and g.active]
     if not indices:
         return None
+    import xgrammar as xgr
+
     bitmask = xgr.allocate_token_bitmask(len(guides), vocab_size)
     _batch_matcher().batch_fill_next_token_bitmask([guides[i].matcher for i in indices],  # type: ignore[union-attr]
                                                    bitmask, indices)
@@ -30,10 +35,14 @@ def fill_bitmasks(guides: Sequence[GuideState | None], vocab_size: int) -> tuple
 @functools.cache
 def _batch_matcher() -> xgr.BatchGrammarMatcher:
     """One for the process: it only holds a thread pool (half the cores; "auto")."""
+    import xgrammar as xgr
+
     return xgr.BatchGrammarMatcher(max_threads="auto")
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, indices: list[int]) -> None:
     """Set disallowed tokens of rows `indices` to -inf, in place (float logits [N, V], any device)."""
+    import xgrammar as xgr
+
     mask = to_device(bitmask, logits.device)
     xgr.apply_token_bitmask_inplace(logits, mask, vocab_size=logits.shape[-1], indices=indices)

@@ -10,14 +10,18 @@ past its end the matcher no longer masks, so the model would go on unconstrained
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import xgrammar as xgr
+if TYPE_CHECKING:  # (imported where a guide is made: see runtime/native/guided/__init__.py)
+    import xgrammar as xgr
 
 
 class GuideState:
     """A per-sample xgrammar matcher (see the module docstring)."""
 
     def __init__(self, compiled: xgr.CompiledGrammar, stop_token_ids: Sequence[int]) -> None:
+        import xgrammar as xgr
+
         self._matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=list(stop_token_ids))
         self.failed = False  # a token the grammar rejected was forced in (should not happen): stop masking
 
