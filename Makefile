@@ -26,8 +26,8 @@ serve: install
 	$(PYTHON) -m gateway serve --host $(HOST) --port $(PORT) --grpc-port $(GRPC_PORT)
 
 # The whole suite on every core (TEST_WORKERS=N for another number), a line per finished test file. A test file
-# per worker at a time (its module fixtures start once), in collection order: benchmarks and e2e files, the ones
-# that start servers, first, so that the last files to run are short.
+# per worker at a time (its module fixtures start once), longest files first (tests/conftest.py orders them), so
+# that the last files to run are short.
 # Bytecode is written even where PYTHONDONTWRITEBYTECODE is set: pytest caches its rewritten test modules there
 # (without, each worker and child run rewrote about 700 modules again: 7 s each).
 test: install

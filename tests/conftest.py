@@ -41,6 +41,25 @@ def _keep_torch_threads() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "long_file: a unit test file that takes tens of seconds (scheduled first)")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Test files in the order the workers take them (`--dist loadfile --no-loadscope-reorder`), longest first, so
+    that the last ones to run are short: benchmark smoke runs, e2e files (they start servers) and long unit files,
+    then the other unit files, then the kernel tests that wait for the interpreter run (done by then)."""
+    waiting = {item.path for item in items if getattr(item, "originalname", None) == INTERPRETER_TEST}
+
+    def rank(item: pytest.Item) -> int:
+        if item.path in waiting:
+            return 2
+        slow = item.path.parent.name in ("benchmarks", "e2e") or item.get_closest_marker("long_file") is not None
+        return 0 if slow else 1
+
+    items.sort(key=rank)  # (stable: a file's tests keep their order)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the run's Triton-interpreter child for the selected kernel tests, in the background
     (tests/triton_interpreter.py)."""

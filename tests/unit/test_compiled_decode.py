@@ -20,6 +20,8 @@ from runtime.native.model_runner import ModelRunner
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine, wait_for
 from tests.tiny_models import build_tiny_model
 
+pytestmark = pytest.mark.long_file  # (tests/conftest.py schedules it first)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -16,6 +16,8 @@ from runtime.demo import DEFAULT_DRAFT_DIR
 from runtime.native.llm_engine import NativeEngine
 from tests.engine_harness import collect, request
 
+pytestmark = pytest.mark.long_file  # (tests/conftest.py schedules it first)
+
 
 @pytest.fixture(autouse=True)
 def default_model_installed() -> None:

@@ -37,6 +37,8 @@ from tests.engine_harness import Collected, collect, request, wait_for
 from tests.lora_adapters import make_peft_adapter, peft_greedy
 from tests.tiny_models import build_tiny_model
 
+pytestmark = pytest.mark.long_file  # (tests/conftest.py schedules it first)
+
 ENGINE = dict(device="cpu", dtype="float32", kv_block_size=4, max_kv_tokens=1024, max_batch_size=8)
 
 

@@ -32,6 +32,8 @@ from tests.engine_harness import collect, hf_greedy, load_hf, request, running_e
 from tests.tiny_models import CHATML_TEMPLATE, build_tiny_model
 from tests.unit.test_models import PROMPT, PagedRunner
 
+pytestmark = pytest.mark.long_file  # (tests/conftest.py schedules it first)
+
 # k-quant rows hold 256 values, so every matrix's input width is a multiple of 256
 TINY_GGUF_SHAPE = {"hidden_size": 256, "intermediate_size": 512}
 

@@ -14,6 +14,8 @@ from runtime.demo import DEMO_DIR, demo_model_path
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
 from tests.lora_adapters import peft_greedy
 
+pytestmark = pytest.mark.long_file  # (tests/conftest.py schedules it first)
+
 ADAPTER = DEMO_DIR / "adapter"
 
 

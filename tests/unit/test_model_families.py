@@ -18,6 +18,8 @@ from runtime.model_spec import MoeSpec
 from tests.engine_harness import StepRecorder, collect, hf_greedy, load_hf, request, running_engine
 from tests.tiny_models import FAMILIES, SLIDING_WINDOW, build_tiny_model
 
+pytestmark = pytest.mark.long_file  # (tests/conftest.py schedules it first)
+
 MOE = ("mixtral", "qwen3_moe", "gpt_oss")
 # Phi-3's LongRoPE picks its short factors for a served context within the original window (64 here), as
 # transformers does for sequences that stay within it; `test_phi3_long_context_uses_the_long_factors` covers the rest

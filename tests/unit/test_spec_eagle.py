@@ -20,6 +20,8 @@ from tests.engine_harness import collect, request, running_engine
 from tests.tiny_models import build_tiny_model
 from tests.unit.test_spec_engine import plain_greedy, prompts, run_all
 
+pytestmark = pytest.mark.long_file  # (tests/conftest.py schedules it first)
+
 
 def default_model_installed() -> None:
     try:

@@ -23,6 +23,8 @@ from tests.lora_adapters import make_peft_adapter, peft_greedy
 from tests.tiny_models import FAMILIES, SLIDING_WINDOW, build_tiny_model
 from tests.unit.test_model_families import prompts
 
+pytestmark = pytest.mark.long_file  # (tests/conftest.py schedules it first)
+
 ARCHS = ("llama", "llama-untied", "qwen2", *FAMILIES)
 SERVE = {"phi3": {"max_model_len": 64}}  # (as test_model_families.py: LongRoPE's short factors)
 DEVICE = os.environ.get("ENGINE_TEST_DEVICE", "cpu")  # (running_engine reads it too)
