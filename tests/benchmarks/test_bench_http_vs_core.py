@@ -4,6 +4,7 @@ consumer processes, in interleaved rounds, on a tiny random model (CPU), with ou
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -13,11 +14,11 @@ from tests.benchmarks.smoke import positive
 pytestmark = pytest.mark.benchmark_smoke
 
 
-def test_rounds_alternate_and_give_ratios(tmp_path, load_generator_here: None,
+def test_rounds_alternate_and_give_ratios(tmp_path, smoke_work: Path, load_generator_here: None,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     # the script and its load generator in this process (the servers in theirs): four Python starts with torch fewer
     assert http_vs_core.main(["--smoke", "--api-servers", "2", "--consumers", "2", "--output-std", "2",
-                              "--out", str(tmp_path), "--work", str(tmp_path / "work")]) == 0
+                              "--out", str(tmp_path), "--work", str(smoke_work)]) == 0
     result = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert len(result["rounds"]) == 2
     sides = [[key for key in r if key in ("core_tok_s", "http_tok_s")] for r in result["rounds"]]
