@@ -11,8 +11,8 @@ mkdir -p "$OUT"
 if [[ -d .whl ]]; then source benchmarks/gpu_setup.sh; else L=$OUT/log.txt; fi
 flags=()
 skip=logits,greedy_fp32,hf,engine,profile,http,http_api2,http_api4,http_batch_api2,http_batch_api4,http_in_process,tserve
-# SMOKE: the tiny shape on the CPU, the two-core phase alone (one core's http_batch is the `http` phase's code, which
-# gpu_bench's own smoke runs); the ratio line then reads None
+# SMOKE: the tiny shape on the CPU, the two-core phase alone (one core's http_batch runs the same phase code with one
+# flag fewer, and starts one more server); the ratio line then reads None
 [[ ${SMOKE:-0} == 1 ]] && flags=(--device cpu --smoke) && skip+=,bandwidth,http_batch
 timeout "$BUDGET_S" python -m benchmarks.gpu_bench --skip "$skip" --out "$OUT/bench" --work "${WORK:-/tmp/gpu_parallel_models}" \
   "${flags[@]}" > "$OUT/bench.txt" 2>&1

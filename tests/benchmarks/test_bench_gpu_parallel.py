@@ -1,6 +1,8 @@
 """benchmarks/gpu_parallel.sh in seconds on the CPU (SMOKE=1): gpu_bench's HTTP load against two engine cores
 (--data-parallel-size 2, both on the CPU here), and the ratio line, which reads None for the one-core side: SMOKE
-leaves out http_batch, the `http` phase's code that test_bench_gpu_bench.py runs (timings mean nothing here)."""
+leaves out http_batch, the same phase code with one flag fewer (timings mean nothing here). This is the smoke run of
+gpu_bench's HTTP phase code (gateway() -> http_phase -> http_load, its load generator in its own process), which
+test_bench_gpu_bench.py leaves out."""
 
 from __future__ import annotations
 
