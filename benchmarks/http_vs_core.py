@@ -110,7 +110,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 async def _busiest(server: Any, load: asyncio.Future[Any], window: float = 2.0) -> float:
     """The front ends' CPU seconds per wall second over their busiest `window` s while `load` runs (1.0: one
     core saturated): a figure of the steady part, free of the load generator's start-up and drain (shorter than a
-    round: a smoke run's rounds last 1 s)."""
+    round: a smoke run's rounds last 0.3 s)."""
     samples = [(time.perf_counter(), server.front_end_cpu_seconds())]
     while not load.done():
         await asyncio.sleep(0.25)
@@ -148,11 +148,11 @@ def main(argv: list[str] | None = None) -> int:
                         "tiny model on the GPU, benchmarks/gpu_smoke.sh)")
     parser.add_argument("--out", default="/tmp/http_vs_core")
     parser.add_argument("--work", default="/tmp/gpu_bench_models", help="folder for the random checkpoint")
-    parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU, 1 s rounds: proves the code runs")
+    parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU, 0.3 s rounds: proves the code runs")
     args = parser.parse_args(argv)
     args.device = args.device or ("cpu" if args.smoke else "cuda")
     if args.smoke:
-        args.seconds, args.streams = min(args.seconds, 1.0), min(args.streams, 8)
+        args.seconds, args.streams = min(args.seconds, 0.3), min(args.streams, 8)
         args.rounds, args.consumers, args.api_servers = min(args.rounds, 2), min(args.consumers, 2), min(args.api_servers, 2)
     print(json.dumps(asyncio.run(run(args))), flush=True)
     return 0

@@ -30,6 +30,13 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("bench-models"), "llama")
 
 
+@pytest.fixture(scope="session")
+def smoke_work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The --work folder of the gpu_bench-family smokes: their random checkpoints (smoke-llama1b, smoke-small) are
+    written by the first script and reused by the others (each costs a transformers import and 1-3 s of CPU)."""
+    return tmp_path_factory.mktemp("smoke-work")
+
+
 @pytest.fixture
 def load_generator_here(monkeypatch: pytest.MonkeyPatch) -> None:
     """benchmarks.procs.run_load_generator without its process: benchmarks.serve.main with the same arguments in
@@ -43,7 +50,8 @@ def load_generator_here(monkeypatch: pytest.MonkeyPatch) -> None:
             assert code == 0, f"load generator exited {code}: {argv}"
             return json.loads(out.read_text())
 
-    for module in ("benchmarks.procs", "benchmarks.overhead", "benchmarks.peer_cpu", "benchmarks.grpc_vs_http"):
+    for module in ("benchmarks.procs", "benchmarks.overhead", "benchmarks.peer_cpu", "benchmarks.grpc_vs_http",
+                   "benchmarks.cpu_ab"):
         monkeypatch.setattr(f"{module}.run_load_generator", run_load_generator)
 
 

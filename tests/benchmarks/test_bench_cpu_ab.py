@@ -1,5 +1,6 @@
-"""benchmarks/cpu_ab.py's smoke run: one round of each side (this tree against itself), the demo model, seconds of
-load: both sides serve, and the table holds every figure with its ratio."""
+"""benchmarks/cpu_ab.py's smoke run: one round of each side (this tree against itself), the demo model, 0.3 s of
+load: both sides serve, and the table holds every figure with its ratio. The servers run in their own processes;
+the load generator runs in this one (conftest.load_generator_here)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from benchmarks import cpu_ab
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_one_round_each_side_gives_the_table(tmp_path: Path) -> None:
+def test_one_round_each_side_gives_the_table(tmp_path: Path, load_generator_here: None) -> None:
     out = tmp_path / "ab.json"
-    assert cpu_ab.main([str(ROOT), str(ROOT), "--duration", "1", "--concurrency", "2", "--output", "4", "--rounds",
+    assert cpu_ab.main([str(ROOT), str(ROOT), "--duration", "0.3", "--concurrency", "2", "--output", "4", "--rounds",
                         "1", "--out", str(out), "--", "--model", "demo", "--no-engine-process"]) == 0
     result = json.loads(out.read_text())
     (base,), (new,) = result["points"]["base"], result["points"]["new"]

@@ -1,10 +1,12 @@
 """benchmarks/gpu_bench.py --device cpu --smoke: its phases on the TINY shape (the engine phase, whose CUDA-graph
 timing broke on the H100 unnoticed, included), and a phase that raises failing the run at the end.
 
-Not run here: `http_batch`, `http_in_process` and the `--api-servers` phases (the `http` phase's code with other
-arguments), and tserve (`transformers serve` needs transformers[serving], not installed here). Not run on the CPU:
-the CUDA-graph replay timing and the no-graphs rerun inside the engine phase (the script skips them off CUDA). The
-HTTP phase's load generator runs in this process (conftest.load_generator_here)."""
+Not run here: the HTTP phases (`http`, `http_batch`, `http_in_process`, the `--api-servers` and
+`--data-parallel-size` ones: one code path, `gateway()` -> http_phase -> http_load, with other arguments, which
+test_bench_gpu_parallel.py runs end to end through `http_batch_dp2`, and test_bench_http_vs_core.py through
+http_server and http_load; each start is a gateway and its engine core, 6-13 s of CPU), and tserve (`transformers
+serve` needs transformers[serving], not installed here). Not run on the CPU: the CUDA-graph replay timing and the
+no-graphs rerun inside the engine phase (the script skips them off CUDA)."""
 
 from __future__ import annotations
 
@@ -19,18 +21,15 @@ from tests.benchmarks.smoke import positive
 pytestmark = pytest.mark.benchmark_smoke
 
 
-def test_every_phase_on_the_cpu(tmp_path: Path, load_generator_here: None) -> None:
+def test_every_phase_on_the_cpu(tmp_path: Path, smoke_work: Path) -> None:
     out = tmp_path / "out"
-    # the --api-servers and --data-parallel-size phases and `http_in_process` run the same phase code as `http`
-    # with one more flag (tests/e2e/test_api_servers.py covers --api-servers, test_data_parallel_served.py
-    # --data-parallel-size, tests/e2e/test_shutdown.py and test_default_model.py serve with --no-engine-process),
-    # and `http_batch` runs it with more streams; left out here (each starts a server: 6-13 s)
-    code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "tserve,http_api2,http_api4,http_batch,http_batch_api2,http_batch_api4,http_batch_dp2,http_in_process", "--out", str(out),
-                           "--work", str(tmp_path / "work")])
+    # the HTTP phases: see above (tests/e2e/test_api_servers.py covers --api-servers, test_data_parallel_served.py
+    # --data-parallel-size, tests/e2e/test_shutdown.py and test_default_model.py serve with --no-engine-process)
+    code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "tserve,http,http_api2,http_api4,http_batch,http_batch_api2,http_batch_api4,http_batch_dp2,http_in_process", "--out", str(out),
+                           "--work", str(smoke_work)])
     assert code == 0
     r = json.loads((out / "gpu_bench.json").read_text())
-    assert r["failed_phases"] == [] and set(r["phase_s"]) == {"bandwidth", "logits", "greedy_fp32", "hf", "engine",
-                                                               "http"}
+    assert r["failed_phases"] == [] and set(r["phase_s"]) == {"bandwidth", "logits", "greedy_fp32", "hf", "engine"}
     assert r["logits"]["pass"] and r["greedy_fp32"]["equal"]
     assert positive(r["bandwidth"]["tb_s"], r["bandwidth"]["floor_ms"], r["hf"]["batch1_step_ms"],
                     r["hf"]["batch4_output_tok_s"])
@@ -43,13 +42,11 @@ def test_every_phase_on_the_cpu(tmp_path: Path, load_generator_here: None) -> No
                     engine["throughput_8_tok_s_sync"])
     assert "decode_b1_graph_gpu_ms" not in engine  # CUDA graphs: CUDA only
     assert (out / "profile.txt").stat().st_size > 0
-    http = r["http"]["summary"]
-    assert http["failed"] == 0 and positive(http["completed"], http["output_token_throughput"])
     headline = gpu_bench.summary(r)
-    assert positive(headline["engine_8_tok_s"], headline["http_4_tok_s"], headline["ttft_64_ms"])
+    assert positive(headline["engine_8_tok_s"], headline["ttft_64_ms"]) and headline["http_4_tok_s"] is None
 
 
-def test_a_failing_phase_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_a_failing_phase_fails_the_run(tmp_path: Path, smoke_work: Path, monkeypatch: pytest.MonkeyPatch,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     def broken(*args: object, **kwargs: object) -> dict[str, object]:
         raise AttributeError("'DecodeGraphs' object has no attribute 'graphs'")
@@ -57,7 +54,7 @@ def test_a_failing_phase_fails_the_run(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(gpu_bench.gm, "check_logits", broken)
     out = tmp_path / "out"
     code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "greedy_fp32,hf,engine,http,http_in_process,http_batch,tserve,http_api2,http_api4,http_batch_api2,http_batch_api4,http_batch_dp2",
-                           "--out", str(out), "--work", str(tmp_path / "work")])
+                           "--out", str(out), "--work", str(smoke_work)])
     assert code == 1
     r = json.loads((out / "gpu_bench.json").read_text())
     assert r["failed_phases"] == ["logits"] and "AttributeError" in r["logits"]["error"]
@@ -66,8 +63,8 @@ def test_a_failing_phase_fails_the_run(tmp_path: Path, monkeypatch: pytest.Monke
     assert "[logits] FAILED" in err and "Traceback" in err and "FAILED phases: logits" in err
 
 
-def test_a_failed_check_fails_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_check_fails_the_run(tmp_path: Path, smoke_work: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(gpu_bench.gm, "check_logits", lambda *a, **k: {"pass": False})
     code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "bandwidth,greedy_fp32,hf,engine,http,http_in_process,http_batch,tserve,http_api2,http_api4,http_batch_api2,http_batch_api4,http_batch_dp2",
-                           "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")])
+                           "--out", str(tmp_path / "out"), "--work", str(smoke_work)])
     assert code == 1

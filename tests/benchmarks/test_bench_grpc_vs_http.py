@@ -22,7 +22,7 @@ def test_both_transports_table_plot_and_section(tiny_model: Path, tmp_path: Path
     monkeypatch.setattr(grpc_vs_http, "RESULTS_MD", tmp_path / "RESULTS.md")
     monkeypatch.setenv("TRTLLM_GATEWAY_ENGINE_PROCESS", "false")
     code = grpc_vs_http.main(["--model", str(tiny_model), "--tokenizer", str(tiny_model), "--concurrency", "2",
-                              "--repeat", "1", "--duration", "0.5", "--input-tokens", "8", "--output-tokens", "4",
+                              "--repeat", "1", "--duration", "0.3", "--input-tokens", "8", "--output-tokens", "4",
                               "--append-results"])
     assert code == 0
     (js,), (png,) = tmp_path.glob("grpc-vs-http-*.json"), tmp_path.glob("grpc-vs-http-*.png")

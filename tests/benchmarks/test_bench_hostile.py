@@ -1,4 +1,4 @@
-"""benchmarks/hostile.py for 1 s per phase with one sender of lone surrogates (HTTP) and malformed messages
+"""benchmarks/hostile.py for 0.3 s per phase with one sender of lone surrogates (HTTP) and malformed messages
 (gRPC), beside the prober of both transports (its own gateway process on the demo model)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def test_lone_surrogates_and_malformed_grpc_messages_beside_the_prober(tmp_path:
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     out = tmp_path / "hostile.json"
     monkeypatch.setenv("TRTLLM_GATEWAY_ENGINE_PROCESS", "false")
-    assert hostile.main(["--duration", "1", "--senders", "1", "--only", "lone_surrogate", "--only",
+    assert hostile.main(["--duration", "0.3", "--senders", "1", "--only", "lone_surrogate", "--only",
                          "grpc_malformed_stream", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["server_5xx"] == 0 and result["server_exited"] is False

@@ -18,7 +18,7 @@ def test_points_table_and_results_section(tiny_model: Path, tmp_path: Path, monk
     results_md = tmp_path / "RESULTS.md"
     monkeypatch.setattr(overhead, "RESULTS_MD", results_md)
     monkeypatch.setattr(overhead, "RESULTS_DIR", tmp_path)
-    code = overhead.main(["--tokenizer", str(tiny_model), "--duration", "0.5", "--repeat", "1", "--concurrency", "2",
+    code = overhead.main(["--tokenizer", str(tiny_model), "--duration", "0.3", "--repeat", "1", "--concurrency", "2",
                           "--input-tokens", "8", "--output-tokens", "4", "--nostream-output-tokens", "2",
                           "--append-results"])
     assert code == 0

@@ -24,7 +24,7 @@ def test_generate_baseline_gateway_point_plot_and_section(tiny_model: Path, tmp_
     monkeypatch.setattr(peer_cpu, "RESULTS_MD", tmp_path / "RESULTS.md")
     monkeypatch.setenv("TRTLLM_GATEWAY_ENGINE_PROCESS", "false")
     code = peer_cpu.main(["--model", str(tiny_model), "--concurrency", "2", "--dtypes", "float32",
-                          "--no-transformers-serve", "--duration", "0.5", "--generate-prompts", "1",
+                          "--no-transformers-serve", "--duration", "0.3", "--generate-prompts", "1",
                           "--input-tokens", "8", "--output-tokens", "4", "--append-results"])
     assert code == 0
     (js,), (png,) = tmp_path.glob("peer-cpu-*.json"), tmp_path.glob("peer-cpu-*.png")
