@@ -164,9 +164,10 @@ class DecodeStep:
             self.model.compute_logits(self.model(ids, positions, self.kv, meta))
 
     def ms(self, steps: int) -> float:
-        """Device ms per step over `steps` back to back (host ms op by op on the CPU)."""
-        self()
+        """Device ms per step over `steps` back to back, after one step that compiles (host ms op by op on the CPU,
+        where the interpreter compiles nothing: no warm-up step)."""
         if self.cuda:
+            self()
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -189,6 +190,8 @@ def moe_layer_figures(model: Any, bandwidth: float, cuda: bool, tiles: int) -> d
     from runtime.native.models.moe import MoE
 
     layers = [layer for layer in model.model.layers if isinstance(layer.mlp, MoE)]
+    if not cuda:
+        layers = layers[:1]  # the interpreter takes seconds a call: one layer's weights run the same code
     spec, hidden = layers[0].mlp.moe, model.spec.hidden_size
     x = torch.randn(1, hidden, generator=torch.Generator().manual_seed(0)).to(model.model.norm.weight)
     element = x.element_size()
@@ -281,6 +284,8 @@ def moe_256_figures(model: Any, bandwidth: float, cuda: bool, rows: int, tiles: 
     from runtime.native.models.moe import MoE, route
 
     layers = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, MoE)]
+    if not cuda:
+        layers = layers[:1]  # as in moe_layer_figures
     spec, hidden = layers[0].moe, model.spec.hidden_size
     g = torch.Generator().manual_seed(2)
     x = torch.randn(rows, hidden, generator=g).to(model.model.norm.weight)
