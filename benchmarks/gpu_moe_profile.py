@@ -190,8 +190,6 @@ def moe_layer_figures(model: Any, bandwidth: float, cuda: bool, tiles: int) -> d
     from runtime.native.models.moe import MoE
 
     layers = [layer for layer in model.model.layers if isinstance(layer.mlp, MoE)]
-    if not cuda:
-        layers = layers[:1]  # the interpreter takes seconds a call: one layer's weights run the same code
     spec, hidden = layers[0].mlp.moe, model.spec.hidden_size
     x = torch.randn(1, hidden, generator=torch.Generator().manual_seed(0)).to(model.model.norm.weight)
     element = x.element_size()
@@ -284,8 +282,6 @@ def moe_256_figures(model: Any, bandwidth: float, cuda: bool, rows: int, tiles: 
     from runtime.native.models.moe import MoE, route
 
     layers = [layer.mlp for layer in model.model.layers if isinstance(layer.mlp, MoE)]
-    if not cuda:
-        layers = layers[:1]  # as in moe_layer_figures
     spec, hidden = layers[0].moe, model.spec.hidden_size
     g = torch.Generator().manual_seed(2)
     x = torch.randn(rows, hidden, generator=g).to(model.model.norm.weight)
@@ -365,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     record = phases.record
     bandwidth = record("bandwidth_tb_s", lambda: bandwidth_tb_s(1 / 64 if args.smoke or not cuda else 1.0, device))
     model_type, shape = (SMOKE_SHAPES if args.smoke or not cuda else SHAPES)["qwen3-30b-a3b"]
+    if not cuda:  # Triton's interpreter takes seconds a layer, and every layer runs the same code
+        shape = {**shape, "num_hidden_layers": 1}
     folder = write_config(args.out / "qwen3-30b-a3b", model_type, shape)
     model = random_model(str(folder), torch.bfloat16, device)
     enable_cuda_kernels(model)
