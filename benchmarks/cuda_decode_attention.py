@@ -22,10 +22,10 @@ from benchmarks.cpu_attention import decode_step
 
 def per_call_us(fn, calls: int) -> float:
     """Microseconds per call of fn(i) for i < calls, replayed from one CUDA graph of the `calls` calls (median of 5
-    replays); NaN without CUDA (one plain call of each)."""
+    replays); NaN without CUDA (one plain call, fn(0): Triton's interpreter compiles nothing, and its figures
+    would mean nothing)."""
     if not torch.cuda.is_available():
-        for i in range(calls):
-            fn(i)
+        fn(0)
         return float("nan")
     for i in range(calls):
         fn(i)  # compile and allocate outside the graph

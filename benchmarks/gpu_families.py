@@ -62,7 +62,8 @@ SMOKE_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
                                         num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, vocab_size=512)),
 }
 PROMPT, OUTPUT, BATCH = 128, 128, 256
-SMOKE_SIZES = dict(prompt=16, output=8, batch=8, gaps=8)  # gaps: the batch-1 inter-token gaps timed (default 63)
+# gaps: the batch-1 inter-token gaps timed (default 63); warmup: tokens per warm-up request (default 8)
+SMOKE_SIZES = dict(prompt=16, output=2, batch=8, gaps=2, warmup=2)
 
 
 def hf_config(model_type: str, shape: dict[str, Any]) -> Any:
@@ -147,7 +148,7 @@ async def engine_figures(folder: Path, device: str, sizes: dict[str, int], **opt
     res: dict[str, Any] = {"load_s": time.perf_counter() - t0,
                            "floor_bytes": floor_bytes(engine.runner.model, prompt + 32)}
     try:
-        await asyncio.gather(*(_stream(engine, _request(f"w{i}", p, 8))
+        await asyncio.gather(*(_stream(engine, _request(f"w{i}", p, sizes.get("warmup", 8)))
                                for i, p in enumerate(gm.random_prompts(batch, prompt, vocab, 1))))
         itl_prompt = gm.random_prompts(1, prompt, vocab, 2)[0]
         # the first token's arrival and the first gap (its step's start) are not timed

@@ -41,6 +41,9 @@ from benchmarks.gpu_families import SHAPES
 SHAPE = "llama-3.1-8b"
 # label -> (tensor parallel size, CUDA graphs)
 ENGINES = {"tp1": (1, True), "tp2": (2, True), "tp2_eager": (2, False), "tp1_eager": (1, False)}  # most wanted first
+# tokens generated per request: warm-up, the timed batch-1 stream, the batch-1 and the batch profiler windows
+TOKENS = dict(warmup=8, b1=65, trace_b1=33, trace_batch=16)
+SMOKE_TOKENS = dict(warmup=2, b1=5, trace_b1=3, trace_batch=2)  # --smoke: each path runs, a few steps
 
 
 def shape(smoke: bool) -> dict[str, Any]:
@@ -50,8 +53,8 @@ def shape(smoke: bool) -> dict[str, Any]:
     return {k: v for k, v in SHAPES[SHAPE][1].items() if k != "rope_theta"}
 
 
-async def measure(folder: Path, device: str, s: Sizes, size: int, graphs: bool, trace: Path | None
-                  ) -> dict[str, Any]:
+async def measure(folder: Path, device: str, s: Sizes, tokens: dict[str, int], size: int, graphs: bool,
+                  trace: Path | None) -> dict[str, Any]:
     from runtime.native.llm_engine import NativeEngine
 
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
@@ -63,17 +66,19 @@ async def measure(folder: Path, device: str, s: Sizes, size: int, graphs: bool, 
     res["load_s"] = time.perf_counter() - t0
     try:
         prompts = gm.random_prompts(s.batch, s.prompt, vocab, seed=1)
-        await asyncio.gather(*(_stream(engine, _request(f"w{i}", p, 8)) for i, p in enumerate(prompts)))  # warm-up
-        _, arrivals, _ = await _stream(engine, _request("b1", gm.random_prompts(1, s.prompt, vocab, 2)[0], 65))
+        await asyncio.gather(*(_stream(engine, _request(f"w{i}", p, tokens["warmup"]))
+                               for i, p in enumerate(prompts)))
+        b1_prompt = gm.random_prompts(1, s.prompt, vocab, 2)[0]
+        _, arrivals, _ = await _stream(engine, _request("b1", b1_prompt, tokens["b1"]))
         res["decode_b1_itl_ms_p50"] = statistics.median(b - a for a, b in zip(arrivals[1:], arrivals[2:])) * 1e3
         t = time.perf_counter()
         done = await asyncio.gather(*(_stream(engine, _request(f"t{i}", p, s.output)) for i, p in enumerate(prompts)))
         res[f"throughput_{s.batch}_tok_s"] = sum(d[2] for d in done) / (time.perf_counter() - t)
         if trace is not None:
-            res["collectives_b1"] = await collectives(engine, [gm.random_prompts(1, s.prompt, vocab, 3)[0]], 33,
-                                                      trace)
-            res["collectives_batch"] = await collectives(engine, gm.random_prompts(s.batch, s.prompt, vocab, 4), 16,
-                                                         None)
+            res["collectives_b1"] = await collectives(engine, [gm.random_prompts(1, s.prompt, vocab, 3)[0]],
+                                                      tokens["trace_b1"], trace)
+            res["collectives_batch"] = await collectives(engine, gm.random_prompts(s.batch, s.prompt, vocab, 4),
+                                                         tokens["trace_batch"], None)
     finally:
         await engine.shutdown()
         del engine
@@ -123,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines", default=",".join(ENGINES), help=f"a subset of {','.join(ENGINES)}")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    s = SMOKE if args.smoke else FULL
+    s, tokens = (SMOKE, SMOKE_TOKENS) if args.smoke else (FULL, TOKENS)
     folder = gm.make_checkpoint(args.work / ("tiny" if args.smoke else SHAPE), shape(args.smoke), torch.bfloat16)
     results: dict[str, Any] = {"shape": "tiny" if args.smoke else SHAPE, "device": args.device,
                                "gpus": torch.cuda.device_count(), "batch": s.batch, "prompt": s.prompt,
@@ -133,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         size, graphs = ENGINES[label]
         print(f"gpu_tp: {label} (tensor parallel size {size}, CUDA graphs {graphs})", flush=True)
         try:
-            results[label] = asyncio.run(measure(folder, args.device, s, size, graphs,
+            results[label] = asyncio.run(measure(folder, args.device, s, tokens, size, graphs,
                                                  args.out / f"{label}_trace_b1.json" if size > 1 else None))
         except Exception:  # noqa: BLE001 - recorded; the other engines still run
             failed = True
