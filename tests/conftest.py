@@ -47,15 +47,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Test files in the order the workers take them (`--dist loadfile --no-loadscope-reorder`), longest first, so
-    that the last ones to run are short: benchmark smoke runs, e2e files (they start servers) and long unit files,
-    then the other unit files, then the kernel tests that wait for the interpreter run (done by then)."""
+    that the last ones to run are short: unit files marked long_file (each worker holds two files at a time, so a
+    long one queued behind another long one starts late), benchmark smoke runs, e2e files (they start servers), the
+    other unit files, then the kernel tests that wait for the interpreter run (done by then)."""
     waiting = {item.path for item in items if getattr(item, "originalname", None) == INTERPRETER_TEST}
 
     def rank(item: pytest.Item) -> int:
         if item.path in waiting:
-            return 2
-        slow = item.path.parent.name in ("benchmarks", "e2e") or item.get_closest_marker("long_file") is not None
-        return 0 if slow else 1
+            return 4
+        if item.get_closest_marker("long_file") is not None:
+            return 0
+        return {"benchmarks": 1, "e2e": 2}.get(item.path.parent.name, 3)
 
     items.sort(key=rank)  # (stable: a file's tests keep their order)
 
