@@ -54,17 +54,22 @@ def add_request(request_id: str) -> AddRequest:
     return AddRequest(request, [5, 6, 7, 8], MAX_TOKENS, [])
 
 
-async def finish_reasons(checkpoint: Path, folder: Path, batch: list[msgspec.Struct],
-                         request_id: str) -> tuple[list[str], int]:
-    """Serve a core, hand it `batch` in one go; the finish reasons and token count of `request_id`."""
+def serve_core(checkpoint: Path, folder: Path) -> tuple[CoreServer, BatchInbox, zmq.asyncio.Socket, asyncio.Task[int]]:
+    """A core serving the tiny model with a BatchInbox, the socket its outputs reach, and its serve() task (the
+    caller closes the socket's context: `receiver.context.term()`)."""
     addresses = Addresses(f"ipc://{folder}/to-core", f"ipc://{folder}/to-front-end")
-    context = zmq.asyncio.Context()
-    receiver = context.socket(zmq.PULL)
+    receiver = zmq.asyncio.Context().socket(zmq.PULL)
     receiver.bind(addresses.to_front_end)
     server = CoreServer(EngineConfig(model=str(checkpoint), **ENGINE), [addresses])
     server._inbox.close(linger=0)
     inbox = server._inbox = BatchInbox()
-    serving = asyncio.create_task(server.serve())
+    return server, inbox, receiver, asyncio.create_task(server.serve())
+
+
+async def finish_reasons(checkpoint: Path, folder: Path, batch: list[msgspec.Struct],
+                         request_id: str) -> tuple[list[str], int]:
+    """Serve a core, hand it `batch` in one go; the finish reasons and token count of `request_id`."""
+    server, inbox, receiver, serving = serve_core(checkpoint, folder)
     reasons: list[str] = []
     tokens = 0
     try:
@@ -85,7 +90,7 @@ async def finish_reasons(checkpoint: Path, folder: Path, batch: list[msgspec.Str
         assert await asyncio.wait_for(serving, 60.0) == 0
         server.close()
         receiver.close(linger=0)
-        context.term()
+        receiver.context.term()
 
 
 @pytest.fixture(scope="module")
@@ -123,14 +128,7 @@ def test_a_dying_step_loop_hands_every_error_over_before_the_core_exits(checkpoi
     reason = "tensor-parallel worker 1 (pid 1) exited with code -9"
 
     async def serve_until_the_core_exits() -> tuple[int, list[str]]:
-        addresses = Addresses(f"ipc://{tmp_path}/to-core", f"ipc://{tmp_path}/to-front-end")
-        context = zmq.asyncio.Context()
-        receiver = context.socket(zmq.PULL)
-        receiver.bind(addresses.to_front_end)
-        server = CoreServer(EngineConfig(model=str(checkpoint), **ENGINE), [addresses])
-        server._inbox.close(linger=0)
-        inbox = server._inbox = BatchInbox()
-        serving = asyncio.create_task(server.serve())
+        server, inbox, receiver, serving = serve_core(checkpoint, tmp_path)
         errors: list[str] = []
         try:
             inbox.put(add_request("r"))
@@ -147,7 +145,7 @@ def test_a_dying_step_loop_hands_every_error_over_before_the_core_exits(checkpoi
             return code, errors
         finally:
             receiver.close(linger=0)
-            context.term()
+            receiver.context.term()
 
     code, errors = asyncio.run(serve_until_the_core_exits())
     assert code == 1
