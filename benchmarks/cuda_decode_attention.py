@@ -1,11 +1,13 @@
 """The Triton decode-attention kernel (runtime/native/cuda/paged_attention.py) at decode batch sizes, over its tile
-settings, for Llama-3.2-1B's attention shape (32 query heads, 8 KV heads, head size 64, 16-token blocks).
+settings, for Llama-3.2-1B's attention shape (32 query heads, 8 KV heads, head size 64, 16-token blocks; --head-dim 128:
+Llama-3.1-8B's).
 
     python -m benchmarks.cuda_decode_attention            # on a GPU: one JSON line per (rows, context, setting)
     python -m benchmarks.cuda_decode_attention --smoke    # tiny, in Triton's interpreter without CUDA
 
 Each figure is microseconds per call from a CUDA graph of `--calls` back-to-back calls, the way a decode graph
-runs the kernel once per layer; a batch-1 step of the 1B model calls it 16 times.
+runs the kernel once per layer; a batch-1 step of the 1B model calls it 16 times. `tb_s`: the cached K and V
+the call reads, over its time (against the H200's 4.1 TB/s of copy bandwidth).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ def main() -> None:
     parser.add_argument("--block-n", default="32,64,128")
     parser.add_argument("--num-warps", default="2,4")
     parser.add_argument("--calls", type=int, default=50)
+    parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     if args.smoke and not torch.cuda.is_available():
@@ -62,7 +65,7 @@ def main() -> None:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32  # the interpreter's bf16 dot products are wrong
-    heads, kv_heads, head_dim = (32, 8, 64) if not args.smoke else (4, 2, 16)
+    heads, kv_heads, head_dim = (32, 8, args.head_dim) if not args.smoke else (4, 2, 16)
     for rows, context in itertools.product(map(int, args.rows.split(",")), map(int, args.contexts.split(","))):
         q, _, _, cache, meta = decode_step([context] * rows, heads, kv_heads, head_dim, dtype)
         q, cache = q.to(device), cache.to(device)
@@ -73,8 +76,10 @@ def main() -> None:
             paged_attention.DECODE_BLOCK_N, paged_attention.DECODE_NUM_WARPS = block_n, warps
             out = paged_attention.decode_attention(q, cache, meta, head_dim**-0.5)
             us = per_call_us(lambda _: paged_attention.decode_attention(q, cache, meta, head_dim**-0.5), args.calls)
+            kv_bytes = 2 * rows * context * kv_heads * head_dim * cache.element_size()
             print(json.dumps({"rows": rows, "context": context, "block_n": block_n, "num_warps": warps,
-                              "us": round(us, 2), "max_diff": float((out.float() - ref.float()).abs().max())}),
+                              "us": round(us, 2), "tb_s": round(kv_bytes / us / 1e6, 2),
+                              "max_diff": float((out.float() - ref.float()).abs().max())}),
                   flush=True)
 
 

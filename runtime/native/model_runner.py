@@ -346,26 +346,37 @@ class ModelRunner:
                         step_tables(inputs, self.block_tables))
 
     def tensors(self, step: HostStep) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """`step`'s input ids and positions, and its AttentionMetadata, on the device."""
-        query_lens, context_lens = step.query_lens, step.context_lens
+        """`step`'s input ids and positions, and its AttentionMetadata, on the device.
+
+        A step whose one-token rows (decodes, first in a step) come before prompts gets a mixed metadata
+        (AttentionMetadata.decode), as a mixed graph does: on CUDA the decode kernel then reads each row's keys once
+        for its query group, where the prefill kernel read them once per query head in a 64-row tile (steps of 4,096
+        prompt tokens beside 250 decode rows spent 13 ms of an 8B step in attention, RESULTS.md 2026-11-29)."""
+        query_lens, context_lens, slots = step.query_lens, step.context_lens, step.slots
+        # the one-token rows before the first prompt (none where there is no prompt)
+        rows = next((b for b, n in enumerate(query_lens) if n != 1), 0)
+        tables = torch.from_numpy(step.tables)
+        meta = self._metadata(query_lens[rows:], context_lens[rows:], tables[rows:], slots[rows:])
+        if rows:
+            meta.decode = self._metadata(query_lens[:rows], context_lens[:rows], tables[:rows], slots[:rows])
+        return host_tensor(step.token_ids, torch.long, self.device), host_tensor(step.positions, torch.long,
+                                                                                  self.device), meta
+
+    def _metadata(self, query_lens: list[int], context_lens: list[int], tables: torch.Tensor,
+                  slots: list[int]) -> AttentionMetadata:
         seq_lens = [start + n for start, n in zip(context_lens, query_lens)]
-
-        def tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return host_tensor(values, dtype, self.device)
-
-        meta = AttentionMetadata(
-            query_start_loc=tensor(list(accumulate(query_lens, initial=0)), torch.int32),
-            context_lens=tensor(context_lens, torch.int32),
-            seq_lens=tensor(seq_lens, torch.int32),
-            block_tables=to_device(torch.from_numpy(step.tables), self.device),
-            slot_mapping=tensor(step.slots, torch.int64),
+        return AttentionMetadata(
+            query_start_loc=host_tensor(list(accumulate(query_lens, initial=0)), torch.int32, self.device),
+            context_lens=host_tensor(context_lens, torch.int32, self.device),
+            seq_lens=host_tensor(seq_lens, torch.int32, self.device),
+            block_tables=to_device(tables, self.device),
+            slot_mapping=host_tensor(slots, torch.int64, self.device),
             block_size=self.block_size,
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
             query_lens_host=query_lens,
             seq_lens_host=seq_lens,
         )
-        return tensor(step.token_ids, torch.long), tensor(step.positions, torch.long), meta
 
     @torch.inference_mode()
     def profile_activation_bytes(self, max_num_tokens: int, max_batch_size: int, context_window: int) -> int:
