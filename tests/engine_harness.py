@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import weakref
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -153,19 +154,22 @@ class StepRecorder:
         return sum(e.num_new_tokens for _, e in self.of(request_id) if e.is_prefill)
 
 
-_HF_CACHE: dict[tuple[int, tuple[int, ...], int], list[int]] = {}
+# continuations per model, (prompt, max_new_tokens) -> ids, held weakly: a freed model's go with it (keyed by id(model)
+# they outlived it, and a model loaded where a freed one had lived read that one's ids)
+_HF_CACHE: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple[tuple[int, ...], int], list[int]]] = (
+    weakref.WeakKeyDictionary())
 
 
 def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
     """transformers' greedy `generate` continuation of `prompt` (eos disabled; cached per model and prompt)."""
-    key = (id(model), tuple(prompt), max_new_tokens)
-    if key not in _HF_CACHE:
+    cached, key = _HF_CACHE.setdefault(model, {}), (tuple(prompt), max_new_tokens)
+    if key not in cached:
         ids = torch.tensor([prompt])
         with torch.no_grad():
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                                  do_sample=False)
-        _HF_CACHE[key] = out[0, len(prompt):].tolist()
-    return _HF_CACHE[key]
+        cached[key] = out[0, len(prompt):].tolist()
+    return cached[key]
 
 
 def hf_greedy_fp8(model: torch.nn.Module, prompt: list[int], max_new_tokens: int,

@@ -54,9 +54,11 @@ def _awq_weight(n: int, k: int, group: int, seed: int,
 def test_the_int4_product_equals_the_reference_dequantized_product(rows: int) -> None:
     packed, reference = _awq_weight(104, 256, group=128, seed=rows)  # N past a tile's edge, two groups
     x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(7)).to(DEVICE)
-    bias = torch.randn(104).to(DEVICE)
+    # its own generator: the global one's draws depend on the tests run before (1 in 20 failed atol 1e-5 at 33 rows)
+    bias = torch.randn(104, generator=torch.Generator().manual_seed(11)).to(DEVICE)
     got, want = int4_linear(x, *packed, bias), F.linear(x, reference, bias)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)  # float32 sums in another order
+    # float32 sums in another order: up to 2.3e-5 apart (outputs up to 53) over 2000 biases
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
     assert not torch.allclose(int4_linear(x, *packed), F.linear(x, reference.roll(1, 1)), atol=1e-2)
 
 
