@@ -11,10 +11,12 @@ step, `--max-num-tokens` tokens a step (the first value is profiled, the others 
   kernels          the same load under torch.profiler: GPU time by kind (gemm, attention, norm/act/rope, sampling,
                    copy/index, other), the top kernels, and the GPU's busy time against the run's span (the gaps)
   ttft_1024        a 1,024-token prompt alone, median of 5: against its FLOP floor (2 x parameters x tokens plus causal
-                   attention's 2 x layers x heads x head_dim x tokens^2) at PEAK_TFLOPS
+                   attention's 2 x layers x heads x head_dim x tokens^2) at PEAK_TFLOPS; then one more profiled
+                   (gpu_bench's step wall times against their kernel time, the table in DIR/<shape>_ttft_profile.txt)
   itl_64, itl_256  closed-loop streams (128 in / 128 out) for ITL_S seconds: inter-token gaps p50/p99, output tok/s
   mix_512          (--mix-shapes) 512 closed-loop streams of 1,024 in / 256 out for MIX_S seconds, up to 512 sequences
-                   a step and the KV cache the server would size: output tok/s, ITL p50/p99, TTFT p50
+                   a step and the KV cache the server would size: output tok/s, ITL p50/p99, TTFT p50; once per
+                   --mix-kv-dtypes (auto: the model's dtype; fp8: --kv-cache-dtype fp8, twice the tokens)
   core_...         (--core-shapes) throughput_256 and itl_* again with the engine core in its own process (the
                    server's default; this process only consumes its streams): a random checkpoint written to DIR
 Results go to DIR/gpu_load_profile.json after every phase (a failed phase is recorded, the others still run).
@@ -35,7 +37,7 @@ import torch
 
 from benchmarks import gpu_families as gf
 from benchmarks import gpu_models as gm
-from benchmarks.gpu_bench import _pct, _request, _stream
+from benchmarks.gpu_bench import _pct, _request, _stream, _ttft_steps
 
 PEAK_TFLOPS = 790.0  # the H200's dense bf16 tensor-core rate (KINDS.md)
 SHAPES = {"llama-3.1-8b": gf.SHAPES["llama-3.1-8b"],
@@ -216,8 +218,11 @@ async def shape_figures(folder: Path, device: str, s: dict[str, Any], max_num_to
             ttfts.append(arrivals[0] - t)
         floor = flop_floor_ms(engine.runner.model, s["ttft_prompt"])
         ttft = statistics.median(ttfts[1:]) * 1e3
-        record(f"{folder.name}_ttft_{s['ttft_prompt']}",
-               lambda: {"ms_p50": ttft, "flop_floor_ms": floor, "vs_floor": ttft / floor})
+        steps = await _ttft_steps(engine, gm.random_prompts(1, s["ttft_prompt"], vocab, 6)[0],
+                                  out / f"{folder.name}_ttft_profile.txt")
+        record(f"{folder.name}_ttft_{s['ttft_prompt']}", lambda: {
+            "ms_p50": ttft, "flop_floor_ms": floor, "vs_floor": ttft / floor,
+            "profiled": {k: steps[k] for k in ("ttft_ms", "step_ms", "kernel_ms", "kernels", "top_host_ms")}})
         for streams in s["itl_streams"]:
             figures = await closed_loop_itl(engine, s, streams, vocab, 5 + streams)
             record(f"{folder.name}_itl_{streams}", lambda: figures)
@@ -225,7 +230,7 @@ async def shape_figures(folder: Path, device: str, s: dict[str, Any], max_num_to
         await engine.shutdown()
 
 
-async def mix_figures(folder: Path, device: str, m: dict[str, Any]) -> dict[str, Any]:
+async def mix_figures(folder: Path, device: str, m: dict[str, Any], kv_dtype: str) -> dict[str, Any]:
     """`m["streams"]` closed-loop streams of m["prompt"] in / m["output"] out for m["seconds"] (module docstring)."""
     from runtime.config import EngineConfig
     from runtime.native.llm_engine import NativeEngine
@@ -233,6 +238,7 @@ async def mix_figures(folder: Path, device: str, m: dict[str, Any]) -> dict[str,
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     engine = NativeEngine(EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=m["streams"],
                                        max_model_len=2 * (m["prompt"] + m["output"]), enable_prefix_caching=False,
+                                       kv_cache_dtype=kv_dtype,
                                        **({} if torch.device(device).type == "cuda" else {"max_kv_tokens": 8192})))
     await engine.start()
     try:
@@ -271,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default="llama-3.1-8b,llama-3.2-1b")
     parser.add_argument("--max-num-tokens", default="4096", help="tokens a step; the first is profiled, the rest timed")
     parser.add_argument("--mix-shapes", default="llama-3.1-8b", help="shapes that also get the 512-stream mix")
+    parser.add_argument("--mix-kv-dtypes", default="auto", help="KV cache dtypes the mix runs with: auto, fp8")
     parser.add_argument("--core-shapes", default="llama-3.2-1b",
                         help="shapes also run through the engine core in its own process")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and loads: the code runs, nothing more")
@@ -290,7 +297,9 @@ def main(argv: list[str] | None = None) -> int:
             phases.record(f"{name}_t{tokens}", lambda: asyncio.run(
                 shape_figures(folder, args.device, s, tokens, args.out, i == 0, phases.record)) or "done")
         if name in args.mix_shapes.split(","):
-            phases.record(f"{name}_mix_{mix['streams']}", lambda: asyncio.run(mix_figures(folder, args.device, mix)))
+            for kv in args.mix_kv_dtypes.split(","):
+                phases.record(f"{name}_mix_{mix['streams']}_kv_{kv}",
+                              lambda: asyncio.run(mix_figures(folder, args.device, mix, kv)))
         if name in args.core_shapes.split(","):  # the child process loads a checkpoint: random weights saved
             llama = {k: v for k, v in shape.items() if k not in ("max_position_embeddings", "rope_theta")}
             checkpoint = gm.make_checkpoint((args.work or args.out) / "checkpoints" / name, llama, torch.bfloat16)

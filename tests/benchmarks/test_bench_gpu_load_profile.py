@@ -25,7 +25,7 @@ def test_every_phase_runs_and_writes_its_figures(tmp_path: Path, monkeypatch: py
     load = r[f"{shape}_t4096_throughput_8"]
     assert positive(load["tok_s"], load["prefill_s"], load["decode_s"]) and load["prefill_tokens"] == 8 * 16
     assert load["steps"] == load["prefill_steps"] + load["decode_steps"]
-    assert positive(r[f"{shape}_ttft_32"]["vs_floor"], r[f"{shape}_mix_4"]["itl_ms_p99"],
+    assert positive(r[f"{shape}_ttft_32"]["vs_floor"], r[f"{shape}_mix_4_kv_auto"]["itl_ms_p99"],
                     r[f"core_{shape}_throughput_8"]["tok_s"], r[f"core_{shape}_itl_8"]["itl_ms_p50"])
 
 
