@@ -47,6 +47,7 @@ PREFILL_BLOCK_M = 64
 # part from plain decoding on near ties.
 PREFILL_BLOCK_N = DECODE_BLOCK_N
 DECODE_NUM_WARPS = 4
+PREFILL_NUM_WARPS, PREFILL_NUM_STAGES = 4, 2
 
 
 # A step's metadata (block tables, lengths, slots, the tile map) sits at whatever offset its staging buffer gives it,
@@ -292,7 +293,8 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMe
         BLOCK_SIZE=block_size, HKV=kv_heads, GROUP=heads // kv_heads,
         D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=PREFILL_BLOCK_N, PRECISION=precision(q.dtype),
-        WINDOWED=window is not None, SINKS=sinks is not None, num_warps=4, num_stages=2,
+        WINDOWED=window is not None, SINKS=sinks is not None, num_warps=PREFILL_NUM_WARPS,
+        num_stages=PREFILL_NUM_STAGES,
     )
     return out
 
