@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
         flops = 2 * 2 * heads * head_dim * tokens * tokens / 2
         for block_m, warps, stages in itertools.product(*(map(int, a.split(",")) for a in (
                 args.block_m, args.num_warps, args.num_stages))):
-            pa.PREFILL_BLOCK_M, pa.PREFILL_NUM_WARPS, pa.PREFILL_NUM_STAGES = block_m, warps, stages
+            pa.PREFILL_TILE = tile = pa.PrefillTile(block_m, warps, stages)  # every dtype and head size gets it
+            pa.PREFILL_TILES_16BIT = {head_dim: tile}
             meta.derived.clear()  # the query tiles' map is cached per metadata, for one BLOCK_M
             try:
                 out = pa.prefill_attention(q, cache, meta, head_dim**-0.5)

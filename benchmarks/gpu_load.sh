@@ -5,7 +5,7 @@
 # 1k/256 mix; the 1B through the engine core in its own process), then the decode-attention kernel's tiles at 256
 # rows (benchmarks/cuda_decode_attention.py, head sizes 128 and 64), then the 8B's GEMMs by row count
 # (benchmarks/gemm_shapes.py: cuBLAS, gate/up in halves, Inductor's autotuned Triton GEMMs). MIX_KV="auto,fp8" runs
-# the mix with both KV cache dtypes.
+# the mix with both KV cache dtypes; MIX_SHAPES= and CORE_SHAPES= (empty) leave the mix and the core phase out.
 #   run tool: command "bash benchmarks/gpu_load.sh", carry [".whl"]
 # Lands in $OUT: log.txt, tests_cuda.txt, load/gpu_load_profile.json, load.txt, attention.txt. PHASES picks from
 # "tests profile attention gemm".
@@ -26,7 +26,8 @@ fi
 if [[ $PHASES == *profile* ]]; then
   stamp "gpu_load_profile: $SHAPES, max_num_tokens $MAX_NUM_TOKENS"
   timeout "$(left 330)" python -m benchmarks.gpu_load_profile --out $OUT/load --work /tmp/load --shapes "$SHAPES" \
-    --max-num-tokens "$MAX_NUM_TOKENS" --mix-kv-dtypes "$MIX_KV" > $OUT/load.txt 2>&1
+    --max-num-tokens "$MAX_NUM_TOKENS" --mix-kv-dtypes "$MIX_KV" --mix-shapes "${MIX_SHAPES-llama-3.1-8b}" \
+    --core-shapes "${CORE_SHAPES-llama-3.2-1b}" > $OUT/load.txt 2>&1
   echo "rc $?" >> $OUT/load.txt; grep "^gpu_load_profile" $OUT/load.txt | cut -c1-600 | tee -a "$L"
 fi
 if [[ $PHASES == *attention* ]]; then

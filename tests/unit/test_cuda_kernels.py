@@ -23,7 +23,8 @@ if RUN_HERE:
     from runtime.native.cuda.fused import rope_decode_attention, rope_store_kv, silu_and_mul
     from runtime.native.cuda.norms import add_rms_norm, rms_norm
     from runtime.native.cuda.gemv import gemv
-    from runtime.native.cuda.paged_attention import decode_attention, prefill_tiles, store_kv, triton_paged_attention
+    from runtime.native.cuda.paged_attention import (PREFILL_TILE, PrefillTile, decode_attention, prefill_tile,
+                                                     prefill_tiles, store_kv, triton_paged_attention)
 
 
 def test_kernels_in_triton_interpreter() -> None:
@@ -34,9 +35,9 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 H, HKV, D, BS, NUM_BLOCKS = 8, 2, 32, 4, 64
 
 
-def _meta(query_lens: list[int], context_lens: list[int], tables: list[list[int]]) -> AttentionMetadata:
+def _meta(query_lens: list[int], context_lens: list[int], tables: list[list[int]], bs: int = BS) -> AttentionMetadata:
     seq_lens = [q + c for q, c in zip(query_lens, context_lens)]
-    slots = [t[p // BS] * BS + p % BS for q, c, t in zip(query_lens, context_lens, tables) for p in range(c, c + q)]
+    slots = [t[p // bs] * bs + p % bs for q, c, t in zip(query_lens, context_lens, tables) for p in range(c, c + q)]
     width = max(len(t) for t in tables)
     starts = [0]
     for q in query_lens:
@@ -48,7 +49,7 @@ def _meta(query_lens: list[int], context_lens: list[int], tables: list[list[int]
     return AttentionMetadata(
         tensor(starts, torch.int32), tensor(context_lens, torch.int32), tensor(seq_lens, torch.int32),
         tensor([t + [0] * (width - len(t)) for t in tables], torch.int32), tensor(slots, torch.int64),
-        BS, max(query_lens), max(seq_lens), list(query_lens), seq_lens,
+        bs, max(query_lens), max(seq_lens), list(query_lens), seq_lens,
     )
 
 
@@ -143,7 +144,8 @@ def test_prefill_padded_to_a_graph_bucket_equals_the_unpadded_step() -> None:
     padded = [torch.cat((t, torch.randn(pad, *t.shape[1:], device=DEVICE))) for t in (q, k, v)]
     meta.slot_mapping = torch.cat((meta.slot_mapping, torch.full((pad,), -1, device=DEVICE)))
     meta.query_lens_host, meta.max_query_len = [192], 192
-    meta.derived["triton_prefill_tiles"] = torch.tensor([[0, 0, 0], [0, 64, 128]], dtype=torch.int32, device=DEVICE)
+    meta.derived["triton_prefill_tiles"] = (torch.tensor([[0, 0, 0], [0, 64, 128]], dtype=torch.int32, device=DEVICE),
+                                            PREFILL_TILE)
     ours = cache.clone()
     out = triton_paged_attention(*padded, ours, meta, D**-0.5)
     assert torch.equal(ours, ref_cache)
@@ -153,6 +155,39 @@ def test_prefill_padded_to_a_graph_bucket_equals_the_unpadded_step() -> None:
 @kernels
 def test_prefill_tiles() -> None:
     assert prefill_tiles([5, 130, 64], 64) == ([0, 1, 1, 1, 2], [0, 0, 64, 128, 0])
+    # 16-bit queries of head size 128 take the wider tile; float32 (twice the shared memory) and other sizes the default
+    assert prefill_tile(128, torch.bfloat16) == PrefillTile(128, 8, 3) == prefill_tile(128, torch.float16)
+    assert prefill_tile(128, torch.float32) == prefill_tile(64, torch.bfloat16) == PREFILL_TILE
+
+
+@kernels
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 tiles of head size 128: the GPU's (the interpreter's "
+                                                          "bf16 products are not the GPU's)")
+def test_the_wide_prefill_tile_of_head_size_128_keeps_the_decode_kernels_bits() -> None:
+    """The 16-bit head-size-128 tile (128 query rows a program): rows of a prompt beside one-token rows equal, bit for
+    bit, the same rows decoded alone (the decode kernel is checked against the reference above)."""
+    heads, kv_heads, head_dim, bs = 32, 8, 128, 16
+    g = torch.Generator().manual_seed(11)
+    query_lens, context_lens = [1, 300, 1], [170, 20, 257]
+    tables, used = [], 0
+    for n, c in zip(query_lens, context_lens):
+        blocks = -(-(n + c) // bs)
+        tables.append(list(range(used, used + blocks)))
+        used += blocks
+    cache = torch.randn(2, used, bs, kv_heads, head_dim, generator=g).to(torch.bfloat16).to(DEVICE)
+    tokens = sum(query_lens)
+    q, k, v = (torch.randn(tokens, h, head_dim, generator=g).to(torch.bfloat16).to(DEVICE)
+               for h in (heads, kv_heads, kv_heads))
+    meta = _meta(query_lens, context_lens, tables, bs)
+    out = triton_paged_attention(q, k, v, cache, meta, head_dim**-0.5)
+    assert meta.derived["triton_prefill_tiles"][1] == PrefillTile(128, 8, 3)
+    row = 0
+    for b, (n, context) in enumerate(zip(query_lens, context_lens)):
+        for i in range(n):
+            if i in (0, n // 2, n - 1):
+                alone = _meta([1], [context + i], [tables[b]], bs)
+                assert torch.equal(decode_attention(q[row: row + 1], cache, alone, head_dim**-0.5), out[row: row + 1])
+            row += 1
 
 
 @kernels

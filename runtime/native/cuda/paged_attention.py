@@ -27,6 +27,8 @@ after the last tile.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -40,14 +42,33 @@ from runtime.native.models.kv_scales import UNIT, KvScales
 # 128 keys a tile: 4.6 us per call at batch 1 and 129-256 tokens vs 5.2-6.2 us with 64, 12.7 vs 19.1 at 1,024
 # (H200, benchmarks/cuda_decode_attention.py)
 DECODE_BLOCK_N = 128
-PREFILL_BLOCK_M = 64
 # The same key tiles as decode: a query row then goes through the same online-softmax steps in either kernel, so
 # its output does not depend on whether its step also holds multi-token rows (a speculative verification, a
 # prompt). With 64 the two differed past 64 keys (H200, fp32 and bf16), and greedy ids with speculation could
 # part from plain decoding on near ties.
 PREFILL_BLOCK_N = DECODE_BLOCK_N
 DECODE_NUM_WARPS = 4
-PREFILL_NUM_WARPS, PREFILL_NUM_STAGES = 4, 2
+
+
+class PrefillTile(NamedTuple):
+    """The prefill kernel's query rows a program (BLOCK_M), warps and pipeline stages."""
+
+    block_m: int
+    num_warps: int
+    num_stages: int
+
+
+# Tiles by head size for 16-bit queries; others (float32, whose tiles take twice the shared memory) get PREFILL_TILE.
+# H200, 2026-11-29, a 1,024-token prompt, 32 heads over 8 KV heads (benchmarks/cuda_prefill_attention.py): head size
+# 128: 70 us with (128, 8, 3) against 99 us with (64, 4, 2); head size 64: (64, 4, 2) the best (37 us; 56 us with
+# 128 rows). Every setting kept the rows' bits equal to the decode kernel's (the key tiles are the same).
+PREFILL_TILE = PrefillTile(64, 4, 2)
+PREFILL_TILES_16BIT: dict[int, PrefillTile] = {128: PrefillTile(128, 8, 3)}
+
+
+def prefill_tile(head_dim: int, dtype: torch.dtype) -> PrefillTile:
+    """The prefill kernel's tile for queries of `head_dim` in `dtype` (the activations')."""
+    return PREFILL_TILES_16BIT.get(head_dim, PREFILL_TILE) if dtype.itemsize == 2 else PREFILL_TILE
 
 
 # A step's metadata (block tables, lengths, slots, the tile map) sits at whatever offset its staging buffer gives it,
@@ -277,12 +298,14 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMe
     """Packed queries of any lengths, q [T, H, D] -> [T, H, D], over keys already in the cache."""
     tokens, heads, head_dim = q.shape
     _, num_blocks, block_size, kv_heads, _ = kv_cache.shape
-    # the tile map is the same for every layer of the step: build it once per metadata object
-    tiles = meta.derived.get("triton_prefill_tiles")
-    if tiles is None:
-        seqs, offsets = prefill_tiles(meta.query_lens_host, PREFILL_BLOCK_M)
-        tiles = host_tensor([seqs, offsets], torch.int32, q.device)
-        meta.derived["triton_prefill_tiles"] = tiles
+    # the tile map (with the tile it was made for) is the same for every layer of the step: built once per metadata
+    # object, or given by a prefill graph's buffer
+    entry = meta.derived.get("triton_prefill_tiles")
+    if entry is None:
+        tile = prefill_tile(head_dim, q.dtype)
+        seqs, offsets = prefill_tiles(meta.query_lens_host, tile.block_m)
+        entry = meta.derived["triton_prefill_tiles"] = (host_tensor([seqs, offsets], torch.int32, q.device), tile)
+    tiles, tile = entry
     out = torch.empty_like(q)
     tables = meta.block_tables
     _prefill_kernel[(tiles.shape[1], heads)](
@@ -292,9 +315,8 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMe
         q if sinks is None else sinks,
         BLOCK_SIZE=block_size, HKV=kv_heads, GROUP=heads // kv_heads,
         D=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_M=PREFILL_BLOCK_M, BLOCK_N=PREFILL_BLOCK_N, PRECISION=precision(q.dtype),
-        WINDOWED=window is not None, SINKS=sinks is not None, num_warps=PREFILL_NUM_WARPS,
-        num_stages=PREFILL_NUM_STAGES,
+        BLOCK_M=tile.block_m, BLOCK_N=PREFILL_BLOCK_N, PRECISION=precision(q.dtype),
+        WINDOWED=window is not None, SINKS=sinks is not None, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
     return out
 

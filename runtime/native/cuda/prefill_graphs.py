@@ -36,7 +36,7 @@ import torch
 
 from runtime.native.attention_metadata import AttentionMetadata
 from runtime.native.cuda.graphs import capture_buckets, pick_bucket
-from runtime.native.cuda.paged_attention import PREFILL_BLOCK_M, prefill_tiles
+from runtime.native.cuda.paged_attention import PREFILL_TILE, PrefillTile, prefill_tile, prefill_tiles
 from runtime.native.device import PinnedStaging
 
 if TYPE_CHECKING:
@@ -62,9 +62,9 @@ def prefill_bucket_sizes(max_tokens: int) -> list[int]:
     return sizes
 
 
-def tiles_for(tokens: int, seqs: int = MAX_PREFILL_SEQS) -> int:
-    """The most query tiles that `tokens` new tokens split over at most `seqs` sequences can need."""
-    return (tokens + (PREFILL_BLOCK_M - 1) * seqs) // PREFILL_BLOCK_M
+def tiles_for(tokens: int, block_m: int, seqs: int = MAX_PREFILL_SEQS) -> int:
+    """The most query tiles of `block_m` rows that `tokens` new tokens split over at most `seqs` sequences can need."""
+    return (tokens + (block_m - 1) * seqs) // block_m
 
 
 class PrefillLayout(NamedTuple):
@@ -74,6 +74,7 @@ class PrefillLayout(NamedTuple):
     seqs: int  # sequence rows of the per-sequence fields
     tiles: int  # tile rows
     max_blocks: int  # block-table width
+    tile: PrefillTile = PREFILL_TILE  # the prefill kernel's, for which the tile rows are made
 
     @property
     def query_start(self) -> int:  # seqs + 1 entries
@@ -141,7 +142,7 @@ def pack_prefill(inputs: Sequence[StepInput], block_size: int, layout: PrefillLa
     out[layout.seq_lens: layout.seq_lens + k] = starts + lengths
     out[layout.last: layout.last + seqs] = 0
     out[layout.last: layout.last + k] = ends - 1
-    tile_seqs, offsets = prefill_tiles(lengths, PREFILL_BLOCK_M)
+    tile_seqs, offsets = prefill_tiles(lengths, layout.tile.block_m)
     out[layout.tile_seqs: layout.tile_seqs + layout.tiles] = 0
     out[layout.tile_seqs: layout.tile_seqs + len(tile_seqs)] = tile_seqs
     out[layout.tile_offsets: layout.tile_offsets + layout.tiles] = rows  # past sequence 0's tokens: does nothing
@@ -159,7 +160,9 @@ class PrefillGraphs:
         self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
         self.sizes = prefill_bucket_sizes(min(max_tokens, MAX_PREFILL_GRAPH_TOKENS))
         rows = self.sizes[-1]
-        self.layout = PrefillLayout(rows, MAX_PREFILL_SEQS, tiles_for(rows), max_blocks_per_seq)
+        # the activations' dtype: the first parameter's, the embedding's (as the runner reads it)
+        tile = prefill_tile(model.spec.head_dim, next(model.parameters()).dtype)
+        self.layout = PrefillLayout(rows, MAX_PREFILL_SEQS, tiles_for(rows, tile.block_m), max_blocks_per_seq, tile)
         self.buffer = torch.zeros(self.layout.size, dtype=torch.long, device=device)
         self.staging = PinnedStaging(tuple(self.buffer.shape), self.buffer.dtype)
         self.logits = torch.empty((MAX_PREFILL_SEQS, model.spec.vocab_size), dtype=torch.float32,
@@ -186,7 +189,8 @@ class PrefillGraphs:
             query_lens_host=[bucket] * seqs,  # unread: the tiles below stand for them
             seq_lens_host=[lay.max_blocks * self.block_size] * seqs,
         )
-        meta.derived["triton_prefill_tiles"] = buf[lay.tile_seqs: lay.tables].view(2, lay.tiles)[:, :tiles_for(bucket)]
+        tiles = buf[lay.tile_seqs: lay.tables].view(2, lay.tiles)[:, :tiles_for(bucket, lay.tile.block_m)]
+        meta.derived["triton_prefill_tiles"] = (tiles, lay.tile)
         return ids, positions, meta
 
     @property
