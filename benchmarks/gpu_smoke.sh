@@ -11,6 +11,7 @@
 # Measured on an H200 (2026-11-28, seconds, each with a Python start, CUDA init and first Triton compiles):
 # lora_step 35, lora_kernels 8, gemv_kernels 8, decode_attention 7, decode_b1 38, spec_decode 24, gpu_families 35,
 # gpu_moe_profile 20; http_vs_core ran past its 60 s. Guesses: decode_b1_timers 20, gpu_quant 40, gpu_bench 100.
+# gpu_load_profile, prefill_attention and gemm_shapes (issue 48) ran at full size on 2026-11-29, not yet as these entries.
 # Not entries: benchmarks/gpu_models.py (a library: gpu_bench, decode_b1 and http_vs_core run it), and the other
 # gpu_*.sh scripts, which are these modules at real shapes (no quick mode) plus the CUDA test files.
 W=/tmp/gpu_smoke
@@ -26,6 +27,9 @@ ENTRIES=(
   "gpu_moe_profile 60 python -m benchmarks.gpu_moe_profile --smoke --device cuda --steps 5 --profile-steps 1 --out $W/moe_profile"
   "gpu_quant 60 python -m benchmarks.gpu_quant --smoke --device cuda --out $W/quant"
   "http_vs_core 60 python -m benchmarks.http_vs_core --smoke --device cuda --rounds 1 --streams 4 --out $W/http_vs_core --work $W/models"
+  "gpu_load_profile 60 python -m benchmarks.gpu_load_profile --smoke --device cuda --shapes llama-3.1-8b --mix-shapes llama-3.1-8b --core-shapes llama-3.1-8b --out $W/load"
+  "prefill_attention 40 python -m benchmarks.cuda_prefill_attention --smoke --block-m 64,128 --num-warps 4 --num-stages 2 --calls 5"
+  "gemm_shapes 60 python -m benchmarks.gemm_shapes --smoke"
   "gpu_bench 130 python -m benchmarks.gpu_bench --smoke --device cuda --skip tserve,http_batch,http_api2,http_api4,http_batch_api2,http_batch_api4,http_batch_dp2 --out $W/gpu_bench --work $W/models"
 )
 if [[ ${1:-} == --list ]]; then
