@@ -2,7 +2,8 @@
 
 Request counters and latency histograms are observed by the gateway as requests flow; engine gauges
 (queue, running, KV blocks) are read from `engine.stats()` at scrape time by a custom collector, so
-they are never stale and cost nothing between scrapes.
+they are never stale and cost nothing between scrapes. Under --data-parallel-size the same gauges also come per
+engine core, as trtllm_gateway_engine_core_*{core="i"}, with each core's up and queued tokens.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gateway.triton_metrics import exposition
-from runtime.engine import Engine
+from runtime.engine import CoreStats, Engine, EngineStats
 
 PREFIX = "trtllm_gateway_"
 log = logging.getLogger("gateway.metrics")
@@ -37,17 +38,10 @@ class EngineStatsCollector(Collector):
         except Exception:  # a scrape must not fail because the engine is loading or gone
             log.debug("engine.stats() failed during scrape", exc_info=True)
             return
-        gauges = {
-            "requests_running": ("Requests holding KV blocks (prefilling or decoding).", s.running),
-            "requests_waiting": ("Requests queued, not yet scheduled.", s.waiting),
-            "requests_paused": ("Preempted requests waiting to resume.", s.paused),
-            "kv_blocks_used": ("KV cache blocks in use.", s.kv_blocks_used),
-            "kv_blocks_free": ("KV cache blocks free.", s.kv_blocks_free),
-            "kv_blocks_total": ("KV cache blocks in the pool.", s.kv_blocks_total),
-            "kv_tokens_per_block": ("Tokens per KV cache block.", s.kv_tokens_per_block),
-        }
-        for name, (doc, value) in gauges.items():
+        for name, (doc, value) in _load_gauges(s).items():
             yield GaugeMetricFamily(PREFIX + name, doc, value=value)
+        yield GaugeMetricFamily(PREFIX + "kv_tokens_per_block", "Tokens per KV cache block.",
+                                value=s.kv_tokens_per_block)
         counters = {
             "engine_iterations": ("Engine steps since start.", s.iterations),
             "engine_eager_iterations": ("Engine steps run op by op, not replayed from CUDA graphs or a compiled step.",
@@ -76,6 +70,44 @@ class EngineStatsCollector(Collector):
         for adapter, count in sorted(s.lora_requests.items()):
             per_adapter.add_metric([adapter], count)
         yield per_adapter
+        yield from _per_core(self._engine.core_stats())
+
+
+def _load_gauges(s: EngineStats) -> dict[str, tuple[str, int]]:
+    """The gauges of requests and KV blocks, by name: (help, value)."""
+    return {
+        "requests_running": ("Requests holding KV blocks (prefilling or decoding).", s.running),
+        "requests_waiting": ("Requests queued, not yet scheduled.", s.waiting),
+        "requests_paused": ("Preempted requests waiting to resume.", s.paused),
+        "kv_blocks_used": ("KV cache blocks in use.", s.kv_blocks_used),
+        "kv_blocks_free": ("KV cache blocks free.", s.kv_blocks_free),
+        "kv_blocks_total": ("KV cache blocks in the pool.", s.kv_blocks_total),
+    }
+
+
+def _per_core(cores: list[CoreStats]) -> Iterator[Metric]:
+    """Each engine core's figures under --data-parallel-size, labelled core="0", "1", ... (nothing for one core):
+    which core is down, which is loaded. The unlabelled families above are their sums over the live cores."""
+    if not cores:
+        return
+    families = {
+        "up": GaugeMetricFamily(PREFIX + "engine_core_up", "1 while the engine core takes requests; 0 while it starts "
+                                "or stops, or once it failed.", labels=["core"]),
+        "queued_tokens": GaugeMetricFamily(PREFIX + "engine_core_queued_tokens",
+                                           "Tokens the router counts on the core (prompt + most tokens to generate "
+                                           "of its unfinished requests); the next request goes to the fewest.",
+                                           labels=["core"]),
+    }
+    for index, core in enumerate(cores):
+        label = [str(index)]
+        families["up"].add_metric(label, int(core.up))
+        families["queued_tokens"].add_metric(label, core.queued_tokens)
+        for name, (doc, value) in _load_gauges(core.stats).items():
+            if name not in families:
+                families[name] = GaugeMetricFamily(PREFIX + "engine_core_" + name, doc.rstrip(".") + ", per engine core.",
+                                                   labels=["core"])
+            families[name].add_metric(label, value)
+    yield from families.values()
 
 
 class GatewayMetrics:

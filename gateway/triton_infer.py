@@ -88,8 +88,10 @@ def served_model_names(state: State) -> list[str]:
 
 
 def serving(state: State) -> bool:
-    """Readiness as Triton reports it: the engine serves, and the server is neither draining nor failed."""
-    return bool(state.engine.ready and not state.drain.draining and not state.fatal_error)
+    """Readiness as Triton reports it: the engine serves whole (not degraded: a data-parallel core died, as /health
+    says), and the server is neither draining nor failed."""
+    engine = state.engine
+    return bool(engine.ready and engine.degraded is None and not state.drain.draining and not state.fatal_error)
 
 
 def model_configuration(state: State, model: TritonModel) -> dict[str, Any]:

@@ -67,6 +67,15 @@ class EngineStats:
         return dataclasses.replace(self, memory_bytes=dict(self.memory_bytes), lora_requests=dict(self.lora_requests))
 
 
+@dataclass(frozen=True)
+class CoreStats:
+    """One engine core of several (--data-parallel-size): /metrics labels these figures by core."""
+
+    up: bool  # takes requests (started, not failed, not shutting down)
+    queued_tokens: int  # prompt + most tokens to generate of its unfinished requests, as the router counts them
+    stats: EngineStats  # its own figures (all zero once its process is gone: no requests, no blocks)
+
+
 class Engine(abc.ABC):
     """Generate deltas for requests; both backends implement this.
 
@@ -112,6 +121,10 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def stats(self) -> EngineStats: ...
+
+    def core_stats(self) -> list[CoreStats]:
+        """Each engine core's figures, in core order, where the engine has several (--data-parallel-size); else []."""
+        return []
 
     @property
     def ready(self) -> bool:

@@ -6,7 +6,7 @@ the core runtime/process/router.py picks (the fewest queued tokens; a cached pre
 core's EngineClient, which keeps its process, sockets and deltas. A core that dies fails its own requests (each
 stream ends with an error) and gets no more; the others serve on, and `degraded` turns /health to 503 until the
 server is restarted. The server exits only when no core is left. LoRA adapters are loaded into and unloaded from
-every core; stats are summed over the cores.
+every core; stats are summed over the cores, and `core_stats` gives each core's own (/metrics labels them by core).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from runtime.async_engine import AsyncEngine
 from runtime.config import EngineConfig
 from runtime.default_model import gguf_to_convert
 from runtime.delivery import Mailbox
-from runtime.engine import EngineStats, ModelInfo
+from runtime.engine import CoreStats, EngineStats, ModelInfo
 from runtime.errors import EngineNotReadyError, InvalidRequestError
 from runtime.process.client import EngineClient
 from runtime.process.router import Router
@@ -168,6 +168,12 @@ class DataParallelEngine(AsyncEngine):
                 else:
                     setattr(total, field.name, mine + theirs)
         return total
+
+    def core_stats(self) -> list[CoreStats]:
+        """Each core's figures for /metrics, so that an operator sees which core is down or loaded."""
+        return [CoreStats(core.ready, self.router.queued[index],
+                          EngineStats() if core._failure is not None else core.stats())
+                for index, core in enumerate(self.cores)]
 
     # ---- LoRA adapters: every core serves every adapter ----------------------------------------
     def lora_adapters(self) -> dict[str, str] | None:

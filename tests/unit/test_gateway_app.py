@@ -183,6 +183,7 @@ def test_metrics_exposes_requests_latencies_tokens_and_engine_gauges(client: Tes
     assert "trtllm_gateway_generation_tokens_total 3.0" in text
     assert "trtllm_gateway_kv_blocks_total 10.0" in text
     assert "trtllm_gateway_requests_running 0.0" in text
+    assert "engine_core" not in text  # one engine core: no per-core series (--data-parallel-size has them)
 
 
 # ----- completions / chat over the scripted engine -----

@@ -1,5 +1,6 @@
 """runtime/process/router.py: which engine core a request goes to under --data-parallel-size; and what
-runtime/process/data_parallel.py does with its cores besides (summed stats, adapters on every core, aborts)."""
+runtime/process/data_parallel.py does with its cores besides (summed stats, per-core figures on /metrics, adapters on
+every core, aborts)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from gateway.metrics import GatewayMetrics
 from runtime.async_engine import AsyncEngine
 from runtime.config import EngineConfig
 from runtime.engine import EngineStats
@@ -122,6 +125,34 @@ def test_stats_are_summed_adapters_go_to_every_live_core_and_aborts_to_the_owner
     engine.abort("unknown")
     assert two.calls[-1] == ("abort", "r") and len(one.calls) == 1
     assert engine.degraded == "engine core 2: exited (exit code -9)"
+
+
+def test_metrics_label_each_cores_figures_and_show_the_dead_one_down() -> None:
+    """/metrics as an operator reads it: each core's up, queued tokens, requests and KV blocks under core="i"; the
+    dead core is up 0 with nothing held; the unlabelled families stay the live cores' sums."""
+    loaded = FakeCore(EngineStats(running=3, waiting=2, kv_blocks_total=100, kv_blocks_used=60, kv_blocks_free=40))
+    idle = FakeCore(EngineStats(running=0, kv_blocks_total=100, kv_blocks_free=100))
+    dead = FakeCore(EngineStats(running=4, kv_blocks_total=100, kv_blocks_used=90), ready=False)  # its last figures
+    engine = _engine([loaded, idle, dead])
+    engine.router = Router(3, block_size=4)
+    engine.router.pick("a", [1, 2, 3], 7)  # 10 tokens on core 0
+    engine.router.pick("b", [4, 5], 3)  # 5 on core 1
+    metrics = GatewayMetrics()
+    metrics.watch_engine(engine)
+    samples = {(sample.name, tuple(sample.labels.items())): sample.value
+               for family in text_string_to_metric_families(metrics.exposition().decode())
+               for sample in family.samples}
+
+    def per_core(name: str) -> list[float]:
+        return [samples[("trtllm_gateway_engine_core_" + name, (("core", str(core)),))] for core in range(3)]
+
+    assert per_core("up") == [1, 1, 0]
+    assert per_core("queued_tokens") == [10, 5, 0]
+    assert per_core("requests_running") == [3, 0, 0] and per_core("requests_waiting") == [2, 0, 0]
+    assert per_core("kv_blocks_used") == [60, 0, 0] and per_core("kv_blocks_free") == [40, 100, 0]
+    assert per_core("kv_blocks_total") == [100, 100, 0]
+    assert samples[("trtllm_gateway_requests_running", ())] == 3
+    assert samples[("trtllm_gateway_kv_blocks_total", ())] == 200
 
 
 def test_a_consumer_that_leaves_early_has_its_request_ended_in_its_core(monkeypatch: pytest.MonkeyPatch) -> None:
