@@ -18,8 +18,8 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
