@@ -10,6 +10,7 @@ torch, Triton and the tiny models, about 30 s of CPU over the seven files)."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
@@ -18,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -31,6 +33,34 @@ UNUSED_PLUGINS = ("langsmith_plugin", "schemathesis", "hypothesispytest", "bench
 CHILD_TIMEOUT = 900.0  # s: the seven files take about 90 s alone, more beside the workers
 
 ROOT = Path(__file__).resolve().parent.parent  # pytest's rootdir (pyproject.toml): node ids are relative to it
+
+
+def _patch_helpers_once() -> None:
+    """Triton's interpreter patches triton.language (some 250 builtins, each listed with inspect.getmembers) at each
+    kernel launch, and again at each call of a @triton.jit helper inside the kernel, where the launch has patched
+    it already: most of the interpreter run's CPU that is not the kernels' own. A helper's call is left to the
+    launch's patching when every language module it sees is patched (its program_id is no longer the builtin); a
+    launch patches, and afterwards restores, as Triton does."""
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:  # no Triton: the kernel tests skip
+        return
+    patch_lang = getattr(interpreter, "_patch_lang", None)
+    if patch_lang is None or not hasattr(interpreter, "_LangPatchScope"):  # another Triton: as it is
+        return
+
+    def patch_unless_patched(fn: Any) -> Any:
+        langs = [v for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)]
+        if langs and not any(tl.core.is_builtin(lang.program_id) for lang in langs):
+            return interpreter._LangPatchScope()  # nothing to restore
+        return patch_lang(fn)
+
+    interpreter._patch_lang = patch_unless_patched
+
+
+if os.environ.get("TRITON_INTERPRET") == "1" and not torch.cuda.is_available():
+    _patch_helpers_once()
 
 
 _folder: Path | None = None  # where the run's child writes its output (start_interpreter_run)

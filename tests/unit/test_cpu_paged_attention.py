@@ -138,3 +138,15 @@ def test_a_build_lock_left_by_a_killed_process_is_removed_and_a_fresh_one_kept(t
     mtime = lock.stat().st_mtime
     assert not clear_stale_lock(tmp_path, now=mtime + STALE_LOCK_S / 2) and lock.exists()  # a build under way
     assert clear_stale_lock(tmp_path, now=mtime + STALE_LOCK_S + 1) and not lock.exists()
+
+
+def test_the_package_ships_every_file_the_kernel_build_reads() -> None:
+    """An installed wheel (pip install, not -e) holds the sources and the header that build_kernel hashes and
+    compiles: the header was left out of the package data, and a start from such an install failed reading it."""
+    tomllib = pytest.importorskip("tomllib")
+    from fnmatch import fnmatch
+
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    shipped = pyproject["tool"]["setuptools"]["package-data"]["runtime.native.cpu"]
+    for needed in (*paged_attention._SOURCES, paged_attention._HEADER):
+        assert any(fnmatch(needed.name, pattern) for pattern in shipped), f"{needed.name} is not in the package"

@@ -30,9 +30,11 @@ from runtime.native.models.attention import (
 from runtime.native.models.kv_scales import FP8, UNIT, KvScales
 
 logger = logging.getLogger(__name__)
-# one extension: the decode-attention kernel, the int4/int8 products and the whole decode step, which calls both
-_SOURCES = [Path(__file__).with_name(name) for name in
-            ("paged_decode_attention.cpp", "quantized_linear.cpp", "decode_step.cpp", "spread.cpp")]
+# one extension: the decode-attention kernel, the int4/int8 products and the whole decode step, which calls both,
+# compiled as the one unit that includes them all (_UNIT: torch's headers read once)
+_UNIT = Path(__file__).with_name("cpu_kernels.cpp")
+_SOURCES = [_UNIT, *(Path(__file__).with_name(name) for name in
+                     ("paged_decode_attention.cpp", "quantized_linear.cpp", "decode_step.cpp", "spread.cpp"))]
 _HEADER = Path(__file__).with_name("cpu_kernels.h")
 STALE_LOCK_S = 600.0  # a build lock this old was left by a process killed mid-build (a build takes about 10 s)
 
@@ -80,7 +82,7 @@ def build_kernel() -> bool:
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
         clear_stale_lock(build_dir)
-        cpp_extension.load(name=name, sources=[str(p) for p in _SOURCES], is_python_module=False,
+        cpp_extension.load(name=name, sources=[str(_UNIT)], is_python_module=False,
                            extra_cflags=["-O3", "-march=native"], build_directory=str(build_dir))
     except Exception as exc:  # noqa: BLE001 - any failure to build leaves the reference backend serving
         logger.warning("CPU: no paged decode-attention kernel (%s: %s); decode attention gathers the cache instead",

@@ -21,16 +21,17 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import gguf
 import torch
 from gguf import GGUFReader, Keys
 from gguf.quants import dequantize
 from tqdm.auto import tqdm
 
-from runtime.model_spec import DEFAULT_ARCHITECTURES
-from runtime.native.device import DTYPES
 from runtime.gguf_cache import (
     CacheFolderError,
     check_room,
@@ -40,6 +41,8 @@ from runtime.gguf_cache import (
     exact_dtype,
     gguf_file,
 )
+from runtime.model_spec import DEFAULT_ARCHITECTURES
+from runtime.native.device import DTYPES
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +136,9 @@ def _convert(gguf_file: Path, out: Path, dtype: str) -> str:
         if tensor.tensor_type.name not in SUPPORTED_TYPES:
             raise ValueError(f"{gguf_file}: tensor {tensor.name} has quantization type {tensor.tensor_type.name}, "
                              f"which is not supported. Supported types: {', '.join(SUPPORTED_TYPES)}.")
-    config = AutoConfig.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
-    tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+    with _read_once(reader, gguf_file):
+        config = AutoConfig.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
     target = DTYPES[exact_dtype(reader) if dtype == "auto" else dtype]
 
     tensors: dict[str, torch.Tensor] = {}
@@ -171,6 +175,21 @@ def _convert(gguf_file: Path, out: Path, dtype: str) -> str:
     generation.eos_token_id = _stop_ids(reader)
     generation.save_pretrained(out)
     return str(target).removeprefix("torch.")
+
+
+@contextmanager
+def _read_once(reader: GGUFReader, gguf_file: Path) -> Iterator[None]:
+    """transformers' config and tokenizer loads of a GGUF file each parse its metadata again with gguf.GGUFReader
+    (2.5 s each for SmolLM2's 49k-token vocabulary, on the 2-core box): hand them `reader`, which parsed it once
+    (they only read it). Other files are parsed as before."""
+    parse = gguf.GGUFReader
+    wanted = gguf_file.resolve()
+    gguf.GGUFReader = lambda path, *args, **kwargs: (  # type: ignore[misc]
+        reader if Path(path).resolve() == wanted and not args and not kwargs else parse(path, *args, **kwargs))
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = parse  # type: ignore[misc]
 
 
 def _hf_name(gguf_name: str, architecture: str) -> str | None:
