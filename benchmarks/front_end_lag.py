@@ -30,7 +30,7 @@ from runtime.config import EngineConfig
 from runtime.engine import EngineStats
 from runtime.process.client import EngineClient, FrontEnd
 from runtime.process.messages import (
-    Abort, AddRequest, Ready, Shutdown, StepOutputs, encoder, to_core,
+    Abort, AddRequest, Attach, Ready, Shutdown, StepOutputs, encoder, to_core,
 )
 from runtime.request import OutputDelta, Usage
 
@@ -42,6 +42,10 @@ def synthetic_core(folder: str, step_s: float) -> None:
     receiver, sender = context.socket(zmq.PULL), context.socket(zmq.PUSH)
     receiver.connect(addresses.to_core)
     sender.connect(addresses.to_front_end)
+    # Ready answers the front end's Attach, as a real core answers a front end it did not start: sent unasked, it
+    # could arrive before this core's inbox had connected, and the first request then failed with zmq.Again
+    while not isinstance(to_core.decode(receiver.recv()), Attach):
+        pass
     sender.send(encoder.encode(Ready({}, EngineStats(), os.getpid())))
     running: dict[str, list[int]] = {}  # request id -> [tokens given, max_tokens, prompt tokens]
     next_step = time.perf_counter()
