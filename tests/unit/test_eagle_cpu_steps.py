@@ -18,7 +18,7 @@ from runtime.native.models.cpu_weights import prepare_cpu_weights
 from runtime.native.sampler import Sampler
 from runtime.native.speculative import guard
 from runtime.native.step_inputs import StepInput, StepInputs
-from tests.engine_harness import collect, request, running_engine
+from tests.engine_harness import request, running_engine
 from tests.tiny_models import build_tiny_model
 from tests.unit.test_spec_eagle import write_head
 from tests.unit.test_spec_engine import prompts, run_all
