@@ -5,6 +5,7 @@ plain greedy's."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from runtime.native.speculative import guard
 from runtime.native.step_inputs import StepInput, StepInputs
 from tests.engine_harness import request, running_engine
 from tests.tiny_models import build_tiny_model
-from tests.unit.test_spec_eagle import write_head
+from tests.unit.test_spec_eagle import write_eagle3, write_head
 from tests.unit.test_spec_engine import prompts, run_all
 
 BS = 4
@@ -160,3 +161,14 @@ async def test_plain_steps_the_guard_chooses_under_eagle_run_the_c_plus_plus_ste
                                                  speculative_guard=True)
     assert got == want
     assert drafted == 0 and eager == 0 and without == 0
+
+
+async def test_an_eagle3_head_keeps_the_steps_op_by_op(tmp_path: Path) -> None:
+    """An EAGLE-3 head reads the inputs of some of the target's layers (forward hooks), which the C++ step does not
+    hand out: no C++ or compiled steps then, and its drafts come from the layers' real inputs."""
+    target = build_tiny_model(tmp_path, "llama", num_hidden_layers=6)
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    (tmp_path / "eagle3").mkdir()
+    head = write_eagle3(tmp_path / "eagle3", 64, vocab, vocab // 2)
+    async with running_engine(target, speculative="eagle", draft_model=head, **FAST) as engine:
+        assert engine.runner.graphs is None
