@@ -42,6 +42,7 @@ from runtime.native.sampler import Sampler
 from runtime.native.scheduler import Scheduler
 from runtime.served_model import describe_served_model
 from runtime.native.speculative import build_speculator, load_proposer
+from runtime.native.speculative.eagle import EagleProposer
 from runtime.startup import StartupPhases
 from runtime.tokenizer import Tokenizer
 
@@ -158,10 +159,11 @@ def _load(cfg: EngineConfig, model: ModelDescription, phases: StartupPhases, on_
     # which inductor cannot call: 45 vs 52 ms a SmolLM2 step on the 2-core box, RESULTS.md); it is warmed up
     # in one more block, which the block manager never hands out
     # the CPU's C++ and compiled steps read 16- or 32-bit caches (an FP8 cache runs eager over the reference
-    # attention), do not tell the other tensor-parallel ranks (eager steps there), and keep no hidden states for an
-    # EAGLE head (runtime/native/speculative/eagle.py reads those of eager steps)
+    # attention) and do not tell the other tensor-parallel ranks (eager steps there); they hand out the final hidden
+    # states an EAGLE head reads, not the inputs of the target's layers that an EAGLE-3 head reads (forward hooks,
+    # which only steps run op by op call: runtime/native/speculative/eagle.py)
     cpu_steps = (device.type == "cpu" and cfg.cpu_compile and kv_dtype == dtype and peers is None
-                 and cfg.speculative != "eagle")
+                 and not (isinstance(proposer, EagleProposer) and proposer.reads_layer_inputs))
     native = cpu_steps and supports(weights) is None
     compile_steps = cpu_steps and not native and (quantization != "none" or dtype != torch.bfloat16)
     runner.allocate_kv_cache(blocks + compile_steps, kv_dtype)

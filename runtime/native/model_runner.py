@@ -82,6 +82,13 @@ class Forward(NamedTuple):
     are_logits: bool
     decode: DecodeOutput | None = None
 
+    @property
+    def hidden(self) -> torch.Tensor | None:
+        """The final hidden states of every row, where the step has them."""
+        if not self.are_logits:
+            return self.values
+        return self.decode.hidden if self.decode is not None else None
+
 
 def _split_rows(inputs: StepInputs, most: int, prompt_row: int) -> list[int]:
     """Row of each input's first new token in the logits of a step split in two: every token of the inputs of at
@@ -136,8 +143,9 @@ class ModelRunner:
         self.last_sampled: torch.Tensor | None = None  # the last launch's sampled ids, on the device
         self.eager_steps = 0  # steps run op by op, not replayed from graphs (or a compiled step on CPU)
         self.peers: Workers | None = None  # the other tensor-parallel ranks (rank 0 only; set by the loader)
-        # EAGLE drafting reads the target's final hidden states: every step then runs op by op, and `hidden` holds the
-        # last launch's (all rows, where each input's rows start)
+        # EAGLE drafting reads the target's final hidden states: steps then run op by op, or through decode steps that
+        # hand them out (the CPU's C++ and compiled steps: `hands_out_hidden`), and `hidden` holds the last launch's
+        # (all rows, where each input's rows start)
         self.keep_hidden = False
         self.hidden: tuple[torch.Tensor, list[int]] | None = None
         if self.device.type == "cuda":
@@ -211,7 +219,8 @@ class ModelRunner:
         self.copy_blocks(copies)
         forward = self._forward(inputs, self.last_sampled)
         self.last_sampled = None
-        self.hidden = (forward.values, forward.first_rows) if self.keep_hidden and not forward.are_logits else None
+        hidden = forward.hidden if self.keep_hidden else None
+        self.hidden = (hidden, forward.first_rows) if hidden is not None else None
         # Rows needing logits: every new token of inputs that return all logits, else the last one; each sample row
         # is drawn from its input's last row in `logits`.
         rows: list[int] = []
@@ -295,7 +304,9 @@ class ModelRunner:
         instead of a few hundred (streams whose requests end at different steps bring a prompt to almost every
         step; run op by op those steps held the engine core to a third of its decode rate, RESULTS.md).
         """
-        graphs, prefill = (None, None) if self.keep_hidden else (self.graphs, self.prefill_graphs)
+        graphs, prefill = self.graphs, self.prefill_graphs
+        if self.keep_hidden:  # (prefill and mixed graphs hand out logits only)
+            graphs, prefill = graphs if graphs is not None and graphs.hands_out_hidden else None, None
         if graphs is not None and graphs.accepts(inputs):
             if self.peers is None:
                 out = graphs.run(inputs, last_sampled, self.block_tables)  # one row per new token, in order

@@ -331,7 +331,7 @@ async def test_no_speculation_in_steps_where_more_sequences_decode_than_the_limi
 async def test_the_guard_keeps_greedy_output_equal_to_plain_greedy(pair, mode: str) -> None:
     """The product's guard (plain steps where measured ones beat speculation; runtime/native/speculative/guard.py) switches
     between speculating and plain steps mid-request, by this machine's timings: the output equals plain greedy
-    whichever steps speculated, and each count of sequences begins by speculating."""
+    whichever steps speculated, and speculation is measured (after a few plain steps at each count of sequences)."""
     target, draft = pair
     ps = prompts(4, seed=13)
     want = await plain_greedy(target, ps, 40)

@@ -1,5 +1,5 @@
-"""SpeculationGuard (runtime/native/speculative/guard.py) on a fake clock: it speculates first, compares with plain steps,
-keeps the faster kind at each number of decoding sequences, looks at the other kind again now and then (speculation
+"""SpeculationGuard (runtime/native/speculative/guard.py) on a fake clock: it measures plain steps first, then
+speculation (a few steps where it is far behind), keeps the faster kind at each number of decoding sequences, looks at the other kind again now and then (speculation
 again after a wait that doubles while it keeps losing), keeps plain steps where speculation wins by less than its
 margin, and never charges a step with time that is not its own."""
 
@@ -33,8 +33,10 @@ def run(guard: SpeculationGuard, clock: Clock, steps: int, decoding: int, spec_c
     return kinds
 
 
-# speculation first; the first plain step after it is not recorded
-EXPLORE = [True] * MIN_SAMPLES[1] + [False] * (MIN_SAMPLES[0] + 1)
+# plain steps first (the first step follows none: not recorded), then speculation; SHORT_BURST steps where it is far
+# behind
+EXPLORE = [False] * (MIN_SAMPLES[0] + 1) + [True] * MIN_SAMPLES[1]
+FAR_EXPLORE = [False] * (MIN_SAMPLES[0] + 1) + [True] * SHORT_BURST
 PLAIN, SPEC = 0, 1
 
 
@@ -43,13 +45,15 @@ def starts(kinds: list[bool], kind: bool) -> list[int]:
     return [i for i, k in enumerate(kinds) if k == kind and (i == 0 or kinds[i - 1] != kind)]
 
 
-def test_speculates_first_then_compares_with_plain_steps_and_keeps_the_faster_kind() -> None:
-    for spec_cost, accepted, want in ((1.5, 4, True), (3.0, 4, False)):  # 8 tokens in 1.5 s or 3 s vs 4 in 1 s
+def test_measures_plain_steps_then_speculation_and_keeps_the_faster_kind() -> None:
+    # 8 tokens in 1.5 s, 2.2 s (behind 4 in 1 s, within FAR) or 6 s (far behind: measured in SHORT_BURST steps)
+    for spec_cost, accepted, want, explore in ((1.5, 4, True, EXPLORE), (2.2, 4, False, EXPLORE),
+                                               (6.0, 4, False, FAR_EXPLORE)):
         clock = Clock()
         guard = SpeculationGuard(clock)
         kinds = run(guard, clock, 60, 4, spec_cost, accepted)
-        assert kinds[: len(EXPLORE)] == EXPLORE
-        assert set(kinds[len(EXPLORE):]) == {want}
+        assert kinds[: len(explore)] == explore
+        assert set(kinds[len(explore):]) == {want}
         plain, spec = guard.tokens_per_s(4)  # type: ignore[misc]
         assert plain == 4.0 and spec == pytest.approx(8 / spec_cost)
 
@@ -90,7 +94,8 @@ def test_while_plain_steps_win_speculation_is_retried_after_a_doubling_wait(spec
     """2 tokens in 2.1 s (close to plain's 1 a second): long retries; in 3 s (far below): short ones."""
     clock = Clock()
     guard = SpeculationGuard(clock)
-    kinds = run(guard, clock, len(EXPLORE) + 8 * RETRY_STEPS, 1, spec_cost=spec_cost, spec_accepted=1)[len(EXPLORE):]
+    explore = len(EXPLORE if burst == BURST_STEPS[SPEC] else FAR_EXPLORE)
+    kinds = run(guard, clock, explore + 8 * RETRY_STEPS, 1, spec_cost=spec_cost, spec_accepted=1)[explore:]
     retries = starts(kinds, True)
     waits = [retries[0]] + [b - a - burst for a, b in zip(retries, retries[1:])]
     assert waits[:3] == [RETRY_STEPS - 1, 2 * RETRY_STEPS - 1, 4 * RETRY_STEPS - 1]
@@ -126,20 +131,26 @@ def test_steps_beside_prompts_idle_gaps_and_switches_are_not_recorded() -> None:
     clock.now += 1.0
     guard.begin_step(4, steady=True, eligible=False)  # none of them may draft (a plain step whatever the guard)
     clock.now += 70.0
-    assert guard.begin_step(4, steady=True) is True  # after a step where none may draft: not recorded
+    assert guard.begin_step(4, steady=True) is False  # after a step where none may draft: not recorded
     assert guard.tokens_per_s(3) is None and guard.tokens_per_s(4) is None
-    for _ in range(MIN_SAMPLES[SPEC] - 1):
+    for _ in range(MIN_SAMPLES[PLAIN] - 1):
+        clock.now += 1.0
+        assert guard.begin_step(4, steady=True) is False
+    clock.now += 1.0
+    assert guard.begin_step(4, steady=True) is True  # enough recorded (1 s, 4 tokens each): speculation next
+    rates = guard._rates[4]
+    assert rates.samples == [MIN_SAMPLES[PLAIN], 0] and rates.rate(False) == 4.0
+    for _ in range(SHORT_BURST - 1):
         clock.now += 2.0
         assert guard.begin_step(4, steady=True) is True
     clock.now += 2.0
-    assert guard.begin_step(4, steady=True) is False  # enough recorded (2 s, 4 tokens each): plain steps next
-    rates = guard._rates[4]
-    assert rates.samples == [0, MIN_SAMPLES[SPEC]] and rates.rate(True) == 2.0
+    assert guard.begin_step(4, steady=True) is False  # far behind (2 s, 4 tokens each): plain steps next
+    assert rates.samples == [MIN_SAMPLES[PLAIN], SHORT_BURST] and rates.rate(True) == 2.0
     clock.now += 0.1  # the first plain step after speculation launched ahead: not recorded
     assert guard.begin_step(4, steady=True) is False
     clock.now += 1.0
     assert guard.begin_step(4, steady=True) is False
-    assert rates.samples == [1, MIN_SAMPLES[SPEC]] and rates.rate(False) == 4.0
+    assert rates.samples == [MIN_SAMPLES[PLAIN] + 1, SHORT_BURST] and rates.rate(False) == 4.0
 
 
 def test_the_first_speculating_step_after_plain_ones_is_charged_to_speculation() -> None:

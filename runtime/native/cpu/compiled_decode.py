@@ -21,6 +21,8 @@ and takes the same decode-shaped rows (runtime/native/cuda/graphs.py's pack_rows
   compiled path is turned off with a warning.
 - Inductor keeps its generated code in its on-disk cache ($TORCHINDUCTOR_CACHE_DIR), so a restart compiles
   faster. Steps with a LoRA adapter run eagerly.
+- A step hands out the final hidden states beside the logits (an EAGLE head's input: the head's product reads them
+  anyway, so keeping them costs nothing).
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ ROW_COUNTS = (1,)
 class CompiledDecode:
     """`model`'s decode-shaped steps of `row_counts` rows, compiled (see the module docstring)."""
 
+    hands_out_hidden = True  # DecodeOutput.hidden: an EAGLE head's input (runtime/native/speculative/eagle.py)
+
     def __init__(self, model: CausalLM, kv_caches: list[torch.Tensor], block_size: int, max_blocks_per_seq: int,
                  lora: LoraBatch | None = None, row_counts: tuple[int, ...] = ROW_COUNTS) -> None:
         self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
@@ -73,7 +77,8 @@ class CompiledDecode:
         # cpp_wrapper: the graph's calls run from generated C++, not from a generated Python function
         self.compiled = torch.compile(self._forward, fullgraph=True, options={"freezing": True, "cpp_wrapper": True})
 
-    def _forward(self, packed: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def _forward(self, packed: torch.Tensor, blocks: torch.Tensor,
+                 bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         meta = AttentionMetadata(  # what decode attention reads; the rest is unread in a decode step
             query_start_loc=packed[LENGTHS], context_lens=packed[LENGTHS], seq_lens=packed[LENGTHS],
             block_tables=blocks, slot_mapping=packed[SLOTS], block_size=self.block_size, max_query_len=1,
@@ -81,7 +86,7 @@ class CompiledDecode:
         )
         meta.derived[("cpu_decode", self.dtype, packed.device)] = (blocks, bias)
         hidden = self.model(packed[IDS], packed[POSITIONS], self.kv_caches, meta)
-        return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden), hidden
 
     def accepts(self, inputs: StepInputs) -> bool:
         """A compiled row count of new tokens, at most MAX_ROWS_PER_SEQ per input, and no adapter."""
@@ -91,14 +96,16 @@ class CompiledDecode:
     @torch.inference_mode()
     def run(self, inputs: StepInputs, last_sampled: torch.Tensor | None,
             resident: BlockTables | None = None) -> DecodeOutput:
-        """Float32 logits [new tokens, vocab] (no greedy ids: the sampler takes them). `last_sampled`: the
-        previous launch's sampled ids (ModelRunner); `resident`: as for DecodeGraphs.run."""
+        """Float32 logits [new tokens, vocab] and the final hidden states (no greedy ids: the sampler takes them).
+        `last_sampled`: the previous launch's sampled ids (ModelRunner); `resident`: as for DecodeGraphs.run."""
         columns, tables = pack_rows(inputs, self.block_size, resident)
         packed = torch.from_numpy(columns)
         fill_pending(inputs, packed[IDS], last_sampled)
-        return DecodeOutput(self._step(packed, torch.from_numpy(tables), compile_allowed=False))
+        logits, hidden = self._step(packed, torch.from_numpy(tables), compile_allowed=False)
+        return DecodeOutput(logits, hidden=hidden)
 
-    def _step(self, packed: torch.Tensor, tables: torch.Tensor, compile_allowed: bool) -> torch.Tensor:
+    def _step(self, packed: torch.Tensor, tables: torch.Tensor,
+              compile_allowed: bool) -> tuple[torch.Tensor, torch.Tensor]:
         if self.lora is not None:
             self.lora.clear()  # an eager adapter step may have left it on; the graphs run without adapters
         num_blocks = max(-(-int(packed[LENGTHS].max()) // self.block_size), MIN_BLOCKS)

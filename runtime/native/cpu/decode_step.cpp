@@ -1,7 +1,9 @@
 // A whole decode step of a Llama-shaped model with int4 projections and an int8 output head, in C++: the embedding,
 // every layer (RMSNorm, the int4 q/k/v projection, RoPE, the K/V write into the paged cache, paged decode
-// attention, o_proj, the residual adds, the gated MLP) and the head, for N decode-shaped rows, in one call.
-// runtime/native/cpu/native_decode.py says when it runs and which weights it takes.
+// attention, o_proj, the residual adds, the gated MLP) and the head, for N decode-shaped rows, in one call. It hands
+// out the final (normed) hidden states too, which an EAGLE head reads (runtime/native/speculative/eagle.py): they are
+// the head's input, so they cost nothing to keep. runtime/native/cpu/native_decode.py says when it runs and which
+// weights it takes.
 //
 // Why: eagerly, a step of SmolLM2 is about 60 PyTorch operators per layer, each a Python dispatch that does little
 // work (at one stream most of the step); torch.compile removes them but costs a minute at every start. Here the
@@ -15,6 +17,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include "cpu_kernels.h"
@@ -76,7 +79,7 @@ void rope(T* x, int64_t heads, int64_t dim, const float* cos, const float* sin) 
 }
 
 template <typename T>
-at::Tensor step(const at::Tensor& rows, const at::Tensor& tables, at::TensorList w, at::TensorList kv_caches,
+std::tuple<at::Tensor, at::Tensor> step(const at::Tensor& rows, const at::Tensor& tables, at::TensorList w, at::TensorList kv_caches,
                 const at::Tensor& cos_cache, const at::Tensor& sin_cache, double eps, double attn_scale, int64_t heads,
                 int64_t kv_heads, int64_t head_dim) {
   const int64_t vocab = w[kEmbed].size(0), n = rows.size(1), hidden = w[kEmbed].size(1), layers = kv_caches.size();
@@ -138,13 +141,14 @@ at::Tensor step(const at::Tensor& rows, const at::Tensor& tables, at::TensorList
   add_norm(xp, layers > 0 ? op : nullptr, w[kFinalNorm].data_ptr<T>(), hp, n, hidden, norm_eps);
   at::Tensor logits = at::empty({n, vocab}, options);
   trtllm_gateway_cpu::int8_linear_into(h, w[kHead], w[kHeadScale], logits);
-  return logits.to(at::kFloat);
+  return {logits.to(at::kFloat), h};
 }
 
 // rows: int64 [>= 4, N] (ids, positions, KV slots, lengths counting the new token); tables: int32 [N, blocks];
 // weights: see kEmbed.. and Layer; kv_caches: one [2, blocks, block_size, kv_heads, head_dim] per layer;
-// cos/sin: float32 [positions, head_dim / 2]. Returns float32 logits [N, vocab].
-at::Tensor llama_decode_step(const at::Tensor& rows, const at::Tensor& tables, at::TensorList weights,
+// cos/sin: float32 [positions, head_dim / 2]. Returns float32 logits [N, vocab] and the final hidden states [N, hidden]
+// (the weights' dtype).
+std::tuple<at::Tensor, at::Tensor> llama_decode_step(const at::Tensor& rows, const at::Tensor& tables, at::TensorList weights,
                              at::TensorList kv_caches, const at::Tensor& cos_cache, const at::Tensor& sin_cache,
                              double eps, double attn_scale, int64_t heads, int64_t kv_heads, int64_t head_dim) {
   TORCH_CHECK(rows.scalar_type() == at::kLong && rows.dim() == 2 && rows.size(0) > kLengths && rows.is_contiguous(),
@@ -168,6 +172,6 @@ at::Tensor llama_decode_step(const at::Tensor& rows, const at::Tensor& tables, a
 
 TORCH_LIBRARY_FRAGMENT(trtllm_gateway_cpu, m) {
   m.def("llama_decode_step(Tensor rows, Tensor tables, Tensor[] weights, Tensor[] kv_caches, Tensor cos_cache, "
-        "Tensor sin_cache, float eps, float attn_scale, int heads, int kv_heads, int head_dim) -> Tensor");
+        "Tensor sin_cache, float eps, float attn_scale, int heads, int kv_heads, int head_dim) -> (Tensor, Tensor)");
   m.impl("llama_decode_step", c10::DispatchKey::CPU, TORCH_FN(llama_decode_step));
 }

@@ -69,7 +69,10 @@ def _int4(linear: Linear) -> list[torch.Tensor]:
 
 
 class NativeDecode:
-    """`model`'s decode-shaped steps through the C++ step; the same interface as CompiledDecode (`accepts`, `run`)."""
+    """`model`'s decode-shaped steps through the C++ step; the same interface as CompiledDecode (`accepts`, `run`,
+    `hands_out_hidden`)."""
+
+    hands_out_hidden = True  # DecodeOutput.hidden: an EAGLE head's input (runtime/native/speculative/eagle.py)
 
     def __init__(self, model: CausalLM, kv_caches: list[torch.Tensor], block_size: int, max_blocks_per_seq: int,
                  lora: LoraBatch | None = None) -> None:
@@ -95,14 +98,15 @@ class NativeDecode:
     @torch.inference_mode()
     def run(self, inputs: StepInputs, last_sampled: torch.Tensor | None,
             resident: BlockTables | None = None) -> DecodeOutput:
-        """Float32 logits [new tokens, vocab]; `last_sampled` and `resident` as for CompiledDecode.run."""
+        """Float32 logits [new tokens, vocab] and the final hidden states; `last_sampled` and `resident` as for
+        CompiledDecode.run."""
         if self.lora is not None:
             self.lora.clear()  # an eager adapter step may have left it on
         columns, tables = pack_rows(inputs, self.block_size, resident)
         rows = torch.from_numpy(columns)
         fill_pending(inputs, rows[IDS], last_sampled)
         scale, heads, kv_heads, head_dim = self.shape
-        logits = torch.ops.trtllm_gateway_cpu.llama_decode_step(
+        logits, hidden = torch.ops.trtllm_gateway_cpu.llama_decode_step(
             rows, torch.from_numpy(tables).contiguous(), self.weights, self.kv_caches, self.cos, self.sin, self.eps,
             scale, heads, kv_heads, head_dim)
-        return DecodeOutput(logits)
+        return DecodeOutput(logits, hidden=hidden)

@@ -144,6 +144,8 @@ def capture_buckets(sizes: Sequence[Any], forward: Callable[[Any], object],
 class DecodeGraphs:
     """Captured decode-shaped steps of `model` over `kv_caches` (see the module docstring)."""
 
+    hands_out_hidden = False  # logits only: an engine with an EAGLE head runs its steps op by op
+
     def __init__(self, model: CausalLM, kv_caches: list[torch.Tensor], block_size: int, max_rows: int,
                  max_blocks_per_seq: int, lora: LoraBatch | None = None,
                  lora_version: Callable[[], int] = lambda: 0) -> None:

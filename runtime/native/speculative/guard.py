@@ -6,9 +6,10 @@ That balance depends on the hardware as much as on the proposer: on a compute-bo
 K+1 plain steps and speculation lost at one stream (0.49-0.82x), where a memory-bound GPU gained (benchmarks/RESULTS.md).
 So under the configured limit the guard measures, for each number of decoding sequences d, the tokens per second of
 steps that may speculate and of plain steps, and keeps the faster kind:
-- speculation first (the configured behaviour), then a few plain steps to compare; at a number of sequences not
-  measured yet, once another is, what the nearest measured one chose, with the other kind measured in the bursts
-  below: counts that come up rarely (one sequence between a request's end and the next one's prompt) otherwise
+- a few plain steps first, then speculation, cut short after SHORT_BURST steps where it is already more than FAR
+  behind (a CPU EAGLE head at 0.3x spent 16 speculating steps there, 5% of a 700-token run at one stream: 2-core box,
+  2026-11-29); at a number of sequences not measured yet, once another is, what the nearest measured one chose, with
+  the other kind measured in the bursts below: counts that come up rarely (one sequence between a request's end and the next one's prompt) otherwise
   speculated for every one of their steps until enough were recorded, and a draft that lost 2.4x there cost 5% of
   a whole run at two streams (H200, 2026-11-27);
 - speculation is kept only while it beats plain steps by MARGIN: where the two are even, switching back and forth
@@ -36,7 +37,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-MIN_SAMPLES = (8, 16)  # recorded (plain, speculating) steps before a kind's rate is trusted
+MIN_SAMPLES = (8, 16)  # recorded (plain, speculating) steps before a kind's rate is trusted (speculation far
+# behind: SHORT_BURST steps)
 BURST_STEPS = (9, 16)  # steps of a re-measurement of (plain, speculating) steps: enough to measure the kind
 # unaided (the first plain step after speculation is not recorded)
 MARGIN = 0.03  # speculation must beat plain steps by this share
@@ -73,7 +75,12 @@ class _Rates:
 
     @property
     def measured(self) -> bool:
-        return self.samples[0] >= MIN_SAMPLES[0] and self.samples[1] >= MIN_SAMPLES[1]
+        plain, speculating = self.samples
+        return plain >= MIN_SAMPLES[0] and (speculating >= MIN_SAMPLES[1]
+                                            or speculating >= SHORT_BURST and self.far_behind())
+
+    def far_behind(self) -> bool:
+        return self.rate(True) < (1 - FAR) * self.rate(False)
 
     def rate(self, kind: bool) -> float:
         return self.tokens[kind] / self.seconds[kind] if self.seconds[kind] > 0 else 0.0
@@ -87,8 +94,8 @@ class _Rates:
             return self.burst_kind
         if self.measured:
             speculate = self.speculation_wins()
-        elif self.prior is None:
-            return self.samples[1] < MIN_SAMPLES[1]
+        elif self.prior is None:  # plain steps first, then speculation until measured
+            return self.samples[0] >= MIN_SAMPLES[0]
         else:
             speculate = self.prior
         if speculate:
@@ -99,7 +106,7 @@ class _Rates:
         burst = BURST_STEPS[not speculate]
         if not speculate:
             self.retry = min(2 * self.retry, RETRY_MAX_STEPS)
-            if self.measured and self.rate(True) < (1 - FAR) * self.rate(False):
+            if self.measured and self.far_behind():
                 burst = SHORT_BURST
                 self.tokens[1] = self.seconds[1] = 0.0  # what the burst measures alone decides
         self.since, self.burst, self.burst_kind = 0, burst - 1, not speculate
