@@ -84,8 +84,12 @@ async def measure(args: argparse.Namespace) -> dict[str, float]:
         sizes = dataclasses.replace(FULL, streams=args.streams, closed_loop_s=args.seconds, output=args.output)
         result = await _closed_loop(engine, sizes, engine.model_info.vocab_size, seed=0)
     finally:
-        engine._send(Shutdown(0.0))
-        core.wait(10)
+        try:
+            engine._send(Shutdown(0.0))
+            core.wait(10)
+        except (zmq.Again, subprocess.TimeoutExpired):  # a start that failed: the core must not outlive the run
+            core.kill()
+            core.wait()
         await engine.shutdown()
     return {"streams": args.streams, "step_ms": args.step_ms, **result}
 
