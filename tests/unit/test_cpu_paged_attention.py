@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,12 @@ import torch
 from benchmarks.cpu_attention import decode_step
 from runtime.native.attention_metadata import AttentionMetadata
 from runtime.native.cpu import paged_attention
-from runtime.native.cpu.paged_attention import build_kernel, cpu_paged_attention, use_cpu_kernels
+from runtime.native.cpu.paged_attention import (
+    build_kernel,
+    cpu_paged_attention,
+    one_loader,
+    use_cpu_kernels,
+)
 from runtime.native.models import attention
 from runtime.native.models.attention import torch_paged_attention
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
@@ -128,16 +136,31 @@ async def test_an_engine_with_the_kernel_decodes_transformers_tokens(tmp_path: P
     assert [out.tokens[0] for out in outputs] == [hf_greedy(hf, p, 12) for p in prompts]
 
 
-def test_a_build_lock_left_by_a_killed_process_is_removed_and_a_fresh_one_kept(tmp_path) -> None:
-    """torch waits for the extension's build lock without a time limit: a lock older than any build is stale."""
-    from runtime.native.cpu.paged_attention import STALE_LOCK_S, clear_stale_lock
-
+def test_a_build_lock_left_by_a_killed_loader_is_removed_at_once_and_a_live_loader_waited_for(tmp_path) -> None:
+    """torch waits for the extension's build lock without a time limit. A loader holds an flock while it builds,
+    which the kernel releases when it dies: the next one waits while it lives, then removes the lock it left."""
+    holder = ("import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+              "open(sys.argv[2], 'w').close(); print('held', flush=True); time.sleep(60)")
     lock = tmp_path / "lock"
-    assert not clear_stale_lock(tmp_path)
-    lock.touch()
-    mtime = lock.stat().st_mtime
-    assert not clear_stale_lock(tmp_path, now=mtime + STALE_LOCK_S / 2) and lock.exists()  # a build under way
-    assert clear_stale_lock(tmp_path, now=mtime + STALE_LOCK_S + 1) and not lock.exists()
+    proc = subprocess.Popen([sys.executable, "-c", holder, str(tmp_path / "loader.flock"), str(lock)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "held"  # a loader building, lock taken
+        entered = threading.Event()
+
+        def load() -> None:
+            with one_loader(tmp_path):
+                entered.set()
+        waiter = threading.Thread(target=load)
+        waiter.start()
+        assert not entered.wait(0.5) and lock.exists()  # a live loader's lock is waited for, not removed
+        proc.kill()  # killed mid-build: its lock file stays behind
+        proc.wait()
+        assert entered.wait(10) and not lock.exists()
+        waiter.join()
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_the_package_ships_every_file_the_kernel_build_reads() -> None:

@@ -11,12 +11,15 @@ prefill, chunked prefill and speculative scoring steps keep the reference backen
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -36,24 +39,23 @@ _UNIT = Path(__file__).with_name("cpu_kernels.cpp")
 _SOURCES = [_UNIT, *(Path(__file__).with_name(name) for name in
                      ("paged_decode_attention.cpp", "quantized_linear.cpp", "decode_step.cpp", "spread.cpp"))]
 _HEADER = Path(__file__).with_name("cpu_kernels.h")
-STALE_LOCK_S = 600.0  # a build lock this old was left by a process killed mid-build (a build takes about 10 s)
 
 
-def clear_stale_lock(build_dir: Path, now: float | None = None) -> bool:
-    """Remove `build_dir`'s build lock if it is older than STALE_LOCK_S; whether one was removed.
+@contextlib.contextmanager
+def one_loader(build_dir: Path) -> Iterator[None]:
+    """Hold `build_dir` for one extension loader at a time, after removing a build lock that a killed loader left.
 
-    torch's extension loader waits for that lock without a time limit, so a server killed while building the
-    kernel (Ctrl-C during the first start) made every later start hang there."""
-    lock = build_dir / "lock"
-    try:
-        age = (time.time() if now is None else now) - lock.stat().st_mtime
-    except FileNotFoundError:
-        return False
-    if age < STALE_LOCK_S:
-        return False
-    logger.warning("CPU: removing a kernel build lock left %.0f s ago by a process that did not finish (%s)", age, lock)
-    lock.unlink(missing_ok=True)
-    return True
+    torch's extension loader waits for its lock file without a time limit, so a server killed while building the
+    kernel (Ctrl-C during the first start) made every later start wait there (10 minutes, when the lock was judged by
+    its age). An flock is released by the kernel when its holder dies: under it, no other loader is alive, so a lock
+    file found then is a dead loader's."""
+    with open(build_dir / "loader.flock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        lock = build_dir / "lock"
+        if lock.exists():
+            logger.warning("CPU: removing the kernel build lock of a process that did not finish (%s)", lock)
+            lock.unlink(missing_ok=True)
+        yield
 
 
 def _kernel_loaded() -> bool:
@@ -81,9 +83,9 @@ def build_kernel() -> bool:
     build_dir = root / f"{name}-py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}-{source}"
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
-        clear_stale_lock(build_dir)
-        cpp_extension.load(name=name, sources=[str(_UNIT)], is_python_module=False,
-                           extra_cflags=["-O3", "-march=native"], build_directory=str(build_dir))
+        with one_loader(build_dir):
+            cpp_extension.load(name=name, sources=[str(_UNIT)], is_python_module=False,
+                               extra_cflags=["-O3", "-march=native"], build_directory=str(build_dir))
     except Exception as exc:  # noqa: BLE001 - any failure to build leaves the reference backend serving
         logger.warning("CPU: no paged decode-attention kernel (%s: %s); decode attention gathers the cache instead",
                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
