@@ -9,9 +9,9 @@ steps that may speculate and of plain steps, and keeps the faster kind:
 - a few plain steps first, then speculation, cut short after SHORT_BURST steps where it is already more than FAR
   behind (a CPU EAGLE head at 0.3x spent 16 speculating steps there, 5% of a 700-token run at one stream: 2-core box,
   2026-11-29); at a number of sequences not measured yet, once another is, what the nearest measured one chose, with
-  the other kind measured in the bursts below: counts that come up rarely (one sequence between a request's end and the next one's prompt) otherwise
-  speculated for every one of their steps until enough were recorded, and a draft that lost 2.4x there cost 5% of
-  a whole run at two streams (H200, 2026-11-27);
+  the other kind measured in the bursts below: counts that come up rarely (one sequence between a request's end and
+  the next one's prompt) otherwise speculated for every one of their steps until enough were recorded, and a draft
+  that lost 2.4x there cost 5% of a whole run at two streams (H200, 2026-11-27);
 - speculation is kept only while it beats plain steps by MARGIN: where the two are even, switching back and forth
   costs more than either (a switch drains the one-ahead pipeline, and a draft model catches up on the tokens of the
   plain steps: H200, 2026-11-27, draft at c=2 measured 0.98x always speculating, 0.94x switching on 2% differences);
@@ -37,8 +37,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-MIN_SAMPLES = (8, 16)  # recorded (plain, speculating) steps before a kind's rate is trusted (speculation far
-# behind: SHORT_BURST steps)
+# recorded (plain, speculating) steps before a kind's rate is trusted (speculation far behind: SHORT_BURST steps)
+MIN_SAMPLES = (8, 16)
 BURST_STEPS = (9, 16)  # steps of a re-measurement of (plain, speculating) steps: enough to measure the kind
 # unaided (the first plain step after speculation is not recorded)
 MARGIN = 0.03  # speculation must beat plain steps by this share
