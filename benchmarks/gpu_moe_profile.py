@@ -12,13 +12,15 @@ is recorded with its traceback, the others still run, and the run exits 1):
                   (runtime/native/cuda/graphs.py) and replayed back to back: device ms per step (CUDA events) against the
                   floor (gpu_families.floor_bytes over the bandwidth); `general_moe_ms`: the same step with each MoE
                   layer on the general path (the eager router, then runtime/native/cuda/moe.py's fused_experts), the path
-                  every step took before runtime/native/cuda/one_token_moe.py
+                  every step took before runtime/native/cuda/one_token_moe.py; `<variant>_ms`: the step on each of
+                  MOE_VARIANTS (one_token_moe's earlier kernels) for the A/B against its defaults (`step_ms`)
   kernels         torch.profiler over --profile-steps replays of that step: per kernel, device us and launches per
                   step, largest first; the step's kernel count. (From an eager step when the profiler saw no kernel
                   of the graph's replays.)
   moe_layer       one layer's MoE MLP for one token, the 48 layers' weights in turn from one graph (each reads
                   memory, as a step does): us per layer on one_token_moe and on the general path, against the bytes
-                  the layer must read (router and the k chosen experts) over the bandwidth; its kernels' split; then
+                  the layer must read (router and the k chosen experts) over the bandwidth, on one_token_moe's
+                  defaults and on each of MOE_VARIANTS (`<variant>_us`); its kernels' split; then
                   one_token_moe's alternative tiles (gate/up, down, the router's GEMV); `parts`: the layer with
                   one expert kernel's launches dropped, without PDL, and the dense GEMV on the same bytes
   check           one_token_moe against the eager layer (router, `route`, `Experts.forward`, add) on random tokens
@@ -41,13 +43,38 @@ from typing import Any
 
 import torch
 
-# (BLOCK_N, BLOCK_K, num_warps) alternatives timed in moe_layer
-GATE_UP_TILES = ((2, 2048, 4), (4, 512, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
-DOWN_TILES = ((2, 1024, 4), (4, 256, 4), (8, 1024, 8), (8, 512, 4))
+# (BLOCK_N, BLOCK_K, num_warps) alternatives timed in moe_layer (DOWN_TILES: of the split down kernel)
+GATE_UP_TILES = ((2, 1024, 4), (2, 2048, 4), (4, 512, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
+DOWN_TILES = ((4, 1024, 4), (16, 1024, 4), (16, 1024, 8), (8, 256, 4), (16, 256, 4), (32, 256, 8))
+# runtime/native/cuda/one_token_moe.py's (ROUTE_ONCE, DOWN_SPLIT, DOWN_TILE) timed in b1 and moe_layer against its
+# defaults: the three-kernel layer before the routing kernel, and the routing kernel with the unsplit down kernel
+MOE_VARIANTS = {"inline_routing": (False, False, (4, 1024, 4)), "unsplit_down": (True, False, (4, 1024, 4))}
 ROUTER_TILES = ((1, 2048, 4), (2, 2048, 4), (4, 1024, 4), (8, 512, 4))
 # grouped-GEMM tiles (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) timed in moe_256: the tiles every step had
 # before GEMM_TILES, then alternatives to GEMM_TILES' choice for 256 tokens
 GEMM_256_TILES = ((16, 64, 64, 4, 3), (16, 128, 128, 4, 2), (32, 128, 128, 4, 3), (64, 128, 64, 4, 3))
+
+
+class Variant:
+    """`with Variant(name):` one_token_moe as MOE_VARIANTS[name] sets it (its defaults for "default")."""
+
+    NAMES = ("ROUTE_ONCE", "DOWN_SPLIT", "DOWN_TILE")
+
+    def __init__(self, name: str) -> None:
+        self.values = MOE_VARIANTS.get(name)
+
+    def __enter__(self) -> None:
+        from runtime.native.cuda import one_token_moe as otm
+
+        self.kept = [getattr(otm, n) for n in self.NAMES]
+        for n, value in zip(self.NAMES, self.values or self.kept):
+            setattr(otm, n, value)
+
+    def __exit__(self, *exc: object) -> None:
+        from runtime.native.cuda import one_token_moe as otm
+
+        for n, value in zip(self.NAMES, self.kept):
+            setattr(otm, n, value)
 
 
 def timed(fn: Callable[[int], Any], calls: int, cuda: bool, repeats: int = 5) -> float:
@@ -202,6 +229,9 @@ def moe_layer_figures(model: Any, bandwidth: float, cuda: bool, tiles: int) -> d
 
     with torch.inference_mode():
         res["one_token_us"] = timed(fused, len(layers), cuda)
+        for name in MOE_VARIANTS:
+            with Variant(name):
+                res[f"{name}_us"] = timed(fused, len(layers), cuda)
         res["general_us"] = timed(lambda i: general_moe(layers[i].mlp, x, layers[i].post_attention_layernorm),
                                   len(layers), cuda)
         res["vs_floor"] = res["one_token_us"] / res["floor_us"]
@@ -241,8 +271,8 @@ class _Skipped:
 
 def moe_parts(layers: list, x: torch.Tensor, bandwidth: float, cuda: bool,
               fused: Callable[[int], torch.Tensor]) -> dict[str, Any]:
-    """Where one_token_moe's time goes: us per layer with the down kernel's launches dropped (router + gate/up), with
-    the gate/up kernel's dropped (router + down), without PDL; and our dense GEMV (runtime/native/cuda/gemv.py) reading
+    """Where one_token_moe's time goes: us per layer with the down kernel's launches dropped (router, routing,
+    gate/up), with the gate/up kernel's dropped (router, routing, down), without PDL; and our dense GEMV (runtime/native/cuda/gemv.py) reading
     the same bytes as the gate/up and the down kernel (the k experts' rows as one matrix), each against its floor."""
     from runtime.native.cuda import gemv as gemv_module
     from runtime.native.cuda import one_token_moe as otm
@@ -250,7 +280,7 @@ def moe_parts(layers: list, x: torch.Tensor, bandwidth: float, cuda: bool,
 
     spec, hidden = layers[0].mlp.moe, x.shape[1]
     res: dict[str, Any] = {}
-    for name in ("_down_kernel", "_gate_up_kernel"):
+    for name in ("_down_split_kernel", "_gate_up_kernel"):
         kept = getattr(otm, name)
         setattr(otm, name, _Skipped())
         try:
@@ -374,6 +404,10 @@ def main(argv: list[str] | None = None) -> int:
         made["step"] = step = DecodeStep(model, args.context, cuda)
         res = {"step_ms": step.ms(steps), "floor_ms": floor_bytes(model, args.context) / (bandwidth * 1e9)}
         res["vs_floor"] = res["step_ms"] / res["floor_ms"]
+        for name in MOE_VARIANTS:  # each captured in a graph of its own
+            with Variant(name):
+                res[f"{name}_ms"] = DecodeStep(model, args.context, cuda).ms(steps)
+            res[f"{name}_vs_floor"] = res[f"{name}_ms"] / res["floor_ms"]
         one_token_moe = fused_module.one_token_moe
         fused_module.one_token_moe = general_moe  # the graph below captures the general path
         try:

@@ -23,7 +23,7 @@ if RUN_HERE:
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=26)
+    run_in_interpreter(__file__, passed=38)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -122,14 +122,28 @@ def _moe_layer(spec: MoeSpec, dtype: torch.dtype, seed: int) -> tuple[MoE, RMSNo
     return moe, norm
 
 
+# (ROUTE_ONCE, DOWN_SPLIT, DOWN_TILE) of runtime/native/cuda/one_token_moe.py: the default, the routing found by the
+# expert kernels themselves with a program owning output rows over all k experts, and the split down with 2-row tiles
+# (24 tiles of HIDDEN: each tile's counter reached by k programs) over 16 columns (INTER in three steps)
+ONE_TOKEN_VARIANTS = {"default": None, "inline_routing": (False, False, (4, 1024, 4)),
+                      "split_small_tiles": (True, True, (2, 16, 1))}
+
+
 @kernels
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("kind", list(ONE_TOKEN_SPECS))
-def test_one_token_moe_layer_equals_the_eager_layer(kind: str, dtype: torch.dtype) -> None:
-    """x + MoE(RMSNorm(x)) for one token: the router's GEMV, the chosen experts' gate/up and down kernels (each
-    picking the experts from the logits itself) against the eager modules: routings with and without the softmax
-    first and renormalisation, gpt-oss's biases and clamped SwiGLU. float16 rather than bfloat16: the interpreter
-    rounds bfloat16 by truncation."""
+@pytest.mark.parametrize("variant", list(ONE_TOKEN_VARIANTS))
+def test_one_token_moe_layer_equals_the_eager_layer(kind: str, dtype: torch.dtype, variant: str,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """x + MoE(RMSNorm(x)) for one token: the router's GEMV, the routing, the chosen experts' gate/up and down
+    kernels against the eager modules: routings with and without the softmax first and renormalisation, gpt-oss's
+    biases and clamped SwiGLU; three tokens in a row, so the down kernel's counters are reused. float16 rather than
+    bfloat16: the interpreter rounds bfloat16 by truncation."""
+    from runtime.native.cuda import one_token_moe as otm
+
+    if ONE_TOKEN_VARIANTS[variant] is not None:
+        for name, value in zip(("ROUTE_ONCE", "DOWN_SPLIT", "DOWN_TILE"), ONE_TOKEN_VARIANTS[variant]):
+            monkeypatch.setattr(otm, name, value)
     spec = ONE_TOKEN_SPECS[kind]
     moe, norm = _moe_layer(spec, dtype, seed=30)
     for seed in range(3):  # three tokens, three routings
@@ -182,22 +196,14 @@ def test_grouped_gemm_tiles_fit_the_gpus_shared_memory(shared_memory: int, tile:
 
 if RUN_HERE:
     import triton
-    import triton.language as tl
 
-    from runtime.native.cuda.one_token_moe import _top_k
-
-    @triton.jit
-    def _top_k_probe(logits_ptr, ids_ptr, weights_ptr, E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr,
-                     BLOCK_TOPK: tl.constexpr, SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr):
-        ids, weights = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TOPK, SOFTMAX_FIRST, RENORMALIZE)
-        tl.store(ids_ptr + tl.arange(0, BLOCK_TOPK), ids)
-        tl.store(weights_ptr + tl.arange(0, BLOCK_TOPK), weights)
+    from runtime.native.cuda.one_token_moe import _route_kernel
 
 
 @kernels
 @pytest.mark.parametrize("kind", list(ONE_TOKEN_SPECS))
 def test_the_kernels_top_k_picks_routes_experts_in_its_order_ties_to_the_lower_id(kind: str) -> None:
-    """The expert kernels' `_top_k` against `route`: the same ids slot by slot and the same weights on random
+    """The routing kernel (`_top_k`) against `route`: the same ids slot by slot and the same weights on random
     logits; on logits with ties, equal values in the order of their ids; unused slots id 0 and weight 0."""
     spec = ONE_TOKEN_SPECS[kind]
     g = torch.Generator().manual_seed(40)
@@ -207,9 +213,9 @@ def test_the_kernels_top_k_picks_routes_experts_in_its_order_ties_to_the_lower_i
     for logits in (torch.randn(spec.num_experts, generator=g).to(DEVICE), tied):
         ids = torch.full((block_topk,), -1, dtype=torch.int32, device=DEVICE)
         weights = torch.full((block_topk,), -1.0, device=DEVICE)
-        _top_k_probe[(1,)](logits, ids, weights, E=spec.num_experts, BLOCK_E=block_e, TOP_K=spec.top_k,
-                           BLOCK_TOPK=block_topk, SOFTMAX_FIRST=spec.routing == "softmax_topk",
-                           RENORMALIZE=spec.renormalize)
+        _route_kernel[(1,)](logits, ids, weights, E=spec.num_experts, BLOCK_E=block_e, TOP_K=spec.top_k,
+                            BLOCK_TOPK=block_topk, SOFTMAX_FIRST=spec.routing == "softmax_topk",
+                            RENORMALIZE=spec.renormalize, PDL=False)
         want_weights, want_ids = route(logits[None], spec)
         order = sorted(range(spec.num_experts), key=lambda e: (-logits[e].item(), e))[: spec.top_k]
         assert ids[: spec.top_k].tolist() == order

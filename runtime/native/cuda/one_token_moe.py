@@ -1,12 +1,19 @@
-"""A mixture-of-experts layer's MLP for one token (the batch-1 decode step) in three kernels.
+"""A mixture-of-experts layer's MLP for one token (the batch-1 decode step) in four kernels.
 
 `one_token_moe(moe, x, norm)` is `x + moe(norm(x))` (runtime/native/models/moe.py), for a 16-bit x [1, H]:
 
 1. the router: runtime/native/cuda/gemv.py's GEMV with its RMSNorm prologue writes the E logits;
-2. gate/up: program (j, tile) picks the token's j-th expert from the logits itself (`_top_k`: route's choice), reads
-   that expert's gate and up rows of the tile over RMSNorm(x), and writes their gated activation h[j, tile];
-3. down: a program owns rows of the output and reads them from each of the k experts' down matrices, weights each
-   expert's product by its router weight (again from `_top_k`), sums them and adds the residual x.
+2. routing: one program picks the token's k experts from the logits (`_top_k`: route's choice) and writes their ids
+   and router weights, so that no expert program computes a top-k before its first weight address is known;
+3. gate/up: program (j, tile) reads the j-th chosen expert's gate and up rows of the tile over RMSNorm(x) and writes
+   their gated activation h[j, tile];
+4. down (DOWN_SPLIT): program (tile, j) reads its output rows of the j-th expert's down matrix, weights the product
+   by the router weight and stores it; the last of a tile's k programs to arrive (an atomic counter) sums the k
+   products in order and adds the residual x. Without DOWN_SPLIT a program owns rows of the output over all k
+   experts in turn (k dependent loads: too few programs for the H200's 132 SMs at H = 2048).
+
+ROUTE_ONCE = False and DOWN_SPLIT = False are the earlier three-kernel layer (each expert kernel finding the top-k
+itself), kept for benchmarks/gpu_moe_profile.py's A/B on the device.
 
 Why: the general path (runtime/native/cuda/moe.py's `fused_experts` after the eager router) took 12 kernels: an RMSNorm,
 the router's matmul, a cast, softmax, top-k, sum and division, two GEMVs and the activation, the sum over k and
@@ -14,8 +21,7 @@ the residual add. A batch-1 step of Qwen3-30B-A3B (48 such layers, 17 kernels ea
 H200 against its 1.47 ms floor (benchmarks/RESULTS.md); Qwen3-8B's step, 7 kernels a layer, was 1.17x its floor.
 Here every expert product reads only the k chosen experts' weights (3 x 768 x 2048 per expert there), spread over
 many programs: k x I / BLOCK_N programs for gate/up, H / BLOCK_N for down. Every kernel is a programmatic dependent
-launch (runtime/native/cuda/pdl.py); the two expert kernels each find the top-k again (k reductions over E logits before
-their first weight load), which costs less than a kernel of its own would.
+launch (runtime/native/cuda/pdl.py).
 
 Roundings follow the eager code: the logits and each product in the activations' dtype, the weighting in float32
 then rounded, the sum over k in float32 then rounded, then the residual add; only the order of a dot product's sums
@@ -39,7 +45,19 @@ from runtime.native.models.norm import RMSNorm
 # BLOCK_N output rows over all k experts. Sized as the dense GEMVs' best tiles (runtime/native/cuda/gemv.py): 16 KB of
 # weights in flight per program and loop step; benchmarks/gpu_moe_profile.py times the alternatives.
 GATE_UP_TILE = (4, 1024, 4)
-DOWN_TILE = (4, 1024, 4)
+DOWN_TILE = (8, 1024, 4)  # with DOWN_SPLIT: BLOCK_N rows of one expert (I = 768 is one masked 1024-column step)
+ROUTE_ONCE = True
+DOWN_SPLIT = True  # needs ROUTE_ONCE
+
+_arrivals: dict[torch.device, torch.Tensor] = {}  # per device: the down programs' counters, zero between launches
+
+
+def _counters(device: torch.device, n: int) -> torch.Tensor:
+    """n int32 counters at zero; the kernel that uses them leaves them at zero."""
+    held = _arrivals.get(device)
+    if held is None or held.numel() < n:
+        held = _arrivals[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+    return held
 
 
 @triton.jit
@@ -86,17 +104,32 @@ def _slot(values, j, BLOCK_TOPK: tl.constexpr):
 
 
 @triton.jit
+def _route_kernel(logits_ptr, ids_ptr, weights_ptr, E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr,
+                  BLOCK_TOPK: tl.constexpr, SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr,
+                  PDL: tl.constexpr):
+    """ids[BLOCK_TOPK] (int32) and weights[BLOCK_TOPK] (float32) as `_top_k` gives them, from the E logits."""
+    wait_for_previous_kernel(PDL)
+    ids, weights = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TOPK, SOFTMAX_FIRST, RENORMALIZE)
+    tl.store(ids_ptr + tl.arange(0, BLOCK_TOPK), ids)
+    tl.store(weights_ptr + tl.arange(0, BLOCK_TOPK), weights)
+
+
+@triton.jit
 def _gate_up_kernel(
-    x_ptr, norm_ptr, eps, logits_ptr, w_ptr, bias_ptr, h_ptr, alpha, limit, stride_we,
+    x_ptr, norm_ptr, eps, logits_ptr, ids_ptr, w_ptr, bias_ptr, h_ptr, alpha, limit, stride_we,
     H: tl.constexpr, I: tl.constexpr, E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr,
     BLOCK_TOPK: tl.constexpr, SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr, CLAMPED: tl.constexpr,
-    BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BIAS: tl.constexpr, ROUTED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
-    """h[j, rows] = act(gate rows . RMSNorm(x) (+ bias), up rows . RMSNorm(x) (+ bias)) of the j-th chosen expert."""
-    wait_for_previous_kernel(PDL)  # the logits (and x, before them) are earlier kernels' outputs
+    """h[j, rows] = act(gate rows . RMSNorm(x) (+ bias), up rows . RMSNorm(x) (+ bias)) of the j-th chosen expert:
+    its id from `_route_kernel`'s ids when ROUTED, else from the logits here."""
+    wait_for_previous_kernel(PDL)  # the ids (x, the logits, before them) are earlier kernels' outputs
     j = tl.program_id(0)
-    ids, _ = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TOPK, SOFTMAX_FIRST, RENORMALIZE)
-    expert = _slot(ids, j, BLOCK_TOPK).to(tl.int64)
+    if ROUTED:
+        expert = tl.load(ids_ptr + j).to(tl.int64)
+    else:
+        ids, _ = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TOPK, SOFTMAX_FIRST, RENORMALIZE)
+        expert = _slot(ids, j, BLOCK_TOPK).to(tl.int64)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < I
     gate_rows = w_ptr + expert * stride_we + rows.to(tl.int64)[:, None] * H
@@ -130,14 +163,18 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    h_ptr, logits_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, stride_we,
+    h_ptr, logits_ptr, ids_ptr, weights_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, stride_we,
     H: tl.constexpr, I: tl.constexpr, E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr,
     BLOCK_TOPK: tl.constexpr, SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr, BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    ROUTED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     """out[rows] = res[rows] + sum over j of weight_j * (down rows of the j-th chosen expert . h[j] (+ bias))."""
     wait_for_previous_kernel(PDL)  # h is the previous kernel's output
-    ids, weights = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TOPK, SOFTMAX_FIRST, RENORMALIZE)
+    if ROUTED:
+        ids = tl.load(ids_ptr + tl.arange(0, BLOCK_TOPK))
+        weights = tl.load(weights_ptr + tl.arange(0, BLOCK_TOPK))
+    else:
+        ids, weights = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TOPK, SOFTMAX_FIRST, RENORMALIZE)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < H
     offs = tl.arange(0, BLOCK_K)
@@ -161,6 +198,45 @@ def _down_kernel(
     tl.store(out_ptr + rows, out.to(dtype), mask=row_mask)
 
 
+@triton.jit
+def _down_split_kernel(
+    h_ptr, ids_ptr, weights_ptr, w_ptr, bias_ptr, res_ptr, products_ptr, arrivals_ptr, out_ptr, stride_we,
+    H: tl.constexpr, I: tl.constexpr, TOP_K: tl.constexpr, BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    """products[j, rows] = weight_j * (down rows of the j-th chosen expert . h[j] (+ bias)), rounded as the eager code
+    rounds; the tile's last program to arrive writes out[rows] = res[rows] + the sum over j, in order of j."""
+    wait_for_previous_kernel(PDL)  # h, the routing and the counters' return to zero are earlier kernels' work
+    tile = tl.program_id(0)
+    j = tl.program_id(1)
+    expert = tl.load(ids_ptr + j).to(tl.int64)
+    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < H
+    offs = tl.arange(0, BLOCK_K)
+    dtype = w_ptr.dtype.element_ty
+    w_rows = w_ptr + expert * stride_we + rows.to(tl.int64)[:, None] * I
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k in range(0, I, BLOCK_K):
+        cols = k + offs
+        col_mask = cols < I
+        h = tl.load(h_ptr + j * I + cols, mask=col_mask, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+        acc += w.to(tl.float32) * h[None, :]
+    y = tl.sum(acc, axis=1)
+    if BIAS:
+        y += tl.load(bias_ptr + expert * H + rows, mask=row_mask, other=0.0).to(tl.float32)
+    weighted = y.to(dtype).to(tl.float32) * tl.load(weights_ptr + j)
+    tl.store(products_ptr + j * H + rows, weighted.to(dtype), mask=row_mask)
+    tl.debug_barrier()  # every thread's products stored before the release below
+    if tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel") == TOP_K - 1:
+        total = tl.zeros([BLOCK_N], tl.float32)
+        for i in tl.static_range(TOP_K):  # .cg: from the L2, where the other programs' stores are
+            total += tl.load(products_ptr + i * H + rows, mask=row_mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        out = total.to(dtype).to(tl.float32) + tl.load(res_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+        tl.store(out_ptr + rows, out.to(dtype), mask=row_mask)
+        tl.store(arrivals_ptr + tile, 0)  # for the next launch
+
+
 def one_token_moe(moe: MoE, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
     """x + moe(norm(x)) for one token x [1, H] (contiguous, 16-bit; `norm` without offset or float32 weight, as
     runtime/native/cuda/fused.py's one-token step checks): the module docstring's three kernels."""
@@ -172,17 +248,32 @@ def one_token_moe(moe: MoE, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
                    BLOCK_TOPK=triton.next_power_of_2(spec.top_k), SOFTMAX_FIRST=spec.routing == "softmax_topk",
                    RENORMALIZE=spec.renormalize, PDL=pdl.ENABLED, **pdl.launch_options())
     w13, w2, b13, b2 = experts.gate_up_proj, experts.down_proj, experts.gate_up_proj_bias, experts.down_proj_bias
+    ids = torch.empty(routing["BLOCK_TOPK"], dtype=torch.int32, device=x.device)
+    weights = torch.empty(routing["BLOCK_TOPK"], dtype=torch.float32, device=x.device)
+    if ROUTE_ONCE:
+        _route_kernel[(1,)](logits, ids, weights, num_warps=1, **routing)
     h = torch.empty((spec.top_k, inter), dtype=x.dtype, device=x.device)
     block_n, block_k, warps = GATE_UP_TILE
     _gate_up_kernel[(spec.top_k, triton.cdiv(inter, block_n))](
-        x, norm.weight, norm.eps, logits, w13, w13 if b13 is None else b13, h, spec.alpha, spec.limit, w13.stride(0),
-        H=hidden, I=inter, CLAMPED=spec.activation == "swiglu_clamp", BIAS=b13 is not None, BLOCK_N=block_n,
-        BLOCK_K=min(block_k, triton.next_power_of_2(hidden)), num_warps=warps, **routing,
+        x, norm.weight, norm.eps, logits, ids, w13, w13 if b13 is None else b13, h, spec.alpha, spec.limit,
+        w13.stride(0), H=hidden, I=inter, CLAMPED=spec.activation == "swiglu_clamp", BIAS=b13 is not None,
+        ROUTED=ROUTE_ONCE, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(hidden)), num_warps=warps,
+        **routing,
     )
     out = torch.empty_like(x)
     block_n, block_k, warps = DOWN_TILE
-    _down_kernel[(triton.cdiv(hidden, block_n),)](
-        h, logits, w2, w2 if b2 is None else b2, x, out, w2.stride(0), H=hidden, I=inter, BIAS=b2 is not None,
-        BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(inter)), num_warps=warps, **routing,
+    block_k = min(block_k, triton.next_power_of_2(inter))
+    tiles = triton.cdiv(hidden, block_n)
+    if ROUTE_ONCE and DOWN_SPLIT:
+        products = torch.empty((spec.top_k, hidden), dtype=x.dtype, device=x.device)
+        _down_split_kernel[(tiles, spec.top_k)](
+            h, ids, weights, w2, w2 if b2 is None else b2, x, products, _counters(x.device, tiles), out,
+            w2.stride(0), H=hidden, I=inter, TOP_K=spec.top_k, BIAS=b2 is not None, BLOCK_N=block_n,
+            BLOCK_K=block_k, num_warps=warps, PDL=pdl.ENABLED, **pdl.launch_options(),
+        )
+        return out
+    _down_kernel[(tiles,)](
+        h, logits, ids, weights, w2, w2 if b2 is None else b2, x, out, w2.stride(0), H=hidden, I=inter,
+        BIAS=b2 is not None, ROUTED=ROUTE_ONCE, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **routing,
     )
     return out
