@@ -46,9 +46,12 @@ import torch
 # (BLOCK_N, BLOCK_K, num_warps) alternatives timed in moe_layer (DOWN_TILES: of the split down kernel)
 GATE_UP_TILES = ((2, 1024, 4), (2, 2048, 4), (4, 512, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
 DOWN_TILES = ((4, 1024, 4), (16, 1024, 4), (16, 1024, 8), (8, 256, 4), (16, 256, 4), (32, 256, 8))
-# runtime/native/cuda/one_token_moe.py's (ROUTE_ONCE, DOWN_SPLIT, DOWN_TILE) timed in b1 and moe_layer against its
-# defaults: the three-kernel layer before the routing kernel, and the routing kernel with the unsplit down kernel
-MOE_VARIANTS = {"inline_routing": (False, False, (4, 1024, 4)), "unsplit_down": (True, False, (4, 1024, 4))}
+# runtime/native/cuda/one_token_moe.py's (ROUTING, DOWN_SPLIT, DOWN_TILE) timed in b1 and moe_layer against its
+# defaults: the three-kernel layer of 2026-11-28, the routing in a kernel of its own (split down, and not), and the
+# router's routing with the unsplit down kernel
+MOE_VARIANTS = {"inline_routing": ("inline", False, (4, 1024, 4)), "routing_kernel": ("kernel", True, None),
+                "routing_kernel_unsplit": ("kernel", False, (4, 1024, 4)),
+                "unsplit_down": ("router", False, (4, 1024, 4))}
 ROUTER_TILES = ((1, 2048, 4), (2, 2048, 4), (4, 1024, 4), (8, 512, 4))
 # grouped-GEMM tiles (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) timed in moe_256: the tiles every step had
 # before GEMM_TILES, then alternatives to GEMM_TILES' choice for 256 tokens
@@ -58,7 +61,7 @@ GEMM_256_TILES = ((16, 64, 64, 4, 3), (16, 128, 128, 4, 2), (32, 128, 128, 4, 3)
 class Variant:
     """`with Variant(name):` one_token_moe as MOE_VARIANTS[name] sets it (its defaults for "default")."""
 
-    NAMES = ("ROUTE_ONCE", "DOWN_SPLIT", "DOWN_TILE")
+    NAMES = ("ROUTING", "DOWN_SPLIT", "DOWN_TILE")
 
     def __init__(self, name: str) -> None:
         self.values = MOE_VARIANTS.get(name)
@@ -67,8 +70,8 @@ class Variant:
         from runtime.native.cuda import one_token_moe as otm
 
         self.kept = [getattr(otm, n) for n in self.NAMES]
-        for n, value in zip(self.NAMES, self.values or self.kept):
-            setattr(otm, n, value)
+        for n, value, kept in zip(self.NAMES, self.values or self.kept, self.kept):
+            setattr(otm, n, kept if value is None else value)  # None: the default's
 
     def __exit__(self, *exc: object) -> None:
         from runtime.native.cuda import one_token_moe as otm
@@ -213,7 +216,6 @@ def moe_layer_figures(model: Any, bandwidth: float, cuda: bool, tiles: int) -> d
     """The moe_layer phase (module docstring), with the first `tiles` alternatives of each list."""
     from runtime.native.cuda import gemv as gemv_module
     from runtime.native.cuda import one_token_moe as otm
-    from runtime.native.cuda import pdl
     from runtime.native.models.moe import MoE
 
     layers = [layer for layer in model.model.layers if isinstance(layer.mlp, MoE)]
@@ -245,16 +247,11 @@ def moe_layer_figures(model: Any, bandwidth: float, cuda: bool, tiles: int) -> d
                 setattr(otm, name, tile)
                 res[f"{name.lower()}_{'x'.join(map(str, tile))}_us"] = timed(fused, len(layers), cuda)
             setattr(otm, name, kept)
-        def router(layer: Any) -> torch.Tensor:
-            norm = layer.post_attention_layernorm
-            return gemv_module.gemv(x, layer.mlp.gate.weight, layer.mlp.gate.bias, norm=(norm.weight, norm.eps),
-                                    pdl=pdl.ENABLED)
-
-        shape = (spec.num_experts, hidden)
+        shape = (spec.num_experts, hidden)  # the router's tile, timed in the whole layer (its last program routes)
         kept_router = gemv_module.TILES.get(shape)
         for tile in ((kept_router or gemv_module.DEFAULT_TILE), *ROUTER_TILES[:tiles]):
             gemv_module.TILES[shape] = tile
-            res[f"router_{'x'.join(map(str, tile))}_us"] = timed(lambda i: router(layers[i]), len(layers), cuda)
+            res[f"router_{'x'.join(map(str, tile))}_us"] = timed(fused, len(layers), cuda)
         if kept_router is None:
             del gemv_module.TILES[shape]
         else:
@@ -272,8 +269,9 @@ class _Skipped:
 def moe_parts(layers: list, x: torch.Tensor, bandwidth: float, cuda: bool,
               fused: Callable[[int], torch.Tensor]) -> dict[str, Any]:
     """Where one_token_moe's time goes: us per layer with the down kernel's launches dropped (router, routing,
-    gate/up), with the gate/up kernel's dropped (router, routing, down), without PDL; and our dense GEMV (runtime/native/cuda/gemv.py) reading
-    the same bytes as the gate/up and the down kernel (the k experts' rows as one matrix), each against its floor."""
+    gate/up), with the gate/up kernel's dropped (router, routing, down), without PDL; and our dense GEMV
+    (runtime/native/cuda/gemv.py) reading the same bytes as the gate/up and the down kernel (the k experts' rows as
+    one matrix), each against its floor."""
     from runtime.native.cuda import gemv as gemv_module
     from runtime.native.cuda import one_token_moe as otm
     from runtime.native.cuda import pdl

@@ -122,11 +122,12 @@ def _moe_layer(spec: MoeSpec, dtype: torch.dtype, seed: int) -> tuple[MoE, RMSNo
     return moe, norm
 
 
-# (ROUTE_ONCE, DOWN_SPLIT, DOWN_TILE) of runtime/native/cuda/one_token_moe.py: the default, the routing found by the
-# expert kernels themselves with a program owning output rows over all k experts, and the split down with 2-row tiles
-# (24 tiles of HIDDEN: each tile's counter reached by k programs) over 16 columns (INTER in three steps)
-ONE_TOKEN_VARIANTS = {"default": None, "inline_routing": (False, False, (4, 1024, 4)),
-                      "split_small_tiles": (True, True, (2, 16, 1))}
+# (ROUTING, DOWN_SPLIT, DOWN_TILE) of runtime/native/cuda/one_token_moe.py: the default (routing by the router's
+# last program; 6 router programs of 1 row for `odd`, 8 for the others), the routing kernel of its own with the down
+# split with 2-row tiles (24 tiles of HIDDEN: each tile's counter reached by k programs) over 16 columns (INTER in
+# three steps), and the routing found by the expert kernels themselves, a program owning output rows over all k
+ONE_TOKEN_VARIANTS = {"default": None, "routing_kernel_small_tiles": ("kernel", True, (2, 16, 1)),
+                      "inline_routing": ("inline", False, (4, 1024, 4))}
 
 
 @kernels
@@ -142,7 +143,7 @@ def test_one_token_moe_layer_equals_the_eager_layer(kind: str, dtype: torch.dtyp
     from runtime.native.cuda import one_token_moe as otm
 
     if ONE_TOKEN_VARIANTS[variant] is not None:
-        for name, value in zip(("ROUTE_ONCE", "DOWN_SPLIT", "DOWN_TILE"), ONE_TOKEN_VARIANTS[variant]):
+        for name, value in zip(("ROUTING", "DOWN_SPLIT", "DOWN_TILE"), ONE_TOKEN_VARIANTS[variant]):
             monkeypatch.setattr(otm, name, value)
     spec = ONE_TOKEN_SPECS[kind]
     moe, norm = _moe_layer(spec, dtype, seed=30)

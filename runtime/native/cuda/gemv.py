@@ -78,12 +78,13 @@ def input_tile(x_ptr, norm_ptr, cols, col_mask, rstd, K: tl.constexpr, dtype: tl
 
 
 @triton.jit
-def _gemv_kernel(
-    x_ptr, w_ptr, out_ptr, res_ptr, norm_ptr, bias_ptr, scale_ptr, eps, N,
-    K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    NORM: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr, BIAS: tl.constexpr, SCALED: tl.constexpr,
+def project_rows(
+    x_ptr, w_ptr, norm_ptr, bias_ptr, scale_ptr, eps, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, BIAS: tl.constexpr, SCALED: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    """(rows, row_mask, float32 W f(x) (+ bias) at rows): this program's BLOCK_N rows of the product, the body of
+    the GEMV kernel (also of runtime/native/cuda/one_token_moe.py's router)."""
     dtype = x_ptr.dtype.element_ty  # the activations' dtype (out may be float32 logits; the weight FP8)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
@@ -106,9 +107,27 @@ def _gemv_kernel(
         out *= tl.load(scale_ptr + rows, mask=row_mask, other=0.0)
     if BIAS:
         out += tl.load(bias_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+    return rows, row_mask, out
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, out_ptr, res_ptr, norm_ptr, bias_ptr, scale_ptr, eps, N,
+    K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NORM: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr, BIAS: tl.constexpr, SCALED: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    dtype = x_ptr.dtype.element_ty
+    rows, row_mask, out = project_rows(x_ptr, w_ptr, norm_ptr, bias_ptr, scale_ptr, eps, N, K, BLOCK_N, BLOCK_K,
+                                       NORM, SILU, BIAS, SCALED, PDL)
     if RESIDUAL:  # the projection rounded, then the add rounded: as the eager add of two activations
         out = out.to(dtype).to(tl.float32) + tl.load(res_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, out.to(dtype).to(out_ptr.dtype.element_ty), mask=row_mask)
+
+
+def tile_for(n: int, k: int, fp8: bool) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps) of a weight [n, k] (FP8 or 16-bit)."""
+    return (fp8 and FP8_TILES.get((n, k))) or TILES.get((n, k), DEFAULT_TILE)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -125,7 +144,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if out is None:
         out = torch.empty((1, n), dtype=x.dtype, device=weight.device)
     assert out.shape == (1, n) and out.is_contiguous()
-    block_n, block_k, warps = (scale is not None and FP8_TILES.get((n, k))) or TILES.get((n, k), DEFAULT_TILE)
+    block_n, block_k, warps = tile_for(n, k, scale is not None)
     norm_weight, eps = norm if norm is not None else (weight, 0.0)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, out, residual if residual is not None else out, norm_weight,

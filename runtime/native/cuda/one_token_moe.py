@@ -2,18 +2,19 @@
 
 `one_token_moe(moe, x, norm)` is `x + moe(norm(x))` (runtime/native/models/moe.py), for a 16-bit x [1, H]:
 
-1. the router: runtime/native/cuda/gemv.py's GEMV with its RMSNorm prologue writes the E logits;
-2. routing: one program picks the token's k experts from the logits (`_top_k`: route's choice) and writes their ids
-   and router weights, so that no expert program computes a top-k before its first weight address is known;
-3. gate/up: program (j, tile) reads the j-th chosen expert's gate and up rows of the tile over RMSNorm(x) and writes
+1. the router: runtime/native/cuda/gemv.py's GEMV body with its RMSNorm prologue writes the E logits; the last of
+   its programs to finish (an atomic counter) picks the token's k experts from them (`_top_k`: route's choice) and
+   writes their ids and router weights, so that no expert program computes a top-k before its first weight address
+   is known (ROUTING = "router"; "kernel": the routing in a one-program kernel of its own after the GEMV);
+2. gate/up: program (j, tile) reads the j-th chosen expert's gate and up rows of the tile over RMSNorm(x) and writes
    their gated activation h[j, tile];
-4. down (DOWN_SPLIT): program (tile, j) reads its output rows of the j-th expert's down matrix, weights the product
+3. down (DOWN_SPLIT): program (tile, j) reads its output rows of the j-th expert's down matrix, weights the product
    by the router weight and stores it; the last of a tile's k programs to arrive (an atomic counter) sums the k
    products in order and adds the residual x. Without DOWN_SPLIT a program owns rows of the output over all k
    experts in turn (k dependent loads: too few programs for the H200's 132 SMs at H = 2048).
 
-ROUTE_ONCE = False and DOWN_SPLIT = False are the earlier three-kernel layer (each expert kernel finding the top-k
-itself), kept for benchmarks/gpu_moe_profile.py's A/B on the device.
+ROUTING = "inline" with DOWN_SPLIT = False is the earlier layer (each expert kernel finding the top-k itself after
+the router's GEMV), kept with "kernel" for benchmarks/gpu_moe_profile.py's A/B on the device.
 
 Why: the general path (runtime/native/cuda/moe.py's `fused_experts` after the eager router) took 12 kernels: an RMSNorm,
 the router's matmul, a cast, softmax, top-k, sum and division, two GEMVs and the activation, the sum over k and
@@ -35,7 +36,13 @@ import triton
 import triton.language as tl
 
 from runtime.native.cuda import pdl
-from runtime.native.cuda.gemv import gemv, input_rstd, input_tile
+from runtime.native.cuda.gemv import (
+    gemv,
+    input_rstd,
+    input_tile,
+    project_rows,
+    tile_for,
+)
 from runtime.native.cuda.moe import gated
 from runtime.native.cuda.pdl import wait_for_previous_kernel
 from runtime.native.models.moe import MoE
@@ -46,10 +53,12 @@ from runtime.native.models.norm import RMSNorm
 # weights in flight per program and loop step; benchmarks/gpu_moe_profile.py times the alternatives.
 GATE_UP_TILE = (4, 1024, 4)
 DOWN_TILE = (8, 1024, 4)  # with DOWN_SPLIT: BLOCK_N rows of one expert (I = 768 is one masked 1024-column step)
-ROUTE_ONCE = True
-DOWN_SPLIT = True  # needs ROUTE_ONCE
+ROUTING = "router"  # or "kernel", "inline" (the module docstring)
+DOWN_SPLIT = True  # not with "inline"
 
-_arrivals: dict[torch.device, torch.Tensor] = {}  # per device: the down programs' counters, zero between launches
+# per device: the router's and the down programs' counters, back at zero when each kernel ends (kernels in stream
+# order: the next one's programs wait for the previous kernel before they count)
+_arrivals: dict[torch.device, torch.Tensor] = {}
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor:
@@ -71,7 +80,8 @@ def _top_k(logits_ptr, E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constex
     Each pick is one max over int64 keys, the logit's bits ordered as the floats above the id reversed: one
     reduction where a max then the lowest id holding it took two (their barriers came before any weight load)."""
     offs = tl.arange(0, BLOCK_E)
-    logits = tl.load(logits_ptr + offs, mask=offs < E, other=float("-inf")).to(tl.float32)
+    # .cg: from the L2, where the router's other programs stored theirs (read by its last one)
+    logits = tl.load(logits_ptr + offs, mask=offs < E, other=float("-inf"), cache_modifier=".cg").to(tl.float32)
     bits = logits.to(tl.int32, bitcast=True)
     ordered = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative floats' bits count down
     keys = (ordered.to(tl.int64) << 32) | (BLOCK_E - 1 - offs).to(tl.int64)
@@ -101,6 +111,26 @@ def _top_k(logits_ptr, E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constex
 def _slot(values, j, BLOCK_TOPK: tl.constexpr):
     """values[j] of a [BLOCK_TOPK] vector, j a program id or a loop index."""
     return tl.sum(tl.where(tl.arange(0, BLOCK_TOPK) == j, values, 0), axis=0)
+
+
+@triton.jit
+def _router_kernel(
+    x_ptr, w_ptr, norm_ptr, bias_ptr, scale_ptr, eps, logits_ptr, arrivals_ptr, ids_ptr, weights_ptr,
+    E: tl.constexpr, H: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr, BLOCK_TOPK: tl.constexpr,
+    SOFTMAX_FIRST: tl.constexpr, RENORMALIZE: tl.constexpr, BIAS: tl.constexpr, SCALED: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+):
+    """logits = the router's W RMSNorm(x) (+ bias), as `gemv` writes them; then, in the last program to arrive,
+    ids and weights as `_route_kernel` writes them."""
+    rows, row_mask, out = project_rows(x_ptr, w_ptr, norm_ptr, bias_ptr, scale_ptr, eps, E, H, BLOCK_N, BLOCK_K,
+                                       True, False, BIAS, SCALED, PDL)
+    tl.store(logits_ptr + rows, out.to(x_ptr.dtype.element_ty), mask=row_mask)
+    tl.debug_barrier()  # every thread's logits stored before the release below
+    if tl.atomic_add(arrivals_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+        ids, weights = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TOPK, SOFTMAX_FIRST, RENORMALIZE)
+        tl.store(ids_ptr + tl.arange(0, BLOCK_TOPK), ids)
+        tl.store(weights_ptr + tl.arange(0, BLOCK_TOPK), weights)
+        tl.store(arrivals_ptr, 0)  # for the next launch
 
 
 @triton.jit
@@ -239,32 +269,45 @@ def _down_split_kernel(
 
 def one_token_moe(moe: MoE, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
     """x + moe(norm(x)) for one token x [1, H] (contiguous, 16-bit; `norm` without offset or float32 weight, as
-    runtime/native/cuda/fused.py's one-token step checks): the module docstring's three kernels."""
+    runtime/native/cuda/fused.py's one-token step checks): the module docstring's kernels."""
     spec, experts = moe.moe, moe.experts
     hidden, inter = x.shape[1], spec.intermediate_size
-    logits = gemv(x, moe.gate.weight, moe.gate.bias, norm=(norm.weight, norm.eps), pdl=pdl.ENABLED,
-                  scale=moe.gate.weight_scale)
     routing = dict(E=spec.num_experts, BLOCK_E=triton.next_power_of_2(spec.num_experts), TOP_K=spec.top_k,
                    BLOCK_TOPK=triton.next_power_of_2(spec.top_k), SOFTMAX_FIRST=spec.routing == "softmax_topk",
                    RENORMALIZE=spec.renormalize, PDL=pdl.ENABLED, **pdl.launch_options())
     w13, w2, b13, b2 = experts.gate_up_proj, experts.down_proj, experts.gate_up_proj_bias, experts.down_proj_bias
+    routed = ROUTING != "inline"
     ids = torch.empty(routing["BLOCK_TOPK"], dtype=torch.int32, device=x.device)
     weights = torch.empty(routing["BLOCK_TOPK"], dtype=torch.float32, device=x.device)
-    if ROUTE_ONCE:
+    gate = moe.gate
+    if ROUTING == "router":
+        logits = torch.empty((1, spec.num_experts), dtype=x.dtype, device=x.device)
+        block_n, block_k, warps = tile_for(spec.num_experts, hidden, gate.weight_scale is not None)
+        _router_kernel[(triton.cdiv(spec.num_experts, block_n),)](
+            x, gate.weight, norm.weight, gate.weight if gate.bias is None else gate.bias,
+            gate.weight if gate.weight_scale is None else gate.weight_scale, norm.eps, logits,
+            _counters(x.device, 1), ids, weights, H=hidden, BIAS=gate.bias is not None,
+            SCALED=gate.weight_scale is not None, BLOCK_N=block_n,
+            BLOCK_K=min(block_k, triton.next_power_of_2(hidden)), num_warps=warps, **routing,
+        )
+    else:
+        logits = gemv(x, gate.weight, gate.bias, norm=(norm.weight, norm.eps), pdl=pdl.ENABLED,
+                      scale=gate.weight_scale)
+    if ROUTING == "kernel":
         _route_kernel[(1,)](logits, ids, weights, num_warps=1, **routing)
     h = torch.empty((spec.top_k, inter), dtype=x.dtype, device=x.device)
     block_n, block_k, warps = GATE_UP_TILE
     _gate_up_kernel[(spec.top_k, triton.cdiv(inter, block_n))](
         x, norm.weight, norm.eps, logits, ids, w13, w13 if b13 is None else b13, h, spec.alpha, spec.limit,
         w13.stride(0), H=hidden, I=inter, CLAMPED=spec.activation == "swiglu_clamp", BIAS=b13 is not None,
-        ROUTED=ROUTE_ONCE, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(hidden)), num_warps=warps,
+        ROUTED=routed, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(hidden)), num_warps=warps,
         **routing,
     )
     out = torch.empty_like(x)
     block_n, block_k, warps = DOWN_TILE
     block_k = min(block_k, triton.next_power_of_2(inter))
     tiles = triton.cdiv(hidden, block_n)
-    if ROUTE_ONCE and DOWN_SPLIT:
+    if routed and DOWN_SPLIT:
         products = torch.empty((spec.top_k, hidden), dtype=x.dtype, device=x.device)
         _down_split_kernel[(tiles, spec.top_k)](
             h, ids, weights, w2, w2 if b2 is None else b2, x, products, _counters(x.device, tiles), out,
@@ -274,6 +317,6 @@ def one_token_moe(moe: MoE, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
         return out
     _down_kernel[(tiles,)](
         h, logits, ids, weights, w2, w2 if b2 is None else b2, x, out, w2.stride(0), H=hidden, I=inter,
-        BIAS=b2 is not None, ROUTED=ROUTE_ONCE, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **routing,
+        BIAS=b2 is not None, ROUTED=routed, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps, **routing,
     )
     return out
