@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call for issue 43's MoE figures, under 9 minutes on an H200 (8.2 for its phases, about 30 s of setup):
+# One device call for issue 43's MoE figures, under 9 minutes on an H200 with BUDGET_S <= 500 (about 30 s of setup):
 # the CUDA tests of the new families, then gpu_families' engine figures (batch 1 vs the floor, 256 x 128/128) for
 # Qwen3-8B and Qwen3-30B-A3B, then benchmarks/gpu_moe_profile.py (the 30B-A3B shape's batch-1 step taken apart),
 # then the GEMV tile sweep of the shapes not swept yet, in what time is left.
@@ -24,7 +24,7 @@ if [[ $PHASES == *families* ]]; then
 fi
 if [[ $PHASES == *profile* ]]; then
   stamp "gpu_moe_profile"
-  timeout "$(left 160)" python -m benchmarks.gpu_moe_profile --out $OUT/profile > $OUT/profile.txt 2>&1
+  timeout "$(left 250)" python -m benchmarks.gpu_moe_profile --out $OUT/profile > $OUT/profile.txt 2>&1
   echo "rc $?" >> $OUT/profile.txt; grep -v "Loading\|Writing" $OUT/profile.txt | cut -c1-600 | tee -a "$L"
 fi
 if [[ $PHASES == *gemv* ]]; then
