@@ -122,8 +122,8 @@ def _moe_layer(spec: MoeSpec, dtype: torch.dtype, seed: int) -> tuple[MoE, RMSNo
     return moe, norm
 
 
-# (ROUTING, DOWN_SPLIT, DOWN_TILE) of runtime/native/cuda/one_token_moe.py: the default (routing by the router's
-# last program; 6 router programs of 1 row for `odd`, 8 for the others), the routing kernel of its own with the down
+# (ROUTING, DOWN_SPLIT, DOWN_TILE) of runtime/native/cuda/one_token_moe.py: the default (routing by the last of the
+# router's two programs of 4 rows; down split in 6 tiles of 8 rows), the routing kernel of its own with the down
 # split with 2-row tiles (24 tiles of HIDDEN: each tile's counter reached by k programs) over 16 columns (INTER in
 # three steps), and the routing found by the expert kernels themselves, a program owning output rows over all k
 ONE_TOKEN_VARIANTS = {"default": None, "routing_kernel_small_tiles": ("kernel", True, (2, 16, 1)),

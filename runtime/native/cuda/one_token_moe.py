@@ -192,6 +192,25 @@ def _gate_up_kernel(
 
 
 @triton.jit
+def _down_rows(h_ptr, w_ptr, bias_ptr, rows, row_mask, H: tl.constexpr, I: tl.constexpr, BIAS: tl.constexpr,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """float32 [BLOCK_N]: one expert's down rows (w_ptr its [H, I] matrix) . h [I] (+ its bias at rows)."""
+    offs = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * I
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for k in range(0, I, BLOCK_K):
+        cols = k + offs
+        col_mask = cols < I
+        h = tl.load(h_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+        acc += w.to(tl.float32) * h[None, :]
+    y = tl.sum(acc, axis=1)
+    if BIAS:
+        y += tl.load(bias_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+    return y
+
+
+@triton.jit
 def _down_kernel(
     h_ptr, logits_ptr, ids_ptr, weights_ptr, w_ptr, bias_ptr, res_ptr, out_ptr, stride_we,
     H: tl.constexpr, I: tl.constexpr, E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr,
@@ -207,22 +226,12 @@ def _down_kernel(
         ids, weights = _top_k(logits_ptr, E, BLOCK_E, TOP_K, BLOCK_TOPK, SOFTMAX_FIRST, RENORMALIZE)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < H
-    offs = tl.arange(0, BLOCK_K)
     dtype = w_ptr.dtype.element_ty
     total = tl.zeros([BLOCK_N], tl.float32)
     for j in tl.static_range(TOP_K):
         expert = _slot(ids, j, BLOCK_TOPK).to(tl.int64)
-        w_rows = w_ptr + expert * stride_we + rows.to(tl.int64)[:, None] * I
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k in range(0, I, BLOCK_K):
-            cols = k + offs
-            col_mask = cols < I
-            h = tl.load(h_ptr + j * I + cols, mask=col_mask, other=0.0).to(tl.float32)
-            w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
-            acc += w.to(tl.float32) * h[None, :]
-        y = tl.sum(acc, axis=1)
-        if BIAS:
-            y += tl.load(bias_ptr + expert * H + rows, mask=row_mask, other=0.0).to(tl.float32)
+        y = _down_rows(h_ptr + j * I, w_ptr + expert * stride_we, bias_ptr + expert * H, rows, row_mask, H, I, BIAS,
+                       BLOCK_N, BLOCK_K)
         total += (y.to(dtype).to(tl.float32) * _slot(weights, j, BLOCK_TOPK)).to(dtype).to(tl.float32)
     out = total.to(dtype).to(tl.float32) + tl.load(res_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, out.to(dtype), mask=row_mask)
@@ -242,19 +251,9 @@ def _down_split_kernel(
     expert = tl.load(ids_ptr + j).to(tl.int64)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < H
-    offs = tl.arange(0, BLOCK_K)
     dtype = w_ptr.dtype.element_ty
-    w_rows = w_ptr + expert * stride_we + rows.to(tl.int64)[:, None] * I
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for k in range(0, I, BLOCK_K):
-        cols = k + offs
-        col_mask = cols < I
-        h = tl.load(h_ptr + j * I + cols, mask=col_mask, other=0.0).to(tl.float32)
-        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
-        acc += w.to(tl.float32) * h[None, :]
-    y = tl.sum(acc, axis=1)
-    if BIAS:
-        y += tl.load(bias_ptr + expert * H + rows, mask=row_mask, other=0.0).to(tl.float32)
+    y = _down_rows(h_ptr + j * I, w_ptr + expert * stride_we, bias_ptr + expert * H, rows, row_mask, H, I, BIAS,
+                   BLOCK_N, BLOCK_K)
     weighted = y.to(dtype).to(tl.float32) * tl.load(weights_ptr + j)
     tl.store(products_ptr + j * H + rows, weighted.to(dtype), mask=row_mask)
     tl.debug_barrier()  # every thread's products stored before the release below
