@@ -1,4 +1,4 @@
-"""A mixture-of-experts layer's MLP for one token (the batch-1 decode step) in four kernels.
+"""A mixture-of-experts layer's MLP for one token (the batch-1 decode step) in three kernels.
 
 `one_token_moe(moe, x, norm)` is `x + moe(norm(x))` (runtime/native/models/moe.py), for a 16-bit x [1, H]:
 
@@ -10,7 +10,8 @@
    their gated activation h[j, tile];
 3. down (DOWN_SPLIT): program (tile, j) reads its output rows of the j-th expert's down matrix, weights the product
    by the router weight and stores it; the last of a tile's k programs to arrive (an atomic counter) sums the k
-   products in order and adds the residual x. Without DOWN_SPLIT a program owns rows of the output over all k
+   products in order and adds the residual x (the counters, `_counters`, are back at zero when a kernel ends; the
+   CUDA tests check both kernels' results token after token). Without DOWN_SPLIT a program owns rows of the output over all k
    experts in turn (k dependent loads: too few programs for the H200's 132 SMs at H = 2048).
 
 ROUTING = "inline" with DOWN_SPLIT = False is the earlier layer (each expert kernel finding the top-k itself after
@@ -21,7 +22,7 @@ the router's matmul, a cast, softmax, top-k, sum and division, two GEMVs and the
 the residual add. A batch-1 step of Qwen3-30B-A3B (48 such layers, 17 kernels each in all) took 4.17 ms on the
 H200 against its 1.47 ms floor (benchmarks/RESULTS.md); Qwen3-8B's step, 7 kernels a layer, was 1.17x its floor.
 Here every expert product reads only the k chosen experts' weights (3 x 768 x 2048 per expert there), spread over
-many programs: k x I / BLOCK_N programs for gate/up, H / BLOCK_N for down. Every kernel is a programmatic dependent
+many programs: k x I / BLOCK_N programs for gate/up, k x H / BLOCK_N for down. Every kernel is a programmatic dependent
 launch (runtime/native/cuda/pdl.py).
 
 Roundings follow the eager code: the logits and each product in the activations' dtype, the weighting in float32
