@@ -25,7 +25,7 @@ fi
 if [[ $PHASES == *profile* ]]; then
   stamp "gpu_moe_profile"
   timeout "$(left 250)" python -m benchmarks.gpu_moe_profile --out $OUT/profile > $OUT/profile.txt 2>&1
-  echo "rc $?" >> $OUT/profile.txt; grep -v "Loading\|Writing" $OUT/profile.txt | cut -c1-600 | tee -a "$L"
+  echo "rc $?" >> $OUT/profile.txt; grep -v "Loading\|Writing" $OUT/profile.txt | cut -c1-2000 | tee -a "$L"
 fi
 if [[ $PHASES == *gemv* ]]; then
   stamp "gemv tiles of the shapes not swept yet (PDL launches)"

@@ -20,9 +20,9 @@ is recorded with its traceback, the others still run, and the run exits 1):
   moe_layer       one layer's MoE MLP for one token, the 48 layers' weights in turn from one graph (each reads
                   memory, as a step does): us per layer on one_token_moe and on the general path, against the bytes
                   the layer must read (router and the k chosen experts) over the bandwidth, on one_token_moe's
-                  defaults and on each of MOE_VARIANTS (`<variant>_us`); its kernels' split; then
-                  one_token_moe's alternative tiles (gate/up, down, the router's GEMV); `parts`: the layer with
-                  one expert kernel's launches dropped, without PDL, and the dense GEMV on the same bytes
+                  defaults and on each of MOE_VARIANTS (`<variant>_us`); `parts`: the layer with one expert
+                  kernel's launches dropped, without PDL, and the dense GEMV on the same bytes; one_token_moe's
+                  alternative tiles (gate/up, split down, the router's); last, its kernels' split
   check           one_token_moe against the eager layer (router, `route`, `Experts.forward`, add) on random tokens
                   in bf16: the largest relative error, and the smallest gap between a chosen and an unchosen logit
                   (a near tie may route the two differently)
@@ -237,9 +237,6 @@ def moe_layer_figures(model: Any, bandwidth: float, cuda: bool, tiles: int) -> d
         res["general_us"] = timed(lambda i: general_moe(layers[i].mlp, x, layers[i].post_attention_layernorm),
                                   len(layers), cuda)
         res["vs_floor"] = res["one_token_us"] / res["floor_us"]
-        if cuda:
-            graph = capture(lambda: [fused(i) for i in range(len(layers))])
-            res["kernels_per_layer"] = kernel_table(graph.replay, 1, cuda)
         res["parts"] = moe_parts(layers, x, bandwidth, cuda, fused)
         for name, options in (("GATE_UP_TILE", GATE_UP_TILES), ("DOWN_TILE", DOWN_TILES)):
             kept = getattr(otm, name)
@@ -256,6 +253,9 @@ def moe_layer_figures(model: Any, bandwidth: float, cuda: bool, tiles: int) -> d
             del gemv_module.TILES[shape]
         else:
             gemv_module.TILES[shape] = kept_router
+        if cuda:  # last: the long table after the figures in the printed line
+            graph = capture(lambda: [fused(i) for i in range(len(layers))])
+            res["kernels_per_layer"] = kernel_table(graph.replay, 1, cuda)
     return res
 
 
