@@ -12,17 +12,15 @@ is recorded with its traceback, the others still run, and the run exits 1):
                   (runtime/native/cuda/graphs.py) and replayed back to back: device ms per step (CUDA events) against the
                   floor (gpu_families.floor_bytes over the bandwidth); `general_moe_ms`: the same step with each MoE
                   layer on the general path (the eager router, then runtime/native/cuda/moe.py's fused_experts), the path
-                  every step took before runtime/native/cuda/one_token_moe.py; `<variant>_ms`: the step on each of
-                  MOE_VARIANTS (one_token_moe's earlier kernels) for the A/B against its defaults (`step_ms`)
+                  every step took before runtime/native/cuda/one_token_moe.py
   kernels         torch.profiler over --profile-steps replays of that step: per kernel, device us and launches per
                   step, largest first; the step's kernel count. (From an eager step when the profiler saw no kernel
                   of the graph's replays.)
   moe_layer       one layer's MoE MLP for one token, the 48 layers' weights in turn from one graph (each reads
                   memory, as a step does): us per layer on one_token_moe and on the general path, against the bytes
-                  the layer must read (router and the k chosen experts) over the bandwidth, on one_token_moe's
-                  defaults and on each of MOE_VARIANTS (`<variant>_us`); `parts`: the layer with one expert
-                  kernel's launches dropped, without PDL, and the dense GEMV on the same bytes; one_token_moe's
-                  alternative tiles (gate/up, split down, the router's); last, its kernels' split
+                  the layer must read (router and the k chosen experts) over the bandwidth; `parts`: the layer
+                  with one expert kernel's launches dropped, without PDL, and the dense GEMV on the same bytes;
+                  one_token_moe's alternative tiles (gate/up, down, the router's); last, its kernels' split
   check           one_token_moe against the eager layer (router, `route`, `Experts.forward`, add) on random tokens
                   in bf16: the largest relative error, and the smallest gap between a chosen and an unchosen logit
                   (a near tie may route the two differently)
@@ -43,41 +41,14 @@ from typing import Any
 
 import torch
 
-# (BLOCK_N, BLOCK_K, num_warps) alternatives timed in moe_layer (DOWN_TILES: of the split down kernel)
-GATE_UP_TILES = ((2, 1024, 4), (2, 2048, 4), (4, 512, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4))
-DOWN_TILES = ((4, 1024, 4), (16, 1024, 4), (16, 1024, 8), (8, 256, 4), (16, 256, 4), (32, 256, 8))
-# runtime/native/cuda/one_token_moe.py's (ROUTING, DOWN_SPLIT, DOWN_TILE) timed in b1 and moe_layer against its
-# defaults: the three-kernel layer of 2026-11-28, the routing in a kernel of its own (split down, and not), and the
-# router's routing with the unsplit down kernel
-MOE_VARIANTS = {"inline_routing": ("inline", False, (4, 1024, 4)), "routing_kernel": ("kernel", True, None),
-                "routing_kernel_unsplit": ("kernel", False, (4, 1024, 4)),
-                "unsplit_down": ("router", False, (4, 1024, 4))}
-ROUTER_TILES = ((1, 2048, 4), (2, 2048, 4), (4, 1024, 4), (8, 512, 4))
+# (BLOCK_N, BLOCK_K, num_warps) alternatives to one_token_moe's tiles timed in moe_layer: the ones within ~1 us of
+# the best in the H200 sweep of 2026-11-29 (benchmarks/RESULTS.md), and the router's former DEFAULT_TILE
+GATE_UP_TILES = ((2, 1024, 4), (4, 512, 4), (16, 256, 4))
+DOWN_TILES = ((4, 1024, 4), (8, 256, 4), (32, 256, 8))
+ROUTER_TILES = ((2, 2048, 4), (4, 1024, 4))
 # grouped-GEMM tiles (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) timed in moe_256: the tiles every step had
 # before GEMM_TILES, then alternatives to GEMM_TILES' choice for 256 tokens
 GEMM_256_TILES = ((16, 64, 64, 4, 3), (16, 128, 128, 4, 2), (32, 128, 128, 4, 3), (64, 128, 64, 4, 3))
-
-
-class Variant:
-    """`with Variant(name):` one_token_moe as MOE_VARIANTS[name] sets it (its defaults for "default")."""
-
-    NAMES = ("ROUTING", "DOWN_SPLIT", "DOWN_TILE")
-
-    def __init__(self, name: str) -> None:
-        self.values = MOE_VARIANTS.get(name)
-
-    def __enter__(self) -> None:
-        from runtime.native.cuda import one_token_moe as otm
-
-        self.kept = [getattr(otm, n) for n in self.NAMES]
-        for n, value, kept in zip(self.NAMES, self.values or self.kept, self.kept):
-            setattr(otm, n, kept if value is None else value)  # None: the default's
-
-    def __exit__(self, *exc: object) -> None:
-        from runtime.native.cuda import one_token_moe as otm
-
-        for n, value in zip(self.NAMES, self.kept):
-            setattr(otm, n, value)
 
 
 def timed(fn: Callable[[int], Any], calls: int, cuda: bool, repeats: int = 5) -> float:
@@ -231,9 +202,6 @@ def moe_layer_figures(model: Any, bandwidth: float, cuda: bool, tiles: int) -> d
 
     with torch.inference_mode():
         res["one_token_us"] = timed(fused, len(layers), cuda)
-        for name in MOE_VARIANTS:
-            with Variant(name):
-                res[f"{name}_us"] = timed(fused, len(layers), cuda)
         res["general_us"] = timed(lambda i: general_moe(layers[i].mlp, x, layers[i].post_attention_layernorm),
                                   len(layers), cuda)
         res["vs_floor"] = res["one_token_us"] / res["floor_us"]
@@ -244,7 +212,7 @@ def moe_layer_figures(model: Any, bandwidth: float, cuda: bool, tiles: int) -> d
                 setattr(otm, name, tile)
                 res[f"{name.lower()}_{'x'.join(map(str, tile))}_us"] = timed(fused, len(layers), cuda)
             setattr(otm, name, kept)
-        shape = (spec.num_experts, hidden)  # the router's tile, timed in the whole layer (its last program routes)
+        shape = (spec.num_experts, hidden)  # the router's tile (gemv.py's TILES), timed in the whole layer
         kept_router = gemv_module.TILES.get(shape)
         for tile in ((kept_router or gemv_module.DEFAULT_TILE), *ROUTER_TILES[:tiles]):
             gemv_module.TILES[shape] = tile
@@ -278,7 +246,7 @@ def moe_parts(layers: list, x: torch.Tensor, bandwidth: float, cuda: bool,
 
     spec, hidden = layers[0].mlp.moe, x.shape[1]
     res: dict[str, Any] = {}
-    for name in ("_down_split_kernel", "_gate_up_kernel"):
+    for name in ("_down_kernel", "_gate_up_kernel"):
         kept = getattr(otm, name)
         setattr(otm, name, _Skipped())
         try:
@@ -402,10 +370,6 @@ def main(argv: list[str] | None = None) -> int:
         made["step"] = step = DecodeStep(model, args.context, cuda)
         res = {"step_ms": step.ms(steps), "floor_ms": floor_bytes(model, args.context) / (bandwidth * 1e9)}
         res["vs_floor"] = res["step_ms"] / res["floor_ms"]
-        for name in MOE_VARIANTS:  # each captured in a graph of its own
-            with Variant(name):
-                res[f"{name}_ms"] = DecodeStep(model, args.context, cuda).ms(steps)
-            res[f"{name}_vs_floor"] = res[f"{name}_ms"] / res["floor_ms"]
         one_token_moe = fused_module.one_token_moe
         fused_module.one_token_moe = general_moe  # the graph below captures the general path
         try:

@@ -8,7 +8,7 @@ kernels fewer per layer, 32 of a batch-1 step's 213 on the 1B shape, 1.2 us each
 writes the rotated K and the V of each new token straight into its KV cache slot (one kernel fewer per
 layer); in a step of one-token rows it does so inside the decode-attention kernel (one more fewer). A
 16-bit one-token step goes further: its projections are GEMVs that carry the norms, SwiGLU and residual
-adds (runtime/native/cuda/gemv.py), four kernels a layer besides attention (an experts layer's MLP: three,
+adds (runtime/native/cuda/gemv.py), four kernels a layer besides attention (an experts layer's MLP: four,
 runtime/native/cuda/one_token_moe.py). They round intermediates to the activation dtype where the eager code
 does, so results match the eager modules (runtime/native/models/norm.py, rotary_embedding.py, llama.py) up to
 the last bit of the transcendental functions and the order of a dot product's sums.
@@ -310,7 +310,7 @@ def one_token_projections(model: nn.Module) -> bool:
 def _one_token_forward(self: nn.Module, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                        meta: AttentionMetadata) -> torch.Tensor:
     """_llama_forward for one token: four GEMV kernels a layer carry its RMSNorms, SwiGLU and residual adds (an
-    experts layer: the router's GEMV and two expert kernels, runtime/native/cuda/one_token_moe.py)."""
+    experts layer: the router's GEMV, the routing and two expert kernels, runtime/native/cuda/one_token_moe.py)."""
     from runtime.native.models.llama import LlamaMLP
 
     for i, layer in enumerate(self.layers):

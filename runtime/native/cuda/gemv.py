@@ -32,13 +32,16 @@ import triton.language as tl
 from runtime.native.cuda.pdl import launch_options, wait_for_previous_kernel
 
 # (BLOCK_N, BLOCK_K, num_warps) by the weight's (N, K); others get DEFAULT_TILE. Chosen by benchmarks/gemv_kernels.py.
-# H100, 2026-11-27: Llama-3.2-1B's q/k/v, o, gate/up, down and output embedding. H200, 2026-11-28 (PDL launches):
-# Llama-3.1-8B's o (Qwen3-8B's too) and output embedding; DEFAULT_TILE was the best there for Llama-3.1-8B's q/k/v
-# (Qwen3-8B's too), gate/up and down, and Qwen3-8B's gate/up. Not swept yet (DEFAULT_TILE): Qwen3-8B's down and
-# output embedding, Qwen3-30B-A3B's q/k/v, o, router and output embedding.
+# H100, 2026-11-27: Llama-3.2-1B's q/k/v, o, gate/up, down and output embedding. H200, PDL launches: 2026-11-28,
+# Llama-3.1-8B's o (Qwen3-8B's too) and output embedding (DEFAULT_TILE was the best for Llama-3.1-8B's q/k/v, Qwen3-8B's
+# too, gate/up and down, and Qwen3-8B's gate/up); 2026-11-29, Qwen3-30B-A3B's q/k/v (7.66 -> 6.65 us), o (6.02 ->
+# 5.29) and output embedding (139.7 -> 137.1), and its router (128, 2048) in the whole one-token MoE layer
+# (benchmarks/gpu_moe_profile.py: 33.0 -> 31.2 us, timed with the routing in the router's last program). Not swept
+# yet (DEFAULT_TILE): Qwen3-8B's down and output embedding.
 TILES: dict[tuple[int, int], tuple[int, int, int]] = {
     (3072, 2048): (8, 2048, 4), (2048, 2048): (2, 1024, 8), (16384, 2048): (4, 1024, 4), (2048, 8192): (4, 2048, 8),
-    (128256, 2048): (2, 1024, 4), (4096, 4096): (8, 512, 8), (128256, 4096): (16, 256, 4)}
+    (128256, 2048): (2, 1024, 4), (4096, 4096): (8, 512, 8), (128256, 4096): (16, 256, 4),
+    (5120, 2048): (8, 512, 4), (2048, 4096): (2, 1024, 4), (151936, 2048): (2, 512, 2), (128, 2048): (1, 2048, 4)}
 DEFAULT_TILE = (4, 1024, 4)
 # FP8 weights' own tiles where they differ (half the bytes a row, so wider column tiles keep as many bytes in flight):
 # the best of benchmarks/gpu_quant.py's sweep on the H200 (2026-11-28) for Llama-3.1-8B's shapes; others: TILES
@@ -78,13 +81,12 @@ def input_tile(x_ptr, norm_ptr, cols, col_mask, rstd, K: tl.constexpr, dtype: tl
 
 
 @triton.jit
-def project_rows(
-    x_ptr, w_ptr, norm_ptr, bias_ptr, scale_ptr, eps, N, K: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr, BIAS: tl.constexpr, SCALED: tl.constexpr,
+def _gemv_kernel(
+    x_ptr, w_ptr, out_ptr, res_ptr, norm_ptr, bias_ptr, scale_ptr, eps, N,
+    K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NORM: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr, BIAS: tl.constexpr, SCALED: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """(rows, row_mask, float32 W f(x) (+ bias) at rows): this program's BLOCK_N rows of the product, the body of
-    the GEMV kernel (also of runtime/native/cuda/one_token_moe.py's router)."""
     dtype = x_ptr.dtype.element_ty  # the activations' dtype (out may be float32 logits; the weight FP8)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
@@ -107,27 +109,9 @@ def project_rows(
         out *= tl.load(scale_ptr + rows, mask=row_mask, other=0.0)
     if BIAS:
         out += tl.load(bias_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
-    return rows, row_mask, out
-
-
-@triton.jit
-def _gemv_kernel(
-    x_ptr, w_ptr, out_ptr, res_ptr, norm_ptr, bias_ptr, scale_ptr, eps, N,
-    K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    NORM: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr, BIAS: tl.constexpr, SCALED: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    dtype = x_ptr.dtype.element_ty
-    rows, row_mask, out = project_rows(x_ptr, w_ptr, norm_ptr, bias_ptr, scale_ptr, eps, N, K, BLOCK_N, BLOCK_K,
-                                       NORM, SILU, BIAS, SCALED, PDL)
     if RESIDUAL:  # the projection rounded, then the add rounded: as the eager add of two activations
         out = out.to(dtype).to(tl.float32) + tl.load(res_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + rows, out.to(dtype).to(out_ptr.dtype.element_ty), mask=row_mask)
-
-
-def tile_for(n: int, k: int, fp8: bool) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, num_warps) of a weight [n, k] (FP8 or 16-bit)."""
-    return (fp8 and FP8_TILES.get((n, k))) or TILES.get((n, k), DEFAULT_TILE)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -144,7 +128,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if out is None:
         out = torch.empty((1, n), dtype=x.dtype, device=weight.device)
     assert out.shape == (1, n) and out.is_contiguous()
-    block_n, block_k, warps = tile_for(n, k, scale is not None)
+    block_n, block_k, warps = (scale is not None and FP8_TILES.get((n, k))) or TILES.get((n, k), DEFAULT_TILE)
     norm_weight, eps = norm if norm is not None else (weight, 0.0)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, out, residual if residual is not None else out, norm_weight,

@@ -9,7 +9,8 @@
   grouped GEMM that multiplies by each pair's router weight; each token's sum over its k pairs is one reduction;
 - steps of few pairs: a GEMV kernel whose programs each read one chosen expert's weight rows, so a step reads only
   the k chosen experts' weights, the same activation, and the same weighted sum. (A 16-bit model's batch-1 decode
-  step runs its MoE layers through runtime/native/cuda/one_token_moe.py instead: router and experts in three kernels.)
+  step runs its MoE layers through runtime/native/cuda/one_token_moe.py instead: router, routing and experts in four
+  kernels.)
 
 Results round to the activation dtype where the eager code does (after each product, and after weighting), with
 float32 accumulation; float32 models use IEEE dot products.
