@@ -34,14 +34,13 @@ from runtime.native.cuda.pdl import launch_options, wait_for_previous_kernel
 # (BLOCK_N, BLOCK_K, num_warps) by the weight's (N, K); others get DEFAULT_TILE. Chosen by benchmarks/gemv_kernels.py.
 # H100, 2026-11-27: Llama-3.2-1B's q/k/v, o, gate/up, down and output embedding. H200, PDL launches: 2026-11-28,
 # Llama-3.1-8B's o (Qwen3-8B's too) and output embedding (DEFAULT_TILE was the best for Llama-3.1-8B's q/k/v, Qwen3-8B's
-# too, gate/up and down, and Qwen3-8B's gate/up); 2026-11-29, Qwen3-30B-A3B's q/k/v (7.66 -> 6.65 us), o (6.02 ->
-# 5.29) and output embedding (139.7 -> 137.1), and its router (128, 2048) in the whole one-token MoE layer
-# (benchmarks/gpu_moe_profile.py: 33.0 -> 31.2 us, timed with the routing in the router's last program). Not swept
-# yet (DEFAULT_TILE): Qwen3-8B's down and output embedding.
+# too, gate/up and down, and Qwen3-8B's gate/up); 2026-11-29, Qwen3-30B-A3B's router (128, 2048), in the graphed step
+# (2.552 -> 2.541 ms). That day the sweep's best tiles for the 30B's q/k/v (8, 512, 4) and o (2, 1024, 4), faster
+# alone in a chain of their own launches (7.66 -> 6.65, 6.02 -> 5.29 us), made the graphed step 0.17 ms slower: they
+# stay on DEFAULT_TILE (benchmarks/RESULTS.md). Not swept yet: Qwen3-8B's down and output embedding.
 TILES: dict[tuple[int, int], tuple[int, int, int]] = {
     (3072, 2048): (8, 2048, 4), (2048, 2048): (2, 1024, 8), (16384, 2048): (4, 1024, 4), (2048, 8192): (4, 2048, 8),
-    (128256, 2048): (2, 1024, 4), (4096, 4096): (8, 512, 8), (128256, 4096): (16, 256, 4),
-    (5120, 2048): (8, 512, 4), (2048, 4096): (2, 1024, 4), (151936, 2048): (2, 512, 2), (128, 2048): (1, 2048, 4)}
+    (128256, 2048): (2, 1024, 4), (4096, 4096): (8, 512, 8), (128256, 4096): (16, 256, 4), (128, 2048): (1, 2048, 4)}
 DEFAULT_TILE = (4, 1024, 4)
 # FP8 weights' own tiles where they differ (half the bytes a row, so wider column tiles keep as many bytes in flight):
 # the best of benchmarks/gpu_quant.py's sweep on the H200 (2026-11-28) for Llama-3.1-8B's shapes; others: TILES
