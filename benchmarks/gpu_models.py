@@ -39,10 +39,10 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
 def make_checkpoint(folder: Path, shape: dict[str, Any], dtype: torch.dtype, *, init_std: float = 0.02,
                     max_positions: int = 8192, seed: int = 0) -> Path:
     """Save a random Llama of `shape` and a byte-level tokenizer to `folder` (skipped when present)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     if (folder / "config.json").exists():
         return folder
+    from transformers import LlamaConfig, LlamaForCausalLM  # 3 s of imports: only when writing
+
     vocab = shape["vocab_size"]
     eos = vocab - 1
     config = LlamaConfig(**shape, max_position_embeddings=max_positions, rms_norm_eps=1e-5, rope_theta=500000.0,
