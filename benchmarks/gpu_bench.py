@@ -89,7 +89,8 @@ FULL = Sizes()
 # prompts of 128 tokens is then prefilled in two steps on both sides.
 MAX_NUM_TOKENS = 4096
 # Smoke loads: 0.3 s of a tiny model's closed loop is some hundred requests, enough to run every figure's code. One
-# consumer process: the engine core's several-process rounds are http_vs_core's smoke's (--consumers 2).
+# consumer process, whose round runs on the `client` variant's core (no core started for it): the engine core's
+# several-process rounds are http_vs_core's smoke's (--consumers 2).
 SMOKE = Sizes(big=gm.TINY, small=gm.TINY, prompt=16, output=8, batch=8, streams=4, closed_loop_s=0.3, http_s=0.3,
               ttft_prompt=64, logits_prompt=40, greedy_steps=8, hf_batch1_tokens=4, copy_gib=1 / 64,
               max_model_len=256, consumer_processes=1)
@@ -182,6 +183,7 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
                        sizes: Sizes = FULL, load: bool = True) -> dict[str, Any]:
     from runtime.native.decode_rows import IDS, LENGTHS, PREV, SLOTS
     from runtime.native.llm_engine import NativeEngine
+    from benchmarks.core_consumers import closed_loop_processes
     from runtime.process.client import EngineClient
 
     res: dict[str, Any] = {}
@@ -287,6 +289,8 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
                 res[f"throughput_{s.batch}_tok_s_{label}"] = sum(d[2] for d in done) / (time.perf_counter() - t)
             if label == "client":
                 res.update({f"{k}_client": v for k, v in (await _closed_loop(engine, s, vocab, next(seed))).items()})
+                if s.consumer_processes == 1:  # (SMOKE) the one-process round below on this core, not a new one
+                    res.update(await closed_loop_processes(cfg, s, vocab, next(seed), 1, engine))
         finally:
             await engine.shutdown()
             del engine
@@ -294,9 +298,8 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     # the engine core under the shape of the HTTP load at 256 streams (closed loop, several client processes)
-    from benchmarks.core_consumers import closed_loop_processes
-
-    res.update(await closed_loop_processes(cfg, s, vocab, next(seed), s.consumer_processes))
+    if s.consumer_processes > 1:
+        res.update(await closed_loop_processes(cfg, s, vocab, next(seed), s.consumer_processes))
     return res
 
 
