@@ -181,9 +181,9 @@ def engine_config(folder: Path, device: str, s: Sizes) -> Any:
 
 async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cuda",
                        sizes: Sizes = FULL, load: bool = True) -> dict[str, Any]:
+    from benchmarks.core_consumers import closed_loop_processes
     from runtime.native.decode_rows import IDS, LENGTHS, PREV, SLOTS
     from runtime.native.llm_engine import NativeEngine
-    from benchmarks.core_consumers import closed_loop_processes
     from runtime.process.client import EngineClient
 
     res: dict[str, Any] = {}
