@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
     runtime.native.core_loader.load_model = gf.random_model  # random weights at the 8B shape, no checkpoint on disk
     model_type, shape = (gf.SMOKE_SHAPES if args.smoke else gf.SHAPES)["llama-3.1-8b"]
-    if args.smoke:  # one layer: on the CPU each of its GEMVs is a run of Triton's interpreter, every layer the same code
+    if args.smoke:  # one layer: on the CPU each GEMV is a run of Triton's interpreter, each layer the same code
         shape = {**shape, "num_hidden_layers": 1}
     sizes = gf.SMOKE_SIZES if args.smoke else dict(prompt=gf.PROMPT, output=gf.OUTPUT, batch=gf.BATCH)
     skip = set(filter(None, args.skip.split(",")))
