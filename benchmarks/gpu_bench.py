@@ -88,10 +88,11 @@ FULL = Sizes()
 # Tokens per engine step, the same for the engine phase and the gateway (whose default is 2048): a burst of 64
 # prompts of 128 tokens is then prefilled in two steps on both sides.
 MAX_NUM_TOKENS = 4096
-# Smoke loads: 0.3 s of a tiny model's closed loop is some hundred requests, enough to run every figure's code. One
-# consumer process, whose round runs on the `client` variant's core (no core started for it): the engine core's
-# several-process rounds are http_vs_core's smoke's (--consumers 2).
-SMOKE = Sizes(big=gm.TINY, small=gm.TINY, prompt=16, output=8, batch=8, streams=4, closed_loop_s=0.3, http_s=0.3,
+# Smoke loads: 0.1 s of a tiny model's closed loop is tens of requests (0.3 s over HTTP, where the load generator
+# starts and warms up), enough to run every figure's code. One consumer process, whose round runs on the `client`
+# variant's core (no core started for it): the engine core's several-process rounds are http_vs_core's smoke's
+# (--consumers 2).
+SMOKE = Sizes(big=gm.TINY, small=gm.TINY, prompt=16, output=8, batch=8, streams=4, closed_loop_s=0.1, http_s=0.3,
               ttft_prompt=64, logits_prompt=40, greedy_steps=8, hf_batch1_tokens=4, copy_gib=1 / 64,
               max_model_len=256, consumer_processes=1)
 
