@@ -41,14 +41,19 @@ class ConsumerArgs(msgspec.Struct):
 
 class CoreConsumers:
     """`sizes.batch` closed-loop streams split over `processes` front ends of one new engine core, run in rounds
-    of `sizes.closed_loop_s` (async context manager: starts the core and the other processes, and warms up)."""
+    of `sizes.closed_loop_s` (async context manager: starts the core and the other processes, and warms up).
+    `engine`: for one process, a started client of a core of `config` to use (and leave running) instead of a new
+    core (gpu_bench's smoke run: a core start is 3 s of CPU)."""
 
-    def __init__(self, config: EngineConfig, sizes: Sizes, vocab: int, seed: int, processes: int) -> None:
+    def __init__(self, config: EngineConfig, sizes: Sizes, vocab: int, seed: int, processes: int,
+                 engine: EngineClient | None = None) -> None:
+        assert engine is None or processes == 1, "the other processes attach to a core started with room for them"
         self.config, self.sizes, self.vocab, self.seed, self.processes = config, sizes, vocab, seed, processes
         self.share = dataclasses.replace(sizes, streams=sizes.batch // processes)
         self.folder = tempfile.mkdtemp(prefix="core-consumers-")
         self.others: list[subprocess.Popen[str]] = []
-        self.engine = EngineClient(config, FrontEnd(0, processes, self.folder))
+        self.owned = engine is None
+        self.engine = engine or EngineClient(config, FrontEnd(0, processes, self.folder))
         self.rounds = 0
 
     async def __aenter__(self) -> CoreConsumers:
@@ -82,7 +87,8 @@ class CoreConsumers:
                 await asyncio.to_thread(proc.wait, timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        await self.engine.shutdown()
+        if self.owned:
+            await self.engine.shutdown()
 
     async def round(self) -> dict[str, Any]:
         """One round: every process runs its streams for `closed_loop_s`; the summed tok/s, and each process's
@@ -120,9 +126,9 @@ class CoreConsumers:
 
 
 async def closed_loop_processes(config: EngineConfig, sizes: Sizes, vocab: int, seed: int,
-                                processes: int) -> dict[str, Any]:
-    """One round of `CoreConsumers` on a new core."""
-    async with CoreConsumers(config, sizes, vocab, seed, processes) as consumers:
+                                processes: int, engine: EngineClient | None = None) -> dict[str, Any]:
+    """One round of `CoreConsumers` on a new core (or on `engine`'s: see there)."""
+    async with CoreConsumers(config, sizes, vocab, seed, processes, engine) as consumers:
         return await consumers.round()
 
 

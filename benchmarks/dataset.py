@@ -23,10 +23,12 @@ class Prompt:
 
 
 def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
-    """A transformers tokenizer from a local folder (never downloads)."""
-    from transformers import AutoTokenizer
+    """A transformers tokenizer from a local folder (never downloads): the class the gateway loads
+    (runtime/tokenizer.py), without AutoTokenizer's config machinery, which imports torch (3 s of CPU per
+    load-generator start)."""
+    from runtime.tokenizer import Tokenizer
 
-    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return Tokenizer.from_pretrained(path).hf
 
 
 def word_token_ids(tokenizer: PreTrainedTokenizerBase, limit: int = 30000) -> list[int]:

@@ -88,9 +88,11 @@ FULL = Sizes()
 # Tokens per engine step, the same for the engine phase and the gateway (whose default is 2048): a burst of 64
 # prompts of 128 tokens is then prefilled in two steps on both sides.
 MAX_NUM_TOKENS = 4096
-# Smoke loads: 0.3 s of a tiny model's closed loop is some hundred requests, enough to run every figure's code. One
-# consumer process: the engine core's several-process rounds are http_vs_core's smoke's (--consumers 2).
-SMOKE = Sizes(big=gm.TINY, small=gm.TINY, prompt=16, output=8, batch=8, streams=4, closed_loop_s=0.3, http_s=0.3,
+# Smoke loads: 0.1 s of a tiny model's closed loop is tens of requests (0.3 s over HTTP, where the load generator
+# starts and warms up), enough to run every figure's code. One consumer process, whose round runs on the `client`
+# variant's core (no core started for it): the engine core's several-process rounds are http_vs_core's smoke's
+# (--consumers 2).
+SMOKE = Sizes(big=gm.TINY, small=gm.TINY, prompt=16, output=8, batch=8, streams=4, closed_loop_s=0.1, http_s=0.3,
               ttft_prompt=64, logits_prompt=40, greedy_steps=8, hf_batch1_tokens=4, copy_gib=1 / 64,
               max_model_len=256, consumer_processes=1)
 
@@ -180,6 +182,7 @@ def engine_config(folder: Path, device: str, s: Sizes) -> Any:
 
 async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cuda",
                        sizes: Sizes = FULL, load: bool = True) -> dict[str, Any]:
+    from benchmarks.core_consumers import closed_loop_processes
     from runtime.native.decode_rows import IDS, LENGTHS, PREV, SLOTS
     from runtime.native.llm_engine import NativeEngine
     from runtime.process.client import EngineClient
@@ -287,6 +290,8 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
                 res[f"throughput_{s.batch}_tok_s_{label}"] = sum(d[2] for d in done) / (time.perf_counter() - t)
             if label == "client":
                 res.update({f"{k}_client": v for k, v in (await _closed_loop(engine, s, vocab, next(seed))).items()})
+                if s.consumer_processes == 1:  # (SMOKE) the one-process round below on this core, not a new one
+                    res.update(await closed_loop_processes(cfg, s, vocab, next(seed), 1, engine))
         finally:
             await engine.shutdown()
             del engine
@@ -294,9 +299,8 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     # the engine core under the shape of the HTTP load at 256 streams (closed loop, several client processes)
-    from benchmarks.core_consumers import closed_loop_processes
-
-    res.update(await closed_loop_processes(cfg, s, vocab, next(seed), s.consumer_processes))
+    if s.consumer_processes > 1:
+        res.update(await closed_loop_processes(cfg, s, vocab, next(seed), s.consumer_processes))
     return res
 
 
@@ -610,14 +614,14 @@ def main(argv: list[str] | None = None) -> int:
     s = sizes
     prefix = "smoke-" if args.smoke else ""  # the folders are reused when present: never a tiny one for a full run
     big = gm.make_checkpoint(work / f"{prefix}llama1b", s.big, torch.bfloat16)
-    small = gm.make_checkpoint(work / f"{prefix}small", s.small, torch.float32, init_std=0.08)
     weights = sum(f.stat().st_size for f in big.glob("*.safetensors"))
     phase("bandwidth", lambda: {"tb_s": bandwidth_tb_s(s.copy_gib, device), "weight_bytes": weights})
     if "bandwidth" in results and "tb_s" in results["bandwidth"]:
         results["bandwidth"]["floor_ms"] = weights / results["bandwidth"]["tb_s"] / 1e9
     phase("logits", lambda: gm.check_logits(big, s.logits_prompt, device), ok=lambda r: r["pass"])
-    phase("greedy_fp32", lambda: gm.check_greedy_fp32(small, steps=s.greedy_steps, device=device),
-          ok=lambda r: r["equal"])
+    phase("greedy_fp32", lambda: gm.check_greedy_fp32(
+        gm.make_checkpoint(work / f"{prefix}small", s.small, torch.float32, init_std=0.08), steps=s.greedy_steps,
+        device=device), ok=lambda r: r["equal"])
     phase("hf", lambda: gm.hf_generate(big, torch.bfloat16, s.hf_batch1_tokens, s.streams, s.prompt, s.output, device))
     phase("engine", lambda: asyncio.run(engine_phase(big, out, "profile" not in skip, device, s,
                                                      load="engine_load" not in skip)))

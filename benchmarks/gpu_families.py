@@ -63,7 +63,7 @@ SMOKE_SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 PROMPT, OUTPUT, BATCH = 128, 128, 256
 # gaps: the batch-1 inter-token gaps timed (default 63); warmup: tokens per warm-up request (default 8)
-SMOKE_SIZES = dict(prompt=16, output=2, batch=8, gaps=2, warmup=2)
+SMOKE_SIZES = dict(prompt=16, output=2, batch=8, gaps=1, warmup=2)
 
 
 def hf_config(model_type: str, shape: dict[str, Any]) -> Any:

@@ -43,9 +43,10 @@ PEAK_TFLOPS = 790.0  # the H200's dense bf16 tensor-core rate (KINDS.md)
 SHAPES = {"llama-3.1-8b": gf.SHAPES["llama-3.1-8b"],
           "llama-3.2-1b": ("llama", dict(gm.LLAMA_1B, max_position_embeddings=4096, rope_theta=500000.0))}
 FULL = dict(prompt=128, output=128, batch=256, ttft_prompt=1024, itl_s=8.0, itl_streams=(64, 256))
-SMOKE = dict(prompt=16, output=4, batch=8, ttft_prompt=32, itl_s=0.3, itl_streams=(2, 8))
+# smoke loads: 0.1 s closed loops still run a request or more per stream (each a few inter-token gaps)
+SMOKE = dict(prompt=16, output=4, batch=8, ttft_prompt=32, itl_s=0.1, itl_streams=(2, 8))
 MIX = dict(streams=512, prompt=1024, output=256, seconds=30.0)
-MIX_SMOKE = dict(streams=4, prompt=32, output=8, seconds=0.3)
+MIX_SMOKE = dict(streams=4, prompt=32, output=8, seconds=0.1)
 # kernel kinds by a piece of the kernel's name, the first match wins
 KINDS = (("sampling", ("argmax", "topk", "top_k", "softmax", "sample", "multinomial", "sort")),
          ("attention", ("_decode_kernel", "_prefill_kernel", "store_kv", "attention", "attn", "flash", "fmha")),

@@ -1,6 +1,6 @@
 """Random-weight checkpoints for the GPU benchmark, transformers baselines, and the correctness checks.
 
-- `make_checkpoint`: a Llama checkpoint folder with random weights (transformers' own init) and a
+- `make_checkpoint`: a Llama checkpoint folder with random weights (as transformers initializes them) and a
   word-level tokenizer over the whole vocabulary ("w0 w1 ..."), so our gateway, transformers serve
   and the load generator all work on it without downloads.
 - `hf_generate_step_ms` / `hf_generate_tok_s`: transformers `generate` (eager, dynamic cache).
@@ -38,23 +38,52 @@ TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_
 
 def make_checkpoint(folder: Path, shape: dict[str, Any], dtype: torch.dtype, *, init_std: float = 0.02,
                     max_positions: int = 8192, seed: int = 0) -> Path:
-    """Save a random Llama of `shape` and a byte-level tokenizer to `folder` (skipped when present)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
+    """Save a random Llama of `shape` and a byte-level tokenizer to `folder` (skipped when present): the files
+    transformers' LlamaForCausalLM saves, with its init (N(0, init_std) matrices, the padding id's embedding row
+    zero, unit norms), written here: importing its model classes took 3 s of CPU per benchmark start."""
     if (folder / "config.json").exists():
         return folder
-    vocab = shape["vocab_size"]
+    from safetensors.torch import save_file
+
+    vocab, hidden, layers = shape["vocab_size"], shape["hidden_size"], shape["num_hidden_layers"]
     eos = vocab - 1
-    config = LlamaConfig(**shape, max_position_embeddings=max_positions, rms_norm_eps=1e-5, rope_theta=500000.0,
-                         initializer_range=init_std, bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
-    torch.manual_seed(seed)
-    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = LlamaForCausalLM(config).to(dtype)
-    model.generation_config.eos_token_id = eos
-    model.save_pretrained(folder)
+    ids = dict(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+    heads = shape["num_attention_heads"]
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False,
+              "attention_dropout": 0.0, "hidden_act": "silu", "mlp_bias": False, "pretraining_tp": 1,
+              "tie_word_embeddings": False, "use_cache": True, "num_key_value_heads": heads,
+              "head_dim": hidden // heads, **shape, "max_position_embeddings": max_positions, "rms_norm_eps": 1e-5,
+              "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}, "initializer_range": init_std,
+              "dtype": str(dtype).removeprefix("torch."), **ids}
+    q, kv = heads * config["head_dim"], config["num_key_value_heads"] * config["head_dim"]
+    inter = config["intermediate_size"]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device).manual_seed(seed)
+
+    def matrix(rows: int, cols: int) -> torch.Tensor:
+        return torch.empty(rows, cols, device=device).normal_(0.0, init_std, generator=gen).to(dtype).cpu()
+
+    def ones() -> torch.Tensor:
+        return torch.ones(hidden, dtype=dtype)
+
+    embed = matrix(vocab, hidden)
+    embed[eos] = 0  # the padding id's row, as nn.Embedding(padding_idx) is initialized
+    weights = {"model.embed_tokens.weight": embed, "model.norm.weight": ones()}
+    for i in range(layers):
+        layer = f"model.layers.{i}."
+        weights |= {layer + "self_attn.q_proj.weight": matrix(q, hidden), layer + "self_attn.k_proj.weight":
+                    matrix(kv, hidden), layer + "self_attn.v_proj.weight": matrix(kv, hidden),
+                    layer + "self_attn.o_proj.weight": matrix(hidden, q), layer + "mlp.gate_proj.weight":
+                    matrix(inter, hidden), layer + "mlp.up_proj.weight": matrix(inter, hidden),
+                    layer + "mlp.down_proj.weight": matrix(hidden, inter),
+                    layer + "input_layernorm.weight": ones(), layer + "post_attention_layernorm.weight": ones()}
+    if not config["tie_word_embeddings"]:
+        weights["lm_head.weight"] = matrix(vocab, hidden)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "generation_config.json").write_text(json.dumps(ids, indent=2) + "\n")
     write_tokenizer(folder, vocab)
-    del model
-    torch.cuda.empty_cache()
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")  # last: complete
     return folder
 
 
