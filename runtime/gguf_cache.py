@@ -70,12 +70,12 @@ def exact_dtype(reader: GGUFReader) -> str:
         else "float32"
 
 
-def converted_bytes(gguf: Path, dtype: str) -> int:
-    """About the size of the converted checkpoint: its weights in the target dtype, and a margin for the rest."""
-    reader = GGUFReader(gguf)
+def converted_bytes(reader: GGUFReader, dtype: str) -> int:
+    """About the size of the converted checkpoint of the file `reader` parsed: its weights in the target dtype, and
+    a margin for the rest."""
     itemsize = 4 if (exact_dtype(reader) if dtype == "auto" else dtype) == "float32" else 2
     weights = sum(int(t.n_elements) for t in reader.tensors) * itemsize
-    return weights + gguf.stat().st_size // 10 + 16 * 2**20  # tokenizer files, config
+    return weights + Path(reader.data.filename).stat().st_size // 10 + 16 * 2**20  # tokenizer files, config
 
 
 def converted(gguf: Path, dtype: str, root: Path) -> Path:
@@ -96,7 +96,7 @@ def unconverted_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = No
     root = cache_dir or default_cache_dir()
     if found is None or converted(found, dtype, root).is_dir():
         return None
-    check_room(root, converted_bytes(found, dtype))
+    check_room(root, converted_bytes(GGUFReader(found), dtype))
     return found
 
 

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.async_engine import AsyncEngine
 from runtime.native.block_manager import BlockManager
@@ -26,7 +26,6 @@ from runtime.native.cpu.warm_up import CpuWarmUp
 from runtime.engine import EngineStats
 from runtime.native.engine_core import EngineCore
 from runtime.errors import EngineNotReadyError, InvalidRequestError, QueueFullError
-from runtime.native.guided import GuidedCompiler, GuideState
 from runtime.native.lora import LoraManager
 from runtime.native.model_runner import ModelRunner
 from runtime.native.outbox import Outbox
@@ -39,6 +38,9 @@ from runtime.startup import StartupPhases
 from runtime.native.step_output import StepOutput
 from runtime.validation import PreparedRequest
 from runtime.workers import WorkerPool
+
+if TYPE_CHECKING:  # xgrammar (and the transformers it imports, 0.8 s) loads with the first guided request
+    from runtime.native.guided import GuidedCompiler, GuideState
 
 logger = logging.getLogger(__name__)
 
@@ -238,6 +240,8 @@ class NativeEngine(AsyncEngine):
         """Grammar compiler for this tokenizer, made on the first guided request."""
         with self._guided_lock:  # first guided requests may arrive together (worker threads)
             if self._guided_compiler is None:
+                from runtime.native.guided import GuidedCompiler
+
                 self._guided_compiler = GuidedCompiler(self.tokenizer.hf, self.spec.vocab_size, self.eos_token_ids)
             return self._guided_compiler
 

@@ -49,10 +49,10 @@ def test_terse_training_script_runs(tmp_path: Path) -> None:
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("the default model's wheel is not installed (make install)")
 
-    # one step of 2 questions, one sample answer, 2 held-out questions measured (batches of 2: padded, as in a real
-    # run): a faster suite
-    main(["--steps", "1", "--batch-size", "2", "--samples", "1", "--held-out", "2", "--out", str(tmp_path / "terse"),
-          "--threads", str(torch.get_num_threads())])  # this process's (one per xdist worker), not the script's 2
+    # one step of 2 questions, one sample answer of 6 tokens, 2 held-out questions measured (batches of 2: padded, as
+    # in a real run): a faster suite (48-token answers took 70% of it)
+    main(["--steps", "1", "--batch-size", "2", "--samples", "1", "--held-out", "2", "--answer-tokens", "6",
+          "--out", str(tmp_path / "terse"), "--threads", str(torch.get_num_threads())])  # this process's (one per xdist worker), not the script's 2
     config = json.loads((tmp_path / "terse" / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and (tmp_path / "terse" / "adapter_model.safetensors").is_file()
     assert "held-out answers" in (tmp_path / "terse" / "ADAPTER.md").read_text()

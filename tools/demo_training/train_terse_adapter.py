@@ -126,6 +126,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=DEMO_DIR / "terse")
     parser.add_argument("--samples", type=int, default=SAMPLES, help="greedy answers shown in ADAPTER.md")
     parser.add_argument("--held-out", type=int, default=None, help="held-out questions measured (default: all)")
+    parser.add_argument("--answer-tokens", type=int, default=48, help="greedy tokens of each answer shown")
     add_lora_options(parser, steps=120, lr=1e-3)
     return parser.parse_args(argv)
 
@@ -183,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     shipped = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
                                         str(out)).eval()
     lora_loss = answer_loss(shipped, held, pad_id)
-    samples = [(q, answer(plain, tokenizer, q), answer(shipped, tokenizer, q)) for q, _ in held_pairs[:args.samples]]
+    samples = [(q, answer(plain, tokenizer, q, args.answer_tokens), answer(shipped, tokenizer, q, args.answer_tokens))
+               for q, _ in held_pairs[:args.samples]]
     seconds = time.perf_counter() - start
     size = weights_file.stat().st_size
     command = "python -m tools.demo_training.train_terse_adapter" + (

@@ -100,14 +100,15 @@ def resolve_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) 
     if done.is_dir():
         logger.debug("GGUF %s: using the checkpoint converted before, cached in %s", found, done / name)
         return str(done / name)
-    needed = converted_bytes(found, dtype)
+    reader = GGUFReader(found)  # parsed once (SmolLM2's 49k-token vocabulary takes ~3 s): sized, then converted
+    needed = converted_bytes(reader, dtype)
     check_room(root, needed)
     try:
         # written into a temporary folder and renamed, so a crash or a concurrent start never sees half a folder
         work = Path(tempfile.mkdtemp(prefix=f".{done.name}-", dir=root))
         try:
             started = time.perf_counter()
-            stored = _convert(found, work / name, dtype)
+            stored = _convert(reader, found, work / name, dtype)
             try:
                 work.rename(done)
             except OSError:  # another process finished the same conversion first
@@ -122,12 +123,12 @@ def resolve_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) 
     return str(done / name)
 
 
-def _convert(gguf_file: Path, out: Path, dtype: str) -> str:
-    """Write the HF-style checkpoint of `gguf_file` into `out`; return the weights' dtype name."""
+def _convert(reader: GGUFReader, gguf_file: Path, out: Path, dtype: str) -> str:
+    """Write the HF-style checkpoint of `gguf_file` (`reader` parsed it) into `out`; return the weights' dtype
+    name."""
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
-    reader = GGUFReader(gguf_file)
     architecture = str(reader.fields[Keys.General.ARCHITECTURE].contents())
     if architecture not in _PERMUTES_QK:
         raise ValueError(f"{gguf_file}: GGUF architecture {architecture!r} is not supported. "
