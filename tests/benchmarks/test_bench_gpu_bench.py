@@ -11,6 +11,7 @@ no-graphs rerun inside the engine phase (the script skips them off CUDA)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -31,8 +32,9 @@ def test_every_phase_on_the_cpu(tmp_path: Path, smoke_work: Path) -> None:
     r = json.loads((out / "gpu_bench.json").read_text())
     assert r["failed_phases"] == [] and set(r["phase_s"]) == {"bandwidth", "logits", "greedy_fp32", "hf", "engine"}
     assert r["logits"]["pass"] and r["greedy_fp32"]["equal"]
-    assert positive(r["bandwidth"]["tb_s"], r["bandwidth"]["floor_ms"], r["hf"]["batch1_step_ms"],
-                    r["hf"]["batch4_output_tok_s"])
+    assert positive(r["bandwidth"]["tb_s"], r["bandwidth"]["floor_ms"], r["hf"]["batch4_output_tok_s"])
+    # a difference of two timings (generate of n + 1 tokens less generate of 1): on a loaded box it can come out <= 0
+    assert math.isfinite(r["hf"]["batch1_step_ms"])
     engine = r["engine"]
     assert positive(engine["load_s"], engine["decode_b1_itl_ms_p50"], engine["ttft_64_ms_p50"],
                     engine["throughput_8_tok_s"], engine["closed_loop_4_tok_s"], engine["event_loop_lag_ms_p99"],
