@@ -172,11 +172,13 @@ def _pct(values: list[float], q: float) -> float:
 
 
 def engine_config(folder: Path, device: str, s: Sizes) -> Any:
-    """The engine phase's EngineConfig: up to `s.batch` sequences, KV room for twice that many requests."""
+    """The engine phase's EngineConfig: up to `s.batch` sequences, KV room for twice that many requests and at least
+    one context window (the engine refuses less: http_vs_core's CUDA smoke of 4 streams asked for 192 of 256)."""
     from runtime.config import EngineConfig
 
+    kv_tokens = max(s.batch * (s.prompt + s.output) * 2, s.max_model_len)
     return EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=s.batch,
-                        max_num_tokens=MAX_NUM_TOKENS, max_kv_tokens=s.batch * (s.prompt + s.output) * 2,
+                        max_num_tokens=MAX_NUM_TOKENS, max_kv_tokens=kv_tokens,
                         max_model_len=s.max_model_len, enable_prefix_caching=False)
 
 

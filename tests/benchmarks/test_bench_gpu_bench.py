@@ -70,3 +70,12 @@ def test_a_failed_check_fails_the_run(tmp_path: Path, smoke_work: Path, monkeypa
     code = gpu_bench.main(["--device", "cpu", "--smoke", "--skip", "bandwidth,greedy_fp32,hf,engine,http,http_in_process,http_batch,tserve,http_api2,http_api4,http_batch_api2,http_batch_api4,http_batch_dp2",
                            "--out", str(tmp_path / "out"), "--work", str(smoke_work)])
     assert code == 1
+
+
+def test_the_engine_config_of_few_streams_holds_a_context_window(tmp_path: Path) -> None:
+    """http_vs_core's CUDA smoke (4 streams of 16 + 8 tokens) asked for 192 KV tokens with a 256-token window, which
+    the engine refuses at start."""
+    import dataclasses
+
+    config = gpu_bench.engine_config(tmp_path, "cpu", dataclasses.replace(gpu_bench.SMOKE, batch=4))
+    assert config.max_kv_tokens == gpu_bench.SMOKE.max_model_len == 256
