@@ -254,6 +254,32 @@ def test_cache_is_reused_until_the_file_changes(
     assert resolve_gguf(str(path)) != first
 
 
+def test_auto_and_the_dtype_it_resolves_to_share_one_conversion(
+    models_root: Path, tmp_path: Path, cache_home: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A float32 file's "auto" is "float32" (a quantized file's too): the default model's server (auto) and the
+    engines asking for float32 converted SmolLM2 twice, 10 s each on a clean machine."""
+    from runtime.gguf_cache import cached_checkpoint
+
+    path = write_gguf(build_tiny_model(models_root, "llama"), tmp_path / "tiny.gguf")
+    with caplog.at_level(logging.INFO, logger="runtime.native.models.gguf"):
+        auto = resolve_gguf(str(path))
+        assert Path(resolve_gguf(str(path), "float32")).resolve() == Path(auto).resolve()
+        assert cached_checkpoint(str(path), "float32") is not None and cached_checkpoint(str(path), "auto") == auto
+        half = resolve_gguf(str(path), "bfloat16")
+    assert Path(half).resolve() != Path(auto).resolve()
+    conversions = [r.getMessage() for r in caplog.records if " converted to " in r.getMessage()]
+    assert [c.split(" converted to ")[1].split()[0] for c in conversions] == ["float32", "bfloat16"]
+
+    other = tmp_path / "other.gguf"  # and the other way round: float32 first, then auto finds it
+    other.write_bytes(path.read_bytes())
+    with caplog.at_level(logging.INFO, logger="runtime.native.models.gguf"):
+        caplog.clear()
+        first = resolve_gguf(str(other), "float32")
+        assert Path(resolve_gguf(str(other))).resolve() == Path(first).resolve()
+    assert len([r for r in caplog.records if " converted to " in r.getMessage()]) == 1
+
+
 def test_other_paths_pass_through(models_root: Path, tmp_path: Path) -> None:
     original = build_tiny_model(models_root, "llama")
     assert resolve_gguf(str(original)) == str(original)

@@ -101,6 +101,11 @@ def resolve_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) 
         logger.debug("GGUF %s: using the checkpoint converted before, cached in %s", found, done / name)
         return str(done / name)
     reader = GGUFReader(found)  # parsed once (SmolLM2's 49k-token vocabulary takes ~3 s): sized, then converted
+    same = _same_conversions(reader, found, dtype, root)
+    for other in same:
+        if other.is_dir():  # "auto" of a quantized file is "float32": converted under the other name before
+            _alias(done, other)
+            return str(other / name)
     needed = converted_bytes(reader, dtype)
     check_room(root, needed)
     try:
@@ -118,9 +123,29 @@ def resolve_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) 
             shutil.rmtree(work, ignore_errors=True)
     except OSError as exc:  # unwritable, full: one line that says what to do, not a traceback
         raise CacheFolderError(root, needed, exc.strerror or str(exc)) from None
+    for other in same:
+        _alias(other, done)
     logger.info("GGUF %s converted to %s checkpoint in %.1f s, cached in %s",
                 found, stored, time.perf_counter() - started, done / name)
     return str(done / name)
+
+
+def _same_conversions(reader: GGUFReader, gguf_file: Path, dtype: str, root: Path) -> list[Path]:
+    """The cache folders of the other dtype requests that convert `gguf_file` to the same checkpoint as `dtype`:
+    "auto" and the dtype it resolves to (a quantized file's "auto" is "float32")."""
+    exact = exact_dtype(reader)
+    requests = {"auto", exact} if dtype in ("auto", exact) else set()
+    return [converted(gguf_file, other, root) for other in sorted(requests - {dtype})]
+
+
+def _alias(alias: Path, folder: Path) -> None:
+    """`alias` names `folder` (a link beside it in the cache) where it can: a later start asking for the other dtype
+    then finds the checkpoint without parsing the file (a link another process made first, or an unwritable cache
+    only cost that parse)."""
+    try:
+        alias.symlink_to(folder.name, target_is_directory=True)
+    except OSError:
+        pass
 
 
 def _convert(reader: GGUFReader, gguf_file: Path, out: Path, dtype: str) -> str:
