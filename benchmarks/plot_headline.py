@@ -29,12 +29,13 @@ CPU_TOK_S = {
 }
 
 # model shape: (step ms, floor ms). Llama-3.2-1B: "2026-11-27 13:05-14:10 the step as columns" (through the engine
-# core); the others: "2026-11-28 issue 43's families on the H200" (random bf16 weights).
+# core); the 8B shapes: "2026-11-28 issue 43's families on the H200"; Qwen3-30B-A3B: the graphed step of
+# "2026-11-29 08:30-09:05 UTC: Qwen3-30B-A3B batch 1" (random bf16 weights).
 H200_BATCH1_MS = {
     "Llama-3.2-1B": (1.069, 0.602),
     "Llama-3.1-8B": (4.07, 3.62),
     "Qwen3-8B": (4.27, 3.66),
-    "Qwen3-30B-A3B": (4.17, 1.47),
+    "Qwen3-30B-A3B": (2.541, 1.454),
 }
 
 
