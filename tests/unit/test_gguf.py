@@ -13,6 +13,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -278,6 +279,10 @@ def test_auto_and_the_dtype_it_resolves_to_share_one_conversion(
         first = resolve_gguf(str(other), "float32")
         assert Path(resolve_gguf(str(other))).resolve() == Path(first).resolve()
     assert len([r for r in caplog.records if " converted to " in r.getMessage()]) == 1
+
+    shutil.rmtree(Path(first).parent)  # the folder deleted, its alias left dangling: converted again under "auto"
+    again = Path(resolve_gguf(str(other)))
+    assert (again / "model.safetensors").is_file() and not again.parent.is_symlink()
 
 
 def test_other_paths_pass_through(models_root: Path, tmp_path: Path) -> None:

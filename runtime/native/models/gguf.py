@@ -108,6 +108,8 @@ def resolve_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) 
             return str(other / name)
     needed = converted_bytes(reader, dtype)
     check_room(root, needed)
+    if done.is_symlink():  # an alias whose folder was deleted: the rename below cannot replace it
+        done.unlink()
     try:
         # written into a temporary folder and renamed, so a crash or a concurrent start never sees half a folder
         work = Path(tempfile.mkdtemp(prefix=f".{done.name}-", dir=root))
