@@ -85,9 +85,6 @@ class Sizes:
 
 
 FULL = Sizes()
-# Tokens per engine step, the same for the engine phase and the gateway (whose default is 2048): a burst of 64
-# prompts of 128 tokens is then prefilled in two steps on both sides.
-MAX_NUM_TOKENS = 4096
 # Smoke loads: 0.1 s of a tiny model's closed loop is tens of requests (0.3 s over HTTP, where the load generator
 # starts and warms up), enough to run every figure's code. One consumer process, whose round runs on the `client`
 # variant's core (no core started for it): the engine core's several-process rounds are http_vs_core's smoke's
@@ -173,12 +170,13 @@ def _pct(values: list[float], q: float) -> float:
 
 def engine_config(folder: Path, device: str, s: Sizes) -> Any:
     """The engine phase's EngineConfig: up to `s.batch` sequences, KV room for twice that many requests and at least
-    one context window (the engine refuses less: http_vs_core's CUDA smoke of 4 streams asked for 192 of 256)."""
+    one context window (the engine refuses less: http_vs_core's CUDA smoke of 4 streams asked for 192 of 256); the
+    tokens a step are the engine's default for the model, as users get them (until 2026-11-29: 4096 on both sides)."""
     from runtime.config import EngineConfig
 
     kv_tokens = max(s.batch * (s.prompt + s.output) * 2, s.max_model_len)
     return EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=s.batch,
-                        max_num_tokens=MAX_NUM_TOKENS, max_kv_tokens=kv_tokens,
+                        max_kv_tokens=kv_tokens,
                         max_model_len=s.max_model_len, enable_prefix_caching=False)
 
 
@@ -504,7 +502,7 @@ def gateway_command(folder: Path, device: str, s: Sizes, streams: int, *extra: s
     """`gateway serve` of `folder` for `streams` concurrent streams ("{port}": procs.Server fills it in)."""
     return [sys.executable, "-m", "gateway", "serve", "--host", "127.0.0.1", "--port", "{port}", "--model", str(folder),
             "--device", device, "--dtype", "bfloat16", "--max-batch-size", str(streams),
-            "--max-model-len", str(s.max_model_len), "--max-num-tokens", str(MAX_NUM_TOKENS),
+            "--max-model-len", str(s.max_model_len),
             "--kv-cache-fraction", "0.3",
             "--no-enable-prefix-caching", "--log-level", "info", "--grpc-port", "none", *extra]
 

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from benchmarks import gpu_models as gm
-from benchmarks.gpu_bench import MAX_NUM_TOKENS, _request, _stream, bandwidth_tb_s
+from benchmarks.gpu_bench import _request, _stream, bandwidth_tb_s
 
 COMMON = dict(max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False)
 SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -140,7 +140,7 @@ async def engine_figures(folder: Path, device: str, sizes: dict[str, int], **opt
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     context = 2048 if batch == BATCH else 256
     cfg = EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=batch,
-                       max_num_tokens=MAX_NUM_TOKENS, max_kv_tokens=max(batch * (prompt + output) * 2, context),
+                       max_kv_tokens=max(batch * (prompt + output) * 2, context),
                        max_model_len=context, enable_prefix_caching=False, **options)
     t0 = time.perf_counter()
     engine = NativeEngine(cfg)

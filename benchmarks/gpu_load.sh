@@ -15,7 +15,7 @@ PHASES=${PHASES:-"tests profile attention gemm"}
 MIX_KV=${MIX_KV:-auto}
 TESTS=${TESTS:-"tests/unit/test_cuda_kernels.py tests/unit/test_cuda_graphs.py tests/unit/test_cuda_families.py \
 tests/unit/test_model_families.py tests/unit/test_llm_engine.py tests/unit/test_spec_engine.py"}
-MAX_NUM_TOKENS=${MAX_NUM_TOKENS:-"4096"}
+MAX_NUM_TOKENS=${MAX_NUM_TOKENS:-"default"}  # "default": the engine's choice for each shape
 SHAPES=${SHAPES:-"llama-3.1-8b,llama-3.2-1b"}
 
 if [[ $PHASES == *tests* ]]; then

@@ -5,7 +5,8 @@
     python -m benchmarks.gpu_load_profile --smoke --device cpu --out DIR     # tiny shapes on the CPU, seconds
 
 Per shape, NativeEngine in this process (CUDA graphs, async scheduling: the server's engine), up to 256 sequences a
-step, `--max-num-tokens` tokens a step (the first value is profiled, the others only timed):
+step, `--max-num-tokens` tokens a step ("default": the engine's choice; the first value is profiled, the others only
+timed):
   throughput_256   256 requests of 128 in / 128 out at once: output tok/s, the steps' wall time split into steps that
                    prefill (with the decode rows beside them) and pure decode steps, and their counts
   kernels          the same load under torch.profiler: GPU time by kind (gemm, attention, norm/act/rope, sampling,
@@ -164,7 +165,7 @@ async def closed_loop_itl(engine: Any, s: dict[str, Any], streams: int, vocab: i
             "itl_ms_p99": _pct(gaps, 0.99) * 1e3, "ttft_ms_p50": _pct(ttfts, 0.5) * 1e3, "requests": len(ttfts)}
 
 
-async def shape_figures(folder: Path, device: str, s: dict[str, Any], max_num_tokens: int, out: Path,
+async def shape_figures(folder: Path, device: str, s: dict[str, Any], max_num_tokens: int | None, out: Path,
                         profile: bool, record: Any) -> None:
     from runtime.config import EngineConfig
     from runtime.native.llm_engine import NativeEngine
@@ -175,7 +176,7 @@ async def shape_figures(folder: Path, device: str, s: dict[str, Any], max_num_to
                        max_model_len=2 * s["ttft_prompt"], enable_prefix_caching=False)
     engine = NativeEngine(cfg)
     await engine.start()
-    tag = f"{folder.name}_t{max_num_tokens}"
+    tag = f"{folder.name}_t{max_num_tokens or engine.model_info.max_num_tokens}"
     try:
         await throughput(engine, dict(s, output=8), vocab, 1)  # warm-up: every prefill shape and a full decode batch
         log = StepLog(engine)
@@ -249,14 +250,15 @@ async def mix_figures(folder: Path, device: str, m: dict[str, Any], kv_dtype: st
         await engine.shutdown()
 
 
-async def core_figures(folder: Path, device: str, s: dict[str, Any], record: Any) -> None:
+async def core_figures(folder: Path, device: str, s: dict[str, Any], max_num_tokens: int | None, record: Any) -> None:
     """throughput and ITL (module docstring) with the engine core in its own process, over a checkpoint on disk."""
     from runtime.config import EngineConfig
     from runtime.process.client import EngineClient
 
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     engine = EngineClient(EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=s["batch"],
-                                       max_num_tokens=4096, max_kv_tokens=4 * s["batch"] * (s["prompt"] + s["output"]),
+                                       max_num_tokens=max_num_tokens,
+                                       max_kv_tokens=4 * s["batch"] * (s["prompt"] + s["output"]),
                                        max_model_len=2 * s["ttft_prompt"], enable_prefix_caching=False))
     await engine.start()
     try:
@@ -276,7 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="folder for the configs and checkpoints (default: --out)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--shapes", default="llama-3.1-8b,llama-3.2-1b")
-    parser.add_argument("--max-num-tokens", default="4096", help="tokens a step; the first is profiled, the rest timed")
+    parser.add_argument("--max-num-tokens", default="default",
+                        help="tokens a step (default: the engine's for the model); the first is profiled, the rest "
+                             "timed, and the engine core's phase runs the first")
     parser.add_argument("--mix-shapes", default="llama-3.1-8b", help="shapes that also get the 512-stream mix")
     parser.add_argument("--mix-kv-dtypes", default="auto", help="KV cache dtypes the mix runs with: auto, fp8")
     parser.add_argument("--core-shapes", default="llama-3.2-1b",
@@ -294,8 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.shapes.split(","):
         model_type, shape = (gf.SMOKE_SHAPES["llama-3.1-8b"] if args.smoke else SHAPES[name])
         folder = gf.write_config((args.work or args.out) / name, model_type, shape)
-        for i, tokens in enumerate(int(t) for t in args.max_num_tokens.split(",")):
-            phases.record(f"{name}_t{tokens}", lambda: asyncio.run(
+        token_counts = [None if t == "default" else int(t) for t in args.max_num_tokens.split(",")]
+        for i, tokens in enumerate(token_counts):
+            phases.record(f"{name}_t{tokens or 'default'}", lambda: asyncio.run(
                 shape_figures(folder, args.device, s, tokens, args.out, i == 0, phases.record)) or "done")
         if name in args.mix_shapes.split(","):
             for kv in args.mix_kv_dtypes.split(","):
@@ -305,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             llama = {k: v for k, v in shape.items() if k not in ("max_position_embeddings", "rope_theta")}
             checkpoint = gm.make_checkpoint((args.work or args.out) / "checkpoints" / name, llama, torch.bfloat16)
             phases.record(f"core_{name}", lambda: asyncio.run(
-                core_figures(checkpoint, args.device, s, phases.record)) or "done")
+                core_figures(checkpoint, args.device, s, token_counts[0], phases.record)) or "done")
     phases.write()
     return 1 if phases.failed else 0
 

@@ -55,7 +55,8 @@ class AsyncEngine(Engine):
 
     def _validate(self, request: GenerationRequest) -> PreparedRequest:
         return validate_request(request, tokenizer=self.tokenizer, vocab_size=self.model_info.vocab_size,
-                                context_window=self.model_info.context_window, config=self.config)
+                                context_window=self.model_info.context_window, config=self.config,
+                                max_num_tokens=self.model_info.max_num_tokens)
 
     @abc.abstractmethod
     def _check_ready(self) -> None:

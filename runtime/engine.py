@@ -26,6 +26,7 @@ class ModelInfo:
     backend: str  # "native" | "trtllm"
     dtype: str = ""
     device: str = ""
+    max_num_tokens: int = 0  # tokens a step holds (--max-num-tokens, else the engine's choice for the model)
 
 
 @dataclass

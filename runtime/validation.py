@@ -37,8 +37,10 @@ def validate_request(
     vocab_size: int,
     context_window: int,
     config: EngineConfig,
+    max_num_tokens: int,
 ) -> PreparedRequest:
-    """Check `request` against the model and engine limits; tokenise its prompt."""
+    """Check `request` against the model and engine limits (`max_num_tokens`: the tokens a step holds, as the engine
+    resolved them); tokenise its prompt."""
     _check_request(request, vocab_size, config)
     if request.prompt_token_ids is not None:
         ids = list(request.prompt_token_ids)
@@ -52,7 +54,7 @@ def validate_request(
         raise InvalidRequestError("The prompt is empty", param="prompt")
     opts = request.sampling
     max_tokens = opts.output_limit(context_window - len(ids), config.default_max_tokens)
-    _check_lengths(len(ids), max_tokens, opts, context_window, config)
+    _check_lengths(len(ids), max_tokens, opts, context_window, config.enable_chunked_prefill, max_num_tokens)
     bad_words = tokenizer.bad_words_ids(opts.bad_words) if opts.bad_words else []
     if request.guided is not None:  # refused here, without xgrammar, before a costly constraint reaches the core
         check_limits(request.guided)
@@ -66,6 +68,7 @@ def check_prepared(
     vocab_size: int,
     context_window: int,
     config: EngineConfig,
+    max_num_tokens: int,
 ) -> None:
     """validate_request's checks of a request already prepared elsewhere: the engine core checks again what a
     front end sends it (a message is decoded, not trusted), so that no request can break the step loop."""
@@ -76,7 +79,8 @@ def check_prepared(
     _check_prompt_ids(ids, vocab_size)
     if prepared.max_tokens < 1:
         raise InvalidRequestError("max_tokens must be at least 1", param="max_tokens")
-    _check_lengths(len(ids), prepared.max_tokens, request.sampling, context_window, config)
+    _check_lengths(len(ids), prepared.max_tokens, request.sampling, context_window, config.enable_chunked_prefill,
+                   max_num_tokens)
     for words in prepared.bad_words_ids:
         if not words or not all(0 <= t < vocab_size for t in words):
             raise InvalidRequestError("bad_words holds an empty sequence or an id outside the vocabulary",
@@ -103,16 +107,16 @@ def _check_prompt_ids(ids: list[int], vocab_size: int) -> None:
 
 
 def _check_lengths(prompt_len: int, max_tokens: int, opts: SamplingOptions, context_window: int,
-                   config: EngineConfig) -> None:
+                   chunked_prefill: bool, max_num_tokens: int) -> None:
     if prompt_len + max(max_tokens, 1) > context_window:
         raise PromptTooLongError(prompt_len, max(max_tokens, 1), context_window)
     if opts.min_tokens > max_tokens:
         raise InvalidRequestError(
             f"min_tokens ({opts.min_tokens}) must be <= max_tokens ({max_tokens})", param="min_tokens"
         )
-    if not config.enable_chunked_prefill and prompt_len > config.max_num_tokens:
+    if not chunked_prefill and prompt_len > max_num_tokens:
         raise InvalidRequestError(
-            f"The prompt has {prompt_len} tokens, more than max_num_tokens ({config.max_num_tokens}), "
+            f"The prompt has {prompt_len} tokens, more than max_num_tokens ({max_num_tokens}), "
             "and chunked prefill is disabled",
             param="prompt",
         )

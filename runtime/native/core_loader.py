@@ -43,6 +43,7 @@ from runtime.native.scheduler import Scheduler
 from runtime.served_model import describe_served_model
 from runtime.native.speculative import build_speculator, load_proposer
 from runtime.native.speculative.eagle import EagleProposer
+from runtime.native.step_tokens import default_max_num_tokens
 from runtime.startup import StartupPhases
 from runtime.tokenizer import Tokenizer
 
@@ -70,7 +71,8 @@ def describe_model(config: EngineConfig) -> ModelDescription:
                           CpuFeatures.detect())
     else:
         dtype = resolve_dtype(config.dtype, device, DTYPES[served.spec.dtype])
-    info = dataclasses.replace(served.info, dtype=dtype_name(dtype), device=str(device))
+    info = dataclasses.replace(served.info, dtype=dtype_name(dtype), device=str(device),
+                               max_num_tokens=config.max_num_tokens or default_max_num_tokens(served.spec, device.type))
     return ModelDescription(served.path, served.spec, device, dtype, info)
 
 
@@ -91,6 +93,10 @@ def load_core(config: EngineConfig, model: ModelDescription, phases: StartupPhas
     """Load tokenizer, weights and KV cache, capture graphs, and build the core (blocking). `phases` says what it is
     doing; `stopping()`: the engine no longer serves (the CPU's background warm-up then gives up);
     `on_worker_failure(reason)`: a tensor-parallel worker died (runtime/native/parallel/workers.py)."""
+    if config.max_num_tokens is None:
+        logger.info("steps of up to %d tokens (--max-num-tokens: the default for this model on %s)",
+                    model.info.max_num_tokens, model.device.type)
+    config = dataclasses.replace(config, max_num_tokens=model.info.max_num_tokens)  # resolved: every part reads it
     peers = None
     if config.tensor_parallel_size < 1:
         raise ValueError(f"--tensor-parallel-size must be at least 1, got {config.tensor_parallel_size}")

@@ -159,7 +159,7 @@ class CoreServer:
     def _ready(self) -> Ready:
         info = self.engine.model_info
         return Ready(self.engine.lora_adapters() or {}, self.engine.stats(), os.getpid(), self.engine.phase,
-                     info.dtype, info.device)
+                     info.dtype, info.device, info.max_num_tokens)
 
     async def serve(self) -> int:
         """Start the engine, then serve until Shutdown (0) or the engine dies (1)."""
@@ -268,7 +268,8 @@ class CoreServer:
             prepared = PreparedRequest(msg.prompt_token_ids, msg.max_tokens, msg.bad_words_ids)
             engine = self.engine
             check_prepared(msg.request, prepared, vocab_size=engine.spec.vocab_size,
-                           context_window=engine.model_info.context_window, config=engine.config)
+                           context_window=engine.model_info.context_window, config=engine.config,
+                           max_num_tokens=engine.model_info.max_num_tokens)
             await engine.submit(msg.request, prepared)
         except Exception as exc:  # noqa: BLE001 - every refusal goes back to its caller
             self._owners.pop(request_id, None)

@@ -69,7 +69,8 @@ class NativeEngine(AsyncEngine):
         self._stopping = False
         self._loop_error: BaseException | None = None
         self._worker_failure: str | None = None  # why a tensor-parallel worker died (_worker_died)
-        self._stats = EngineStats(max_batch_size=config.max_batch_size, max_num_tokens=config.max_num_tokens)
+        self._stats = EngineStats(max_batch_size=config.max_batch_size,
+                                  max_num_tokens=self.model_info.max_num_tokens)
         self._stats_lock = threading.Lock()
         self._guided_compiler: GuidedCompiler | None = None
         self._guided_lock = threading.Lock()

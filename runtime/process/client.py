@@ -105,7 +105,7 @@ class EngineClient(AsyncEngine):
         else:  # what the gateway needs before start(); requests wait for readiness
             self.model_info = ModelInfo(config.served_model_name or self._converting, 0, 0, "native")
         self._phase: str | None = None
-        self._stats = EngineStats(max_batch_size=config.max_batch_size, max_num_tokens=config.max_num_tokens)
+        self._stats = EngineStats(max_batch_size=config.max_batch_size, max_num_tokens=config.max_num_tokens or 0)
         self._adapters: dict[str, str] | None = None  # the core's, once it is ready
         self._queues: dict[str, tuple[Mailbox, int]] = {}  # request id -> (its deltas, samples)
         self._lora_calls: dict[int, asyncio.Future[None]] = {}
@@ -169,6 +169,7 @@ class EngineClient(AsyncEngine):
             raise
         self._adapters, self._stats, self._phase = ready.adapters, ready.stats, ready.phase
         self.model_info.dtype, self.model_info.device = ready.dtype, ready.device
+        self.model_info.max_num_tokens = ready.max_num_tokens
         self._receiving = asyncio.create_task(self._receive())
         self._accepting = True
         logger.info("engine core running in process %d (front end %d of %d)", ready.pid, front_end.index + 1,

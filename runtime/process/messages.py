@@ -93,8 +93,9 @@ class Ready(msgspec.Struct, tag="ready"):
     stats: EngineStats
     pid: int = 0  # the core's process id (front ends that did not start it watch it by this)
     phase: str | None = None  # what it builds in the background while it serves (later changes: Phase)
-    dtype: str = ""  # the weights' dtype and the device the core resolved (ModelInfo's)
+    dtype: str = ""  # the weights' dtype, the device and the tokens a step holds the core resolved (ModelInfo's)
     device: str = ""
+    max_num_tokens: int = 0
 
 
 class Phase(msgspec.Struct, tag="phase"):

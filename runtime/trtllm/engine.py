@@ -33,7 +33,7 @@ from runtime.output_processor import OutputProcessor
 from runtime.request import GenerationRequest, OutputDelta, Usage
 from runtime.tokenizer import Tokenizer
 from runtime.trtllm.api import load_api
-from runtime.trtllm.llm_config import llm_arguments
+from runtime.trtllm.llm_config import TRTLLM_MAX_NUM_TOKENS, llm_arguments
 from runtime.trtllm.lora import TrtllmAdapters
 from runtime.trtllm.model_folder import ModelFolder
 from runtime.trtllm.output import SequenceStream, convert_prompt_logprobs
@@ -70,7 +70,7 @@ class TrtllmEngine(Engine):
         self.model_info = ModelInfo(name=name, context_window=self.folder.context_window,
                                     vocab_size=self.tokenizer.vocab_size, backend="trtllm",
                                     dtype=config.dtype if config.dtype != "auto" else self.folder.dtype,
-                                    device="cuda")
+                                    device="cuda", max_num_tokens=config.max_num_tokens or TRTLLM_MAX_NUM_TOKENS)
         self._sampling_ctx = SamplingContext(
             context_window=self.folder.context_window, vocab_size=self.folder.vocab_size,
             eos_token_ids=tuple(self.tokenizer.eos_token_ids), default_seed=config.seed,
@@ -78,7 +78,7 @@ class TrtllmEngine(Engine):
             max_beam_width=config.max_beam_width, speculative="speculative_config" in self.llm_kwargs,
             num_draft_tokens=_draft_len(self.llm_kwargs.get("speculative_config")),
             context_logits=self.folder.context_logits)
-        self._stats = StatsCollector(config.max_batch_size, config.max_num_tokens)
+        self._stats = StatsCollector(config.max_batch_size, self.model_info.max_num_tokens)
         self.llm: Any = None
         self._results: dict[str, Any] = {}  # request id -> TRT-LLM result, while running
         self._ready = False

@@ -38,6 +38,8 @@ from runtime.trtllm.lora import TrtllmAdapters
 from runtime.trtllm.model_folder import ModelFolder
 
 BACKEND = "trtllm"
+# the tokens a step holds when --max-num-tokens is not given (None to the LLM API): TensorRT-LLM's BuildConfig default
+TRTLLM_MAX_NUM_TOKENS = 8192
 _MERGED_EXTRAS = ("kv_cache_config", "scheduler_config", "lora_config")
 
 

@@ -123,9 +123,11 @@ def _moe_layer(spec: MoeSpec, dtype: torch.dtype, seed: int) -> tuple[MoE, RMSNo
 
 
 @kernels
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("kind", list(ONE_TOKEN_SPECS))
-@pytest.mark.parametrize("down_tile", [None, (2, 16, 1)])
+# the small down tile changes how the work splits (more counters), not the rounding: float32 is enough there (its
+# float16 case was the interpreter run's slowest)
+@pytest.mark.parametrize(("down_tile", "dtype"), [(None, torch.float32), (None, torch.float16),
+                                                  ((2, 16, 1), torch.float32)])
 def test_one_token_moe_layer_equals_the_eager_layer(kind: str, dtype: torch.dtype,
                                                      down_tile: tuple[int, int, int] | None,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
