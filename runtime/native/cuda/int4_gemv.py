@@ -6,9 +6,9 @@ A/B of issue 44 (benchmarks/gpu_int4_gemv.py):
   7-12x its weight-bytes floor on an H200 (benchmarks/RESULTS.md, 2026-11-29): compute-bound.
 - "fma": no conversion per weight. A nibble n masked in place (bits s..s+3 of the word, s = 4 * (j % 4): the upper
   four nibbles after one shift a word) and OR-ed into the bits of the float 2^23 is the float 2^23 + n * 2^s exactly;
-  less 2^23 it is n * 2^s, against x * 2^-s (a power of 2: the same product). Per weight: one LOP3, one FADD, one
-  FFMA. Zero point and scale fold per word and group: sum_k s (q_k - z) x_k = s (sum_k q_k x_k - z sum_k x_k), two
-  FMAs per packed word; each x and its word sums are shared by the rows a thread holds.
+  less 2^23 + z * 2^s (z the zero point: a constant a row, group and s) it is (n - z) * 2^s exactly, against
+  x * 2^-s (a power of 2: the same product). Per weight: one LOP3, one FADD, one FFMA; the scale once a packed word
+  (sum_k s (q_k - z) x_k = s sum_k (q_k - z) x_k); each x (loaded and scaled) is shared by the rows a thread holds.
 - "dot": tensor cores at one token: the magic number in the activations' dtype (bf16 0x4300 | n = 128 + n) makes
   each nibble position's tile a 16-bit operand with no conversion, and tl.dot with x padded to 16 rows sums
   (128 + q) x in float32; the group's (128 + z) sum_k x_k and scale apply after. Only the masking stays on the CUDA
@@ -54,37 +54,39 @@ def _v3_span(x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, K: tl.const
 
 
 @triton.jit
-def _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word, K: tl.constexpr, GROUPS: tl.constexpr,
+def _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word, end, K: tl.constexpr, GROUPS: tl.constexpr,
                GROUP: tl.constexpr, WORDS: tl.constexpr):
     """Packed words word .. word + WORDS - 1 of `rows` (int32 [BLOCK_N, WORDS], all in one group) and that group's
-    zero point and scale of each row (float32 [BLOCK_N])."""
+    zero point and scale of each row (float32 [BLOCK_N]); zeros from `end` on (a step past the part's end)."""
+    mask = row_mask & (rows * 0 + word < end)
     words = word + tl.arange(0, WORDS)
-    packed = tl.load(q_ptr + rows.to(tl.int64)[:, None] * (K // 8) + words[None, :], mask=row_mask[:, None], other=0)
+    packed = tl.load(q_ptr + rows.to(tl.int64)[:, None] * (K // 8) + words[None, :], mask=mask[:, None], other=0)
     group = rows.to(tl.int64) * GROUPS + word // (GROUP // 8)
-    zero = tl.load(z_ptr + group, mask=row_mask, other=0).to(tl.float32)
-    scale = tl.load(s_ptr + group, mask=row_mask, other=0.0).to(tl.float32)
+    zero = tl.load(z_ptr + group, mask=mask, other=0).to(tl.float32)
+    scale = tl.load(s_ptr + group, mask=mask, other=0.0).to(tl.float32)
     return packed, zero, scale
 
 
 @triton.jit
-def _fma_span(x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, K: tl.constexpr, GROUPS: tl.constexpr,
-              GROUP: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
-    """The "fma" variant's sums over words start .. end - 1 (module docstring): float32 [BLOCK_N]."""
+def _fma_span(x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, packed, zero, scale, K: tl.constexpr,
+              GROUPS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
+    """The "fma" variant's sums over words start .. end - 1 (module docstring), the first step's tile given:
+    float32 [BLOCK_N]. Each step loads the next one's tile before its arithmetic (in flight meanwhile)."""
     acc = tl.zeros([BLOCK_N, WORDS], tl.float32)
     for word in range(start, end, WORDS):
-        packed, zero, scale = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word, K, GROUPS, GROUP, WORDS)
+        following = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word + WORDS, end, K, GROUPS, GROUP, WORDS)
         cols = (word + tl.arange(0, WORDS)) * 8
         upper = packed >> 16  # nibbles 4..7 in bits 0..15 (the sign's copies above are masked off)
         dot = tl.zeros([BLOCK_N, WORDS], tl.float32)
-        x_sum = tl.zeros([WORDS], tl.float32)
         for j in tl.static_range(8):
-            x = tl.load(x_ptr + cols + j).to(tl.float32)
-            x_sum += x
             half = packed if j < 4 else upper
-            # 0x4B000000 is 2^23, whose mantissa bits are the integer added to it: n * 2^(4 (j % 4)) once less 2^23
-            nibble = ((half & (0xF << (4 * (j % 4)))) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-            dot += nibble * (x * (1.0 / (1 << (4 * (j % 4)))))[None, :]
-        acc += scale[:, None] * (dot - zero[:, None] * x_sum[None, :])
+            # 0x4B000000 is 2^23, whose mantissa bits are the integer added to it: 2^23 + n 2^s, s = 4 (j % 4);
+            # less 2^23 + z 2^s (one constant a row and s), (n - z) 2^s exactly, against x 2^-s
+            magic = ((half & (0xF << (4 * (j % 4)))) | 0x4B000000).to(tl.float32, bitcast=True)
+            x = tl.load(x_ptr + cols + j).to(tl.float32) * (1.0 / (1 << (4 * (j % 4))))
+            dot += (magic - (8388608.0 + zero * (1 << (4 * (j % 4))))[:, None]) * x[None, :]
+        acc += scale[:, None] * dot
+        packed, zero, scale = following
     return tl.sum(acc, axis=1)
 
 
@@ -100,23 +102,26 @@ def _magic_operand(packed, j: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
-def _dot_span(x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, K: tl.constexpr, GROUPS: tl.constexpr,
-              GROUP: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr, PRECISION: tl.constexpr):
-    """The "dot" variant's sums over words start .. end - 1 (module docstring): float32 [BLOCK_N]."""
+def _dot_span(x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, packed, zero, scale, K: tl.constexpr,
+              GROUPS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr,
+              PRECISION: tl.constexpr):
+    """The "dot" variant's sums over words start .. end - 1 (module docstring), the first step's tile given:
+    float32 [BLOCK_N]."""
     dtype = x_ptr.dtype.element_ty
     pad = tl.arange(0, 16)  # the dot's rows: x in row 0, zeros below
     acc = tl.zeros([16, BLOCK_N], tl.float32)
     for word in range(start, end, WORDS):
-        packed, zero, scale = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word, K, GROUPS, GROUP, WORDS)
+        following = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word + WORDS, end, K, GROUPS, GROUP, WORDS)
         cols = (word + tl.arange(0, WORDS)) * 8
         step = tl.zeros([16, BLOCK_N], tl.float32)
         x_sum = tl.zeros([16, WORDS], tl.float32)
         for j in tl.static_range(8):
             x = tl.load(x_ptr + cols[None, :] + j + 0 * pad[:, None], mask=(pad == 0)[:, None], other=0.0)
             x_sum += x.to(tl.float32)
-            w = _magic_operand(packed, j, dtype)
-            step = tl.dot(x, tl.trans(w), step, input_precision=PRECISION, out_dtype=tl.float32)
+            step = tl.dot(x, tl.trans(_magic_operand(packed, j, dtype)), step, input_precision=PRECISION,
+                          out_dtype=tl.float32)
         acc += scale[None, :] * (step - (128.0 + zero)[None, :] * tl.sum(x_sum, axis=1)[:, None])
+        packed, zero, scale = following
     return tl.sum(acc, axis=0)
 
 
@@ -132,12 +137,15 @@ def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, parts_ptr, arrivals_p
     row_mask = rows < N
     start = part * SPAN
     end = tl.minimum(start + SPAN, K // 8)
+    if VARIANT != "v3":  # the weights do not depend on the kernel before: the first tile is in flight during the wait
+        packed, zero, scale = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, K, GROUPS, GROUP, WORDS)
     wait_for_previous_kernel(PDL)  # x is the previous kernel's output (and the counters its to reset)
     if VARIANT == "dot":
-        y = _dot_span(x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, K, GROUPS, GROUP, BLOCK_N, WORDS,
-                      PRECISION)
+        y = _dot_span(x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, packed, zero, scale, K, GROUPS, GROUP,
+                      BLOCK_N, WORDS, PRECISION)
     elif VARIANT == "fma":
-        y = _fma_span(x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, K, GROUPS, GROUP, BLOCK_N, WORDS)
+        y = _fma_span(x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, packed, zero, scale, K, GROUPS, GROUP,
+                      BLOCK_N, WORDS)
     else:
         y = _v3_span(x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, K, GROUPS, GROUP, BLOCK_N, WORDS)
     if SPLIT == 1:
