@@ -3,10 +3,16 @@ Llama-3.1-8B, each against its weight-bytes floor (half a byte a weight, 3 bytes
 launched as the engine's graphed step launches them (programmatic dependent launches where the GPU has them, one
 CUDA graph of a chain of calls over weight copies that do not fit in the L2). benchmarks/gpu_quant.py's `int4_gemv`
 phase; the fastest variant and tile of each shape become int4_gemv.SHAPES for its INT4 engine phase.
+
+`sass`: per variant, its kernel's instructions by opcode at its first tile on the first shape (the static count of
+the compiled code, whose step over j is unrolled): whether a conversion (I2F/F2F) is left per weight, how many
+LOP3, FADD, FFMA or HMMA a step takes.
 """
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from typing import Any
 
 import torch
@@ -15,12 +21,13 @@ import torch.nn.functional as F
 from benchmarks.cuda_decode_attention import per_call_us
 
 GROUP = 128
-# (BLOCK_N, WORDS, num_warps, num_stages, SPLIT); SPLIT 0: int4_gemv.AUTO_PROGRAMS programs a multiprocessor
+# (BLOCK_N, WORDS, num_warps, AHEAD, SPLIT); SPLIT 0: int4_gemv.AUTO_PROGRAMS programs a multiprocessor
 TILES: dict[str, list[tuple[int, int, int, int, int]]] = {
-    "v3": [(16, 32, 4, 1, 1), (16, 32, 4, 1, 0)],  # as it ran on 2026-11-29, and split
-    "fma": [(16, 16, 4, 1, 0), (32, 16, 4, 1, 0), (64, 16, 4, 1, 0), (128, 16, 4, 1, 0), (64, 16, 8, 1, 0),
-            (64, 8, 4, 1, 0), (64, 16, 4, 3, 0), (64, 16, 4, 1, 1)],
-    "dot": [(32, 16, 4, 1, 0), (64, 16, 4, 1, 0), (128, 16, 4, 1, 0), (64, 16, 8, 1, 0), (128, 16, 8, 3, 0)],
+    "v3": [(16, 32, 4, 1, 1)],  # as it ran on 2026-11-29
+    "fma": [(64, 16, 4, 1, 0), (128, 16, 4, 1, 0)],
+    "dot": [(128, 16, 4, 1, 0), (64, 16, 4, 1, 0), (128, 16, 4, 2, 0)],
+    "dotw": [(128, 16, 4, 1, 0), (64, 16, 4, 1, 0), (128, 16, 4, 2, 0), (256, 16, 8, 1, 0), (128, 16, 8, 1, 0),
+             (128, 16, 4, 1, 4)],
 }
 
 
@@ -66,13 +73,37 @@ def gemv_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: flo
                 figures[variant + "_" + "x".join(map(str, tile))] = {
                     "us": us, "vs_floor": us / floor_us,
                     "max_rel_err": ((got - want).abs().max() / want.abs().max()).item()}
-        timed = {key: f for key, f in figures.items() if key != "floor_us" and f["max_rel_err"] < 1e-2}
+        if not res and torch.cuda.is_available():
+            figures["sass"] = {variant: _sass_census(lambda: int4_gemv(x, *stored[0], variant=variant, tile=tiles[0]))
+                               for variant, tiles in TILES.items()}
+        timed = {key: f for key, f in figures.items() if isinstance(f, dict) and "us" in f and f["max_rel_err"] < 1e-2}
         if timed and torch.cuda.is_available():
             figures["best"] = min(timed, key=lambda key: timed[key]["us"])
         res[name] = figures
         del stored
     _print_table(res)
     return res
+
+
+def _sass_census(call: Any) -> dict[str, int] | str:
+    """The opcodes (with counts) of the kernel that `call` launches (Triton's JITFunction.run returns it), or why
+    not."""
+    from triton.tools.disasm import get_sass
+
+    from runtime.native.cuda import int4_gemv
+
+    launched = []
+    run = int4_gemv._int4_gemv_kernel.run
+    int4_gemv._int4_gemv_kernel.run = lambda *args, **kwargs: launched.append(run(*args, **kwargs)) or launched[-1]
+    try:
+        call()
+        sass = get_sass(launched[-1].asm["cubin"])
+    except Exception as e:  # noqa: BLE001 - a census is a side figure: its failure is recorded
+        return repr(e)
+    finally:
+        del int4_gemv._int4_gemv_kernel.run
+    opcodes = Counter(m[1] for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)", sass))
+    return dict(opcodes.most_common(24))
 
 
 def best_choices(figures: dict[str, Any], shapes: dict[str, tuple[int, int]]) -> dict[tuple[int, int], Any]:
@@ -87,11 +118,14 @@ def best_choices(figures: dict[str, Any], shapes: dict[str, tuple[int, int]]) ->
 
 
 def _print_table(res: dict[str, Any]) -> None:
-    keys = sorted({key for figures in res.values() for key in figures if key not in ("floor_us", "best")})
+    keys = sorted({key for figures in res.values() for key, f in figures.items() if isinstance(f, dict) and "us" in f})
     print("| variant_tile (BLOCK_N x WORDS x warps x stages x split) | " + " | ".join(res) + " |")
     print("|---|" + "---|" * len(res))
     print("| floor us | " + " | ".join(f"{f['floor_us']:.2f}" for f in res.values()) + " |")
     for key in keys:
         cells = [f"{f[key]['us']:.2f} ({f[key]['vs_floor']:.2f}x)" if key in f else "-" for f in res.values()]
         print(f"| {key} | " + " | ".join(cells) + " |")
-    print("| best | " + " | ".join(str(f.get("best")) for f in res.values()) + " |", flush=True)
+    print("| best | " + " | ".join(str(f.get("best")) for f in res.values()) + " |")
+    for variant, census in next(iter(res.values()), {}).get("sass", {}).items():
+        print(f"sass {variant}: {census}")
+    print(end="", flush=True)

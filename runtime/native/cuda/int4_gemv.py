@@ -9,8 +9,9 @@ A/B of issue 44 (benchmarks/gpu_int4_gemv.py):
   less 2^23 + z * 2^s (z the zero point: a constant a row, group and s) it is (n - z) * 2^s exactly, against
   x * 2^-s (a power of 2: the same product). Per weight: one LOP3, one FADD, one FFMA; the scale once a packed word
   (sum_k s (q_k - z) x_k = s sum_k (q_k - z) x_k); each x (loaded and scaled) is shared by the rows a thread holds.
-- "dot": tensor cores at one token: the magic number in the activations' dtype (bf16 0x4300 | n = 128 + n) makes
-  each nibble position's tile a 16-bit operand with no conversion, and tl.dot with x padded to 16 rows sums
+- "dot": tensor cores at one token: the magic number in the activations' dtype (bf16 0x4300 | n = 128 + n; one
+  and-or makes two, nibbles j and j + 4 in a 32-bit word's halves) makes each nibble position's tile a 16-bit
+  operand with no conversion, and tl.dot with x padded to 16 rows sums
   (128 + q) x in float32; the group's (128 + z) sum_k x_k and scale apply after. Only the masking stays on the CUDA
   cores. Needs steps of 16 words (groups of at least 128 columns); others take "fma".
 
@@ -32,7 +33,11 @@ import triton.language as tl
 from runtime.native.cuda.arrivals import arrived_last, counters
 from runtime.native.cuda.pdl import launch_options, wait_for_previous_kernel
 
-VARIANTS = ("v3", "fma", "dot")
+VARIANTS = ("v3", "fma", "dot", "dotw")
+# the bits OR-ed onto masked nibbles: "fma"'s float32 2^23, the dot variants' 128 in the operands' dtype (a pair in
+# 16 bits). A kernel argument, not a constant: ptxas rematerialized the immediate into a register before each LOP3
+# that takes it with the mask (one MOV for every two weights in the compiled loop)
+MAGIC = {"fma": 0x4B000000, torch.bfloat16: 0x43004300, torch.float16: 0x58005800, torch.float32: 0x43000000}
 
 
 @triton.jit
@@ -68,68 +73,93 @@ def _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word, end, K: tl.constexpr, 
 
 
 @triton.jit
-def _fma_span(x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, packed, zero, scale, K: tl.constexpr,
-              GROUPS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
-    """The "fma" variant's sums over words start .. end - 1 (module docstring), the first step's tile given:
-    float32 [BLOCK_N]. Each step loads the next one's tile before its arithmetic (in flight meanwhile)."""
+def _fma_span(magic, x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, step, following, K: tl.constexpr,
+              GROUPS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr,
+              AHEAD: tl.constexpr):
+    """The "fma" variant's sums over words start .. end - 1 (module docstring): float32 [BLOCK_N]. `step` is the
+    first step's _step_tile, `following` the second's where AHEAD is 2: each step loads the tile AHEAD steps on
+    before its arithmetic (in flight meanwhile)."""
     acc = tl.zeros([BLOCK_N, WORDS], tl.float32)
     for word in range(start, end, WORDS):
-        following = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word + WORDS, end, K, GROUPS, GROUP, WORDS)
+        later = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word + AHEAD * WORDS, end, K, GROUPS, GROUP, WORDS)
+        packed, zero, scale = step
         cols = (word + tl.arange(0, WORDS)) * 8
         upper = packed >> 16  # nibbles 4..7 in bits 0..15 (the sign's copies above are masked off)
         dot = tl.zeros([BLOCK_N, WORDS], tl.float32)
         for j in tl.static_range(8):
             half = packed if j < 4 else upper
-            # 0x4B000000 is 2^23, whose mantissa bits are the integer added to it: 2^23 + n 2^s, s = 4 (j % 4);
+            # magic 0x4B000000 is 2^23, whose mantissa bits are the integer added to it: 2^23 + n 2^s, s = 4 (j % 4);
             # less 2^23 + z 2^s (one constant a row and s), (n - z) 2^s exactly, against x 2^-s
-            magic = ((half & (0xF << (4 * (j % 4)))) | 0x4B000000).to(tl.float32, bitcast=True)
+            nibble = ((half & (0xF << (4 * (j % 4)))) | magic).to(tl.float32, bitcast=True)
             x = tl.load(x_ptr + cols + j).to(tl.float32) * (1.0 / (1 << (4 * (j % 4))))
-            dot += (magic - (8388608.0 + zero * (1 << (4 * (j % 4))))[:, None]) * x[None, :]
+            dot += (nibble - (8388608.0 + zero * (1 << (4 * (j % 4))))[:, None]) * x[None, :]
         acc += scale[:, None] * dot
-        packed, zero, scale = following
+        if AHEAD == 2:
+            step, following = following, later
+        else:
+            step = later
     return tl.sum(acc, axis=1)
 
 
 @triton.jit
-def _magic_operand(packed, j: tl.constexpr, dtype: tl.constexpr):
-    """128 + (nibble j of each word) in `dtype` (bfloat16, float16 or float32), made by bits alone."""
-    if dtype == tl.bfloat16:  # 0x4300 = 128, its last mantissa bit 1
-        return (((packed >> (4 * j)) & 0xF) | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    elif dtype == tl.float16:  # 0x5800 = 128, its last mantissa bit 1/8
-        return ((((packed >> (4 * j)) & 0xF) << 3) | 0x5800).to(tl.int16).to(tl.float16, bitcast=True)
-    else:  # 0x43000000 = 128, bit 16 is 1
-        return ((((packed >> (4 * j)) & 0xF) << 16) | 0x43000000).to(tl.float32, bitcast=True)
+def _magic_operands(packed, j: tl.constexpr, magic, dtype: tl.constexpr):
+    """128 + nibble j and 128 + nibble j + 4 of each word in `dtype` (bfloat16, float16 or float32), made by bits
+    alone (`magic`: MAGIC[dtype]): in 16 bits, both from one and-or of the word shifted by 4j (the pair in its halves)."""
+    v = packed >> (4 * j)  # nibble j in bits 0..3, nibble j + 4 in bits 16..19
+    if dtype == tl.bfloat16:  # 0x4300 is 128, its last mantissa bit 1
+        pair = (v & 0x000F000F) | magic
+        return pair.to(tl.int16).to(tl.bfloat16, bitcast=True), (pair >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    elif dtype == tl.float16:  # 0x5800 is 128, its last mantissa bit 1/8
+        pair = ((v << 3) & 0x00780078) | magic
+        return pair.to(tl.int16).to(tl.float16, bitcast=True), (pair >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+    else:  # 0x43000000 is 128, its bit 16 is 1
+        return (((v << 16) & 0xF0000) | magic).to(tl.float32, bitcast=True), \
+            ((v & 0xF0000) | magic).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _dot_span(x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, packed, zero, scale, K: tl.constexpr,
+def _dot_span(magic, x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, step, following, K: tl.constexpr,
               GROUPS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr,
-              PRECISION: tl.constexpr):
-    """The "dot" variant's sums over words start .. end - 1 (module docstring), the first step's tile given:
-    float32 [BLOCK_N]."""
+              AHEAD: tl.constexpr, PRECISION: tl.constexpr, WEIGHTS_LEFT: tl.constexpr):
+    """The "dot" and "dotw" variants' sums over words start .. end - 1 (module docstring), the steps as _fma_span's:
+    float32 [BLOCK_N]. One tl.dot a step: the eight nibble tiles joined into one [BLOCK_N, 8 * WORDS] operand."""
     dtype = x_ptr.dtype.element_ty
-    pad = tl.arange(0, 16)  # the dot's rows: x in row 0, zeros below
-    acc = tl.zeros([16, BLOCK_N], tl.float32)
+    pad = tl.arange(0, 16)
+    flat = tl.arange(0, 8 * WORDS)
+    order = flat // 8 * 8 + flat % 8 // 2 + flat % 2 * 4  # the joined tile's columns (below)
+    acc = tl.zeros([BLOCK_N, 16] if WEIGHTS_LEFT else [16, BLOCK_N], tl.float32)
+    offset = tl.zeros([BLOCK_N], tl.float32)  # the magic number's part: sum over groups of s (128 + z) sum_k x_k
     for word in range(start, end, WORDS):
-        following = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word + WORDS, end, K, GROUPS, GROUP, WORDS)
-        cols = (word + tl.arange(0, WORDS)) * 8
-        step = tl.zeros([16, BLOCK_N], tl.float32)
-        x_sum = tl.zeros([16, WORDS], tl.float32)
-        for j in tl.static_range(8):
-            x = tl.load(x_ptr + cols[None, :] + j + 0 * pad[:, None], mask=(pad == 0)[:, None], other=0.0)
-            x_sum += x.to(tl.float32)
-            step = tl.dot(x, tl.trans(_magic_operand(packed, j, dtype)), step, input_precision=PRECISION,
-                          out_dtype=tl.float32)
-        acc += scale[None, :] * (step - (128.0 + zero)[None, :] * tl.sum(x_sum, axis=1)[:, None])
-        packed, zero, scale = following
-    return tl.sum(acc, axis=0)
+        later = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word + AHEAD * WORDS, end, K, GROUPS, GROUP, WORDS)
+        packed, zero, scale = step
+        t0, t4 = _magic_operands(packed, 0, magic, dtype)
+        t1, t5 = _magic_operands(packed, 1, magic, dtype)
+        t2, t6 = _magic_operands(packed, 2, magic, dtype)
+        t3, t7 = _magic_operands(packed, 3, magic, dtype)
+        # join appends its axis last: the flat index within a word is 2j + h for nibble j + 4h (j < 4), so that
+        # nibbles j and j + 4, the halves of one and-or, sit side by side as the operand's 16-bit pairs
+        w = tl.join(tl.join(tl.join(t0, t2), tl.join(t1, t3)), tl.join(tl.join(t4, t6), tl.join(t5, t7)))
+        w = tl.reshape(w, [BLOCK_N, 8 * WORDS])
+        x = tl.load(x_ptr + word * 8 + order)
+        x_pad = tl.where((pad == 0)[:, None], x[None, :], 0.0).to(dtype)
+        if WEIGHTS_LEFT:  # W times x as the first of 16 columns: Hopper's wgmma takes its left operand in registers
+            acc += scale[:, None] * tl.dot(w, tl.trans(x_pad), input_precision=PRECISION, out_dtype=tl.float32)
+        else:  # x as the first of 16 rows times W^T
+            acc += scale[None, :] * tl.dot(x_pad, tl.trans(w), input_precision=PRECISION, out_dtype=tl.float32)
+        offset += scale * (128.0 + zero) * tl.sum(x.to(tl.float32), axis=0)
+        if AHEAD == 2:
+            step, following = following, later
+        else:
+            step = later
+    # the padding's columns (rows) are 0
+    return (tl.sum(acc, axis=1) if WEIGHTS_LEFT else tl.sum(acc, axis=0)) - offset
 
 
 @triton.jit
-def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, parts_ptr, arrivals_ptr, N, K: tl.constexpr,
+def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, parts_ptr, arrivals_ptr, N, magic, K: tl.constexpr,
                       GROUPS: tl.constexpr, GROUP: tl.constexpr, VARIANT: tl.constexpr, BLOCK_N: tl.constexpr,
-                      WORDS: tl.constexpr, SPLIT: tl.constexpr, SPAN: tl.constexpr, PRECISION: tl.constexpr,
-                      PDL: tl.constexpr):
+                      WORDS: tl.constexpr, AHEAD: tl.constexpr, SPLIT: tl.constexpr, SPAN: tl.constexpr,
+                      PRECISION: tl.constexpr, PDL: tl.constexpr):
     """out[rows] = sum over columns of (q - zero) * scale * x, by program (tile, part) over its part's SPAN words."""
     tile = tl.program_id(0)
     part = tl.program_id(1)
@@ -137,15 +167,18 @@ def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, parts_ptr, arrivals_p
     row_mask = rows < N
     start = part * SPAN
     end = tl.minimum(start + SPAN, K // 8)
-    if VARIANT != "v3":  # the weights do not depend on the kernel before: the first tile is in flight during the wait
-        packed, zero, scale = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, K, GROUPS, GROUP, WORDS)
+    if VARIANT != "v3":  # the weights do not depend on the kernel before: the first tiles are in flight during the wait
+        first = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, K, GROUPS, GROUP, WORDS)
+        following = first
+        if AHEAD == 2:
+            following = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, start + WORDS, end, K, GROUPS, GROUP, WORDS)
     wait_for_previous_kernel(PDL)  # x is the previous kernel's output (and the counters its to reset)
-    if VARIANT == "dot":
-        y = _dot_span(x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, packed, zero, scale, K, GROUPS, GROUP,
-                      BLOCK_N, WORDS, PRECISION)
+    if VARIANT == "dot" or VARIANT == "dotw":
+        y = _dot_span(magic, x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, first, following, K, GROUPS,
+                      GROUP, BLOCK_N, WORDS, AHEAD, PRECISION, VARIANT == "dotw")
     elif VARIANT == "fma":
-        y = _fma_span(x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, packed, zero, scale, K, GROUPS, GROUP,
-                      BLOCK_N, WORDS)
+        y = _fma_span(magic, x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, first, following, K, GROUPS,
+                      GROUP, BLOCK_N, WORDS, AHEAD)
     else:
         y = _v3_span(x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, K, GROUPS, GROUP, BLOCK_N, WORDS)
     if SPLIT == 1:
@@ -159,9 +192,9 @@ def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, parts_ptr, arrivals_p
             tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
-# the variant and its tile (BLOCK_N, WORDS, num_warps, num_stages, SPLIT; SPLIT 0: enough programs to fill the GPU,
+# the variant and its tile (BLOCK_N, WORDS, num_warps, AHEAD, SPLIT; SPLIT 0: enough programs to fill the GPU,
 # AUTO_PROGRAMS a multiprocessor) by the weight's (N, K), else DEFAULT. benchmarks/gpu_int4_gemv.py sweeps them.
-DEFAULT: tuple[str, tuple[int, int, int, int, int]] = ("fma", (64, 16, 4, 1, 0))
+DEFAULT: tuple[str, tuple[int, int, int, int, int]] = ("dotw", (128, 16, 4, 2, 0))
 SHAPES: dict[tuple[int, int], tuple[str, tuple[int, int, int, int, int]]] = {}
 AUTO_PROGRAMS = 4
 _multiprocessors: dict[torch.device, int] = {}
@@ -178,17 +211,19 @@ def _split(device: torch.device, tiles: int, steps: int) -> int:
 def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
               variant: str | None = None, tile: tuple[int, int, int, int, int] | None = None,
               pdl: bool = False) -> torch.Tensor:
-    """x [1, K] (contiguous) times the INT4 weight: [1, N] in x's dtype. `variant`/`tile`: else SHAPES' or DEFAULT's
-    ("dot" takes "fma" where the groups are under 128 columns)."""
+    """x [1, K] (contiguous) times the INT4 weight: [1, N] in x's dtype. `variant`/`tile`: else SHAPES' or DEFAULT's,
+    "fma" for float32 x ("dot" and "dotw" take "fma" where the groups are under 128 columns)."""
     n, groups = scales.shape
     k = x.shape[1]
     group = k // groups
     chosen_variant, chosen_tile = SHAPES.get((n, k), DEFAULT)
-    variant, (block_n, words, warps, stages, split) = variant or chosen_variant, tile or chosen_tile
+    if x.dtype == torch.float32:  # the reference math: the dot variants' float32 sums of (128 + q) x lose ~7 bits
+        chosen_variant = "fma"
+    variant, (block_n, words, warps, ahead, split) = variant or chosen_variant, tile or chosen_tile
     assert variant in VARIANTS, variant
     if variant != "v3":
         words = min(words, group // 8)  # a step within one group
-        if variant == "dot" and words < 16:
+        if variant.startswith("dot") and words < 16:
             variant = "fma"
     tiles, steps = triton.cdiv(n, block_n), triton.cdiv(k // 8, words)
     split = min(split or _split(x.device, tiles, steps), steps)
@@ -198,8 +233,8 @@ def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scale
     parts = torch.empty((split, n), dtype=torch.float32, device=x.device) if split > 1 else out
     arrivals = counters(x.device, tiles) if split > 1 else out
     _int4_gemv_kernel[(tiles, split)](
-        x, qweight, zeros, scales, out, parts, arrivals, n, K=k, GROUPS=groups, GROUP=group, VARIANT=variant,
-        BLOCK_N=block_n, WORDS=words, SPLIT=split, SPAN=span,
-        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl, num_warps=warps, num_stages=stages,
+        x, qweight, zeros, scales, out, parts, arrivals, n, MAGIC["fma" if variant == "fma" else x.dtype], K=k, GROUPS=groups, GROUP=group, VARIANT=variant,
+        BLOCK_N=block_n, WORDS=words, AHEAD=ahead, SPLIT=split, SPAN=span,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl, num_warps=warps, num_stages=1,
         **launch_options(pdl))
     return out
