@@ -80,7 +80,6 @@ def gemv_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: flo
         if timed and torch.cuda.is_available():
             figures["best"] = min(timed, key=lambda key: timed[key]["us"])
         res[name] = figures
-        del stored
     _print_table(res)
     return res
 
