@@ -4,15 +4,12 @@ launched as the engine's graphed step launches them (programmatic dependent laun
 CUDA graph of a chain of calls over weight copies that do not fit in the L2). benchmarks/gpu_quant.py's `int4_gemv`
 phase; the fastest variant and tile of each shape become int4_gemv.SHAPES for its INT4 engine phase.
 
-`sass`: per variant, its kernel's instructions by opcode at its first tile on the first shape (the static count of
-the compiled code, whose step over j is unrolled): whether a conversion (I2F/F2F) is left per weight, how many
-LOP3, FADD, FFMA or HMMA a step takes.
+`sass`: per variant at its first tile on the first shape, its step loop's instructions by opcode and per weight as
+this device's Triton compiled it (benchmarks/int4_gemv_sass.py's census).
 """
 
 from __future__ import annotations
 
-import re
-from collections import Counter
 from typing import Any
 
 import torch
@@ -74,8 +71,8 @@ def gemv_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: flo
                     "us": us, "vs_floor": us / floor_us,
                     "max_rel_err": ((got - want).abs().max() / want.abs().max()).item()}
         if not res and torch.cuda.is_available():
-            figures["sass"] = {variant: _sass_census(lambda: int4_gemv(x, *stored[0], variant=variant, tile=tiles[0]))
-                               for variant, tiles in TILES.items()}
+            figures["sass"] = {variant: _sass_census(variant, tiles[0], lambda: int4_gemv(
+                x, *stored[0], variant=variant, tile=tiles[0])) for variant, tiles in TILES.items()}
         timed = {key: f for key, f in figures.items() if isinstance(f, dict) and "us" in f and f["max_rel_err"] < 1e-2}
         if timed and torch.cuda.is_available():
             figures["best"] = min(timed, key=lambda key: timed[key]["us"])
@@ -84,11 +81,12 @@ def gemv_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: flo
     return res
 
 
-def _sass_census(call: Any) -> dict[str, int] | str:
-    """The opcodes (with counts) of the kernel that `call` launches (Triton's JITFunction.run returns it), or why
-    not."""
+def _sass_census(variant: str, tile: tuple[int, ...], call: Any) -> dict[str, Any] | str:
+    """benchmarks/int4_gemv_sass.py's census of the step loop of the kernel that `call` launches (Triton's
+    JITFunction.run returns it), as this device's Triton compiled it, or why not."""
     from triton.tools.disasm import get_sass
 
+    from benchmarks.int4_gemv_sass import loop_census, weights_per_thread
     from runtime.native.cuda import int4_gemv
 
     launched = []
@@ -96,13 +94,11 @@ def _sass_census(call: Any) -> dict[str, int] | str:
     int4_gemv._int4_gemv_kernel.run = lambda *args, **kwargs: launched.append(run(*args, **kwargs)) or launched[-1]
     try:
         call()
-        sass = get_sass(launched[-1].asm["cubin"])
+        return loop_census(get_sass(launched[-1].asm["cubin"]), weights_per_thread(variant, tile))
     except Exception as e:  # noqa: BLE001 - a census is a side figure: its failure is recorded
         return repr(e)
     finally:
         del int4_gemv._int4_gemv_kernel.run
-    opcodes = Counter(m[1] for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z0-9_]+)", sass))
-    return dict(opcodes.most_common(24))
 
 
 def best_choices(figures: dict[str, Any], shapes: dict[str, tuple[int, int]]) -> dict[tuple[int, int], Any]:
@@ -118,7 +114,7 @@ def best_choices(figures: dict[str, Any], shapes: dict[str, tuple[int, int]]) ->
 
 def _print_table(res: dict[str, Any]) -> None:
     keys = sorted({key for figures in res.values() for key, f in figures.items() if isinstance(f, dict) and "us" in f})
-    print("| variant_tile (BLOCK_N x WORDS x warps x stages x split) | " + " | ".join(res) + " |")
+    print("| variant_tile (BLOCK_N x WORDS x warps x AHEAD x SPLIT) | " + " | ".join(res) + " |")
     print("|---|" + "---|" * len(res))
     print("| floor us | " + " | ".join(f"{f['floor_us']:.2f}" for f in res.values()) + " |")
     for key in keys:
@@ -126,5 +122,5 @@ def _print_table(res: dict[str, Any]) -> None:
         print(f"| {key} | " + " | ".join(cells) + " |")
     print("| best | " + " | ".join(str(f.get("best")) for f in res.values()) + " |")
     for variant, census in next(iter(res.values()), {}).get("sass", {}).items():
-        print(f"sass {variant}: {census}")
+        print(f"sass {variant}: {census}")  # (a string: why there is none)
     print(end="", flush=True)

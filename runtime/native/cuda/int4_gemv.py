@@ -1,27 +1,30 @@
-"""The one-token product (GEMV) with INT4 weights in runtime/native/cuda/int4.py's layout, in three variants for the
-A/B of issue 44 (benchmarks/gpu_int4_gemv.py):
+"""The one-token product (GEMV) with INT4 weights in runtime/native/cuda/int4.py's layout, in variants for the A/B of
+issue 44 (benchmarks/gpu_int4_gemv.py); instructions a weight in the compiled step loop (sm_90, Triton 3.9's ptxas,
+bf16, K 4096; benchmarks/int4_gemv_sass.py counts them without a GPU) in brackets:
 
-- "v3": per weight a shift, an and, an int -> float conversion (I2F: a slow instruction on Hopper, ~16 a clock per
-  SM), the zero point's subtraction, the scale's product and the FMA; zero point and scale loaded per packed word.
+- "v3" [9.3 at its 16 x 32 tile]: per weight a shift, an and, an int -> float conversion (I2F: a slow instruction on
+  Hopper), the zero point's subtraction, the scale's product and the FMA; zero point and scale loaded per word.
   7-12x its weight-bytes floor on an H200 (benchmarks/RESULTS.md, 2026-11-29): compute-bound.
-- "fma": no conversion per weight. A nibble n masked in place (bits s..s+3 of the word, s = 4 * (j % 4): the upper
-  four nibbles after one shift a word) and OR-ed into the bits of the float 2^23 is the float 2^23 + n * 2^s exactly;
-  less 2^23 + z * 2^s (z the zero point: a constant a row, group and s) it is (n - z) * 2^s exactly, against
-  x * 2^-s (a power of 2: the same product). Per weight: one LOP3, one FADD, one FFMA; the scale once a packed word
-  (sum_k s (q_k - z) x_k = s sum_k (q_k - z) x_k); each x (loaded and scaled) is shared by the rows a thread holds.
-- "dot": tensor cores at one token: the magic number in the activations' dtype (bf16 0x4300 | n = 128 + n; one
-  and-or makes two, nibbles j and j + 4 in a 32-bit word's halves) makes each nibble position's tile a 16-bit
-  operand with no conversion, and tl.dot with x padded to 16 rows sums
-  (128 + q) x in float32; the group's (128 + z) sum_k x_k and scale apply after. Only the masking stays on the CUDA
-  cores. Needs steps of 16 words (groups of at least 128 columns); others take "fma".
+- "fma" [5.1 at 128 rows]: no conversion. A nibble n masked in place (bits s..s+3 of the word, s = 4 (j % 4): the
+  upper four nibbles after one shift a word) and OR-ed into the bits of the float 2^23 is the float 2^23 + n 2^s
+  exactly; less 2^23 + z 2^s (z the zero point: a constant a row, group and s) it is (n - z) 2^s exactly, against
+  x 2^-s (a power of 2: the same product). Per weight one LOP3, one FADD, one FFMA; the scale once a packed word.
+- "dot" [2.7] and "dotw" [2.3 at 128 rows and 4 warps]: tensor cores at one token. The magic number in the
+  activations' dtype (bf16 0x4300 | n = 128 + n) makes the nibbles 16-bit operands with no conversion, two from
+  one and-or (nibbles j and j + 4 in a 32-bit word's halves, side by side in the joined tile: the columns' order
+  within a word is 0 4 1 5 2 6 3 7, and x is read in that order); one tl.dot a step sums (128 + q) x in float32, the
+  group's scale applies to it and s (128 + z) sum_k x_k comes off at the end. "dot": x as the first of 16 rows
+  times W^T; "dotw": W times x as the first of 16 columns (Hopper's wgmma takes its left operand from registers).
+  Only the masking stays on the CUDA cores. 16-bit activations with groups of at least 128 columns (steps of 16
+  words); float32 ones (the reference math: (128 + q) x sums lose ~7 bits) and smaller groups take "fma".
 
-A step reads WORDS packed words (8 * WORDS columns) of BLOCK_N rows, within one group (WORDS is clamped to the
-group): one zero point and one scale a row a step. Nibble j of word w is column 8w + j, so no unpacked tile is ever
-reshaped (a reshape cost a layout change through shared memory: 14x the floor, v2).
+A step reads WORDS packed words (8 WORDS columns) of BLOCK_N rows, within one group (WORDS is clamped to the group):
+one zero point and one scale a row a step. Each step loads the one AHEAD steps on before its arithmetic, the first
+ones before the programmatic-launch wait (weights do not depend on the kernel before).
 
 Split-K (SPLIT > 1): program (tile, part) sums its part's SPAN words of the tile's rows into a float32 buffer; the
 last of the tile's programs to arrive adds the parts in order (runtime/native/cuda/arrivals.py): deterministic.
-Llama-3.1-8B's o and down have 4096 rows, too few tiles for 132 SMs.
+Llama-3.1-8B's o and down have 4096 rows, 32 tiles of 128 for 132 multiprocessors.
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ def _fma_span(magic, x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, ste
 @triton.jit
 def _magic_operands(packed, j: tl.constexpr, magic, dtype: tl.constexpr):
     """128 + nibble j and 128 + nibble j + 4 of each word in `dtype` (bfloat16, float16 or float32), made by bits
-    alone (`magic`: MAGIC[dtype]): in 16 bits, both from one and-or of the word shifted by 4j (the pair in its halves)."""
+    alone (`magic`: MAGIC[dtype]): in 16 bits, both from one and-or of the word shifted by 4j (a pair in its halves)."""
     v = packed >> (4 * j)  # nibble j in bits 0..3, nibble j + 4 in bits 16..19
     if dtype == tl.bfloat16:  # 0x4300 is 128, its last mantissa bit 1
         pair = (v & 0x000F000F) | magic
@@ -233,8 +236,8 @@ def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scale
     parts = torch.empty((split, n), dtype=torch.float32, device=x.device) if split > 1 else out
     arrivals = counters(x.device, tiles) if split > 1 else out
     _int4_gemv_kernel[(tiles, split)](
-        x, qweight, zeros, scales, out, parts, arrivals, n, MAGIC["fma" if variant == "fma" else x.dtype], K=k, GROUPS=groups, GROUP=group, VARIANT=variant,
-        BLOCK_N=block_n, WORDS=words, AHEAD=ahead, SPLIT=split, SPAN=span,
+        x, qweight, zeros, scales, out, parts, arrivals, n, MAGIC["fma" if variant == "fma" else x.dtype], K=k,
+        GROUPS=groups, GROUP=group, VARIANT=variant, BLOCK_N=block_n, WORDS=words, AHEAD=ahead, SPLIT=split, SPAN=span,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl, num_warps=warps, num_stages=1,
         **launch_options(pdl))
     return out
