@@ -24,7 +24,7 @@ TILES: dict[str, list[tuple[int, int, int, int, int]]] = {
     "fma": [(64, 16, 4, 1, 0), (128, 16, 4, 1, 0)],
     "dot": [(128, 16, 4, 1, 0), (64, 16, 4, 1, 0), (128, 16, 4, 2, 0)],
     "dotw": [(128, 16, 4, 1, 0), (64, 16, 4, 1, 0), (128, 16, 4, 2, 0), (256, 16, 8, 1, 0), (128, 16, 8, 1, 0),
-             (128, 16, 4, 1, 4)],
+             (128, 16, 4, 1, 2), (128, 16, 4, 1, 4), (128, 16, 4, 1, 8)],
 }
 
 
@@ -86,7 +86,7 @@ def _sass_census(variant: str, tile: tuple[int, ...], call: Any) -> dict[str, An
     JITFunction.run returns it), as this device's Triton compiled it, or why not."""
     from triton.tools.disasm import get_sass
 
-    from benchmarks.int4_gemv_sass import loop_census, weights_per_thread
+    from benchmarks.int4_gemv_sass import loop_census, resources, weights_per_thread
     from runtime.native.cuda import int4_gemv
 
     launched = []
@@ -94,7 +94,9 @@ def _sass_census(variant: str, tile: tuple[int, ...], call: Any) -> dict[str, An
     int4_gemv._int4_gemv_kernel.run = lambda *args, **kwargs: launched.append(run(*args, **kwargs)) or launched[-1]
     try:
         call()
-        return loop_census(get_sass(launched[-1].asm["cubin"]), weights_per_thread(variant, tile))
+        cubin = launched[-1].asm["cubin"]
+        return {**loop_census(get_sass(cubin), weights_per_thread(variant, tile)), **resources(cubin),
+                "shared": launched[-1].metadata.shared}
     except Exception as e:  # noqa: BLE001 - a census is a side figure: its failure is recorded
         return repr(e)
     finally:

@@ -12,8 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
+import tempfile
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from triton.backends.compiler import GPUTarget
@@ -37,6 +40,19 @@ def loop_census(sass: str, weights_per_thread: float) -> dict[str, Any]:
     total = sum(opcodes.values())
     return {"per_weight": round(total / weights_per_thread, 2), "instructions": total,
             "opcodes": dict(opcodes.most_common())}
+
+
+def resources(cubin: bytes) -> dict[str, int]:
+    """Registers a thread, local memory (spills) and static shared memory of the kernel in `cubin` (cuobjdump's
+    -res-usage: Triton's dynamic shared memory is the compiled kernel's metadata.shared)."""
+    import triton.backends.nvidia
+
+    tool = Path(triton.backends.nvidia.__file__).parent / "bin" / "cuobjdump"
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        usage = subprocess.run([str(tool), "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    return {key.lower(): int(value) for key, value in re.findall(r"\b(REG|LOCAL|STACK):(\d+)", usage)}
 
 
 def weights_per_thread(variant: str, tile: tuple[int, ...], group: int = GROUP) -> float:
@@ -75,10 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     for variant, tiles in TILES.items():
         if args.variant in (None, variant):
             for tile in [tuple(map(int, args.tile.split(",")))] if args.tile else tiles:
-                census = loop_census(get_sass(compile_sm90(variant, tile, args.k, args.dtype).asm["cubin"]),
-                                     weights_per_thread(variant, tile))
+                kernel = compile_sm90(variant, tile, args.k, args.dtype)
+                census = loop_census(get_sass(kernel.asm["cubin"]), weights_per_thread(variant, tile))
+                usage = {**resources(kernel.asm["cubin"]), "shared": kernel.metadata.shared}
                 print(variant, "x".join(map(str, tile)), census["per_weight"], "a weight", json.dumps(census["opcodes"]),
-                      flush=True)
+                      json.dumps(usage), flush=True)
     return 0
 
 

@@ -17,9 +17,11 @@ pytest.importorskip("triton")
 def _census(variant: str, tile: str) -> tuple[float, dict[str, int]]:
     proc = run_module("int4_gemv_sass", "--variant", variant, "--tile", tile, timeout=120)
     assert proc.returncode == 0, output_of(proc)
-    name, shown, per_weight, _, _, opcodes = proc.stdout.strip().split(" ", 5)
+    name, shown, per_weight, _, _, figures = proc.stdout.strip().split(" ", 5)
     assert (name, shown) == (variant, tile.replace(",", "x"))
-    return float(per_weight), json.loads(opcodes)
+    opcodes, usage = figures.split("} {")
+    assert json.loads("{" + usage)["local"] == 0  # no spills
+    return float(per_weight), json.loads(opcodes + "}")
 
 
 def test_only_v3_converts_each_weight_and_dotw_multiplies_on_tensor_cores() -> None:
