@@ -62,19 +62,19 @@ def weights_per_thread(variant: str, tile: tuple[int, ...], group: int = GROUP) 
 
 
 def compile_sm90(variant: str, tile: tuple[int, ...], k: int, dtype: str = "bf16") -> Any:
-    """The kernel as int4_gemv launches it at one token (PDL on, pointers 16-byte aligned), for sm_90."""
+    """The kernel as int4_gemv launches it at one token (PDL on, pointers and sizes 16-byte aligned), for sm_90;
+    SPLIT 0 (as many as fill the GPU) counts as split."""
     from runtime.native.cuda import int4_gemv
 
     block_n, words, warps, ahead, split = tile
     words = min(words, GROUP // 8) if variant != "v3" else words
-    split = split or 4  # (the launcher's count depends on the rows; the loop does not)
     signature = {"x_ptr": f"*{dtype}", "q_ptr": "*i32", "z_ptr": "*u8", "s_ptr": f"*{dtype}", "out_ptr": f"*{dtype}",
-                 "parts_ptr": "*fp32", "arrivals_ptr": "*i32", "N": "i32", "magic": "i32"}
+                 "parts_ptr": "*fp32", "arrivals_ptr": "*i32", "N": "i32", "magic": "i32", "n_parts": "i32",
+                 "span": "i32"}
     constants = {"K": k, "GROUPS": k // GROUP, "GROUP": GROUP, "VARIANT": variant, "BLOCK_N": block_n,
-                 "WORDS": words, "AHEAD": ahead, "SPLIT": split, "SPAN": -(-(k // 8) // words // split) * words,
-                 "PRECISION": "tf32", "PDL": True}
+                 "WORDS": words, "AHEAD": ahead, "SPLIT_K": split != 1, "PRECISION": "tf32", "PDL": True}
     signature.update(dict.fromkeys(constants, "constexpr"))
-    aligned = {(i,): [["tt.divisibility", 16]] for i in range(8)}
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (*range(8), 10)}
     source = ASTSource(int4_gemv._int4_gemv_kernel, signature, constexprs=constants, attrs=aligned)
     return triton_compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
 

@@ -25,11 +25,11 @@ def counters(device: torch.device, n: int) -> torch.Tensor:
 
 
 @triton.jit
-def arrived_last(arrivals_ptr, index, COUNT: tl.constexpr):
+def arrived_last(arrivals_ptr, index, count):
     """Count this program in at counter `index` (after every thread's stores: a barrier, then a release) and say
-    whether it is the last of the COUNT programs to arrive; that one sets the counter back to zero for the next
+    whether it is the last of the `count` programs to arrive; that one sets the counter back to zero for the next
     launch and sees the others' stores (acquire; read them from the L2 with cache_modifier=".cg")."""
     tl.debug_barrier()
-    last = tl.atomic_add(arrivals_ptr + index, 1, sem="acq_rel") == COUNT - 1
+    last = tl.atomic_add(arrivals_ptr + index, 1, sem="acq_rel") == count - 1
     tl.store(arrivals_ptr + index, 0, mask=last)
     return last

@@ -2,14 +2,14 @@
 issue 44 (benchmarks/gpu_int4_gemv.py); instructions a weight in the compiled step loop (sm_90, Triton 3.9's ptxas,
 bf16, K 4096; benchmarks/int4_gemv_sass.py counts them without a GPU) in brackets:
 
-- "v3" [9.3 at its 16 x 32 tile]: per weight a shift, an and, an int -> float conversion (I2F: a slow instruction on
+- "v3" [11.0 at its 16 x 32 tile]: per weight a shift, an and, an int -> float conversion (I2F: a slow instruction on
   Hopper), the zero point's subtraction, the scale's product and the FMA; zero point and scale loaded per word.
   7-12x its weight-bytes floor on an H200 (benchmarks/RESULTS.md, 2026-11-29): compute-bound.
-- "fma" [5.1 at 128 rows]: no conversion. A nibble n masked in place (bits s..s+3 of the word, s = 4 (j % 4): the
+- "fma" [5.2 at 128 rows]: no conversion. A nibble n masked in place (bits s..s+3 of the word, s = 4 (j % 4): the
   upper four nibbles after one shift a word) and OR-ed into the bits of the float 2^23 is the float 2^23 + n 2^s
   exactly; less 2^23 + z 2^s (z the zero point: a constant a row, group and s) it is (n - z) 2^s exactly, against
   x 2^-s (a power of 2: the same product). Per weight one LOP3, one FADD, one FFMA; the scale once a packed word.
-- "dot" [2.7] and "dotw" [2.3 at 128 rows and 4 warps]: tensor cores at one token. The magic number in the
+- "dot" [2.5] and "dotw" [2.4 at 128 rows and 4 warps]: tensor cores at one token. The magic number in the
   activations' dtype (bf16 0x4300 | n = 128 + n) makes the nibbles 16-bit operands with no conversion, two from
   one and-or (nibbles j and j + 4 in a 32-bit word's halves, side by side in the joined tile: the columns' order
   within a word is 0 4 1 5 2 6 3 7, and x is read in that order); one tl.dot a step sums (128 + q) x in float32, the
@@ -22,7 +22,7 @@ A step reads WORDS packed words (8 WORDS columns) of BLOCK_N rows, within one gr
 one zero point and one scale a row a step. Each step loads the one AHEAD steps on before its arithmetic, the first
 ones before the programmatic-launch wait (weights do not depend on the kernel before).
 
-Split-K (SPLIT > 1): program (tile, part) sums its part's SPAN words of the tile's rows into a float32 buffer; the
+Split-K (SPLIT > 1 parts): program (tile, part) sums its part's words of the tile's rows into a float32 buffer; the
 last of the tile's programs to arrive adds the parts in order (runtime/native/cuda/arrivals.py): deterministic.
 Llama-3.1-8B's o and down have 4096 rows, 32 tiles of 128 for 132 multiprocessors.
 """
@@ -159,17 +159,19 @@ def _dot_span(magic, x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, ste
 
 
 @triton.jit
-def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, parts_ptr, arrivals_ptr, N, magic, K: tl.constexpr,
+def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, parts_ptr, arrivals_ptr, N, magic, n_parts, span,
+                      K: tl.constexpr,
                       GROUPS: tl.constexpr, GROUP: tl.constexpr, VARIANT: tl.constexpr, BLOCK_N: tl.constexpr,
-                      WORDS: tl.constexpr, AHEAD: tl.constexpr, SPLIT: tl.constexpr, SPAN: tl.constexpr,
-                      PRECISION: tl.constexpr, PDL: tl.constexpr):
-    """out[rows] = sum over columns of (q - zero) * scale * x, by program (tile, part) over its part's SPAN words."""
+                      WORDS: tl.constexpr, AHEAD: tl.constexpr, SPLIT_K: tl.constexpr, PRECISION: tl.constexpr,
+                      PDL: tl.constexpr):
+    """out[rows] = sum over columns of (q - zero) * scale * x, by program (tile, part) over its part's `span` words
+    (of n_parts; SPLIT_K: more than one. Run-time values: a split does not compile a kernel of its own)."""
     tile = tl.program_id(0)
     part = tl.program_id(1)
     rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
-    start = part * SPAN
-    end = tl.minimum(start + SPAN, K // 8)
+    start = part * span
+    end = tl.minimum(start + span, K // 8)
     if VARIANT != "v3":  # the weights do not depend on the kernel before: the first tiles are in flight during the wait
         first = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, K, GROUPS, GROUP, WORDS)
         following = first
@@ -184,13 +186,13 @@ def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, parts_ptr, arrivals_p
                       GROUP, BLOCK_N, WORDS, AHEAD)
     else:
         y = _v3_span(x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, K, GROUPS, GROUP, BLOCK_N, WORDS)
-    if SPLIT == 1:
+    if not SPLIT_K:
         tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_mask)
     else:
         tl.store(parts_ptr + part * N + rows, y, mask=row_mask)
-        if arrived_last(arrivals_ptr, tile, SPLIT):
+        if arrived_last(arrivals_ptr, tile, n_parts):
             total = tl.zeros([BLOCK_N], tl.float32)
-            for i in tl.static_range(SPLIT):  # .cg: from the L2, where the other programs' stores are
+            for i in range(0, n_parts):  # .cg: from the L2, where the other programs' stores are
                 total += tl.load(parts_ptr + i * N + rows, mask=row_mask, other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=row_mask)
 
@@ -236,8 +238,8 @@ def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scale
     parts = torch.empty((split, n), dtype=torch.float32, device=x.device) if split > 1 else out
     arrivals = counters(x.device, tiles) if split > 1 else out
     _int4_gemv_kernel[(tiles, split)](
-        x, qweight, zeros, scales, out, parts, arrivals, n, MAGIC["fma" if variant == "fma" else x.dtype], K=k,
-        GROUPS=groups, GROUP=group, VARIANT=variant, BLOCK_N=block_n, WORDS=words, AHEAD=ahead, SPLIT=split, SPAN=span,
+        x, qweight, zeros, scales, out, parts, arrivals, n, MAGIC["fma" if variant == "fma" else x.dtype], split, span,
+        K=k, GROUPS=groups, GROUP=group, VARIANT=variant, BLOCK_N=block_n, WORDS=words, AHEAD=ahead, SPLIT_K=split > 1,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl, num_warps=warps, num_stages=1,
         **launch_options(pdl))
     return out
