@@ -192,7 +192,7 @@ def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, parts_ptr, arrivals_p
         tl.store(parts_ptr + part * N + rows, y, mask=row_mask)
         if arrived_last(arrivals_ptr, tile, n_parts):
             total = tl.zeros([BLOCK_N], tl.float32)
-            for i in range(0, n_parts):  # .cg: from the L2, where the other programs' stores are
+            for i in range(n_parts):  # .cg: from the L2, where the other programs' stores are
                 total += tl.load(parts_ptr + i * N + rows, mask=row_mask, other=0.0, cache_modifier=".cg")
             tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=row_mask)
 
