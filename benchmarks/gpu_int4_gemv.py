@@ -64,12 +64,16 @@ def gemv_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: flo
         figures: dict[str, Any] = {"floor_us": floor_us}
         for variant, tiles in TILES.items():
             for tile in tiles if sweep else tiles[:1]:
-                got = int4_gemv(x, *stored[0], variant=variant, tile=tile, pdl=pdl.ENABLED).float()
-                us = per_call_us(lambda i: int4_gemv(x, *stored[i], variant=variant, tile=tile, pdl=pdl.ENABLED),
-                                 copies)
-                figures[variant + "_" + "x".join(map(str, tile))] = {
-                    "us": us, "vs_floor": us / floor_us,
-                    "max_rel_err": ((got - want).abs().max() / want.abs().max()).item()}
+                key = variant + "_" + "x".join(map(str, tile))
+                try:
+                    got = int4_gemv(x, *stored[0], variant=variant, tile=tile, pdl=pdl.ENABLED).float()
+                    us = per_call_us(lambda i: int4_gemv(x, *stored[i], variant=variant, tile=tile, pdl=pdl.ENABLED),
+                                     copies)
+                except Exception as e:  # noqa: BLE001 - one variant's failure (a compile error) leaves the others
+                    figures[key] = {"error": repr(e)[:500]}
+                    continue
+                figures[key] = {"us": us, "vs_floor": us / floor_us,
+                                "max_rel_err": ((got - want).abs().max() / want.abs().max()).item()}
         if not res and torch.cuda.is_available():
             figures["sass"] = {variant: _sass_census(variant, tiles[0], lambda: int4_gemv(
                 x, *stored[0], variant=variant, tile=tiles[0])) for variant, tiles in TILES.items()}
@@ -115,12 +119,14 @@ def best_choices(figures: dict[str, Any], shapes: dict[str, tuple[int, int]]) ->
 
 
 def _print_table(res: dict[str, Any]) -> None:
-    keys = sorted({key for figures in res.values() for key, f in figures.items() if isinstance(f, dict) and "us" in f})
+    keys = sorted({key for figures in res.values() for key, f in figures.items()
+                   if isinstance(f, dict) and ("us" in f or "error" in f)})
     print("| variant_tile (BLOCK_N x WORDS x warps x AHEAD x SPLIT) | " + " | ".join(res) + " |")
     print("|---|" + "---|" * len(res))
     print("| floor us | " + " | ".join(f"{f['floor_us']:.2f}" for f in res.values()) + " |")
     for key in keys:
-        cells = [f"{f[key]['us']:.2f} ({f[key]['vs_floor']:.2f}x)" if key in f else "-" for f in res.values()]
+        cells = [f"{f[key]['us']:.2f} ({f[key]['vs_floor']:.2f}x)" if "us" in f.get(key, {}) else
+                 f.get(key, {}).get("error", "-")[:60] for f in res.values()]
         print(f"| {key} | " + " | ".join(cells) + " |")
     print("| best | " + " | ".join(str(f.get("best")) for f in res.values()) + " |")
     for variant, census in next(iter(res.values()), {}).get("sass", {}).items():
