@@ -1,15 +1,15 @@
 """The one-token product (GEMV) with INT4 weights in runtime/native/cuda/int4.py's layout, in variants for the A/B of
-issue 44 (benchmarks/gpu_int4_gemv.py); instructions a weight in the compiled step loop (sm_90, Triton 3.9's ptxas,
-bf16, K 4096; benchmarks/int4_gemv_sass.py counts them without a GPU) in brackets:
+issue 44 (benchmarks/gpu_int4_gemv.py); instructions a weight in the compiled step loop (sm_90, bf16, K 4096, by
+Triton 3.6 as on the H200; benchmarks/int4_gemv_sass.py counts them without a GPU) in brackets:
 
-- "v3" [11.0 at its 16 x 32 tile]: per weight a shift, an and, an int -> float conversion (I2F: a slow instruction on
+- "v3" [14.5 at its 16 x 32 tile]: per weight a shift, an and, an int -> float conversion (I2F: a slow instruction on
   Hopper), the zero point's subtraction, the scale's product and the FMA; zero point and scale loaded per word.
   7-12x its weight-bytes floor on an H200 (benchmarks/RESULTS.md, 2026-11-29): compute-bound.
 - "fma" [5.2 at 128 rows]: no conversion. A nibble n masked in place (bits s..s+3 of the word, s = 4 (j % 4): the
   upper four nibbles after one shift a word) and OR-ed into the bits of the float 2^23 is the float 2^23 + n 2^s
   exactly; less 2^23 + z 2^s (z the zero point: a constant a row, group and s) it is (n - z) 2^s exactly, against
   x 2^-s (a power of 2: the same product). Per weight one LOP3, one FADD, one FFMA; the scale once a packed word.
-- "dot" [2.5] and "dotw" [2.4 at 128 rows and 4 warps]: tensor cores at one token. The magic number in the
+- "dot" [3.9] and "dotw" [2.6 at 128 rows and 4 warps]: tensor cores at one token. The magic number in the
   activations' dtype (bf16 0x4300 | n = 128 + n) makes the nibbles 16-bit operands with no conversion, two from
   one and-or (nibbles j and j + 4 in a 32-bit word's halves, side by side in the joined tile: the columns' order
   within a word is 0 4 1 5 2 6 3 7, and x is read in that order); one tl.dot a step sums (128 + q) x in float32, the
