@@ -12,7 +12,9 @@ Phases (each one's result, or its traceback, lands in DIR/gpu_quant.json as it e
                    cuBLAS bf16 vs FP8 tensor cores with per-token activation quantization (runtime/native/models/fp8.py);
                    INT4 (AWQ-style, groups of 128, runtime/native/cuda/int4.py): the one-token GEMV against its
                    weight-bytes floor (half a byte a weight, 3 bytes a group's zero point and scale) and the 256-row GEMM,
-                   each also at a few other tiles (int4.GEMV_TILE, GEMM_TILE)
+                   the GEMM also at a few other tiles (int4.GEMM_TILE)
+  int4_gemv        the INT4 GEMV's variants x tiles per projection shape against the floor (benchmarks/gpu_int4_gemv.py);
+                   each shape's fastest becomes the int4 phase's GEMV (`int4_gemv_shapes`)
   bf16, fp8, int4  NativeEngine (CUDA graphs) over the 8B shape: batch-1 decode inter-token gap against the step's
                    weight-bytes floor (gpu_families.floor_bytes: FP8 weights count 1 byte, their scales 4 per row;
                    INT4 half a byte, 3 bytes a group), and 256 requests of 128 in / 128 out, output tok/s;
@@ -43,7 +45,6 @@ from benchmarks.gpu_bench import bandwidth_tb_s
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 SMOKE_SHAPES = {"qkv": (48, 128), "o": (32, 128), "gate_up": (64, 128), "down": (32, 256)}  # INT4: K of 128 groups;
 # every size a multiple of 16, as FP8 tensor cores take (torch._scaled_mm; elsewhere fp8.py dequantizes)
-INT4_GEMV_TILES = [(8, 32, 4), (16, 32, 4), (16, 64, 4), (16, 16, 2), (32, 64, 4)]  # int4.GEMV_TILE
 INT4_GEMM_TILES = [(64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4)]  # GEMM_TILE
 FP8_TILES = [(4, 2048, 4), (8, 2048, 8), (8, 4096, 8), (16, 1024, 4), (16, 2048, 8)]  # (BLOCK_N, BLOCK_K, warps)
 ROWS = 256
@@ -108,14 +109,12 @@ def _int4_figures(weight: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, cop
                "int4_us": per_call_us(lambda i: int4_linear(x, *stored[i]), copies), "int4_floor_us": floor_us,
                f"rows_{ROWS}_int4_us": per_call_us(lambda i: int4_linear(rows, *stored[i]), copies)}
     figures["int4_vs_floor"] = figures["int4_us"] / floor_us
-    sweeps = (("GEMV_TILE", INT4_GEMV_TILES, x), ("GEMM_TILE", INT4_GEMM_TILES, rows)) if sweep else ()
-    for name, tiles, inputs in sweeps:
-        chosen = getattr(int4, name)
-        for tile in tiles:
-            setattr(int4, name, tile)
-            figures["int4_{}_{}_us".format(name[:4].lower(), "x".join(map(str, tile)))] = per_call_us(
-                lambda i: int4_linear(inputs, *stored[i]), copies)
-        setattr(int4, name, chosen)
+    chosen = int4.GEMM_TILE
+    for tile in INT4_GEMM_TILES if sweep else ():
+        int4.GEMM_TILE = tile
+        figures["int4_gemm_{}_us".format("x".join(map(str, tile)))] = per_call_us(
+            lambda i: int4_linear(rows, *stored[i]), copies)
+    int4.GEMM_TILE = chosen
     return figures
 
 
@@ -137,12 +136,23 @@ def random_int4_model(path: str, dtype: torch.dtype | None = None, device: torch
     return model
 
 
+def _int4_gemv_phase(record: Any, device: str, shapes: dict[str, tuple[int, int]], bandwidth: float,
+                     smoke: bool) -> None:
+    """The int4_gemv phase (module docstring); each shape's fastest GEMV for the int4 phase."""
+    from benchmarks.gpu_int4_gemv import best_choices, gemv_figures
+    from runtime.native.cuda import int4_gemv
+
+    figures = record("int4_gemv", lambda: gemv_figures(device, shapes, bandwidth, 0 if smoke else MIN_BYTES, not smoke))
+    int4_gemv.SHAPES.update(best_choices(figures, shapes))
+    record("int4_gemv_shapes", lambda: {str(shape): choice for shape, choice in int4_gemv.SHAPES.items()})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--skip", default="",
-                        help="comma-separated phases to leave out: kernels, bf16, fp8, int4, kv_fp8")
+                        help="comma-separated phases to leave out: kernels, int4_gemv, bf16, fp8, int4, kv_fp8")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and loads: the code runs, nothing more")
     args = parser.parse_args(argv)
     import runtime.native.core_loader
@@ -161,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     if "kernels" not in skip and isinstance(bandwidth, float):
         record("kernels", lambda: kernel_figures(args.device, SMOKE_SHAPES if args.smoke else SHAPES, bandwidth,
                                                  0 if args.smoke else MIN_BYTES, sweep=not args.smoke))
+    if "int4_gemv" not in skip and isinstance(bandwidth, float):
+        _int4_gemv_phase(record, args.device, SMOKE_SHAPES if args.smoke else SHAPES, bandwidth, args.smoke)
     folder = gf.write_config(args.out / "llama-3.1-8b", model_type, shape)
     for quantization in ("bf16", "fp8", "int4", "kv_fp8"):
         if quantization in skip:

@@ -1,5 +1,6 @@
 """Products with INT4 weight-only weights (AWQ/GPTQ, runtime/native/models/int4_checkpoint.py) that dequantize in
-registers: a GEMV for one-token steps and a tiled GEMM (tensor cores through tl.dot) for steps of several rows.
+registers: a GEMV for one-token steps (runtime/native/cuda/int4_gemv.py) and a tiled GEMM (tensor cores through
+tl.dot) for steps of several rows.
 
 Both read one layout, to which the loader repacks either format (int4_checkpoint.py's `kernel_layout`):
 output-major, so fused parts stack along dim 0 as 16-bit weights do. `qweight` int32 [N, K/8], input column 8i + j of
@@ -15,19 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def _word_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word, WORDS: tl.constexpr, K: tl.constexpr,
-               GROUPS: tl.constexpr, GROUP: tl.constexpr):
-    """Packed words word .. word + WORDS - 1 of `rows` (int32 [BLOCK_N, WORDS], input columns 8w .. 8w + 7 in word w)
-    with the zero point and scale of each word's group (float32, same shape: a word never straddles two groups)."""
-    words = word + tl.arange(0, WORDS)
-    mask = row_mask[:, None] & (words < K // 8)[None, :]
-    packed = tl.load(q_ptr + rows.to(tl.int64)[:, None] * (K // 8) + words[None, :], mask=mask, other=0)
-    group = rows.to(tl.int64)[:, None] * GROUPS + (words // (GROUP // 8))[None, :]
-    zero = tl.load(z_ptr + group, mask=mask, other=0).to(tl.float32)
-    scale = tl.load(s_ptr + group, mask=mask, other=0.0).to(tl.float32)
-    return packed, zero, scale
+from runtime.native.cuda import pdl
+from runtime.native.cuda.int4_gemv import int4_gemv
 
 
 @triton.jit
@@ -38,24 +28,6 @@ def _nibbles(q_ptr, rows, row_mask, word, K: tl.constexpr, BLOCK_K: tl.constexpr
     packed = tl.load(q_ptr + rows.to(tl.int64)[:, None] * (K // 8) + words[None, :], mask=row_mask[:, None], other=0)
     q = (packed[:, :, None] >> (tl.arange(0, 8) * 4)[None, None, :]) & 0xF
     return tl.reshape(q, [rows.shape[0], BLOCK_K])
-
-
-@triton.jit
-def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, N, K: tl.constexpr, GROUPS: tl.constexpr,
-                      GROUP: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
-    """out[rows] = sum over columns of (q - zero) * scale * x, WORDS packed words (8 * WORDS columns) a step: nibble j
-    of every word at once against x's columns 8w + j, so that nothing is reshaped (a reshape of the unpacked tile
-    cost a layout change through shared memory: 14x the weight-bytes floor on an H200)."""
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row_mask = rows < N
-    acc = tl.zeros([BLOCK_N, WORDS], tl.float32)
-    for word in range(0, K // 8, WORDS):
-        packed, zero, scale = _word_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word, WORDS, K, GROUPS, GROUP)
-        cols = (word + tl.arange(0, WORDS)) * 8
-        for j in tl.static_range(8):
-            x = tl.load(x_ptr + cols + j, mask=cols < K, other=0.0).to(tl.float32)
-            acc += (((packed >> (4 * j)) & 0xF).to(tl.float32) - zero) * scale * x[None, :]
-    tl.store(out_ptr + rows, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
 @triton.jit
@@ -82,10 +54,9 @@ def _int4_gemm_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, M, N, K: tl.constexpr
              mask=token_mask[:, None] & row_mask[None, :])
 
 
-# (BLOCK_N, WORDS, warps) of the GEMV; the GEMM's (BLOCK_N, BLOCK_K, warps, stages) and its BLOCK_M by the number of
-# rows: the best of benchmarks/gpu_quant.py's INT4_GEMV_TILES / INT4_GEMM_TILES on an H200 (RESULTS.md, 2026-11-29).
-# The GEMM unpacks a tile by a reshape (one tl.dot per nibble position, as the GEMV reads them, took 4x as long)
-GEMV_TILE = (16, 32, 4)
+# The GEMM's (BLOCK_N, BLOCK_K, warps, stages) and its BLOCK_M by the number of rows: the best of
+# benchmarks/gpu_quant.py's INT4_GEMM_TILES on an H200 (RESULTS.md, 2026-11-29). The GEMM unpacks a tile by a
+# reshape (one tl.dot per nibble position, as the GEMV reads them, took 4x as long)
 GEMM_TILE = (128, 64, 4, 3)
 
 
@@ -97,13 +68,11 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, sca
     n, groups = scales.shape
     group = k // groups
     assert qweight.shape == (n, k // 8) and group * groups == k and x.is_contiguous()
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    shape = dict(K=k, GROUPS=groups, GROUP=group)
     if m == 1:
-        block_n, words, warps = GEMV_TILE
-        _int4_gemv_kernel[(triton.cdiv(n, block_n),)](x, qweight, zeros, scales, out, n, **shape, BLOCK_N=block_n,
-                                                      WORDS=words, num_warps=warps)
+        out = int4_gemv(x, qweight, zeros, scales, pdl=pdl.ENABLED)
     else:
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        shape = dict(K=k, GROUPS=groups, GROUP=group)
         block_n, block_k, warps, stages = GEMM_TILE
         block_m = 16 if m <= 16 else 32 if m <= 32 else 64
         _int4_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](

@@ -9,7 +9,7 @@
    their gated activation h[j, tile];
 4. down: program (tile, j) reads its output rows of the j-th expert's down matrix, weights the product by the
    router weight and stores it; the last of a tile's k programs to arrive (an atomic counter) sums the k products
-   in order and adds the residual x. The counters (`_counters`) are back at zero when the kernel ends.
+   in order and adds the residual x (runtime/native/cuda/arrivals.py's counters).
 
 Why: the general path (runtime/native/cuda/moe.py's `fused_experts` after the eager router) took 12 kernels: an RMSNorm,
 the router's matmul, a cast, softmax, top-k, sum and division, two GEMVs and the activation, the sum over k and
@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from runtime.native.cuda import pdl
+from runtime.native.cuda.arrivals import arrived_last, counters
 from runtime.native.cuda.gemv import gemv, input_rstd, input_tile
 from runtime.native.cuda.moe import gated
 from runtime.native.cuda.pdl import wait_for_previous_kernel
@@ -48,19 +49,6 @@ from runtime.native.models.norm import RMSNorm
 # the run's ~1 us noise (gate/up 31.9-34.2 us, down 32.1-34.0 us); the router's tile is gemv.py's TILES.
 GATE_UP_TILE = (4, 1024, 4)
 DOWN_TILE = (8, 1024, 4)
-
-# per device: the down programs' counters, back at zero when each kernel ends (kernels in stream order: the next
-# one's programs wait for the previous kernel before they count)
-_arrivals: dict[torch.device, torch.Tensor] = {}
-
-
-def _counters(device: torch.device, n: int) -> torch.Tensor:
-    """n int32 counters at zero; the kernel that uses them leaves them at zero."""
-    held = _arrivals.get(device)
-    if held is None or held.numel() < n:
-        held = _arrivals[device] = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-    return held
-
 
 @triton.jit
 def _route_kernel(logits_ptr, ids_ptr, weights_ptr, E: tl.constexpr, BLOCK_E: tl.constexpr, TOP_K: tl.constexpr,
@@ -172,14 +160,12 @@ def _down_kernel(
         y += tl.load(bias_ptr + expert * H + rows, mask=row_mask, other=0.0).to(tl.float32)
     weighted = y.to(dtype).to(tl.float32) * tl.load(weights_ptr + j)
     tl.store(products_ptr + j * H + rows, weighted.to(dtype), mask=row_mask)
-    tl.debug_barrier()  # every thread's products stored before the release below
-    if tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel") == TOP_K - 1:
+    if arrived_last(arrivals_ptr, tile, TOP_K):
         total = tl.zeros([BLOCK_N], tl.float32)
         for i in tl.static_range(TOP_K):  # .cg: from the L2, where the other programs' stores are
             total += tl.load(products_ptr + i * H + rows, mask=row_mask, other=0.0, cache_modifier=".cg").to(tl.float32)
         out = total.to(dtype).to(tl.float32) + tl.load(res_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + rows, out.to(dtype), mask=row_mask)
-        tl.store(arrivals_ptr + tile, 0)  # for the next launch
 
 
 def one_token_moe(moe: MoE, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
@@ -208,7 +194,7 @@ def one_token_moe(moe: MoE, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
     block_n, block_k, warps = DOWN_TILE
     tiles = triton.cdiv(hidden, block_n)
     _down_kernel[(tiles, top_k)](
-        h, ids, weights, w2, w2 if b2 is None else b2, x, products, _counters(x.device, tiles), out, w2.stride(0),
+        h, ids, weights, w2, w2 if b2 is None else b2, x, products, counters(x.device, tiles), out, w2.stride(0),
         H=hidden, I=inter, TOP_K=top_k, BIAS=b2 is not None, BLOCK_N=block_n,
         BLOCK_K=min(block_k, triton.next_power_of_2(inter)), num_warps=warps, **launch,
     )
