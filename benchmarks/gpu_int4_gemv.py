@@ -1,11 +1,8 @@
-"""The INT4 GEMV's variants (runtime/native/cuda/int4_gemv.py: "v3", "fma", "dot") at a few tiles per projection of
-Llama-3.1-8B, each against its weight-bytes floor (half a byte a weight, 3 bytes a group's zero point and scale),
-launched as the engine's graphed step launches them (programmatic dependent launches where the GPU has them, one
-CUDA graph of a chain of calls over weight copies that do not fit in the L2). benchmarks/gpu_quant.py's `int4_gemv`
-phase; the fastest variant and tile of each shape become int4_gemv.SHAPES for its INT4 engine phase.
-
-`sass`: per variant at its first tile on the first shape, its step loop's instructions by opcode and per weight as
-this device's Triton compiled it (benchmarks/int4_gemv_sass.py's census).
+"""The INT4 GEMV (runtime/native/cuda/int4_gemv.py) at a few tiles per projection of Llama-3.1-8B, each against its
+weight-bytes floor (half a byte a weight, 3 bytes a group's zero point and scale), launched as the engine's graphed
+step launches them (programmatic dependent launches where the GPU has them, one CUDA graph of a chain of calls over
+weight copies that do not fit in the L2). benchmarks/gpu_quant.py's `int4_gemv` phase; the fastest tile of each shape
+becomes int4_gemv.SHAPES for its INT4 engine phase.
 """
 
 from __future__ import annotations
@@ -18,14 +15,8 @@ import torch.nn.functional as F
 from benchmarks.cuda_decode_attention import per_call_us
 
 GROUP = 128
-# (BLOCK_N, WORDS, num_warps, AHEAD, SPLIT); SPLIT 0: int4_gemv.AUTO_PROGRAMS programs a multiprocessor
-TILES: dict[str, list[tuple[int, int, int, int, int]]] = {
-    "v3": [(16, 32, 4, 1, 1)],  # as it ran on 2026-11-29
-    "fma": [(64, 16, 4, 1, 0), (128, 16, 4, 1, 0)],
-    "dot": [(128, 16, 4, 1, 0), (64, 16, 4, 1, 0), (128, 16, 4, 2, 0)],
-    "dotw": [(128, 16, 4, 1, 0), (64, 16, 4, 1, 0), (128, 16, 4, 2, 0), (256, 16, 8, 1, 0), (128, 16, 8, 1, 0),
-             (128, 16, 4, 1, 2), (128, 16, 4, 1, 4), (128, 16, 4, 1, 8)],
-}
+# (BLOCK_N, WORDS, num_warps, AHEAD, SPLIT); SPLIT 0: int4_gemv.AUTO_PROGRAMS programs a multiprocessor, 1: no split-K
+TILES = [(128, 16, 4, 1, 0), (64, 16, 4, 1, 0), (128, 16, 4, 2, 0), (64, 16, 4, 2, 0), (128, 16, 4, 1, 1)]
 
 
 def _random_int4(n: int, k: int, device: str, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -47,8 +38,8 @@ def _reference(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scal
 
 def gemv_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: float, min_bytes: int,
                  sweep: bool = True) -> dict[str, Any]:
-    """Per shape: each variant and tile's us, its ratio to the floor and its error against the reference; `best`,
-    the fastest of those within bf16 rounding. Without `sweep`, each variant at its first tile (a smoke run)."""
+    """Per shape: each tile's us, its ratio to the floor and its error against the reference; `best`, the fastest
+    of those within bf16 rounding. Without `sweep`, the first tile only (a smoke run)."""
     from runtime.native.cuda import pdl
     from runtime.native.cuda.int4_gemv import int4_gemv
 
@@ -62,22 +53,12 @@ def gemv_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: flo
         want = _reference(x, *stored[0])
         floor_us = (n * k // 2 + 3 * n * (k // GROUP)) / (bandwidth * 1e12) * 1e6
         figures: dict[str, Any] = {"floor_us": floor_us}
-        for variant, tiles in TILES.items():
-            for tile in tiles if sweep else tiles[:1]:
-                key = variant + "_" + "x".join(map(str, tile))
-                try:
-                    got = int4_gemv(x, *stored[0], variant=variant, tile=tile, pdl=pdl.ENABLED).float()
-                    us = per_call_us(lambda i: int4_gemv(x, *stored[i], variant=variant, tile=tile, pdl=pdl.ENABLED),
-                                     copies)
-                except Exception as e:  # noqa: BLE001 - one variant's failure (a compile error) leaves the others
-                    figures[key] = {"error": repr(e)[:500]}
-                    continue
-                figures[key] = {"us": us, "vs_floor": us / floor_us,
-                                "max_rel_err": ((got - want).abs().max() / want.abs().max()).item()}
-        if not res and torch.cuda.is_available():
-            figures["sass"] = {variant: _sass_census(variant, tiles[0], lambda: int4_gemv(
-                x, *stored[0], variant=variant, tile=tiles[0])) for variant, tiles in TILES.items()}
-        timed = {key: f for key, f in figures.items() if isinstance(f, dict) and "us" in f and f["max_rel_err"] < 1e-2}
+        for tile in TILES if sweep else TILES[:1]:
+            got = int4_gemv(x, *stored[0], tile=tile, pdl=pdl.ENABLED).float()
+            us = per_call_us(lambda i: int4_gemv(x, *stored[i], tile=tile, pdl=pdl.ENABLED), copies)
+            error = ((got - want).abs().max() / want.abs().max()).item()
+            figures["x".join(map(str, tile))] = {"us": us, "vs_floor": us / floor_us, "max_rel_err": error}
+        timed = {key: f for key, f in figures.items() if isinstance(f, dict) and f["max_rel_err"] < 1e-2}
         if timed and torch.cuda.is_available():
             figures["best"] = min(timed, key=lambda key: timed[key]["us"])
         res[name] = figures
@@ -85,50 +66,18 @@ def gemv_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: flo
     return res
 
 
-def _sass_census(variant: str, tile: tuple[int, ...], call: Any) -> dict[str, Any] | str:
-    """benchmarks/int4_gemv_sass.py's census of the step loop of the kernel that `call` launches (Triton's
-    JITFunction.run returns it), as this device's Triton compiled it, or why not."""
-    from triton.tools.disasm import get_sass
-
-    from benchmarks.int4_gemv_sass import loop_census, resources, weights_per_thread
-    from runtime.native.cuda import int4_gemv
-
-    launched = []
-    run = int4_gemv._int4_gemv_kernel.run
-    int4_gemv._int4_gemv_kernel.run = lambda *args, **kwargs: launched.append(run(*args, **kwargs)) or launched[-1]
-    try:
-        call()
-        cubin = launched[-1].asm["cubin"]
-        return {**loop_census(get_sass(cubin), weights_per_thread(variant, tile)), **resources(cubin),
-                "shared": launched[-1].metadata.shared}
-    except Exception as e:  # noqa: BLE001 - a census is a side figure: its failure is recorded
-        return repr(e)
-    finally:
-        del int4_gemv._int4_gemv_kernel.run
-
-
 def best_choices(figures: dict[str, Any], shapes: dict[str, tuple[int, int]]) -> dict[tuple[int, int], Any]:
     """int4_gemv.SHAPES' entries from gemv_figures' `best` of each shape."""
-    choices = {}
-    for name, shape in shapes.items():
-        best = figures.get(name, {}).get("best")
-        if best:
-            variant, tile = best.split("_")
-            choices[shape] = (variant, tuple(int(v) for v in tile.split("x")))
-    return choices
+    return {shape: tuple(int(v) for v in best.split("x")) for name, shape in shapes.items()
+            if (best := figures.get(name, {}).get("best"))}
 
 
 def _print_table(res: dict[str, Any]) -> None:
-    keys = sorted({key for figures in res.values() for key, f in figures.items()
-                   if isinstance(f, dict) and ("us" in f or "error" in f)})
-    print("| variant_tile (BLOCK_N x WORDS x warps x AHEAD x SPLIT) | " + " | ".join(res) + " |")
+    keys = sorted({key for figures in res.values() for key, f in figures.items() if isinstance(f, dict)})
+    print("| tile (BLOCK_N x WORDS x warps x AHEAD x SPLIT) | " + " | ".join(res) + " |")
     print("|---|" + "---|" * len(res))
     print("| floor us | " + " | ".join(f"{f['floor_us']:.2f}" for f in res.values()) + " |")
     for key in keys:
-        cells = [f"{f[key]['us']:.2f} ({f[key]['vs_floor']:.2f}x)" if "us" in f.get(key, {}) else
-                 f.get(key, {}).get("error", "-")[:60] for f in res.values()]
+        cells = [f"{f[key]['us']:.2f} ({f[key]['vs_floor']:.2f}x)" if key in f else "-" for f in res.values()]
         print(f"| {key} | " + " | ".join(cells) + " |")
-    print("| best | " + " | ".join(str(f.get("best")) for f in res.values()) + " |")
-    for variant, census in next(iter(res.values()), {}).get("sass", {}).items():
-        print(f"sass {variant}: {census}")  # (a string: why there is none)
-    print(end="", flush=True)
+    print("| best | " + " | ".join(str(f.get("best")) for f in res.values()) + " |", flush=True)

@@ -13,7 +13,7 @@ Phases (each one's result, or its traceback, lands in DIR/gpu_quant.json as it e
                    INT4 (AWQ-style, groups of 128, runtime/native/cuda/int4.py): the one-token GEMV against its
                    weight-bytes floor (half a byte a weight, 3 bytes a group's zero point and scale) and the 256-row GEMM,
                    the GEMM also at a few other tiles (int4.GEMM_TILE)
-  int4_gemv        the INT4 GEMV's variants x tiles per projection shape against the floor (benchmarks/gpu_int4_gemv.py);
+  int4_gemv        the INT4 GEMV's tiles per projection shape against the floor (benchmarks/gpu_int4_gemv.py);
                    each shape's fastest becomes the int4 phase's GEMV (`int4_gemv_shapes`)
   bf16, fp8, int4  NativeEngine (CUDA graphs) over the 8B shape: batch-1 decode inter-token gap against the step's
                    weight-bytes floor (gpu_families.floor_bytes: FP8 weights count 1 byte, their scales 4 per row;

@@ -27,8 +27,9 @@ class EngineConfig:
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     dtype: str = "auto"  # "auto" | "bfloat16" | "float16" | "float32" (auto on CPU: runtime/native/cpu/defaults.py)
     quantization: Literal["none", "fp8"] = "none"  # fp8: quantize a 16-bit checkpoint's projections to FP8 (per output channel) at load; FP8 checkpoints are served as FP8 either way (docs/quantization.md)
-    # the INT4 kernels (runtime/native/cuda/int4.py) measured slower than bf16 at every batch size on an H200: the
-    # one-token GEMV 1.35-2x, the 256-row GEMM 4-5x (benchmarks/RESULTS.md, 2026-11-29), so by default they are not used
+    # the INT4 kernels (runtime/native/cuda/int4.py) on an H200, 8B shape (benchmarks/RESULTS.md, 2026-11-29 ~10:55):
+    # batch 1 0.85x bf16's time (3.45 vs 4.06 ms a token: the GEMV 2.6-4.4x its weight-bytes floor), but 256 requests
+    # 0.31x bf16's throughput (the 256-row GEMM), so by default they are not used
     int4_kernels: bool = False  # AWQ/GPTQ on CUDA: keep the weights packed (a quarter of bf16's bytes, more room for the KV cache) and multiply through the Triton INT4 kernels; off: dequantized to the served dtype at load
     seed: int = 0  # seed of the sampler's random numbers for requests that give no seed
     max_model_len: int | None = None  # default: the model's context window

@@ -23,15 +23,12 @@ def test_every_phase_runs_and_writes_its_figures(tmp_path: Path) -> None:
     for figures in result["kernels"].values():
         assert figures["fp8_max_rel_err"] < 2e-2  # bf16 outputs (truncated by the interpreter)
         assert figures["fp8_floor_us"] < figures["bf16_floor_us"]
-        # (the INT4 GEMV's error: int4_gemv's below, by variant; its default "dotw" runs tl.dot in bfloat16, which
-        # Triton's interpreter gets wrong)
+        # (the INT4 GEMV's error: int4_gemv's below)
         assert figures["int4_floor_us"] < figures["fp8_floor_us"]
         assert {"int4_us", "rows_256_int4_us", "int4_vs_floor"} <= set(figures)  # timed on a GPU only (nan here)
-    for figures in result["int4_gemv"].values():  # each GEMV variant once, against its reference dequantization
+    for figures in result["int4_gemv"].values():  # the GEMV at its first tile, against its reference dequantization
         errors = {key: f["max_rel_err"] for key, f in figures.items() if key != "floor_us"}
-        assert {key.split("_")[0] for key in errors} == {"v3", "fma", "dot", "dotw"}
-        # bf16 outputs; "dot" only on a GPU (Triton's interpreter gets tl.dot of bfloat16 wrong)
-        assert all(error < 2e-2 for key, error in errors.items() if not key.startswith("dot")), errors
+        assert set(errors) == {"128x16x4x1x0"} and errors["128x16x4x1x0"] < 2e-2, errors  # bf16 outputs
     for quantization in ("bf16", "fp8", "int4", "kv_fp8"):
         figures = result[quantization]
         assert positive(figures["decode_b1_itl_ms"], figures["throughput_8_tok_s"], figures["vs_floor"]), figures

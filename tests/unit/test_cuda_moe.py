@@ -23,7 +23,7 @@ if RUN_HERE:
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=32)
+    run_in_interpreter(__file__, passed=29)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
