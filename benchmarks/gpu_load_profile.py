@@ -166,17 +166,18 @@ async def closed_loop_itl(engine: Any, s: dict[str, Any], streams: int, vocab: i
 
 
 async def shape_figures(folder: Path, device: str, s: dict[str, Any], max_num_tokens: int | None, out: Path,
-                        profile: bool, record: Any) -> None:
+                        profile: bool, record: Any, quantization: str = "none") -> None:
     from runtime.config import EngineConfig
     from runtime.native.llm_engine import NativeEngine
 
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     cfg = EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=s["batch"],
                        max_num_tokens=max_num_tokens, max_kv_tokens=4 * s["batch"] * (s["prompt"] + s["output"]),
-                       max_model_len=2 * s["ttft_prompt"], enable_prefix_caching=False)
+                       max_model_len=2 * s["ttft_prompt"], enable_prefix_caching=False, quantization=quantization)
     engine = NativeEngine(cfg)
     await engine.start()
-    tag = f"{folder.name}_t{max_num_tokens or engine.model_info.max_num_tokens}"
+    weights = "" if quantization == "none" else f"_{quantization}"
+    tag = f"{folder.name}{weights}_t{max_num_tokens or engine.model_info.max_num_tokens}"
     try:
         await throughput(engine, dict(s, output=8), vocab, 1)  # warm-up: every prefill shape and a full decode batch
         log = StepLog(engine)
@@ -285,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mix-kv-dtypes", default="auto", help="KV cache dtypes the mix runs with: auto, fp8")
     parser.add_argument("--core-shapes", default="llama-3.2-1b",
                         help="shapes also run through the engine core in its own process")
+    parser.add_argument("--quantization", default="none", choices=["none", "fp8"],
+                        help="the in-process shapes' weights: as stored, or FP8 quantized at load (--quantization fp8)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and loads: the code runs, nothing more")
     args = parser.parse_args(argv)
     import runtime.native.core_loader
@@ -301,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         token_counts = [None if t == "default" else int(t) for t in args.max_num_tokens.split(",")]
         for i, tokens in enumerate(token_counts):
             phases.record(f"{name}_t{tokens or 'default'}", lambda: asyncio.run(
-                shape_figures(folder, args.device, s, tokens, args.out, i == 0, phases.record)) or "done")
+                shape_figures(folder, args.device, s, tokens, args.out, i == 0, phases.record, args.quantization))
+                or "done")
         if name in args.mix_shapes.split(","):
             for kv in args.mix_kv_dtypes.split(","):
                 phases.record(f"{name}_mix_{mix['streams']}_kv_{kv}",
