@@ -251,7 +251,8 @@ async def mix_figures(folder: Path, device: str, m: dict[str, Any], kv_dtype: st
         await engine.shutdown()
 
 
-async def core_figures(folder: Path, device: str, s: dict[str, Any], max_num_tokens: int | None, record: Any) -> None:
+async def core_figures(folder: Path, device: str, s: dict[str, Any], max_num_tokens: int | None, record: Any,
+                       quantization: str = "none") -> None:
     """throughput and ITL (module docstring) with the engine core in its own process, over a checkpoint on disk."""
     from runtime.config import EngineConfig
     from runtime.process.client import EngineClient
@@ -260,15 +261,17 @@ async def core_figures(folder: Path, device: str, s: dict[str, Any], max_num_tok
     engine = EngineClient(EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=s["batch"],
                                        max_num_tokens=max_num_tokens,
                                        max_kv_tokens=4 * s["batch"] * (s["prompt"] + s["output"]),
-                                       max_model_len=2 * s["ttft_prompt"], enable_prefix_caching=False))
+                                       max_model_len=2 * s["ttft_prompt"], enable_prefix_caching=False,
+                                       quantization=quantization))
     await engine.start()
+    tag = f"core_{folder.name}" + ("" if quantization == "none" else f"_{quantization}")
     try:
         await throughput(engine, dict(s, output=8), vocab, 1)
         res = await throughput(engine, s, vocab, 2)
-        record(f"core_{folder.name}_throughput_{s['batch']}", lambda: res)
+        record(f"{tag}_throughput_{s['batch']}", lambda: res)
         for streams in s["itl_streams"]:
             figures = await closed_loop_itl(engine, s, streams, vocab, 5 + streams)
-            record(f"core_{folder.name}_itl_{streams}", lambda: figures)
+            record(f"{tag}_itl_{streams}", lambda: figures)
     finally:
         await engine.shutdown()
 
@@ -287,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--core-shapes", default="llama-3.2-1b",
                         help="shapes also run through the engine core in its own process")
     parser.add_argument("--quantization", default="none", choices=["none", "fp8"],
-                        help="the in-process shapes' weights: as stored, or FP8 quantized at load (--quantization fp8)")
+                        help="the weights: as stored, or FP8 quantized at load (--quantization fp8)")
+    parser.add_argument("--core-only", action="store_true", help="only the engine core phases (--core-shapes)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and loads: the code runs, nothing more")
     args = parser.parse_args(argv)
     import runtime.native.core_loader
@@ -302,11 +306,11 @@ def main(argv: list[str] | None = None) -> int:
         model_type, shape = (gf.SMOKE_SHAPES["llama-3.1-8b"] if args.smoke else SHAPES[name])
         folder = gf.write_config((args.work or args.out) / name, model_type, shape)
         token_counts = [None if t == "default" else int(t) for t in args.max_num_tokens.split(",")]
-        for i, tokens in enumerate(token_counts):
+        for i, tokens in enumerate(token_counts if not args.core_only else []):
             phases.record(f"{name}_t{tokens or 'default'}", lambda: asyncio.run(
                 shape_figures(folder, args.device, s, tokens, args.out, i == 0, phases.record, args.quantization))
                 or "done")
-        if name in args.mix_shapes.split(","):
+        if name in args.mix_shapes.split(",") and not args.core_only:
             for kv in args.mix_kv_dtypes.split(","):
                 phases.record(f"{name}_mix_{mix['streams']}_kv_{kv}",
                               lambda: asyncio.run(mix_figures(folder, args.device, mix, kv)))
@@ -314,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
             llama = {k: v for k, v in shape.items() if k not in ("max_position_embeddings", "rope_theta")}
             checkpoint = gm.make_checkpoint((args.work or args.out) / "checkpoints" / name, llama, torch.bfloat16)
             phases.record(f"core_{name}", lambda: asyncio.run(
-                core_figures(checkpoint, args.device, s, token_counts[0], phases.record)) or "done")
+                core_figures(checkpoint, args.device, s, token_counts[0], phases.record, args.quantization)) or "done")
     phases.write()
     return 1 if phases.failed else 0
 
