@@ -90,10 +90,12 @@ class EngineConfig:
     trtllm_extra: dict[str, object] = field(default_factory=dict)  # pass-through LLM(...) kwargs
 
     def __post_init__(self) -> None:
-        if self.stream_interval < 1:  # refused at start-up, in one line, before any process starts
-            raise ValueError(f"--stream-interval must be at least 1, got {self.stream_interval}")
-        if self.data_parallel_size < 1:
-            raise ValueError(f"--data-parallel-size must be at least 1, got {self.data_parallel_size}")
+        counts = {"stream_interval": self.stream_interval, "data_parallel_size": self.data_parallel_size,
+                  "max_batch_size": self.max_batch_size, "max_num_tokens": self.max_num_tokens,
+                  "kv_block_size": self.kv_block_size}
+        for name, count in counts.items():  # refused at start-up, in one line, before any process starts
+            if count is not None and count < 1:  # (a step of no sequences or tokens would never run a request)
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {count}")
         if self.data_parallel_size > 1 and (self.backend != "native" or not self.engine_process):
             raise ValueError("--data-parallel-size runs engine-core processes of the native backend: not with "
                              "--backend trtllm (use its own replicas) or --no-engine-process")

@@ -68,11 +68,14 @@ def test_bad_env_value_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> N
         parse_serve_args([], environ={"TRTLLM_GATEWAY_MAX_N": "lots"})
 
 
-def test_a_stream_interval_below_one_is_refused_before_anything_starts() -> None:
-    assert parse_serve_args(["--stream-interval", "4"], environ={}).engine.stream_interval == 4
+@pytest.mark.parametrize("option", ["--stream-interval", "--max-batch-size", "--max-num-tokens", "--kv-block-size"])
+def test_a_count_below_one_is_refused_before_anything_starts(option: str) -> None:
+    """(--max-num-tokens 0 or -5 and --max-batch-size 0 were taken: the server started, and no request ever ran.)"""
+    field = option.removeprefix("--").replace("-", "_")
+    assert getattr(parse_serve_args([option, "4"], environ={}).engine, field) == 4
     for value in ("0", "-1"):
-        with pytest.raises(ValueError, match=f"--stream-interval must be at least 1, got {value}"):
-            parse_serve_args(["--stream-interval", value], environ={})
+        with pytest.raises(ValueError, match=f"{option} must be at least 1, got {value}"):
+            parse_serve_args([option, value], environ={})
 
 
 def test_python_dash_m_gateway_prints_serve_help() -> None:
