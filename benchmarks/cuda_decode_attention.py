@@ -20,6 +20,7 @@ import os
 import torch
 
 from benchmarks.cpu_attention import decode_step
+from benchmarks.cuda_timing import ms_per_call
 
 
 def per_call_us(fn, calls: int) -> float:
@@ -38,15 +39,7 @@ def per_call_us(fn, calls: int) -> float:
         for i in range(calls):
             fn(i)
     torch.cuda.current_stream().wait_stream(stream)
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / calls)
-    return sorted(times)[2]
+    return ms_per_call(graph.replay, rounds=5) * 1000 / calls
 
 
 def main() -> None:

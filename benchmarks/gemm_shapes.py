@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
+
+from benchmarks.cuda_timing import ms_per_call
 
 PEAK_TFLOPS = 790.0
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
@@ -28,16 +29,7 @@ def per_call_us(fn, device: str, calls: int = 20) -> float:
     fn()
     if device != "cuda":
         return float("nan")
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(times)
+    return ms_per_call(fn, calls, rounds=5) * 1e3
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -57,6 +57,7 @@ from typing import Any
 import torch
 
 from benchmarks import gpu_models as gm
+from benchmarks.cuda_timing import HostEvent, cuda_event, ms_per_call
 from benchmarks.dataset import normal_length
 
 
@@ -99,20 +100,9 @@ def bandwidth_tb_s(gib: float = 1.0, device: str = "cuda") -> float:
     n = int(gib * 2**30) // 2
     src = torch.randn(n, device=device, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    times = []
-    for _ in range(25):
-        if torch.device(device).type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:  # host memory (--smoke on the CPU)
-            t = time.perf_counter()
-            dst.copy_(src)
-            times.append(time.perf_counter() - t)
-    return 2 * n * 2 / statistics.median(times[5:]) / 1e12
+    event = cuda_event if torch.device(device).type == "cuda" else HostEvent  # host memory: --smoke on the CPU
+    seconds = ms_per_call(lambda: dst.copy_(src), rounds=20, warmup=5, event=event) / 1e3
+    return 2 * n * 2 / seconds / 1e12
 
 
 def _request(rid: str, prompt: list[int], max_tokens: int) -> Any:
@@ -212,15 +202,7 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
             packed, _ = graphs.host_views(0)  # what the graph copies in (set 0)
             packed[IDS, :1], packed[SLOTS, :1], packed[LENGTHS, :1], packed[PREV, :1] = 0, -1, s.prompt, -1
             g = graphs.base[0][1]
-            for _ in range(5):
-                g.replay()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(100):
-                g.replay()
-            end.record()
-            end.synchronize()
-            res["decode_b1_graph_gpu_ms"] = start.elapsed_time(end) / 100
+            res["decode_b1_graph_gpu_ms"] = ms_per_call(g.replay, 100, warmup=5)
             try:
                 res["decode_b1_kernels"] = _graph_kernels(g, out / "profile_b1.txt")
                 prompt = gm.random_prompts(1, s.prompt, vocab, next(seed))[0]

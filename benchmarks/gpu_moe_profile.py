@@ -41,6 +41,8 @@ from typing import Any
 
 import torch
 
+from benchmarks.cuda_timing import HostEvent, ms_per_call
+
 # (BLOCK_N, BLOCK_K, num_warps) alternatives to one_token_moe's tiles timed in moe_layer: the ones within ~1 us of
 # the best in the H200 sweep of 2026-11-29 (benchmarks/RESULTS.md), and the router's former DEFAULT_TILE
 GATE_UP_TILES = ((2, 1024, 4), (4, 512, 4), (16, 256, 4))
@@ -77,15 +79,7 @@ def capture(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
 
 def replay_us(graph: torch.cuda.CUDAGraph, repeats: int) -> float:
     """Median device microseconds of one replay, of `repeats` back to back."""
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return sorted(times)[len(times) // 2]
+    return ms_per_call(graph.replay, rounds=repeats) * 1e3
 
 
 def kernel_table(run: Callable[[], Any], steps: int, cuda: bool, top: int = 40) -> dict[str, Any]:
@@ -167,20 +161,11 @@ class DecodeStep:
     def ms(self, steps: int) -> float:
         """Device ms per step over `steps` back to back, after one step that compiles (host ms op by op on the CPU,
         where the interpreter compiles nothing: no warm-up step)."""
-        if self.cuda:
-            self()
-            torch.cuda.synchronize()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(steps):
-                self()
-            end.record()
-            end.synchronize()
-            return start.elapsed_time(end) / steps
-        start_s = time.perf_counter()
-        for _ in range(steps):
-            self()
-        return (time.perf_counter() - start_s) * 1e3 / steps
+        if not self.cuda:
+            return ms_per_call(self, steps, event=HostEvent)
+        self()
+        torch.cuda.synchronize()
+        return ms_per_call(self, steps)
 
 
 def moe_layer_figures(model: Any, bandwidth: float, cuda: bool, tiles: int) -> dict[str, Any]:

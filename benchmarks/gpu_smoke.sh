@@ -12,8 +12,9 @@
 # lora_step 35, lora_kernels 8, gemv_kernels 8, decode_attention 7, decode_b1 38, spec_decode 24, gpu_families 35,
 # gpu_moe_profile 20; http_vs_core ran past its 60 s. Guesses: decode_b1_timers 20, gpu_quant 40, gpu_bench 100.
 # gpu_load_profile, prefill_attention and gemm_shapes (issue 48) ran at full size on 2026-11-29, not yet as these entries.
-# Not entries: benchmarks/gpu_models.py (a library: gpu_bench, decode_b1 and http_vs_core run it), and the other
-# gpu_*.sh scripts, which are these modules at real shapes (no quick mode) plus the CUDA test files.
+# Not entries: benchmarks/gpu_models.py (a library: gpu_bench, decode_b1 and http_vs_core run it), cuda_timing.py
+# (a library: every entry that times on the GPU runs it), and the other gpu_*.sh scripts, which are these modules
+# at real shapes (no quick mode) plus the CUDA test files.
 W=/tmp/gpu_smoke
 ENTRIES=(
   "lora_step 45 python -m benchmarks.lora_step --synthetic tiny --device cuda --graph --batch 2 4 --context 32 --prefill 64 --warmup 1 --iters 3"

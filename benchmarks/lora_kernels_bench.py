@@ -32,6 +32,7 @@ import triton.language as tl
 
 import torch.nn.functional as F
 
+from benchmarks.cuda_timing import ms_per_call
 from runtime.native.cuda.lora_kernels import lora_expand
 
 LINEARS = {"qkv": (2048, 3072, 3), "o": (2048, 2048, 1), "gate_up": (2048, 16384, 2), "down": (8192, 2048, 1)}
@@ -117,16 +118,7 @@ def time_graph(fn, iters: int = 50, device: str = "cuda") -> float:
     torch.cuda.current_stream().wait_stream(stream)
     graph.replay()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(5):
-        start.record()
-        for _ in range(iters):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / iters)
-    return sorted(times)[2]
+    return ms_per_call(graph.replay, iters, rounds=5) * 1e3
 
 
 def time_variants(tokens: int, cap: int, dtype: torch.dtype, device: str = "cuda", smoke: bool = False) -> list[dict]:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.cuda_timing import ms_per_call
 from runtime.config import EngineConfig
 from runtime.demo import demo_model_path
 from runtime.native.llm_engine import NativeEngine
@@ -118,14 +119,7 @@ def time_graph(engine: NativeEngine, inputs: list[StepInput], iters: int) -> flo
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         runner.model(input_ids, positions, runner.kv_caches, meta)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    graph.replay()
-    start.record()
-    for _ in range(iters):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / 1e3 / iters
+    return ms_per_call(graph.replay, iters, warmup=1) / 1e3
 
 
 def replayed(engine: NativeEngine, inputs: list[StepInput]) -> str:

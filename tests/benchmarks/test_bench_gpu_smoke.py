@@ -20,6 +20,7 @@ SCRIPT = REPO_ROOT / "benchmarks" / "gpu_smoke.sh"
 # benchmark modules that mention CUDA but get no entry of their own, and why
 NOT_ENTRIES = {"gpu_models": "a library of checkpoints and baselines: the gpu_bench, decode_b1 and http_vs_core "
                              "entries run it on the GPU",
+               "cuda_timing": "a library (the event timing loop): every entry that times on the GPU runs it",
                "gpu_int4_gemv": "gpu_quant's int4_gemv phase: the gpu_quant entry runs it on the GPU",
                "gpu_tp": "needs two GPUs: benchmarks/gpu_tp.sh runs its tests and figures on the 2-GPU machine"}
 
