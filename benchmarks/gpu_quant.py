@@ -46,7 +46,10 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "dow
 SMOKE_SHAPES = {"qkv": (48, 128), "o": (32, 128), "gate_up": (64, 128), "down": (32, 256)}  # INT4: K of 128 groups;
 # every size a multiple of 16, as FP8 tensor cores take (torch._scaled_mm; elsewhere fp8.py dequantizes)
 INT4_GEMM_TILES = [(64, 64, 4, 3), (128, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 4)]  # GEMM_TILE
-FP8_TILES = [(4, 2048, 4), (8, 2048, 8), (8, 4096, 8), (16, 1024, 4), (16, 2048, 8)]  # (BLOCK_N, BLOCK_K, warps)
+# (BLOCK_N, BLOCK_K, warps); the 16- and 32-row tiles over short K steps share each program's NORM/SwiGLU prologue
+# among more rows (its per-program cost weighs on FP8's half-size rows: RESULTS.md, 2026-11-29 ~10:45)
+FP8_TILES = [(4, 2048, 4), (8, 2048, 8), (8, 4096, 8), (16, 1024, 4), (16, 2048, 8), (8, 512, 4), (16, 256, 4),
+             (16, 512, 4), (32, 256, 4), (32, 512, 8)]
 ROWS = 256
 INT4_GROUP = 128
 MIN_BYTES = 256 * 2**20  # weight copies per shape: more than the H200's 50 MB L2 holds
