@@ -28,12 +28,12 @@ def _random_int4(n: int, k: int, device: str, gen: torch.Generator) -> tuple[tor
 
 
 def _reference(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x (float32) times the float32 dequantized weight."""
-    n = qweight.shape[0]
-    shifts = 4 * torch.arange(8, device=qweight.device, dtype=torch.int32)
-    q = ((qweight[:, :, None] >> shifts) & 0xF).reshape(n, -1).float()
-    weight = (q - zeros.float().repeat_interleave(GROUP, 1)) * scales.float().repeat_interleave(GROUP, 1)
-    return F.linear(x.float(), weight)
+    """x (float32) times the float32 dequantized weight (the loader's unpacking and dequantization, on the CPU)."""
+    from runtime.native.models.int4_checkpoint import dequantize, unpack_int4
+
+    q = unpack_int4(qweight.cpu(), 1).t()  # [in, out], as the loader's unpacked values
+    weight = dequantize(q, zeros.cpu().t().int(), scales.cpu().t(), torch.arange(q.shape[0]) // GROUP)
+    return F.linear(x.float(), weight.to(x.device))
 
 
 def gemv_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: float, min_bytes: int,

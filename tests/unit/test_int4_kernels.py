@@ -13,6 +13,7 @@ import torch.nn.functional as F
 pytest.importorskip("triton")
 from runtime.native.models import int4_checkpoint, load_model
 from runtime.native.models.int4_checkpoint import (
+    dequantize,
     dequantize_awq,
     kernel_layout,
     quantize_rtn,
@@ -83,7 +84,7 @@ def _edge_weight(n: int, k: int, group: int, dtype: torch.dtype) -> tuple[tuple[
     zeros = torch.randint(0, 16, (k // group, n), generator=g)
     zeros[:, 0], zeros[:, 1], q[:, 2], zeros[:, 2], q[:, 3] = 0, 15, 15, 0, 0
     scales = (torch.rand(k // group, n, generator=g) * 0.1 + 0.01).to(dtype).float()
-    reference = ((q - zeros.repeat_interleave(group, 0)) * scales.repeat_interleave(group, 0)).t()
+    reference = dequantize(q, zeros, scales, torch.arange(k) // group)
     return tuple(t.to(DEVICE) for t in kernel_layout(q, zeros, scales, dtype)), reference.to(DEVICE)
 
 
