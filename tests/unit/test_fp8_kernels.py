@@ -8,6 +8,8 @@ capability 8.9 or later, and is skipped elsewhere.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -28,7 +30,7 @@ tensor_cores = pytest.mark.skipif(not (torch.cuda.is_available() and native_fp8(
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=11)
+    run_in_interpreter(__file__, passed=15)
 
 
 def _weights(rows: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -175,12 +177,15 @@ def test_a_one_token_step_through_fused_fp8_projections_equals_the_dequantized_m
 
 @kernels
 @pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # silu of a large negative gate, in the interpreter
+@pytest.mark.parametrize("width", [48, 1000, 5000])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_the_norms_and_swiglu_quantize_the_rows_they_write_as_the_activation_kernel_does(dtype: torch.dtype) -> None:
+def test_the_norms_and_swiglu_quantize_the_rows_they_write_as_the_activation_kernel_does(dtype: torch.dtype,
+                                                                                         width: int) -> None:
     """Where an FP8 projection reads their rows, runtime/native/cuda/norms.py's kernels and fused.py's SwiGLU also write
     each row's E4M3 values and scale: bit for bit what fp8_quant.py's kernel makes of the 16-bit rows they write
     (which are the rows they write without). Rows of ordinary, tiny, large (past 448) and zero values, and rows
-    with some zeros; widths within a block, past a norm's power of two and past several SwiGLU blocks."""
+    with some zeros; widths within a block, past a power of two, and past a block of the quantizing kernel (2048) and
+    of the quantizing SwiGLU (4096)."""
     from runtime.native.cuda.fp8_quant import fp8_buffers, quantize_activations_cuda
     from runtime.native.cuda.fused import silu_and_mul
     from runtime.native.cuda.norms import add_rms_norm, rms_norm
@@ -193,27 +198,28 @@ def test_the_norms_and_swiglu_quantize_the_rows_they_write_as_the_activation_ker
         x[4, ::3] = 0
         return x.to(DEVICE, dtype)
 
-    def check(write: object, width: int) -> None:
+    def check(write: Callable[[tuple[torch.Tensor, torch.Tensor] | None], torch.Tensor]) -> None:
         fp8 = fp8_buffers(5, width, torch.device(DEVICE))
-        got = write(fp8)  # type: ignore[operator]
-        assert torch.equal(got, write(None))  # type: ignore[operator]
+        got = write(fp8)
+        assert torch.equal(got, write(None))
         want_values, want_scales = quantize_activations_cuda(got, None)
         assert torch.equal(fp8[0].view(torch.uint8), want_values.view(torch.uint8))
         assert torch.equal(fp8[1], want_scales)
 
-    for width in (48, 1000, 2500):
-        x, residual, gate_up = rows(width), rows(width), rows(2 * width)
-        weight = (torch.randn(width, generator=g) * 50).to(DEVICE, dtype)  # normed values past 448
-        check(lambda fp8: rms_norm(x, weight, 1e-6, fp8=fp8), width)
-        check(lambda fp8: rms_norm(x, weight, 1e-6, offset=1.0, fp8=fp8), width)  # Gemma's (1 + weight)
-        check(lambda fp8: add_rms_norm(x, residual, weight, 1e-5, fp8=fp8)[1], width)
-        check(lambda fp8: silu_and_mul(gate_up, fp8), width)
+    x, residual, gate_up = rows(width), rows(width), rows(2 * width)
+    weight = (torch.randn(width, generator=g) * 50).to(DEVICE, dtype)  # normed values past 448
+    check(lambda fp8: rms_norm(x, weight, 1e-6, fp8=fp8))
+    check(lambda fp8: rms_norm(x, weight, 1e-6, offset=1.0, fp8=fp8))  # Gemma's (1 + weight)
+    check(lambda fp8: add_rms_norm(x, residual, weight, 1e-5, fp8=fp8)[1])
+    check(lambda fp8: silu_and_mul(gate_up, fp8))
 
 
 @kernels
-def test_a_multi_row_fp8_step_through_quantizing_norms_and_swiglu_equals_the_unfused_step(tmp_path,
+# bfloat16 on a GPU only: Triton's interpreter multiplies bfloat16 tiles in tl.dot wrongly (test_cuda_families.py)
+@pytest.mark.parametrize("dtype", [torch.float16] + [torch.bfloat16] * torch.cuda.is_available())
+def test_a_multi_row_fp8_step_through_quantizing_norms_and_swiglu_equals_the_unfused_step(dtype: torch.dtype, tmp_path,
                                                                                           monkeypatch) -> None:
-    """A tiny float16 Llama quantized to FP8 (--quantization fp8; its FP8 form kept, as on an H100): a prefill of two
+    """A tiny 16-bit Llama quantized to FP8 (--quantization fp8; its FP8 form kept, as on an H100): a prefill of two
     sequences and a two-row decode step whose norms and SwiGLU quantize the inputs of the q/k/v, gate/up and down
     projections give the logits, bit for bit, of the same steps where every projection quantizes its own input;
     only the o projections quantize their own."""
@@ -226,12 +232,13 @@ def test_a_multi_row_fp8_step_through_quantizing_norms_and_swiglu_equals_the_unf
 
     path = str(build_tiny_model(tmp_path, "llama"))
     monkeypatch.setattr(fp8_checkpoint, "native_fp8", lambda device: True)
-    model = load_model(path, torch.float16, torch.device(DEVICE), quantization="fp8")
+    model = load_model(path, dtype, torch.device(DEVICE), quantization="fp8")
     fused.use_fused_kernels(model)
     layers = model.spec.num_layers
     assert all(layer.mlp.down_proj.takes_fp8_rows for layer in model.model.layers)
     quantized: list[int] = []  # the rows of each projection that quantized its own input
-    module, name = (fp8_quant, "quantize_activations_cuda") if DEVICE == "cuda" else (fp8_module, "quantize_activations")
+    module, name = ((fp8_quant, "quantize_activations_cuda") if DEVICE == "cuda"
+                    else (fp8_module, "quantize_activations"))
     quantize = getattr(module, name)
     monkeypatch.setattr(module, name, lambda x, input_scale: quantized.append(x.shape[0]) or quantize(x, input_scale))
 

@@ -11,7 +11,9 @@ layer); in a step of one-token rows it does so inside the decode-attention kerne
 adds (runtime/native/cuda/gemv.py), four kernels a layer besides attention (an experts layer's MLP: four,
 runtime/native/cuda/one_token_moe.py). They round intermediates to the activation dtype where the eager code
 does, so results match the eager modules (runtime/native/models/norm.py, rotary_embedding.py, llama.py) up to
-the last bit of the transcendental functions and the order of a dot product's sums.
+the last bit of the transcendental functions and the order of a dot product's sums. In a multi-row step of an FP8
+model, the norms before the q/k/v and gate/up projections and the SwiGLU before down also write their rows' E4M3
+form (Fp8Rows: runtime/native/cuda/fp8_quant.py's rounding, bit for bit), three quantizing kernels a layer fewer.
 
 `use_fused_kernels(model)` swaps the `forward` of the matching module instances; model files stay
 device-agnostic and the CPU path is untouched.
@@ -263,12 +265,12 @@ def silu_and_mul(x: torch.Tensor, fp8: tuple[torch.Tensor, torch.Tensor] | None 
     tokens, width = x.shape
     inter = width // 2
     out = torch.empty((tokens, inter), dtype=x.dtype, device=x.device)
-    block = 1024
     if tokens and fp8 is None:
-        _silu_mul_kernel[(tokens, triton.cdiv(inter, block))](x, out, x.stride(0), I=inter, BLOCK=block)
-    elif tokens:
+        _silu_mul_kernel[(tokens, triton.cdiv(inter, 1024))](x, out, x.stride(0), I=inter, BLOCK=1024)
+    elif tokens:  # a program a row: wide blocks, for more of the row's loads in flight at once
+        block = min(4096, triton.next_power_of_2(inter))
         _silu_mul_fp8_kernel[(tokens,)](x, out, *fp8, x.stride(0), I=inter, BLOCK=block, FMAX=FP8_MAX,
-                                        SMALLEST=MIN_SCALE)
+                                        SMALLEST=MIN_SCALE, num_warps=8)
     return out
 
 

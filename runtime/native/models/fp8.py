@@ -7,7 +7,8 @@ it each token's activations get their own scale (dynamic, per token).
 
 Products on CUDA with FP8 tensor cores (compute capability 8.9 and later; `native_fp8`):
 - a step of several rows quantizes its 16-bit activations to E4M3 (per token, or by the static scale) and multiplies
-  on the FP8 tensor cores (`torch._scaled_mm`, float32 sums, both scales applied to the output); float32 activations
+  on the FP8 tensor cores (`torch._scaled_mm`, float32 sums, both scales applied to the output; on CUDA the norm or
+  SwiGLU kernel before a projection quantizes its rows already where it can: Fp8Rows); float32 activations
   (the reference math the tests serve) multiply the dequantized weight as they are;
 - a one-row step reads the FP8 weights in the GEMV kernel (runtime/native/cuda/gemv.py), which multiplies them by the 16-bit
   activations as they are (no activation rounding) and applies the row scales to the sums.
