@@ -36,11 +36,7 @@ from runtime.native.cuda.fp8_quant import e4m3_scale, fp8_buffers, to_e4m3
 from runtime.native.cuda.gemv import gemv
 from runtime.native.cuda.norms import add_rms_norm, rms_norm, scaled_norm
 from runtime.native.cuda.one_token_moe import one_token_moe
-from runtime.native.cuda.paged_attention import (
-    attend_decode_group,
-    attend_over_cache,
-    to_cache,
-)
+from runtime.native.cuda.paged_attention import attend_decode_group, attend_over_cache, to_cache
 from runtime.native.cuda.pdl import wait_for_previous_kernel
 from runtime.native.models.fp8 import FP8_MAX, MIN_SCALE, Fp8Rows
 from runtime.native.models.kv_scales import UNIT, KvScales, cache_scales
