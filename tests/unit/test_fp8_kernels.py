@@ -187,7 +187,7 @@ def test_the_norms_and_swiglu_quantize_the_rows_they_write_as_the_activation_ker
     with some zeros; widths within a block, past a power of two, and past a block of the quantizing kernel (2048) and
     of the quantizing SwiGLU (4096)."""
     from runtime.native.cuda.fp8_quant import fp8_buffers, quantize_activations_cuda
-    from runtime.native.cuda.fused import silu_and_mul
+    from runtime.native.cuda.swiglu import silu_and_mul
     from runtime.native.cuda.norms import add_rms_norm, rms_norm
 
     g = torch.Generator().manual_seed(15)

@@ -32,13 +32,14 @@ from torch import nn
 
 from runtime.native.attention_metadata import AttentionMetadata
 from runtime.native.cuda import paged_attention, pdl
-from runtime.native.cuda.fp8_quant import e4m3_scale, fp8_buffers, to_e4m3
+from runtime.native.cuda.fp8_quant import fp8_buffers
 from runtime.native.cuda.gemv import gemv
 from runtime.native.cuda.norms import add_rms_norm, rms_norm, scaled_norm
 from runtime.native.cuda.one_token_moe import one_token_moe
 from runtime.native.cuda.paged_attention import attend_decode_group, attend_over_cache, to_cache
 from runtime.native.cuda.pdl import wait_for_previous_kernel
-from runtime.native.models.fp8 import FP8_MAX, MIN_SCALE, Fp8Rows
+from runtime.native.cuda.swiglu import silu_and_mul
+from runtime.native.models.fp8 import Fp8Rows
 from runtime.native.models.kv_scales import UNIT, KvScales, cache_scales
 from runtime.native.parallel.group import current
 
@@ -154,47 +155,6 @@ def _rope_decode_kernel(
              (out * v_scale).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _silu_mul(x_row, offs, mask, I: tl.constexpr, dtype):
-    """silu(gate) * up at lanes `offs` of a row of x [T, 2I], rounded to `dtype` where the eager ops round."""
-    gate = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_row + I + offs, mask=mask, other=0.0).to(tl.float32)
-    act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-    return (act * up).to(dtype)
-
-
-@triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, stride_x, I: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < I
-    tl.store(out_ptr + row * I + offs, _silu_mul(x_ptr + row * stride_x, offs, mask, I, out_ptr.dtype.element_ty),
-             mask=mask)
-
-
-@triton.jit
-def _silu_mul_fp8_kernel(x_ptr, out_ptr, q_ptr, scale_ptr, stride_x, I: tl.constexpr, BLOCK: tl.constexpr,
-                         FMAX: tl.constexpr, SMALLEST: tl.constexpr):
-    """_silu_mul_kernel for a whole row per program, which then quantizes the row it wrote as
-    runtime/native/cuda/fp8_quant.py's _quantize_kernel does (its largest magnitude needs every block first)."""
-    row = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, BLOCK)
-    out_row = out_ptr + row * I
-    peak = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, I, BLOCK):
-        mask = start + offs < I
-        h = _silu_mul(x_ptr + row * stride_x, start + offs, mask, I, out_ptr.dtype.element_ty)
-        tl.store(out_row + start + offs, h, mask=mask)
-        peak = tl.maximum(peak, tl.abs(h.to(tl.float32)))
-    scale = e4m3_scale(peak, FMAX, SMALLEST)
-    tl.debug_barrier()  # the row's stores are seen by the loads below
-    for start in range(0, I, BLOCK):
-        mask = start + offs < I
-        v = tl.load(out_row + start + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(q_ptr + row * I + start + offs, to_e4m3(v, scale, FMAX, q_ptr.dtype.element_ty), mask=mask)
-    tl.store(scale_ptr + row, scale)
-
-
 def _norm_arguments(norms: tuple[nn.Module, nn.Module] | None,
                     q: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The RoPE kernels' q/k norm arguments: (weights and epsilons, constexprs); without norms, placeholders."""
@@ -252,21 +212,6 @@ def rope_decode_attention(positions: torch.Tensor, q: torch.Tensor, k: torch.Ten
         PRECISION=paged_attention.precision(q.dtype), num_warps=paged_attention.DECODE_NUM_WARPS,
         PDL=pdl.ENABLED, WINDOWED=window is not None, SINKS=sinks is not None, **norm_options, **pdl.launch_options(),
     )
-    return out
-
-
-def silu_and_mul(x: torch.Tensor, fp8: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """silu(x[:, :I]) * x[:, I:] for x [T, 2I]; `fp8`: (E4M3 [T, I], float32 [T, 1]) that get each row quantized per
-    token too (fp8_quant.py's fp8_buffers)."""
-    tokens, width = x.shape
-    inter = width // 2
-    out = torch.empty((tokens, inter), dtype=x.dtype, device=x.device)
-    if tokens and fp8 is None:
-        _silu_mul_kernel[(tokens, triton.cdiv(inter, 1024))](x, out, x.stride(0), I=inter, BLOCK=1024)
-    elif tokens:  # a program a row: wide blocks, for more of the row's loads in flight at once
-        block = min(4096, triton.next_power_of_2(inter))
-        _silu_mul_fp8_kernel[(tokens,)](x, out, *fp8, x.stride(0), I=inter, BLOCK=block, FMAX=FP8_MAX,
-                                        SMALLEST=MIN_SCALE, num_warps=8)
     return out
 
 
