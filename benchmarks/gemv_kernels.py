@@ -55,7 +55,7 @@ def main() -> None:
 
     from runtime.native.cuda import gemv as gemv_module
     from runtime.native.cuda import pdl
-    from runtime.native.cuda.fused import silu_and_mul
+    from runtime.native.cuda.swiglu import silu_and_mul
     from runtime.native.cuda.norms import rms_norm
 
     cuda = torch.cuda.is_available()

@@ -20,7 +20,8 @@ from runtime.native.models.rotary_embedding import RopeConfig, RotaryEmbedding  
 
 if RUN_HERE:
     from runtime.native.cuda import fused
-    from runtime.native.cuda.fused import rope_decode_attention, rope_store_kv, silu_and_mul
+    from runtime.native.cuda.fused import rope_decode_attention, rope_store_kv
+    from runtime.native.cuda.swiglu import silu_and_mul
     from runtime.native.cuda.norms import add_rms_norm, rms_norm
     from runtime.native.cuda.gemv import gemv
     from runtime.native.cuda.paged_attention import (PREFILL_TILE, PrefillTile, decode_attention, prefill_tile,

@@ -8,6 +8,8 @@ capability 8.9 or later, and is skipped elsewhere.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -28,7 +30,7 @@ tensor_cores = pytest.mark.skipif(not (torch.cuda.is_available() and native_fp8(
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=8)
+    run_in_interpreter(__file__, passed=15)
 
 
 def _weights(rows: int, cols: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,3 +173,89 @@ def test_a_one_token_step_through_fused_fp8_projections_equals_the_dequantized_m
     fast = model.model(ids, positions, [c.clone() for c in caches], meta)
     want = dequantized.model(ids, positions, [c.clone() for c in caches], meta)
     assert ((fast.float() - want.float()).norm() / want.float().norm()).item() < 2e-2
+
+
+@kernels
+@pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # silu of a large negative gate, in the interpreter
+@pytest.mark.parametrize("width", [48, 1000, 5000])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_norms_and_swiglu_quantize_the_rows_they_write_as_the_activation_kernel_does(dtype: torch.dtype,
+                                                                                         width: int) -> None:
+    """Where an FP8 projection reads their rows, runtime/native/cuda/norms.py's kernels and fused.py's SwiGLU also write
+    each row's E4M3 values and scale: bit for bit what fp8_quant.py's kernel makes of the 16-bit rows they write
+    (which are the rows they write without). Rows of ordinary, tiny, large (past 448) and zero values, and rows
+    with some zeros; widths within a block, past a power of two, and past a block of the quantizing kernel (2048) and
+    of the quantizing SwiGLU (4096)."""
+    from runtime.native.cuda.fp8_quant import fp8_buffers, quantize_activations_cuda
+    from runtime.native.cuda.swiglu import silu_and_mul
+    from runtime.native.cuda.norms import add_rms_norm, rms_norm
+
+    g = torch.Generator().manual_seed(15)
+    magnitudes = torch.tensor([[1.0], [1e-3], [30.0], [0.0], [1.0]])
+
+    def rows(width: int) -> torch.Tensor:
+        x = torch.randn(5, width, generator=g) * magnitudes
+        x[4, ::3] = 0
+        return x.to(DEVICE, dtype)
+
+    def check(write: Callable[[tuple[torch.Tensor, torch.Tensor] | None], torch.Tensor]) -> None:
+        fp8 = fp8_buffers(5, width, torch.device(DEVICE))
+        got = write(fp8)
+        assert torch.equal(got, write(None))
+        want_values, want_scales = quantize_activations_cuda(got, None)
+        assert torch.equal(fp8[0].view(torch.uint8), want_values.view(torch.uint8))
+        assert torch.equal(fp8[1], want_scales)
+
+    x, residual, gate_up = rows(width), rows(width), rows(2 * width)
+    weight = (torch.randn(width, generator=g) * 50).to(DEVICE, dtype)  # normed values past 448
+    check(lambda fp8: rms_norm(x, weight, 1e-6, fp8=fp8))
+    check(lambda fp8: rms_norm(x, weight, 1e-6, offset=1.0, fp8=fp8))  # Gemma's (1 + weight)
+    check(lambda fp8: add_rms_norm(x, residual, weight, 1e-5, fp8=fp8)[1])
+    check(lambda fp8: silu_and_mul(gate_up, fp8))
+
+
+@kernels
+# bfloat16 on a GPU only: Triton's interpreter multiplies bfloat16 tiles in tl.dot wrongly (test_cuda_families.py)
+@pytest.mark.parametrize("dtype", [torch.float16] + [torch.bfloat16] * torch.cuda.is_available())
+def test_a_multi_row_fp8_step_through_quantizing_norms_and_swiglu_equals_the_unfused_step(dtype: torch.dtype, tmp_path,
+                                                                                          monkeypatch) -> None:
+    """A tiny 16-bit Llama quantized to FP8 (--quantization fp8; its FP8 form kept, as on an H100): a prefill of two
+    sequences and a two-row decode step whose norms and SwiGLU quantize the inputs of the q/k/v, gate/up and down
+    projections give the logits, bit for bit, of the same steps where every projection quantizes its own input;
+    only the o projections quantize their own."""
+    from runtime.native.cuda import fp8_quant, fused
+    from runtime.native.cuda.paged_attention import triton_paged_attention
+    from runtime.native.models import attention, fp8_checkpoint, load_model
+    from runtime.native.models import fp8 as fp8_module
+    from tests.tiny_models import build_tiny_model
+    from tests.unit.test_models import OTHER_PROMPT, PROMPT, PagedRunner
+
+    path = str(build_tiny_model(tmp_path, "llama"))
+    monkeypatch.setattr(fp8_checkpoint, "native_fp8", lambda device: True)
+    model = load_model(path, dtype, torch.device(DEVICE), quantization="fp8")
+    fused.use_fused_kernels(model)
+    layers = model.spec.num_layers
+    assert all(layer.mlp.down_proj.takes_fp8_rows for layer in model.model.layers)
+    quantized: list[int] = []  # the rows of each projection that quantized its own input
+    module, name = ((fp8_quant, "quantize_activations_cuda") if DEVICE == "cuda"
+                    else (fp8_module, "quantize_activations"))
+    quantize = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda x, input_scale: quantized.append(x.shape[0]) or quantize(x, input_scale))
+
+    def steps() -> torch.Tensor:
+        attention.register_attention_backend(DEVICE, triton_paged_attention)
+        try:
+            runner = PagedRunner(model)
+            out = runner.step([("a", PROMPT), ("b", OTHER_PROMPT)])
+            out += runner.step([("a", [5]), ("b", [250])])
+            return torch.cat(out)
+        finally:
+            attention.register_attention_backend(DEVICE, attention.torch_paged_attention)
+
+    fast = steps()
+    assert quantized == [len(PROMPT) + len(OTHER_PROMPT)] * layers + [2] * layers  # o_proj's
+    quantized.clear()
+    monkeypatch.setattr(fused, "_fp8_buffers_for", lambda linear, x: None)
+    plain = steps()
+    assert len(quantized) == 8 * layers
+    assert bool(fast.isfinite().all()) and torch.equal(fast, plain)

@@ -11,7 +11,9 @@ layer); in a step of one-token rows it does so inside the decode-attention kerne
 adds (runtime/native/cuda/gemv.py), four kernels a layer besides attention (an experts layer's MLP: four,
 runtime/native/cuda/one_token_moe.py). They round intermediates to the activation dtype where the eager code
 does, so results match the eager modules (runtime/native/models/norm.py, rotary_embedding.py, llama.py) up to
-the last bit of the transcendental functions and the order of a dot product's sums.
+the last bit of the transcendental functions and the order of a dot product's sums. In a multi-row step of an FP8
+model, the norms before the q/k/v and gate/up projections and the SwiGLU before down also write their rows' E4M3
+form (Fp8Rows: runtime/native/cuda/fp8_quant.py's rounding, bit for bit), three quantizing kernels a layer fewer.
 
 `use_fused_kernels(model)` swaps the `forward` of the matching module instances; model files stay
 device-agnostic and the CPU path is untouched.
@@ -30,11 +32,14 @@ from torch import nn
 
 from runtime.native.attention_metadata import AttentionMetadata
 from runtime.native.cuda import paged_attention, pdl
+from runtime.native.cuda.fp8_quant import fp8_buffers
 from runtime.native.cuda.gemv import gemv
 from runtime.native.cuda.norms import add_rms_norm, rms_norm, scaled_norm
 from runtime.native.cuda.one_token_moe import one_token_moe
 from runtime.native.cuda.paged_attention import attend_decode_group, attend_over_cache, to_cache
 from runtime.native.cuda.pdl import wait_for_previous_kernel
+from runtime.native.cuda.swiglu import silu_and_mul
+from runtime.native.models.fp8 import Fp8Rows
 from runtime.native.models.kv_scales import UNIT, KvScales, cache_scales
 from runtime.native.parallel.group import current
 
@@ -150,17 +155,6 @@ def _rope_decode_kernel(
              (out * v_scale).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
-def _silu_mul_kernel(x_ptr, out_ptr, stride_x, I: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < I
-    gate = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * stride_x + I + offs, mask=mask, other=0.0).to(tl.float32)
-    act = (gate / (1.0 + tl.exp(-gate))).to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + row * I + offs, (act * up).to(out_ptr.dtype.element_ty), mask=mask)
-
-
 def _norm_arguments(norms: tuple[nn.Module, nn.Module] | None,
                     q: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The RoPE kernels' q/k norm arguments: (weights and epsilons, constexprs); without norms, placeholders."""
@@ -221,23 +215,12 @@ def rope_decode_attention(positions: torch.Tensor, q: torch.Tensor, k: torch.Ten
     return out
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """silu(x[:, :I]) * x[:, I:] for x [T, 2I]."""
-    tokens, width = x.shape
-    inter = width // 2
-    out = torch.empty((tokens, inter), dtype=x.dtype, device=x.device)
-    if tokens:
-        block = 1024
-        _silu_mul_kernel[(tokens, triton.cdiv(inter, block))](x, out, x.stride(0), I=inter, BLOCK=block)
-    return out
-
-
 def _rms_norm_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return rms_norm(x, self.weight, self.eps, self.offset, self.weight_in_float32)
 
 
-def _llama_attention_forward(self: nn.Module, positions: torch.Tensor, x: torch.Tensor, kv_cache: torch.Tensor | None,
-                             meta: AttentionMetadata) -> torch.Tensor:
+def _llama_attention_forward(self: nn.Module, positions: torch.Tensor, x: torch.Tensor | Fp8Rows,
+                             kv_cache: torch.Tensor | None, meta: AttentionMetadata) -> torch.Tensor:
     """LlamaAttention.forward with RoPE and the KV store in one kernel (the attention backend then only attends)."""
     if kv_cache is None:  # the cache-less profiling pass: the eager modules
         return type(self).forward(self, positions, x, kv_cache, meta)
@@ -264,27 +247,52 @@ def _rope_and_attend(self: nn.Module, positions: torch.Tensor, q: torch.Tensor, 
                              attn.scale, attn.window, self.sinks, kv_scales).view(q.shape)
 
 
-def _swiglu_forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+def _swiglu_forward(self: nn.Module, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
+    gate_up = self.gate_up_proj(x)
+    fp8 = _fp8_buffers_for(self.down_proj, gate_up)
+    return self.down_proj(_with_fp8(silu_and_mul(gate_up, fp8), fp8))
+
+
+def _fp8_buffers_for(linear: nn.Module | None, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Where `linear` (None: a module that reads its input otherwise, an experts layer) multiplies as many 16-bit
+    rows as `x` has by FP8 weights and takes them quantized already (Linear.takes_fp8_rows): buffers for the E4M3 form
+    of its input, for the kernel that writes that input. One row: the GEMV reads the 16-bit activations as they are."""
+    if linear is None or x.shape[0] < 2 or x.dtype not in (torch.bfloat16, torch.float16) or not linear.takes_fp8_rows:
+        return None
+    return fp8_buffers(x.shape[0], linear.in_features, x.device)
+
+
+def _with_fp8(rows: torch.Tensor, fp8: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor | Fp8Rows:
+    """A projection's input as it reaches the projection: with its E4M3 form where the kernel wrote one."""
+    return rows if fp8 is None else Fp8Rows(rows, *fp8)
 
 
 def _llama_forward(self: nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
                    kv_caches: list[torch.Tensor], meta: object) -> torch.Tensor:
     """LlamaModel.forward with every residual add inside the next RMSNorm (the decoder layers' own
-    forward is the same computation, unfused)."""
+    forward is the same computation, unfused), which also quantizes its rows where an FP8 q/k/v or gate/up
+    projection reads them (LlamaAttention and LlamaMLP read their input only through that projection)."""
+    from runtime.native.models.llama import LlamaMLP
+
     layers = self.layers
     x = self.embed(input_ids)
     if x.shape[0] == 1 and kv_caches and one_token_projections(self):
         return _one_token_forward(self, x, positions, kv_caches, meta)
-    normed = layers[0].input_layernorm(x)
+    norm = layers[0].input_layernorm
+    fp8 = _fp8_buffers_for(layers[0].self_attn.qkv_proj, x)
+    normed = _with_fp8(rms_norm(x, norm.weight, norm.eps, norm.offset, norm.weight_in_float32, fp8), fp8)
     for i, layer in enumerate(layers):
         h = layer.self_attn(positions, normed, kv_caches[i] if kv_caches else None, meta)
         post = layer.post_attention_layernorm
-        x, normed = add_rms_norm(x, h, post.weight, post.eps, post.offset, post.weight_in_float32)
-        h = layer.mlp(normed)
-        nxt = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.norm
-        x, normed = add_rms_norm(x, h, nxt.weight, nxt.eps, nxt.offset, nxt.weight_in_float32)
-    return normed
+        fp8 = _fp8_buffers_for(layer.mlp.gate_up_proj if isinstance(layer.mlp, LlamaMLP) else None, x)
+        x, rows = add_rms_norm(x, h, post.weight, post.eps, post.offset, post.weight_in_float32, fp8)
+        h = layer.mlp(_with_fp8(rows, fp8))
+        last = i + 1 == len(layers)
+        nxt = self.norm if last else layers[i + 1].input_layernorm
+        fp8 = None if last else _fp8_buffers_for(layers[i + 1].self_attn.qkv_proj, x)
+        x, rows = add_rms_norm(x, h, nxt.weight, nxt.eps, nxt.offset, nxt.weight_in_float32, fp8)
+        normed = _with_fp8(rows, fp8)
+    return rows
 
 
 def one_token_projections(model: nn.Module) -> bool:

@@ -7,7 +7,8 @@ it each token's activations get their own scale (dynamic, per token).
 
 Products on CUDA with FP8 tensor cores (compute capability 8.9 and later; `native_fp8`):
 - a step of several rows quantizes its 16-bit activations to E4M3 (per token, or by the static scale) and multiplies
-  on the FP8 tensor cores (`torch._scaled_mm`, float32 sums, both scales applied to the output); float32 activations
+  on the FP8 tensor cores (`torch._scaled_mm`, float32 sums, both scales applied to the output; on CUDA the norm or
+  SwiGLU kernel before a projection quantizes its rows already where it can: Fp8Rows); float32 activations
   (the reference math the tests serve) multiply the dequantized weight as they are;
 - a one-row step reads the FP8 weights in the GEMV kernel (runtime/native/cuda/gemv.py), which multiplies them by the 16-bit
   activations as they are (no activation rounding) and applies the row scales to the sums.
@@ -18,6 +19,7 @@ Everywhere else (CPU, older GPUs) FP8 weights are dequantized once at load to th
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +67,16 @@ def quantize_activations(x: torch.Tensor, input_scale: torch.Tensor | None) -> t
     return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8), scale
 
 
+@dataclass(frozen=True)
+class Fp8Rows:
+    """16-bit activations with their per-token E4M3 form, written by the kernel that wrote the activations
+    (runtime/native/cuda/fused.py's norms and SwiGLU), so that the FP8 product skips its own quantizing kernel."""
+
+    rows: torch.Tensor  # [T, K] bfloat16 or float16
+    values: torch.Tensor  # [T, K] float8_e4m3fn: rows / scales, as quantize_activations rounds them
+    scales: torch.Tensor  # [T, 1] float32: each token's dynamic scale
+
+
 def scaled_mm_fits(weight: torch.Tensor) -> bool:
     """`torch._scaled_mm` takes both of the product's dimensions in multiples of 16."""
     out, inputs = weight.shape
@@ -79,9 +91,13 @@ def fp8_reference(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
     return ((xq.float() @ weight.float().t()) * x_scale * scale.float()[None, :]).to(x.dtype)
 
 
-def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input_scale: torch.Tensor | None,
-               bias: torch.Tensor | None) -> torch.Tensor:
-    """y = x W^T (+ bias) for W = weight * scale[:, None] in FP8, x [T, in] in 16 bits -> [T, out] in x's dtype."""
+def fp8_linear(x: torch.Tensor | Fp8Rows, weight: torch.Tensor, scale: torch.Tensor,
+               input_scale: torch.Tensor | None, bias: torch.Tensor | None) -> torch.Tensor:
+    """y = x W^T (+ bias) for W = weight * scale[:, None] in FP8, x [T, in] in 16 bits -> [T, out] in x's dtype.
+    x as Fp8Rows: already quantized per token (for a weight without `input_scale` that `_scaled_mm` takes)."""
+    if isinstance(x, Fp8Rows):
+        y = _scaled_product(x.rows, x.values, x.scales, weight, scale)
+        return y if bias is None else y + bias
     if x.shape[0] == 1 and x.stride(-1) == 1:
         from runtime.native.cuda.gemv import gemv  # Triton is needed on CUDA only
 
@@ -97,13 +113,19 @@ def fp8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, input
             xq, x_scale = quantize_activations_cuda(x if x.stride(-1) == 1 else x.contiguous(), input_scale)
         else:
             xq, x_scale = quantize_activations(x, input_scale)
-        w_scale = scale.view(1, -1)
-        if x.dtype == torch.bfloat16 and x.is_cuda and _capability(x.device) >= (9, 0):
-            # per-row scales inside the product (Hopper's CUTLASS kernels); its output is bf16 only
-            y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=x.dtype)
-        else:  # Ada, or float16 activations (or the CPU): float32 output, the scales applied after
-            one = torch.ones((), dtype=torch.float32, device=x.device)
-            y = torch._scaled_mm(xq, weight.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
-            y = (y * x_scale * w_scale).to(x.dtype)
+        y = _scaled_product(x, xq, x_scale, weight, scale)
     return y if bias is None else y + bias
 
+
+def _scaled_product(x: torch.Tensor, xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
+                    scale: torch.Tensor) -> torch.Tensor:
+    """xq [T, in] E4M3 (the 16-bit x rounded, by the row scales x_scale [T, 1]) times the FP8 weight on the tensor
+    cores, both scales applied -> [T, out] in x's dtype."""
+    w_scale = scale.view(1, -1)
+    if x.dtype == torch.bfloat16 and x.is_cuda and _capability(x.device) >= (9, 0):
+        # per-row scales inside the product (Hopper's CUTLASS kernels); its output is bf16 only
+        return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=x.dtype)
+    # Ada, or float16 activations (or the CPU): float32 output, the scales applied after
+    one = torch.ones((), dtype=torch.float32, device=x.device)
+    y = torch._scaled_mm(xq, weight.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+    return (y * x_scale * w_scale).to(x.dtype)

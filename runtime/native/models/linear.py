@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.native.models.cpu_weights import CpuWeight
-from runtime.native.models.fp8 import FP8, fp8_linear
+from runtime.native.models.fp8 import FP8, Fp8Rows, fp8_linear, scaled_mm_fits
 from runtime.native.parallel.group import current
 
 Delta = Callable[[torch.Tensor, "Linear"], torch.Tensor]
@@ -102,8 +102,11 @@ class Linear(nn.Module):
         self.delta: Delta | None = None
         self.cpu_weight: CpuWeight | None = None  # prepacked and quantized forms on CPU (prepare_cpu_weights)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.delta(x, self) if self.delta is not None else self.base(x)
+    def forward(self, x: torch.Tensor | Fp8Rows) -> torch.Tensor:
+        if isinstance(x, Fp8Rows):  # quantized by the kernel before, which asked `takes_fp8_rows`
+            y = fp8_linear(x, self.weight, self.weight_scale, None, self.bias)
+        else:
+            y = self.delta(x, self) if self.delta is not None else self.base(x)
         if self.shard is not None and self.shard.cols is not None:  # row-parallel: every rank's partial sums
             return current().all_reduce(y)
         return y
@@ -121,6 +124,14 @@ class Linear(nn.Module):
         if self.weight.dtype == FP8:
             return fp8_linear(x, self.weight, self.weight_scale, self.input_scale, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    @property
+    def takes_fp8_rows(self) -> bool:
+        """Can `forward` take its input quantized already (Fp8Rows, by runtime/native/cuda/fused.py's kernels)? FP8
+        weights with dynamic per-token activation scales, in a shape `_scaled_mm` takes, without a LoRA delta (which
+        reads the 16-bit rows) or CPU forms."""
+        return (self.weight is not None and self.weight.dtype == FP8 and self.input_scale is None
+                and self.delta is None and self.cpu_weight is None and scaled_mm_fits(self.weight))
 
     def part_range(self, part: str) -> tuple[int, int]:
         """(start, size) of a named part along the output dimension."""
