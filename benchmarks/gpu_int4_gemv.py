@@ -16,9 +16,11 @@ from benchmarks.cuda_decode_attention import per_call_us
 
 GROUP = 128
 # (BLOCK_N, WORDS, num_warps, AHEAD, SPLIT, PAIRS); SPLIT 0: int4_gemv.AUTO_PROGRAMS programs a multiprocessor, 1: no
-# split-K; PAIRS 1: two weights an instruction in bf16x2 (int4_gemv's module docstring), 0: float32 FFMA a weight
-TILES = [(128, 16, 4, 1, 0, 0), (64, 16, 4, 1, 0, 0), (64, 16, 4, 2, 0, 0), (128, 16, 4, 1, 0, 1),
-         (64, 16, 4, 1, 0, 1), (128, 16, 4, 2, 0, 1), (64, 16, 4, 2, 0, 1), (128, 16, 8, 1, 0, 1)]
+# split-K; PAIRS 0: a float32 FFMA a weight, 1 / 2: two weights an instruction in bf16x2, summed in 16 bits over 1 / 2
+# packed words (int4_gemv's module docstring)
+TILES = [(128, 16, 4, 1, 0, 0), (64, 16, 4, 1, 0, 0), (64, 16, 4, 2, 0, 0),
+         (128, 16, 4, 1, 0, 1), (64, 16, 4, 1, 0, 1),
+         (128, 16, 4, 1, 0, 2), (64, 16, 4, 1, 0, 2), (128, 16, 4, 2, 0, 2), (256, 16, 8, 1, 0, 2), (256, 16, 4, 1, 0, 2)]
 
 
 def _random_int4(n: int, k: int, device: str, gen: torch.Generator) -> tuple[torch.Tensor, ...]:

@@ -63,7 +63,7 @@ def compile_sm90(tile: tuple[int, ...], k: int = 4096, dtype: str = "bf16") -> A
                  "parts_ptr": "*fp32", "arrivals_ptr": "*i32", "N": "i32", "magic": "i32", "n_parts": "i32",
                  "span": "i32"}
     constants = {"K": k, "GROUPS": k // GROUP, "GROUP": GROUP, "BLOCK_N": block_n, "WORDS": min(words, GROUP // 8),
-                 "AHEAD": ahead, "SPLIT_K": split != 1, "PAIRS": bool(pairs) and dtype != "fp32", "PDL": True}
+                 "AHEAD": ahead, "SPLIT_K": split != 1, "PAIRS": pairs if dtype != "fp32" else 0, "PDL": True}
     signature.update(dict.fromkeys(constants, "constexpr"))
     aligned = {(i,): [["tt.divisibility", 16]] for i in (*range(8), 10)}
     source = ASTSource(int4_gemv._int4_gemv_kernel, signature, constexprs=constants, attrs=aligned)

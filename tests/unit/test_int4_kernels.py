@@ -113,10 +113,12 @@ def test_the_int4_gemv_in_16_bits_is_within_its_rounding(dtype: torch.dtype) -> 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="inline PTX: the interpreter takes the float32 path")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("tile", [(32, 16, 4, 2, 2, 1), (64, 16, 4, 1, 0, 1), (16, 4, 2, 1, 0, 1)])
+@pytest.mark.parametrize("tile", [(32, 16, 4, 2, 2, 1), (32, 16, 4, 2, 2, 2), (64, 16, 4, 1, 0, 2),
+                                  (16, 4, 2, 1, 0, 2), (256, 16, 8, 1, 0, 2)])
 def test_the_int4_gemv_in_pairs_is_within_its_rounding(dtype: torch.dtype, tile: tuple[int, ...]) -> None:
-    """Two weights an instruction (PAIRS) on the extremes (zero points 0 and 15, words of nibbles all 15: negative
-    int32), in two parts of K loaded two steps ahead, the automatic split, and steps of 4 words (groups of 32)."""
+    """Two weights an instruction (PAIRS 1 and 2) on the extremes (zero points 0 and 15, words of nibbles all 15:
+    negative int32), in two parts of K loaded two steps ahead, the automatic split, steps of 4 words (groups of 32),
+    and a tile of more rows than the weight."""
     group = 32 if tile[1] == 4 else 128
     packed, reference = _edge_weight(72, 512, group, dtype)  # N past a tile's edge
     x = torch.randn(1, 512, generator=torch.Generator().manual_seed(5)).to(DEVICE, dtype)
@@ -134,7 +136,7 @@ def test_the_int4_gemv_in_pairs_takes_x_at_an_odd_address() -> None:
     padded = torch.randn(1, 257, generator=torch.Generator().manual_seed(6)).to(DEVICE, torch.bfloat16)
     x = padded[:, 1:]
     assert x.is_contiguous() and x.data_ptr() % 4 == 2
-    got = int4_gemv(x, *packed, tile=(64, 16, 4, 1, 0, 1))
+    got = int4_gemv(x, *packed, tile=(64, 16, 4, 1, 0, 2))
     torch.testing.assert_close(got, int4_gemv(x, *packed, tile=(64, 16, 4, 1, 0, 0)), rtol=0, atol=0)
 
 

@@ -10,10 +10,12 @@ variants (tl.dot of magic-number operands: fewer instructions a weight, slower).
 PAIRS (16-bit x on a GPU; FasterTransformer's weight-only GEMV in PTX): two weights an instruction. (word >> s) &
 0x000F000F | 0x43004300 is the bf16 pair 128 + n of nibbles s/4 and s/4 + 4 (f16: 0x64006400, 1024 + n), exactly;
 one HSUB2 of 128 + z makes it n - z (exact), one HFMA2 multiplies it by x's pair (two x words PRMT-ed into one) and
-adds the word's sum so far: per 8 weights 3 SHF, 4 LOP3, 4 HSUB2, 4 HFMA2, then the pair sum's halves to float32 and
-one FADD, FFMA by the scale (3.5 instructions a weight in the loop against fma's 5.2 at 128 x 16, sm_90, bf16,
-Triton 3.9's ptxas: benchmarks/int4_gemv_sass.py). Each product and the sum of a word's 4 a half round to x's
-16 bits (bf16: 2^-9 relative): the bf16 rounding of the output, not float32 sums.
+adds it to the pair sum: per 8 weights 3 SHF, 4 LOP3, 4 HSUB2, 4 HFMA2; every PAIRS words (1 or 2) the pair sum's
+halves to float32 (a shift and an AND for bf16), one FADD, one FFMA by the scale. Instructions a weight in the loop
+(benchmarks/int4_gemv_sass.py: sm_90, bf16, Triton 3.9's ptxas) at 128 x 16 x 4 warps: fma 5.16, PAIRS 1 3.51,
+PAIRS 2 3.30; PAIRS 2 at 256 x 16 x 8 warps 3.12. The cost: each product and the pair sums (4 or 8 products a
+half) round to x's 16 bits (bf16: 2^-9 relative); against the float reference, bf16 outputs' error RMS (emulated,
+random 4096 x 4096 weights) 0.0016 from the output's own rounding (fma), 0.0028 with PAIRS 1, 0.0041 with PAIRS 2.
 
 A step reads WORDS packed words (8 WORDS columns) of BLOCK_N rows, within one group (WORDS is clamped to the group):
 one zero point and one scale a row a step. Each step loads the one AHEAD steps on before its arithmetic, the first
@@ -53,23 +55,30 @@ def _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word, end, K: tl.constexpr, 
     return packed, zero, scale
 
 
-def _pairs_asm(kind: str, magic: int, to_float32: str) -> tl.constexpr:
-    """PTX for one packed word of one row (module docstring, PAIRS): $1 the word, $2 the row's magic + zero point in
-    both halves, $3..$6 the x pairs of nibble positions (0, 4), (1, 5), (2, 6), (3, 7); $0 the float32 bits of the
-    word's sum. The pairs' products are summed in 16 bits (4 a half) before `to_float32` makes the halves float32
-    (lo, hi) from the pair sum `acc`."""
-    nibbles = [f"lop3.b32 w, $1, 0x000F000F, {magic:#x}, 0xEA;"] + [
-        f"shr.u32 t, $1, {s}; lop3.b32 w, t, 0x000F000F, {magic:#x}, 0xEA;" for s in (4, 8, 12)]
-    products = [f"{n} sub.{kind} w, w, $2; " + (f"mul.{kind} acc, w, $3;" if i == 0 else
-                                                 f"fma.rn.{kind} acc, w, ${3 + i}, acc;")
-                for i, n in enumerate(nibbles)]
-    return tl.constexpr("{ .reg .b32 w, t, acc, lo, hi; " + " ".join(products) + to_float32 + " add.f32 $0, lo, hi; }")
+def _pairs_asm(kind: str, magic: int, to_float32: str, words: int) -> tl.constexpr:
+    """PTX for `words` packed words of one row (module docstring, PAIRS): $1.. the words, then the row's magic + zero
+    point in both halves, then 4 x pairs a word (nibble positions (0, 4), (1, 5), (2, 6), (3, 7)); $0 the float32 bits
+    of the words' sum. The pairs' products are summed in 16 bits (4 a half a word) before `to_float32` makes the
+    halves float32 (lo, hi) from the pair sum `acc`."""
+    zeros, steps = words + 1, []
+    for w in range(words):
+        for i in range(4):
+            shifted = f"${1 + w}" if i == 0 else "t"
+            shift = "" if i == 0 else f"shr.u32 t, ${1 + w}, {4 * i}; "
+            x = f"${zeros + 1 + 4 * w + i}"
+            product = f"mul.{kind} acc, w, {x};" if w == i == 0 else f"fma.rn.{kind} acc, w, {x}, acc;"
+            steps.append(f"{shift}lop3.b32 w, {shifted}, 0x000F000F, {magic:#x}, 0xEA; sub.{kind} w, w, ${zeros}; "
+                         + product)
+    return tl.constexpr("{ .reg .b32 w, t, acc, lo, hi; " + " ".join(steps) + to_float32 + " add.f32 $0, lo, hi; }")
 
 
 # (q & 0x000F000F) | magic: 128 + n (bf16) or 1024 + n (f16) in each half, exactly; bf16 to float32 is a shift
-_PAIRS_BF16 = _pairs_asm("bf16x2", 0x43004300, "shl.b32 lo, acc, 16; and.b32 hi, acc, 0xFFFF0000;")
-_PAIRS_F16 = _pairs_asm("f16x2", 0x64006400, "{ .reg .b16 l, h; mov.b32 {l, h}, acc; cvt.f32.f16 lo, l; "
-                                             "cvt.f32.f16 hi, h; }")
+_BF16_TO_FLOAT32 = "shl.b32 lo, acc, 16; and.b32 hi, acc, 0xFFFF0000;"
+_F16_TO_FLOAT32 = "{ .reg .b16 l, h; mov.b32 {l, h}, acc; cvt.f32.f16 lo, l; cvt.f32.f16 hi, h; }"
+_PAIRS_BF16 = _pairs_asm("bf16x2", 0x43004300, _BF16_TO_FLOAT32, 1)
+_PAIRS_F16 = _pairs_asm("f16x2", 0x64006400, _F16_TO_FLOAT32, 1)
+_PAIRS2_BF16 = _pairs_asm("bf16x2", 0x43004300, _BF16_TO_FLOAT32, 2)
+_PAIRS2_F16 = _pairs_asm("f16x2", 0x64006400, _F16_TO_FLOAT32, 2)
 
 
 # PRMT's selectors of the low and of the high 16-bit halves of two words into one
@@ -78,24 +87,42 @@ _HIGH_HALVES = tl.constexpr("prmt.b32 $0, $1, $2, 0x7632;")
 
 
 @triton.jit
-def _pairs_dot(x_ptr, packed, zero, word, WORDS: tl.constexpr):
-    """The sums (q - zero) x of each row and packed word (float32 [BLOCK_N, WORDS]) two weights an instruction in
-    x's 16-bit type (module docstring, PAIRS)."""
+def _halves(pairs, PAIRS: tl.constexpr):
+    """[R, WORDS] as itself (PAIRS 1) or its even and odd words (PAIRS 2: [R, WORDS / 2] each; the same thread's
+    registers where it holds consecutive words)."""
+    if PAIRS == 2:
+        even, odd = tl.split(tl.reshape(pairs, [pairs.shape[0], pairs.shape[1] // 2, 2]))
+    else:
+        even, odd = pairs, pairs
+    return even, odd
+
+
+@triton.jit
+def _pairs_dot(x_ptr, packed, zero, word, WORDS: tl.constexpr, PAIRS: tl.constexpr):
+    """The sums (q - zero) x of each row and packed word (PAIRS 1: float32 [BLOCK_N, WORDS]), or of each two words
+    (PAIRS 2: [BLOCK_N, WORDS / 2]), two weights an instruction in x's 16-bit type (module docstring, PAIRS)."""
     x_words = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + (word + tl.arange(0, WORDS)) * 4
     x01, x23, x45, x67 = tl.load(x_words), tl.load(x_words + 1), tl.load(x_words + 2), tl.load(x_words + 3)
-    x04 = tl.inline_asm_elementwise(_LOW_HALVES, "=r,r,r", [x01, x45], tl.int32, True, 1)
-    x15 = tl.inline_asm_elementwise(_HIGH_HALVES, "=r,r,r", [x01, x45], tl.int32, True, 1)
-    x26 = tl.inline_asm_elementwise(_LOW_HALVES, "=r,r,r", [x23, x67], tl.int32, True, 1)
-    x37 = tl.inline_asm_elementwise(_HIGH_HALVES, "=r,r,r", [x23, x67], tl.int32, True, 1)
-    if x_ptr.dtype.element_ty == tl.float16:
-        zeros = (zero[:, None] + 0x6400) * 0x10001  # 1024 + z in both halves
-        sums = tl.inline_asm_elementwise(_PAIRS_F16, "=r,r,r,r,r,r,r", [packed, zeros, x04[None, :], x15[None, :],
-                                                                         x26[None, :], x37[None, :]], tl.int32, True, 1)
+    x04, x04_odd = _halves(tl.inline_asm_elementwise(_LOW_HALVES, "=r,r,r", [x01, x45], tl.int32, True, 1)[None, :],
+                           PAIRS)
+    x15, x15_odd = _halves(tl.inline_asm_elementwise(_HIGH_HALVES, "=r,r,r", [x01, x45], tl.int32, True, 1)[None, :],
+                           PAIRS)
+    x26, x26_odd = _halves(tl.inline_asm_elementwise(_LOW_HALVES, "=r,r,r", [x23, x67], tl.int32, True, 1)[None, :],
+                           PAIRS)
+    x37, x37_odd = _halves(tl.inline_asm_elementwise(_HIGH_HALVES, "=r,r,r", [x23, x67], tl.int32, True, 1)[None, :],
+                           PAIRS)
+    words, words_odd = _halves(packed, PAIRS)
+    f16: tl.constexpr = x_ptr.dtype.element_ty == tl.float16
+    zeros = (zero[:, None] + (0x6400 if f16 else 0x4300)) * 0x10001  # 1024 + z (f16) or 128 + z in both halves
+    if PAIRS == 2:
+        sums = tl.inline_asm_elementwise(_PAIRS2_F16 if f16 else _PAIRS2_BF16, "=r" + ",r" * 11,
+                                         [words, words_odd, zeros, x04, x15, x26, x37, x04_odd, x15_odd, x26_odd,
+                                          x37_odd], tl.int32, True, 1)
     else:
-        zeros = (zero[:, None] + 0x4300) * 0x10001  # 128 + z in both halves
-        sums = tl.inline_asm_elementwise(_PAIRS_BF16, "=r,r,r,r,r,r,r", [packed, zeros, x04[None, :], x15[None, :],
-                                                                          x26[None, :], x37[None, :]], tl.int32, True, 1)
+        sums = tl.inline_asm_elementwise(_PAIRS_F16 if f16 else _PAIRS_BF16, "=r" + ",r" * 6,
+                                         [words, zeros, x04, x15, x26, x37], tl.int32, True, 1)
     return sums.to(tl.float32, bitcast=True)
+
 
 @triton.jit
 def _fma_dot(magic, x_ptr, packed, zero, word, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
@@ -122,12 +149,12 @@ def _span(magic, x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, step, f
     """The sums over words start .. end - 1 (module docstring): float32 [BLOCK_N]. `step` is the first step's
     _step_tile, `following` the second's where AHEAD is 2: each step loads the tile AHEAD steps on before its
     arithmetic (in flight meanwhile)."""
-    acc = tl.zeros([BLOCK_N, WORDS], tl.float32)
+    acc = tl.zeros([BLOCK_N, WORDS // 2 if PAIRS == 2 else WORDS], tl.float32)
     for word in range(start, end, WORDS):
         later = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word + AHEAD * WORDS, end, K, GROUPS, GROUP, WORDS)
         packed, zero, scale = step
         if PAIRS:
-            dot = _pairs_dot(x_ptr, packed, zero, word, WORDS)
+            dot = _pairs_dot(x_ptr, packed, zero, word, WORDS, PAIRS)
         else:
             dot = _fma_dot(magic, x_ptr, packed, zero, word, BLOCK_N, WORDS)
         acc += scale[:, None] * dot
@@ -171,7 +198,7 @@ def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, parts_ptr, arrivals_p
 
 
 # the tile (BLOCK_N, WORDS, num_warps, AHEAD, SPLIT, PAIRS; SPLIT 0: AUTO_PROGRAMS programs a multiprocessor, split-K
-# where the tiles alone are fewer; PAIRS 1: two weights an instruction, 16-bit x only) by the weight's (N, K), else
+# where the tiles alone are fewer; PAIRS 1 or 2: two weights an instruction, 16-bit x only) by the weight's (N, K), else
 # DEFAULT: the fastest of benchmarks/gpu_int4_gemv.py's sweep per Llama-3.1-8B projection on an H200 (RESULTS.md,
 # 2026-11-29; gate_up's 64 and 128 rows 0.3% apart)
 Tile = tuple[int, int, int, int, int, int]
@@ -199,8 +226,9 @@ def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scale
     group = k // groups
     block_n, words, warps, ahead, split, pairs = tile or SHAPES.get((n, k), DEFAULT)
     # x read as 32-bit words (pairs): 4-byte aligned
-    pairs = (pairs and x.dtype in (torch.bfloat16, torch.float16) and x.data_ptr() % 4 == 0
-             and not isinstance(_int4_gemv_kernel, InterpretedFunction))
+    if x.dtype not in (torch.bfloat16, torch.float16) or x.data_ptr() % 4 or isinstance(_int4_gemv_kernel,
+                                                                                        InterpretedFunction):
+        pairs = 0
     words = min(words, group // 8)  # a step within one group
     tiles, steps = triton.cdiv(n, block_n), triton.cdiv(k // 8, words)
     split = min(split or _split(x.device, tiles, steps), steps)
@@ -211,6 +239,6 @@ def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scale
     arrivals = counters(x.device, tiles) if split > 1 else out
     _int4_gemv_kernel[(tiles, split)](
         x, qweight, zeros, scales, out, parts, arrivals, n, MAGIC, split, span, K=k, GROUPS=groups, GROUP=group,
-        BLOCK_N=block_n, WORDS=words, AHEAD=ahead, SPLIT_K=split > 1, PAIRS=bool(pairs), PDL=pdl, num_warps=warps,
+        BLOCK_N=block_n, WORDS=words, AHEAD=ahead, SPLIT_K=split > 1, PAIRS=pairs, PDL=pdl, num_warps=warps,
         num_stages=1, **launch_options(pdl))
     return out
