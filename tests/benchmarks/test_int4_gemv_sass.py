@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip("triton")
-from benchmarks.int4_gemv_sass import census  # noqa: E402
+from benchmarks.int4_gemv_sass import census
 
 TILE = (128, 16, 4, 1, 0)  # 16 packed words of 8 weights a thread a step (128 rows x 16 words, 128 threads)
 

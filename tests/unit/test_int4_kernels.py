@@ -132,7 +132,7 @@ def test_the_int4_gemv_in_pairs_is_within_its_rounding(dtype: torch.dtype, tile:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="inline PTX: the interpreter takes the float32 path")
 def test_the_int4_gemv_in_pairs_takes_x_at_an_odd_address() -> None:
     """x one bf16 past a 4-byte boundary (a column view) cannot be read as pairs of x: the float32 path, same sums."""
-    packed, reference = _edge_weight(64, 256, 128, torch.bfloat16)
+    packed, _ = _edge_weight(64, 256, 128, torch.bfloat16)
     padded = torch.randn(1, 257, generator=torch.Generator().manual_seed(6)).to(DEVICE, torch.bfloat16)
     x = padded[:, 1:]
     assert x.is_contiguous() and x.data_ptr() % 4 == 2
