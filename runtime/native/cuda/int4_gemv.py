@@ -12,10 +12,11 @@ PAIRS (16-bit x on a GPU; FasterTransformer's weight-only GEMV in PTX): two weig
 one HSUB2 of 128 + z makes it n - z (exact), one HFMA2 multiplies it by x's pair (two x words PRMT-ed into one) and
 adds it to the pair sum: per 8 weights 3 SHF, 4 LOP3, 4 HSUB2, 4 HFMA2; every PAIRS words (1 or 2) the pair sum's
 halves to float32 (a shift and an AND for bf16), one FADD, one FFMA by the scale. Instructions a weight in the loop
-(benchmarks/int4_gemv_sass.py: sm_90, bf16, Triton 3.9's ptxas) at 128 x 16 x 4 warps: fma 5.16, PAIRS 1 3.51,
-PAIRS 2 3.30; PAIRS 2 at 256 x 16 x 8 warps 3.12. The cost: each product and the pair sums (4 or 8 products a
-half) round to x's 16 bits (bf16: 2^-9 relative); against the float reference, bf16 outputs' error RMS (emulated,
-random 4096 x 4096 weights) 0.0016 from the output's own rounding (fma), 0.0028 with PAIRS 1, 0.0041 with PAIRS 2.
+(benchmarks/int4_gemv_sass.py: sm_90, bf16, Triton 3.6 as on the H200) at 128 x 16 x 4 warps: fma 5.16, PAIRS 1
+3.49, PAIRS 2 3.24; PAIRS 2 at 256 x 16 x 8 warps 3.16, x 4 warps 3.00 (168 registers). The cost: each product
+and the pair sums (4 or 8 products a half) round to x's 16 bits (bf16: 2^-9 relative); against the float reference,
+bf16 outputs' relative error RMS (emulated on CPU, random 4096 x 4096 weights) 0.0016 from the output's own rounding
+(fma), 0.0028 with PAIRS 1, 0.0041 with PAIRS 2. Off the GPU (Triton's interpreter: no PTX) and for float32 x, fma.
 
 A step reads WORDS packed words (8 WORDS columns) of BLOCK_N rows, within one group (WORDS is clamped to the group):
 one zero point and one scale a row a step. Each step loads the one AHEAD steps on before its arithmetic, the first
