@@ -99,19 +99,22 @@ def _halves(pairs, PAIRS: tl.constexpr):
 
 
 @triton.jit
+def _x_pairs(low, high, SELECT: tl.constexpr, PAIRS: tl.constexpr):
+    """x's pairs (SELECT: the low or the high halves of the x words `low` and `high`) of each packed word, as
+    _halves splits them: [1, WORDS] or [1, WORDS / 2] twice."""
+    return _halves(tl.inline_asm_elementwise(SELECT, "=r,r,r", [low, high], tl.int32, True, 1)[None, :], PAIRS)
+
+
+@triton.jit
 def _pairs_dot(x_ptr, packed, zero, word, WORDS: tl.constexpr, PAIRS: tl.constexpr):
     """The sums (q - zero) x of each row and packed word (PAIRS 1: float32 [BLOCK_N, WORDS]), or of each two words
     (PAIRS 2: [BLOCK_N, WORDS / 2]), two weights an instruction in x's 16-bit type (module docstring, PAIRS)."""
     x_words = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + (word + tl.arange(0, WORDS)) * 4
     x01, x23, x45, x67 = tl.load(x_words), tl.load(x_words + 1), tl.load(x_words + 2), tl.load(x_words + 3)
-    x04, x04_odd = _halves(tl.inline_asm_elementwise(_LOW_HALVES, "=r,r,r", [x01, x45], tl.int32, True, 1)[None, :],
-                           PAIRS)
-    x15, x15_odd = _halves(tl.inline_asm_elementwise(_HIGH_HALVES, "=r,r,r", [x01, x45], tl.int32, True, 1)[None, :],
-                           PAIRS)
-    x26, x26_odd = _halves(tl.inline_asm_elementwise(_LOW_HALVES, "=r,r,r", [x23, x67], tl.int32, True, 1)[None, :],
-                           PAIRS)
-    x37, x37_odd = _halves(tl.inline_asm_elementwise(_HIGH_HALVES, "=r,r,r", [x23, x67], tl.int32, True, 1)[None, :],
-                           PAIRS)
+    x04, x04_odd = _x_pairs(x01, x45, _LOW_HALVES, PAIRS)
+    x15, x15_odd = _x_pairs(x01, x45, _HIGH_HALVES, PAIRS)
+    x26, x26_odd = _x_pairs(x23, x67, _LOW_HALVES, PAIRS)
+    x37, x37_odd = _x_pairs(x23, x67, _HIGH_HALVES, PAIRS)
     words, words_odd = _halves(packed, PAIRS)
     f16: tl.constexpr = x_ptr.dtype.element_ty == tl.float16
     zeros = (zero[:, None] + (0x6400 if f16 else 0x4300)) * 0x10001  # 1024 + z (f16) or 128 + z in both halves
