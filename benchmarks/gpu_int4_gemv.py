@@ -15,8 +15,12 @@ import torch.nn.functional as F
 from benchmarks.cuda_decode_attention import per_call_us
 
 GROUP = 128
-# (BLOCK_N, WORDS, num_warps, AHEAD, SPLIT); SPLIT 0: int4_gemv.AUTO_PROGRAMS programs a multiprocessor, 1: no split-K
-TILES = [(128, 16, 4, 1, 0), (64, 16, 4, 1, 0), (128, 16, 4, 2, 0), (64, 16, 4, 2, 0), (128, 16, 4, 1, 1)]
+# (BLOCK_N, WORDS, num_warps, AHEAD, SPLIT, PAIRS); SPLIT 0: int4_gemv.AUTO_PROGRAMS programs a multiprocessor, 1: no
+# split-K; PAIRS 0: a float32 FFMA a weight, 1 / 2: two weights an instruction in bf16x2, summed in 16 bits over 1 / 2
+# packed words (int4_gemv's module docstring)
+TILES = [(128, 16, 4, 1, 0, 0), (64, 16, 4, 1, 0, 0), (64, 16, 4, 2, 0, 0),
+         (128, 16, 4, 1, 0, 1), (64, 16, 4, 1, 0, 1),
+         (128, 16, 4, 1, 0, 2), (64, 16, 4, 1, 0, 2), (128, 16, 4, 2, 0, 2), (256, 16, 8, 1, 0, 2), (256, 16, 4, 1, 0, 2)]
 
 
 def _random_int4(n: int, k: int, device: str, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -74,7 +78,7 @@ def best_choices(figures: dict[str, Any], shapes: dict[str, tuple[int, int]]) ->
 
 def _print_table(res: dict[str, Any]) -> None:
     keys = sorted({key for figures in res.values() for key, f in figures.items() if isinstance(f, dict)})
-    print("| tile (BLOCK_N x WORDS x warps x AHEAD x SPLIT) | " + " | ".join(res) + " |")
+    print("| tile (BLOCK_N x WORDS x warps x AHEAD x SPLIT x PAIRS) | " + " | ".join(res) + " |")
     print("|---|" + "---|" * len(res))
     print("| floor us | " + " | ".join(f"{f['floor_us']:.2f}" for f in res.values()) + " |")
     for key in keys:

@@ -91,8 +91,8 @@ def _edge_weight(n: int, k: int, group: int, dtype: torch.dtype) -> tuple[tuple[
 @kernels
 @pytest.mark.parametrize(("k", "group", "tile"), [
     # steps of 16 words (one group), K in two parts of 32 and 16 words, loads two steps ahead (past a part's end)
-    (384, 128, (32, 32, 4, 2, 2)),
-    (96, 32, (16, 16, 2, 1, 0))])  # steps of 4 words, parts as many as fill the GPU
+    (384, 128, (32, 32, 4, 2, 2, 0)),
+    (96, 32, (16, 16, 2, 1, 0, 0))])  # steps of 4 words, parts as many as fill the GPU
 def test_the_int4_gemv_equals_the_reference_dequantized_product(k: int, group: int, tile: tuple[int, ...]) -> None:
     packed, reference = _edge_weight(72, k, group, torch.float32)  # N past a tile's edge
     x = torch.randn(1, k, generator=torch.Generator().manual_seed(3)).to(DEVICE)
@@ -107,9 +107,38 @@ def test_the_int4_gemv_equals_the_reference_dequantized_product(k: int, group: i
 def test_the_int4_gemv_in_16_bits_is_within_its_rounding(dtype: torch.dtype) -> None:
     packed, reference = _edge_weight(64, 512, 128, dtype)
     x = torch.randn(1, 512, generator=torch.Generator().manual_seed(4)).to(DEVICE, dtype)
-    got = int4_gemv(x, *packed, tile=(32, 16, 4, 2, 2))
+    got = int4_gemv(x, *packed, tile=(32, 16, 4, 2, 2, 0))
     want = F.linear(x.float(), reference)
     torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inline PTX: the interpreter takes the float32 path")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tile", [(32, 16, 4, 2, 2, 1), (32, 16, 4, 2, 2, 2), (64, 16, 4, 1, 0, 2),
+                                  (16, 4, 2, 1, 0, 2), (256, 16, 8, 1, 0, 2)])
+def test_the_int4_gemv_in_pairs_is_within_its_rounding(dtype: torch.dtype, tile: tuple[int, ...]) -> None:
+    """Two weights an instruction (PAIRS 1 and 2) on the extremes (zero points 0 and 15, words of nibbles all 15:
+    negative int32), in two parts of K loaded two steps ahead, the automatic split, steps of 4 words (groups of 32),
+    and a tile of more rows than the weight."""
+    group = 32 if tile[1] == 4 else 128
+    packed, reference = _edge_weight(72, 512, group, dtype)  # N past a tile's edge
+    x = torch.randn(1, 512, generator=torch.Generator().manual_seed(5)).to(DEVICE, dtype)
+    got = int4_gemv(x, *packed, tile=tile).float()
+    want = F.linear(x.float(), reference)
+    torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2 * want.abs().max().item())
+    assert not torch.allclose(got, F.linear(x.float(), reference.roll(1, 1)), atol=1e-1)  # every column in place
+    assert torch.equal(int4_gemv(x, *packed, tile=tile).float(), got)  # split-K adds its parts in order
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="inline PTX: the interpreter takes the float32 path")
+def test_the_int4_gemv_in_pairs_takes_x_at_an_odd_address() -> None:
+    """x one bf16 past a 4-byte boundary (a column view) cannot be read as pairs of x: the float32 path, same sums."""
+    packed, _ = _edge_weight(64, 256, 128, torch.bfloat16)
+    padded = torch.randn(1, 257, generator=torch.Generator().manual_seed(6)).to(DEVICE, torch.bfloat16)
+    x = padded[:, 1:]
+    assert x.is_contiguous() and x.data_ptr() % 4 == 2
+    got = int4_gemv(x, *packed, tile=(64, 16, 4, 1, 0, 2))
+    torch.testing.assert_close(got, int4_gemv(x, *packed, tile=(64, 16, 4, 1, 0, 0)), rtol=0, atol=0)
 
 
 @kernels

@@ -7,6 +7,17 @@ compiled step loop at 64 x 16 words, sm_90 bf16, Triton 3.6); the scale once a p
 H200 (benchmarks/RESULTS.md, 2026-11-29) kept it against a conversion per weight (3.5x its time) and tensor-core
 variants (tl.dot of magic-number operands: fewer instructions a weight, slower).
 
+PAIRS (16-bit x on a GPU; FasterTransformer's weight-only GEMV in PTX): two weights an instruction. (word >> s) &
+0x000F000F | 0x43004300 is the bf16 pair 128 + n of nibbles s/4 and s/4 + 4 (f16: 0x64006400, 1024 + n), exactly;
+one HSUB2 of 128 + z makes it n - z (exact), one HFMA2 multiplies it by x's pair (two x words PRMT-ed into one) and
+adds it to the pair sum: per 8 weights 3 SHF, 4 LOP3, 4 HSUB2, 4 HFMA2; every PAIRS words (1 or 2) the pair sum's
+halves to float32 (a shift and an AND for bf16), one FADD, one FFMA by the scale. Instructions a weight in the loop
+(benchmarks/int4_gemv_sass.py: sm_90, bf16, Triton 3.6 as on the H200) at 128 x 16 x 4 warps: fma 5.16, PAIRS 1
+3.49, PAIRS 2 3.24; PAIRS 2 at 256 x 16 x 8 warps 3.16, x 4 warps 3.00 (168 registers). The cost: each product
+and the pair sums (4 or 8 products a half) round to x's 16 bits (bf16: 2^-9 relative); against the float reference,
+bf16 outputs' relative error RMS (emulated on CPU, random 4096 x 4096 weights) 0.0016 from the output's own rounding
+(fma), 0.0028 with PAIRS 1, 0.0041 with PAIRS 2. Off the GPU (Triton's interpreter: no PTX) and for float32 x, fma.
+
 A step reads WORDS packed words (8 WORDS columns) of BLOCK_N rows, within one group (WORDS is clamped to the group):
 one zero point and one scale a row a step. Each step loads the one AHEAD steps on before its arithmetic, the first
 ones before the programmatic-launch wait (weights do not depend on the kernel before).
@@ -21,6 +32,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 from runtime.native.cuda.arrivals import arrived_last, counters
 from runtime.native.cuda.pdl import launch_options, wait_for_previous_kernel
@@ -34,36 +46,121 @@ MAGIC = 0x4B000000
 def _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word, end, K: tl.constexpr, GROUPS: tl.constexpr,
                GROUP: tl.constexpr, WORDS: tl.constexpr):
     """Packed words word .. word + WORDS - 1 of `rows` (int32 [BLOCK_N, WORDS], all in one group) and that group's
-    zero point and scale of each row (float32 [BLOCK_N]); zeros from `end` on (a step past the part's end)."""
+    zero point (int32 [BLOCK_N]) and scale (float32) of each row; zeros from `end` on (a step past the part's end)."""
     mask = row_mask & (rows * 0 + word < end)
     words = word + tl.arange(0, WORDS)
     packed = tl.load(q_ptr + rows.to(tl.int64)[:, None] * (K // 8) + words[None, :], mask=mask[:, None], other=0)
     group = rows.to(tl.int64) * GROUPS + word // (GROUP // 8)
-    zero = tl.load(z_ptr + group, mask=mask, other=0).to(tl.float32)
+    zero = tl.load(z_ptr + group, mask=mask, other=0).to(tl.int32)
     scale = tl.load(s_ptr + group, mask=mask, other=0.0).to(tl.float32)
     return packed, zero, scale
 
 
+def _pairs_asm(kind: str, magic: int, to_float32: str, words: int) -> tl.constexpr:
+    """PTX for `words` packed words of one row (module docstring, PAIRS): $1.. the words, then the row's magic + zero
+    point in both halves, then 4 x pairs a word (nibble positions (0, 4), (1, 5), (2, 6), (3, 7)); $0 the float32 bits
+    of the words' sum. The pairs' products are summed in 16 bits (4 a half a word) before `to_float32` makes the
+    halves float32 (lo, hi) from the pair sum `acc`."""
+    zeros, steps = words + 1, []
+    for w in range(words):
+        for i in range(4):
+            shifted = f"${1 + w}" if i == 0 else "t"
+            shift = "" if i == 0 else f"shr.u32 t, ${1 + w}, {4 * i}; "
+            x = f"${zeros + 1 + 4 * w + i}"
+            product = f"mul.{kind} acc, w, {x};" if w == i == 0 else f"fma.rn.{kind} acc, w, {x}, acc;"
+            steps.append(f"{shift}lop3.b32 w, {shifted}, 0x000F000F, {magic:#x}, 0xEA; sub.{kind} w, w, ${zeros}; "
+                         + product)
+    return tl.constexpr("{ .reg .b32 w, t, acc, lo, hi; " + " ".join(steps) + to_float32 + " add.f32 $0, lo, hi; }")
+
+
+# (q & 0x000F000F) | magic: 128 + n (bf16) or 1024 + n (f16) in each half, exactly; bf16 to float32 is a shift
+_BF16_TO_FLOAT32 = "shl.b32 lo, acc, 16; and.b32 hi, acc, 0xFFFF0000;"
+_F16_TO_FLOAT32 = "{ .reg .b16 l, h; mov.b32 {l, h}, acc; cvt.f32.f16 lo, l; cvt.f32.f16 hi, h; }"
+_PAIRS_BF16 = _pairs_asm("bf16x2", 0x43004300, _BF16_TO_FLOAT32, 1)
+_PAIRS_F16 = _pairs_asm("f16x2", 0x64006400, _F16_TO_FLOAT32, 1)
+_PAIRS2_BF16 = _pairs_asm("bf16x2", 0x43004300, _BF16_TO_FLOAT32, 2)
+_PAIRS2_F16 = _pairs_asm("f16x2", 0x64006400, _F16_TO_FLOAT32, 2)
+
+
+# PRMT's selectors of the low and of the high 16-bit halves of two words into one
+_LOW_HALVES = tl.constexpr("prmt.b32 $0, $1, $2, 0x5410;")
+_HIGH_HALVES = tl.constexpr("prmt.b32 $0, $1, $2, 0x7632;")
+
+
+@triton.jit
+def _halves(pairs, PAIRS: tl.constexpr):
+    """[R, WORDS] as itself (PAIRS 1) or its even and odd words (PAIRS 2: [R, WORDS / 2] each; the same thread's
+    registers where it holds consecutive words)."""
+    if PAIRS == 2:
+        even, odd = tl.split(tl.reshape(pairs, [pairs.shape[0], pairs.shape[1] // 2, 2]))
+    else:
+        even, odd = pairs, pairs
+    return even, odd
+
+
+@triton.jit
+def _x_pairs(low, high, SELECT: tl.constexpr, PAIRS: tl.constexpr):
+    """x's pairs (SELECT: the low or the high halves of the x words `low` and `high`) of each packed word, as
+    _halves splits them: [1, WORDS] or [1, WORDS / 2] twice."""
+    return _halves(tl.inline_asm_elementwise(SELECT, "=r,r,r", [low, high], tl.int32, True, 1)[None, :], PAIRS)
+
+
+@triton.jit
+def _pairs_dot(x_ptr, packed, zero, word, WORDS: tl.constexpr, PAIRS: tl.constexpr):
+    """The sums (q - zero) x of each row and packed word (PAIRS 1: float32 [BLOCK_N, WORDS]), or of each two words
+    (PAIRS 2: [BLOCK_N, WORDS / 2]), two weights an instruction in x's 16-bit type (module docstring, PAIRS)."""
+    x_words = x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + (word + tl.arange(0, WORDS)) * 4
+    x01, x23, x45, x67 = tl.load(x_words), tl.load(x_words + 1), tl.load(x_words + 2), tl.load(x_words + 3)
+    x04, x04_odd = _x_pairs(x01, x45, _LOW_HALVES, PAIRS)
+    x15, x15_odd = _x_pairs(x01, x45, _HIGH_HALVES, PAIRS)
+    x26, x26_odd = _x_pairs(x23, x67, _LOW_HALVES, PAIRS)
+    x37, x37_odd = _x_pairs(x23, x67, _HIGH_HALVES, PAIRS)
+    words, words_odd = _halves(packed, PAIRS)
+    f16: tl.constexpr = x_ptr.dtype.element_ty == tl.float16
+    zeros = (zero[:, None] + (0x6400 if f16 else 0x4300)) * 0x10001  # 1024 + z (f16) or 128 + z in both halves
+    if PAIRS == 2:
+        sums = tl.inline_asm_elementwise(_PAIRS2_F16 if f16 else _PAIRS2_BF16, "=r" + ",r" * 11,
+                                         [words, words_odd, zeros, x04, x15, x26, x37, x04_odd, x15_odd, x26_odd,
+                                          x37_odd], tl.int32, True, 1)
+    else:
+        sums = tl.inline_asm_elementwise(_PAIRS_F16 if f16 else _PAIRS_BF16, "=r" + ",r" * 6,
+                                         [words, zeros, x04, x15, x26, x37], tl.int32, True, 1)
+    return sums.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fma_dot(magic, x_ptr, packed, zero, word, BLOCK_N: tl.constexpr, WORDS: tl.constexpr):
+    """The sums (q - zero) x of each row and packed word (float32 [BLOCK_N, WORDS]) in float32: one LOP3, FADD and
+    FFMA a weight (module docstring)."""
+    cols = (word + tl.arange(0, WORDS)) * 8
+    upper = packed >> 16  # nibbles 4..7 in bits 0..15 (the sign's copies above are masked off)
+    zero = zero.to(tl.float32)
+    dot = tl.zeros([BLOCK_N, WORDS], tl.float32)
+    for j in tl.static_range(8):
+        half = packed if j < 4 else upper
+        # magic 0x4B000000 is 2^23, whose mantissa bits are the integer added to it: 2^23 + n 2^s, s = 4 (j % 4);
+        # less 2^23 + z 2^s (one constant a row and s), (n - z) 2^s exactly, against x 2^-s
+        nibble = ((half & (0xF << (4 * (j % 4)))) | magic).to(tl.float32, bitcast=True)
+        x = tl.load(x_ptr + cols + j).to(tl.float32) * (1.0 / (1 << (4 * (j % 4))))
+        dot += (nibble - (8388608.0 + zero * (1 << (4 * (j % 4))))[:, None]) * x[None, :]
+    return dot
+
+
 @triton.jit
 def _span(magic, x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, step, following, K: tl.constexpr,
-          GROUPS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr, AHEAD: tl.constexpr):
+          GROUPS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr, AHEAD: tl.constexpr,
+          PAIRS: tl.constexpr):
     """The sums over words start .. end - 1 (module docstring): float32 [BLOCK_N]. `step` is the first step's
     _step_tile, `following` the second's where AHEAD is 2: each step loads the tile AHEAD steps on before its
     arithmetic (in flight meanwhile)."""
-    acc = tl.zeros([BLOCK_N, WORDS], tl.float32)
+    acc = tl.zeros([BLOCK_N, WORDS // 2 if PAIRS == 2 else WORDS], tl.float32)
     for word in range(start, end, WORDS):
         later = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word + AHEAD * WORDS, end, K, GROUPS, GROUP, WORDS)
         packed, zero, scale = step
-        cols = (word + tl.arange(0, WORDS)) * 8
-        upper = packed >> 16  # nibbles 4..7 in bits 0..15 (the sign's copies above are masked off)
-        dot = tl.zeros([BLOCK_N, WORDS], tl.float32)
-        for j in tl.static_range(8):
-            half = packed if j < 4 else upper
-            # magic 0x4B000000 is 2^23, whose mantissa bits are the integer added to it: 2^23 + n 2^s, s = 4 (j % 4);
-            # less 2^23 + z 2^s (one constant a row and s), (n - z) 2^s exactly, against x 2^-s
-            nibble = ((half & (0xF << (4 * (j % 4)))) | magic).to(tl.float32, bitcast=True)
-            x = tl.load(x_ptr + cols + j).to(tl.float32) * (1.0 / (1 << (4 * (j % 4))))
-            dot += (nibble - (8388608.0 + zero * (1 << (4 * (j % 4))))[:, None]) * x[None, :]
+        if PAIRS:
+            dot = _pairs_dot(x_ptr, packed, zero, word, WORDS, PAIRS)
+        else:
+            dot = _fma_dot(magic, x_ptr, packed, zero, word, BLOCK_N, WORDS)
         acc += scale[:, None] * dot
         if AHEAD == 2:
             step, following = following, later
@@ -75,7 +172,8 @@ def _span(magic, x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, step, f
 @triton.jit
 def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, parts_ptr, arrivals_ptr, N, magic, n_parts, span,
                       K: tl.constexpr, GROUPS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr,
-                      WORDS: tl.constexpr, AHEAD: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr):
+                      WORDS: tl.constexpr, AHEAD: tl.constexpr, SPLIT_K: tl.constexpr, PAIRS: tl.constexpr,
+                      PDL: tl.constexpr):
     """out[rows] = sum over columns of (q - zero) * scale * x, by program (tile, part) over its part's `span` words
     (of n_parts; SPLIT_K: more than one. Run-time values: a split does not compile a kernel of its own)."""
     tile = tl.program_id(0)
@@ -91,7 +189,7 @@ def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, parts_ptr, arrivals_p
         following = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, start + WORDS, end, K, GROUPS, GROUP, WORDS)
     wait_for_previous_kernel(PDL)  # x is the previous kernel's output (and the counters its to reset)
     y = _span(magic, x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, first, following, K, GROUPS, GROUP,
-              BLOCK_N, WORDS, AHEAD)
+              BLOCK_N, WORDS, AHEAD, PAIRS)
     if not SPLIT_K:
         tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_mask)
     else:
@@ -103,11 +201,13 @@ def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, parts_ptr, arrivals_p
             tl.store(out_ptr + rows, total.to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
-# the tile (BLOCK_N, WORDS, num_warps, AHEAD, SPLIT; SPLIT 0: AUTO_PROGRAMS programs a multiprocessor, split-K where
-# the tiles alone are fewer) by the weight's (N, K), else DEFAULT: the fastest of benchmarks/gpu_int4_gemv.py's sweep
-# per Llama-3.1-8B projection on an H200 (RESULTS.md, 2026-11-29; gate_up's 64 and 128 rows 0.3% apart)
-DEFAULT = (128, 16, 4, 1, 0)
-SHAPES: dict[tuple[int, int], tuple[int, int, int, int, int]] = {(28672, 4096): (64, 16, 4, 1, 0)}
+# the tile (BLOCK_N, WORDS, num_warps, AHEAD, SPLIT, PAIRS; SPLIT 0: AUTO_PROGRAMS programs a multiprocessor, split-K
+# where the tiles alone are fewer; PAIRS 1 or 2: two weights an instruction, 16-bit x only) by the weight's (N, K), else
+# DEFAULT: the fastest of benchmarks/gpu_int4_gemv.py's sweep per Llama-3.1-8B projection on an H200 (RESULTS.md,
+# 2026-11-29; gate_up's 64 and 128 rows 0.3% apart)
+Tile = tuple[int, int, int, int, int, int]
+DEFAULT: Tile = (128, 16, 4, 1, 0, 0)
+SHAPES: dict[tuple[int, int], Tile] = {(28672, 4096): (64, 16, 4, 1, 0, 0)}
 AUTO_PROGRAMS = 4
 _multiprocessors: dict[torch.device, int] = {}
 
@@ -121,12 +221,18 @@ def _split(device: torch.device, tiles: int, steps: int) -> int:
 
 
 def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
-              tile: tuple[int, int, int, int, int] | None = None, pdl: bool = False) -> torch.Tensor:
-    """x [1, K] (contiguous) times the INT4 weight: [1, N] in x's dtype. `tile`: else SHAPES' or DEFAULT."""
+              tile: Tile | None = None, pdl: bool = False) -> torch.Tensor:
+    """x [1, K] (contiguous) times the INT4 weight: [1, N] in x's dtype. `tile`: else SHAPES' or DEFAULT. PAIRS
+    applies to 16-bit x (4-byte aligned) compiled for a GPU; float32 x and Triton's interpreter (no inline PTX) take
+    the float32 path."""
     n, groups = scales.shape
     k = x.shape[1]
     group = k // groups
-    block_n, words, warps, ahead, split = tile or SHAPES.get((n, k), DEFAULT)
+    block_n, words, warps, ahead, split, pairs = tile or SHAPES.get((n, k), DEFAULT)
+    # x read as 32-bit words (pairs): 4-byte aligned
+    if x.dtype not in (torch.bfloat16, torch.float16) or x.data_ptr() % 4 or isinstance(_int4_gemv_kernel,
+                                                                                        InterpretedFunction):
+        pairs = 0
     words = min(words, group // 8)  # a step within one group
     tiles, steps = triton.cdiv(n, block_n), triton.cdiv(k // 8, words)
     split = min(split or _split(x.device, tiles, steps), steps)
@@ -137,6 +243,6 @@ def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scale
     arrivals = counters(x.device, tiles) if split > 1 else out
     _int4_gemv_kernel[(tiles, split)](
         x, qweight, zeros, scales, out, parts, arrivals, n, MAGIC, split, span, K=k, GROUPS=groups, GROUP=group,
-        BLOCK_N=block_n, WORDS=words, AHEAD=ahead, SPLIT_K=split > 1, PDL=pdl, num_warps=warps, num_stages=1,
-        **launch_options(pdl))
+        BLOCK_N=block_n, WORDS=words, AHEAD=ahead, SPLIT_K=split > 1, PAIRS=pairs, PDL=pdl, num_warps=warps,
+        num_stages=1, **launch_options(pdl))
     return out
