@@ -3,6 +3,8 @@
     python -m benchmarks.gpu_load_profile --out DIR                          # H200: 8B and 1B shapes, ~5 minutes
     python -m benchmarks.gpu_load_profile --out DIR --shapes llama-3.1-8b --max-num-tokens 2048,4096,8192
     python -m benchmarks.gpu_load_profile --smoke --device cpu --out DIR     # tiny shapes on the CPU, seconds
+    python -m benchmarks.gpu_load_profile --out DIR --shapes llama-3.1-8b --mix-only --mix-kv-dtypes auto,fp8 \
+        --mix-kv-fraction 0.4                                                # issue 44: where bf16 runs out of blocks
 
 Per shape, NativeEngine in this process (CUDA graphs, async scheduling: the server's engine), up to 256 sequences a
 step, `--max-num-tokens` tokens a step ("default": the engine's choice; the first value is profiled, the others only
@@ -233,20 +235,24 @@ async def shape_figures(folder: Path, device: str, s: dict[str, Any], max_num_to
         await engine.shutdown()
 
 
-async def mix_figures(folder: Path, device: str, m: dict[str, Any], kv_dtype: str) -> dict[str, Any]:
-    """`m["streams"]` closed-loop streams of m["prompt"] in / m["output"] out for m["seconds"] (module docstring)."""
+async def mix_figures(folder: Path, device: str, m: dict[str, Any], kv_dtype: str,
+                      kv_fraction: float = 0.9) -> dict[str, Any]:
+    """`m["streams"]` closed-loop streams of m["prompt"] in / m["output"] out for m["seconds"] (module docstring), the
+    KV cache `kv_fraction` of the memory left after the weights (the server's kv_cache_fraction)."""
     from runtime.config import EngineConfig
     from runtime.native.llm_engine import NativeEngine
 
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     engine = NativeEngine(EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=m["streams"],
                                        max_model_len=2 * (m["prompt"] + m["output"]), enable_prefix_caching=False,
-                                       kv_cache_dtype=kv_dtype,
+                                       kv_cache_dtype=kv_dtype, kv_cache_fraction=kv_fraction,
                                        **({} if torch.device(device).type == "cuda" else {"max_kv_tokens": 8192})))
     await engine.start()
     try:
         loads = dict(prompt=m["prompt"], output=m["output"], itl_s=m["seconds"])
-        return await closed_loop_itl(engine, loads, m["streams"], vocab, 11)
+        st = engine.stats()
+        return dict(await closed_loop_itl(engine, loads, m["streams"], vocab, 11),
+                    kv_tokens=st.kv_blocks_total * st.kv_tokens_per_block)
     finally:
         await engine.shutdown()
 
@@ -287,11 +293,15 @@ def main(argv: list[str] | None = None) -> int:
                              "timed, and the engine core's phase runs the first")
     parser.add_argument("--mix-shapes", default="llama-3.1-8b", help="shapes that also get the 512-stream mix")
     parser.add_argument("--mix-kv-dtypes", default="auto", help="KV cache dtypes the mix runs with: auto, fp8")
+    parser.add_argument("--mix-kv-fraction", type=float, default=0.9,
+                        help="the mix's KV cache as a fraction of the memory left after the weights (the server's "
+                             "default 0.9; lower, to see bf16 run out of blocks where FP8 does not)")
     parser.add_argument("--core-shapes", default="llama-3.2-1b",
                         help="shapes also run through the engine core in its own process")
     parser.add_argument("--quantization", default="none", choices=["none", "fp8"],
                         help="the weights: as stored, or FP8 quantized at load (--quantization fp8)")
     parser.add_argument("--core-only", action="store_true", help="only the engine core phases (--core-shapes)")
+    parser.add_argument("--mix-only", action="store_true", help="only the 512-stream mixes (--mix-shapes)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and loads: the code runs, nothing more")
     args = parser.parse_args(argv)
     import runtime.native.core_loader
@@ -306,15 +316,16 @@ def main(argv: list[str] | None = None) -> int:
         model_type, shape = (gf.SMOKE_SHAPES["llama-3.1-8b"] if args.smoke else SHAPES[name])
         folder = gf.write_config((args.work or args.out) / name, model_type, shape)
         token_counts = [None if t == "default" else int(t) for t in args.max_num_tokens.split(",")]
-        for i, tokens in enumerate(token_counts if not args.core_only else []):
+        for i, tokens in enumerate(token_counts if not (args.core_only or args.mix_only) else []):
             phases.record(f"{name}_t{tokens or 'default'}", lambda: asyncio.run(
                 shape_figures(folder, args.device, s, tokens, args.out, i == 0, phases.record, args.quantization))
                 or "done")
         if name in args.mix_shapes.split(",") and not args.core_only:
             for kv in args.mix_kv_dtypes.split(","):
-                phases.record(f"{name}_mix_{mix['streams']}_kv_{kv}",
-                              lambda: asyncio.run(mix_figures(folder, args.device, mix, kv)))
-        if name in args.core_shapes.split(","):  # the child process loads a checkpoint: random weights saved
+                fraction = "" if args.mix_kv_fraction == 0.9 else f"_of_{args.mix_kv_fraction}"
+                phases.record(f"{name}_mix_{mix['streams']}_kv_{kv}{fraction}",
+                              lambda: asyncio.run(mix_figures(folder, args.device, mix, kv, args.mix_kv_fraction)))
+        if name in args.core_shapes.split(",") and not args.mix_only:  # the child loads a checkpoint: random weights saved
             llama = {k: v for k, v in shape.items() if k not in ("max_position_embeddings", "rope_theta")}
             checkpoint = gm.make_checkpoint((args.work or args.out) / "checkpoints" / name, llama, torch.bfloat16)
             phases.record(f"core_{name}", lambda: asyncio.run(

@@ -78,11 +78,15 @@ def kernel_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: f
         figures["fp8_floor_us"] = (n * k + 4 * n) / (bandwidth * 1e12) * 1e6
         figures["bf16_vs_floor"] = figures["bf16_us"] / figures["bf16_floor_us"]
         figures["fp8_vs_floor"] = figures["fp8_us"] / figures["fp8_floor_us"]
+        tuned = gemv_module.FP8_TILES.get((n, k))
         for tile in FP8_TILES if sweep else []:
             gemv_module.FP8_TILES[(n, k)] = tile
             figures["fp8_tile_{}x{}x{}_us".format(*tile)] = per_call_us(
                 lambda i: gemv_module.gemv(x, fp8[i][0], scale=fp8[i][1]), copies)
-            del gemv_module.FP8_TILES[(n, k)]
+        # the engine phases after this one run the shipped tiles (the sweep once left them untuned: 3.42 ms, not 2.90)
+        gemv_module.FP8_TILES.pop((n, k), None)
+        if tuned:
+            gemv_module.FP8_TILES[(n, k)] = tuned
         rows = torch.randn(ROWS, k, generator=g).to(device, torch.bfloat16)
         figures[f"rows_{ROWS}_bf16_us"] = per_call_us(lambda i: F.linear(rows, bf16[i]), copies)
         figures[f"rows_{ROWS}_fp8_us"] = per_call_us(lambda i: fp8_linear(rows, fp8[i][0], fp8[i][1], None, None),

@@ -29,6 +29,17 @@ def test_every_phase_runs_and_writes_its_figures(tmp_path: Path, monkeypatch: py
                     r[f"core_{shape}_throughput_8"]["tok_s"], r[f"core_{shape}_itl_8"]["itl_ms_p50"])
 
 
+def test_the_mix_alone_runs_once_per_kv_dtype_and_reports_its_cache(tmp_path: Path) -> None:
+    """--mix-only: no other phase; the KV fraction names the figures (issue 44: where bf16 runs out of blocks)."""
+    shape = "llama-3.1-8b"
+    assert gpu_load_profile.main(["--smoke", "--device", "cpu", "--out", str(tmp_path), "--shapes", shape,
+                                  "--mix-only", "--mix-kv-dtypes", "auto,fp8", "--mix-kv-fraction", "0.4"]) == 0
+    r = json.loads((tmp_path / "gpu_load_profile.json").read_text())
+    mixes = [f"{shape}_mix_4_kv_{kv}_of_0.4" for kv in ("auto", "fp8")]
+    assert sorted(k for k in r if k not in ("device", "sizes", "date")) == mixes
+    assert all(r[k]["kv_tokens"] == 8192 and positive(r[k]["tok_s"]) for k in mixes)  # CPU: max_kv_tokens 8192
+
+
 def test_kernels_are_sorted_into_kinds_and_the_gaps_counted(tmp_path: Path) -> None:
     """GPU time by kind and the busy time from a chrome trace's kernel events (two overlap, a 5 us gap)."""
     events = [{"cat": "kernel", "name": "nvjet_sm90_tst_256x128", "ts": 0.0, "dur": 10.0},
