@@ -40,6 +40,7 @@ for c in ${CONCURRENCY:-1 4 8 32}; do
   stamp "spec_decode c=$c"
   timeout "$(left 120)" python -m benchmarks.spec_decode --model default --prompts chat --device cuda --dtype bfloat16 \
     --modes none ngram eagle --eagle-head "$OUT/smollm2_eagle" --concurrency "$c" \
-    --requests-per-slot "${REQUESTS:-4}" --repeat "${REPEAT:-2}" --json "$OUT/spec_c$c.json" 2>&1 | grep -v "Loading\|Writing" | tail -6 | tee -a "$L"
+    --requests-per-slot "${REQUESTS:-4}" --repeat "${REPEAT:-2}" --json "$OUT/spec_c$c.json" 2>&1 \
+    | grep -v "Loading\|Writing" | tail -6 | tee -a "$L"
 done
 stamp end
