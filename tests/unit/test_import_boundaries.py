@@ -64,9 +64,10 @@ def test_the_contract_imports_no_torch() -> None:
 def test_nothing_outside_the_engine_core_imports_native() -> None:
     assert "runtime.trtllm.engine" in NOT_NATIVE and "runtime.process.client" in NOT_NATIVE
     assert loaded_after_import(NOT_NATIVE, ["runtime.native."]) == []
-    assert loaded_after_import(["runtime.native.engine_core"], ["runtime.native."]) == ["runtime.native."]  # it sees
+    # (that the check sees runtime.native where it is imported: the next test's engine-core process)
 
 
 def test_the_engine_core_process_loads_xgrammar_with_its_first_guided_request() -> None:
-    """xgrammar and the transformers it imports took 0.8 s of every core's start, guided requests or none."""
-    assert loaded_after_import(["runtime.native.core_process"], ["xgrammar"]) == []
+    """xgrammar and the transformers it imports took 0.8 s of every core's start, guided requests or none. The same
+    interpreter shows that the check sees runtime.native where it is imported (one interpreter with torch fewer)."""
+    assert loaded_after_import(["runtime.native.core_process"], ["xgrammar", "runtime.native."]) == ["runtime.native."]

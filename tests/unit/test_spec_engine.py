@@ -8,6 +8,7 @@ import asyncio
 import json
 import random
 import shutil
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from runtime.native.llm_engine import NativeEngine
 from runtime.request import GenerationRequest
 from runtime.native.speculative import DraftTokenizerMismatchError
 from runtime.native.step_inputs import StepInputs
-from tests.engine_harness import StepRecorder, collect, request, running_engine
+from tests.engine_harness import StepRecorder, collect, request, running_engine, wait_for
 from tests.tiny_models import build_tiny_model
 from tests.unit.test_async_scheduling import LaunchLog
 
@@ -388,23 +389,31 @@ async def test_prompts_reusing_cached_prefixes_join_a_speculating_step_with_plai
 async def test_a_fork_in_a_verifying_step_gets_its_own_ids(pair) -> None:
     """A request of n=2 whose prompt ends in a step where another request verifies drafts: the step's inputs draw
     [0, 2] samples (the verifying input none, the fork two), as many ids as inputs, which must not be read as one
-    id per input (runtime/native/step_results.py). Both samples are the greedy continuation."""
+    id per input (runtime/native/step_results.py). Both samples are the greedy continuation.
+
+    The first step where "a" verifies alone waits (in the engine's thread) until "n2" is in the engine's inbox, so
+    that "n2" joins while "a" still verifies, however slow this process is (under load "a" had finished first)."""
     target, _ = pair
     ps = prompts(2, seed=8)
     want = await plain_greedy(target, ps, 16)
     async with running_engine(target, num_draft_tokens=3, speculative="draft", draft_model=str(target)) as engine:
         shapes: list[list[int]] = []
         launch = engine.runner.launch
+        handed_in = threading.Event()
 
         def logged(inputs: Any, copies: Any = ()) -> Any:
             shapes.append([len(rows) for rows in StepInputs.of(inputs).sample_rows])
+            if shapes[-1] == [0] and not handed_in.is_set():
+                handed_in.wait(60)
             return launch(inputs, copies)
         engine.runner.launch = logged  # type: ignore[method-assign]
-        started = asyncio.Event()
-        first = asyncio.create_task(collect(engine, request("a", ps[0], 16), started=started, after_tokens=2))
+        started, fork_started = asyncio.Event(), asyncio.Event()
+        first = asyncio.create_task(collect(engine, request("a", ps[0], 16), started=started))
         await started.wait()
-        forked = await collect(engine, request("n2", ps[1], 16, n=2))
-        alone = await first
+        fork = asyncio.create_task(collect(engine, request("n2", ps[1], 16, n=2), started=fork_started))
+        await wait_for(lambda: engine.stats().waiting > 0 or fork_started.is_set(), timeout=60)
+        handed_in.set()
+        forked, alone = await fork, await first
     assert alone.tokens[0] == want[0]
     assert forked.tokens == {0: want[1], 1: want[1]}
     assert [0, 2] in shapes, shapes
