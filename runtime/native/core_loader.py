@@ -178,7 +178,10 @@ def _load(cfg: EngineConfig, model: ModelDescription, phases: StartupPhases, on_
     # a speculative step brings 1 + num_draft_tokens rows per sequence
     decode_rows = cfg.max_batch_size * (1 + (cfg.num_draft_tokens if proposer is not None else 0))
     max_blocks = -(-window // cfg.kv_block_size)
-    if cfg.enable_cuda_graphs and device.type == "cuda" and cfg.speculative != "eagle":
+    if cfg.enable_cuda_graphs and device.type == "cuda" and cfg.speculative == "eagle":
+        logger.warning("--speculative eagle on CUDA: no CUDA graphs (they hand out logits only, not the hidden states "
+                       "the head reads), so every step runs op by op: much slower than plain decoding for now")
+    elif cfg.enable_cuda_graphs and device.type == "cuda":
         runner.capture_decode_graphs(decode_rows, max_blocks, lora_version=lambda: lora.slots.version)
         if peers is None:  # (under tensor parallelism the prompts' steps run op by op)
             runner.capture_prefill_graphs(cfg.max_num_tokens, max_blocks, lora_version=lambda: lora.slots.version)
