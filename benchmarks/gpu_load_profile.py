@@ -236,16 +236,17 @@ async def shape_figures(folder: Path, device: str, s: dict[str, Any], max_num_to
 
 
 async def mix_figures(folder: Path, device: str, m: dict[str, Any], kv_dtype: str,
-                      kv_fraction: float = 0.9) -> dict[str, Any]:
+                      kv_fraction: float | None = None) -> dict[str, Any]:
     """`m["streams"]` closed-loop streams of m["prompt"] in / m["output"] out for m["seconds"] (module docstring), the
-    KV cache `kv_fraction` of the memory left after the weights (the server's kv_cache_fraction)."""
+    KV cache `kv_fraction` of the memory left after the weights (None: the server's kv_cache_fraction)."""
     from runtime.config import EngineConfig
     from runtime.native.llm_engine import NativeEngine
 
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     engine = NativeEngine(EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=m["streams"],
                                        max_model_len=2 * (m["prompt"] + m["output"]), enable_prefix_caching=False,
-                                       kv_cache_dtype=kv_dtype, kv_cache_fraction=kv_fraction,
+                                       kv_cache_dtype=kv_dtype,
+                                       kv_cache_fraction=kv_fraction or EngineConfig.kv_cache_fraction,
                                        **({} if torch.device(device).type == "cuda" else {"max_kv_tokens": 8192})))
     await engine.start()
     try:
@@ -293,9 +294,9 @@ def main(argv: list[str] | None = None) -> int:
                              "timed, and the engine core's phase runs the first")
     parser.add_argument("--mix-shapes", default="llama-3.1-8b", help="shapes that also get the 512-stream mix")
     parser.add_argument("--mix-kv-dtypes", default="auto", help="KV cache dtypes the mix runs with: auto, fp8")
-    parser.add_argument("--mix-kv-fraction", type=float, default=0.9,
-                        help="the mix's KV cache as a fraction of the memory left after the weights (the server's "
-                             "default 0.9; lower, to see bf16 run out of blocks where FP8 does not)")
+    parser.add_argument("--mix-kv-fraction", type=float, default=None,
+                        help="the mix's KV cache as a fraction of the memory left after the weights (default: the "
+                             "server's; lower, to see bf16 run out of blocks where FP8 does not)")
     parser.add_argument("--core-shapes", default="llama-3.2-1b",
                         help="shapes also run through the engine core in its own process")
     parser.add_argument("--quantization", default="none", choices=["none", "fp8"],
@@ -322,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                 or "done")
         if name in args.mix_shapes.split(",") and not args.core_only:
             for kv in args.mix_kv_dtypes.split(","):
-                fraction = "" if args.mix_kv_fraction == 0.9 else f"_of_{args.mix_kv_fraction}"
+                fraction = "" if args.mix_kv_fraction is None else f"_of_{args.mix_kv_fraction}"
                 phases.record(f"{name}_mix_{mix['streams']}_kv_{kv}{fraction}",
                               lambda: asyncio.run(mix_figures(folder, args.device, mix, kv, args.mix_kv_fraction)))
         if name in args.core_shapes.split(",") and not args.mix_only:  # the child loads a checkpoint: random weights saved
