@@ -178,12 +178,16 @@ def _load(cfg: EngineConfig, model: ModelDescription, phases: StartupPhases, on_
     # a speculative step brings 1 + num_draft_tokens rows per sequence
     decode_rows = cfg.max_batch_size * (1 + (cfg.num_draft_tokens if proposer is not None else 0))
     max_blocks = -(-window // cfg.kv_block_size)
-    if cfg.enable_cuda_graphs and device.type == "cuda" and cfg.speculative == "eagle":
-        logger.warning("--speculative eagle on CUDA: no CUDA graphs (they hand out logits only, not the hidden states "
-                       "the head reads), so every step runs op by op: much slower than plain decoding for now")
+    eagle = isinstance(proposer, EagleProposer)
+    if cfg.enable_cuda_graphs and device.type == "cuda" and eagle and proposer.reads_layer_inputs:
+        logger.warning("--speculative eagle with an EAGLE-3 head on CUDA: no CUDA graphs (they hand out no inputs of "
+                       "the target's layers), so every step runs op by op: much slower than plain decoding for now")
     elif cfg.enable_cuda_graphs and device.type == "cuda":
+        # (under EAGLE they also hand out the final hidden states: runner.keep_hidden)
         runner.capture_decode_graphs(decode_rows, max_blocks, lora_version=lambda: lora.slots.version)
-        if peers is None:  # (under tensor parallelism the prompts' steps run op by op)
+        # prefill and mixed graphs hand out logits only: under EAGLE those steps run op by op; under tensor
+        # parallelism too
+        if peers is None and not eagle:
             runner.capture_prefill_graphs(cfg.max_num_tokens, max_blocks, lora_version=lambda: lora.slots.version)
     cpu_warm_up = None
     if native:  # its kernels are built: it serves from the first step

@@ -28,8 +28,8 @@ PADDING = (0, 0, -1, 0, -1, -1)  # what a padded graph row holds in each packed 
 
 class DecodeOutput(NamedTuple):
     """A decode-shaped step's float32 logits, one row per new token; from a CUDA graph also each row's greedy id,
-    on the device and in pinned host memory (runtime/native/cuda/graphs.py); from the CPU's C++ and compiled steps
-    also the final hidden states, one row per new token (what an EAGLE head reads)."""
+    on the device and in pinned host memory (runtime/native/cuda/graphs.py); from the CPU's C++ and compiled steps, and
+    CUDA graphs built to keep them, also the final hidden states, one row per new token (what an EAGLE head reads)."""
 
     logits: torch.Tensor
     greedy: torch.Tensor | None = None

@@ -144,8 +144,8 @@ class ModelRunner:
         self.eager_steps = 0  # steps run op by op, not replayed from graphs (or a compiled step on CPU)
         self.peers: Workers | None = None  # the other tensor-parallel ranks (rank 0 only; set by the loader)
         # EAGLE drafting reads the target's final hidden states: steps then run op by op, or through decode steps that
-        # hand them out (the CPU's C++ and compiled steps: `hands_out_hidden`), and `hidden` holds the last launch's
-        # (all rows, where each input's rows start)
+        # hand them out (`hands_out_hidden`: the CPU's C++ and compiled steps, CUDA decode graphs captured after it is
+        # set), and `hidden` holds the last launch's (all rows, where each input's rows start)
         self.keep_hidden = False
         self.hidden: tuple[torch.Tensor, list[int]] | None = None
         if self.device.type == "cuda":
@@ -171,7 +171,7 @@ class ModelRunner:
         if self.peers is not None:
             self.peers.capture_graphs(max_rows, max_blocks_per_seq)
         self.graphs = DecodeGraphs(self.model, self.kv_caches, self.block_size, max_rows, max_blocks_per_seq,
-                                   self.lora, lora_version)
+                                   self.lora, lora_version, keep_hidden=self.keep_hidden)
 
     def capture_prefill_graphs(self, max_tokens: int, max_blocks_per_seq: int,
                                lora_version: Callable[[], int] = lambda: 0) -> None:

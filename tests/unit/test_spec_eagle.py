@@ -94,6 +94,24 @@ async def test_tiny_target_exact_when_sequences_are_preempted(tiny) -> None:
     assert stats.preemptions > 0 and stats.spec_draft_tokens > 0
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+async def test_cuda_graphs_hand_the_head_its_hidden_states(tiny) -> None:
+    """On CUDA the decode and verification steps of an EAGLE engine replay graphs (only the prompts' steps run op by
+    op) and the head drafts from the hidden states they hand out: ids as plain greedy's (float32, same device), drafts
+    taken."""
+    target, head = tiny
+    ps = prompts(4, seed=5)
+    async with running_engine(target, device="cuda") as engine:
+        want = [o.tokens[0] for o in await run_all(engine, [request(f"p{i}", p, 32) for i, p in enumerate(ps)])]
+    async with running_engine(target, device="cuda", speculative="eagle", draft_model=head,
+                              num_draft_tokens=3) as engine:
+        got = [o.tokens[0] for o in await run_all(engine, [request(f"e{i}", p, 32) for i, p in enumerate(ps)])]
+        stats = engine.stats()
+    assert got == want
+    assert stats.spec_steps > 0 and stats.spec_draft_tokens > 0
+    assert stats.eager_iterations <= len(ps) < stats.iterations  # a step op by op per prompt at most
+
+
 def chat_ids(engine: NativeEngine, text: str) -> list[int]:
     tok = engine.tokenizer
     return tok.encode(tok.hf.apply_chat_template([{"role": "user", "content": text}], tokenize=False,

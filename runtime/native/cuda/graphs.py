@@ -35,6 +35,10 @@ keep the set without it. The LoRA set is captured on the first adapter step. Bot
 again when `lora_version` changes: a Linear got adapter stacks (its weight moved into a new buffer
 with them) or the adapters' rank grew (wider matmuls).
 
+An engine with an EAGLE head (runtime/native/speculative/eagle.py) reads each step's final hidden states: built
+with `keep_hidden`, every graph also copies them into one static [max_rows, hidden] buffer, handed out with the
+logits.
+
 All graphs share one memory pool and are captured largest first, so they cost about one graph's
 activations. The KV cache tensors must not be reallocated afterwards (their addresses are baked in).
 """
@@ -144,11 +148,9 @@ def capture_buckets(sizes: Sequence[Any], forward: Callable[[Any], object],
 class DecodeGraphs:
     """Captured decode-shaped steps of `model` over `kv_caches` (see the module docstring)."""
 
-    hands_out_hidden = False  # logits only: an engine with an EAGLE head runs its steps op by op
-
     def __init__(self, model: CausalLM, kv_caches: list[torch.Tensor], block_size: int, max_rows: int,
                  max_blocks_per_seq: int, lora: LoraBatch | None = None,
-                 lora_version: Callable[[], int] = lambda: 0) -> None:
+                 lora_version: Callable[[], int] = lambda: 0, keep_hidden: bool = False) -> None:
         device = kv_caches[0].device
         self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
         self.max_blocks = max_blocks_per_seq
@@ -171,11 +173,18 @@ class DecodeGraphs:
         self.query_start = torch.arange(max_rows + 1, dtype=torch.int32, device=device)
         # one output buffer for every graph: [max_rows, vocab] float32 once, not once per bucket and set
         self.logits = torch.empty((max_rows, vocab), dtype=torch.float32, device=device)
+        self.keep_hidden = keep_hidden
+        self.hidden: torch.Tensor | None = None  # [max_rows, hidden]: allocated by the first forward, before capture
         self.lora, self.lora_version = lora, lora_version
         self.pool = None
         self.captured_version = lora_version()
         self.base = self._capture_all(with_lora=False)
         self.with_lora: list[dict[int, torch.cuda.CUDAGraph]] = []
+
+    @property
+    def hands_out_hidden(self) -> bool:
+        """Whether DecodeOutput.hidden holds each row's final hidden state (what an EAGLE head reads)."""
+        return self.keep_hidden
 
     def meta(self, bucket: int) -> AttentionMetadata:
         return row_metadata(self.packed[:, :bucket], self.tables[:bucket], self.query_start[: bucket + 1],
@@ -189,6 +198,10 @@ class DecodeGraphs:
     def _forward(self, bucket: int, turn: int, meta: AttentionMetadata) -> None:
         self.load(bucket, turn)
         hidden = self.model(self.ids[:bucket], self.packed[POSITIONS, :bucket], self.kv_caches, meta)
+        if self.keep_hidden:
+            if self.hidden is None:  # (the warm-up forward of the largest bucket, outside any capture)
+                self.hidden = hidden.new_empty((self.max_rows, hidden.shape[1]))
+            self.hidden[:bucket].copy_(hidden)
         logits = self.model.compute_logits(hidden, out=self.logits[:bucket])
         self.greedy(logits, self.sampled, self.host_sampled[turn])
 
@@ -254,7 +267,8 @@ class DecodeGraphs:
         self.stage(columns, tables, bucket, last_sampled)
         graph.replay()
         self.replayed_now()
-        return DecodeOutput(self.logits[:n], self.sampled[:n], self.host_sampled[turn][:n])
+        hidden = self.hidden[:n] if self.hidden is not None else None
+        return DecodeOutput(self.logits[:n], self.sampled[:n], self.host_sampled[turn][:n], hidden)
 
     def stage(self, columns: np.ndarray, tables: np.ndarray, bucket: int, last_sampled: torch.Tensor | None) -> None:
         """Write packed rows (pack_rows) into the current set's pinned inputs, padded to `bucket`, once that set's

@@ -1,10 +1,10 @@
 """EAGLE proposer: the head of eagle_head.py drafts a chain from the target's own hidden states.
 
 The target's runner keeps each step's final hidden states (ModelRunner.keep_hidden): eager steps and the CPU's C++
-and compiled decode steps hand them out, so on the CPU plain and verification steps under EAGLE run as fast as
-without it; CUDA graphs return logits only, so there an engine with EAGLE runs its steps op by op. An EAGLE-3 head
+and compiled decode steps and the CUDA decode graphs hand them out, so plain and verification steps under EAGLE run
+as fast as without it (prompts' steps run op by op on CUDA: prefill graphs return logits only). An EAGLE-3 head
 reads the inputs of some of the target's layers too, through forward hooks, which only steps run op by op call (the
-loader then builds no C++ or compiled steps). `observe` copies every sequence's rows into its buffer by position.
+loader then builds no C++ or compiled steps and captures no CUDA graphs). `observe` copies every sequence's rows into its buffer by position.
 The head's entry at index i reads (h_i, e(x_{i+1})), so it can be computed once x_{i+1} is known: at a proposal for
 a sequence of N tokens, the head first catches up on the indices up to N-2 (its cache keeps them: they are verified
 tokens), whose last output drafts token 1; each further draft reads the previous output and the previous draft's
