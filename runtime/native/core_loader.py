@@ -166,8 +166,8 @@ def _load(cfg: EngineConfig, model: ModelDescription, phases: StartupPhases, on_
     # in one more block, which the block manager never hands out
     # the CPU's C++ and compiled steps read 16- or 32-bit caches (an FP8 cache runs eager over the reference
     # attention) and do not tell the other tensor-parallel ranks (eager steps there); they hand out the final hidden
-    # states an EAGLE head reads, not the inputs of the target's layers that an EAGLE-3 head reads (forward hooks,
-    # which only steps run op by op call: runtime/native/speculative/eagle.py)
+    # states an EAGLE head reads, not the inputs of the target's layers that an EAGLE-3 head reads (which only steps
+    # run op by op keep: runtime/native/speculative/eagle.py)
     cpu_steps = (device.type == "cpu" and cfg.cpu_compile and kv_dtype == dtype and peers is None
                  and not (isinstance(proposer, EagleProposer) and proposer.reads_layer_inputs))
     native = cpu_steps and supports(weights) is None

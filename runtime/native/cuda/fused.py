@@ -282,6 +282,8 @@ def _llama_forward(self: nn.Module, input_ids: torch.Tensor, positions: torch.Te
     fp8 = _fp8_buffers_for(layers[0].self_attn.qkv_proj, x)
     normed = _with_fp8(rms_norm(x, norm.weight, norm.eps, norm.offset, norm.weight_in_float32, fp8), fp8)
     for i, layer in enumerate(layers):
+        if i in self.kept_inputs:
+            self.layer_inputs[i] = x
         h = layer.self_attn(positions, normed, kv_caches[i] if kv_caches else None, meta)
         post = layer.post_attention_layernorm
         fp8 = _fp8_buffers_for(layer.mlp.gate_up_proj if isinstance(layer.mlp, LlamaMLP) else None, x)
@@ -322,6 +324,8 @@ def _one_token_forward(self: nn.Module, x: torch.Tensor, positions: torch.Tensor
     from runtime.native.models.llama import LlamaMLP
 
     for i, layer in enumerate(self.layers):
+        if i in self.kept_inputs:
+            self.layer_inputs[i] = x
         attn, mlp = layer.self_attn, layer.mlp
         norm = layer.input_layernorm
         qkv = _project(attn.qkv_proj, x, norm=(norm.weight, norm.eps))

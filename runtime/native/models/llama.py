@@ -156,6 +156,10 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(spec, self.rotary_emb if window is None else self.local_rotary_emb, dtype, i)
             for i, window in enumerate(spec.layer_windows))
         self.norm = rms_norm(spec, spec.hidden_size, dtype)
+        # layers whose input (the residual stream before them) each forward keeps in `layer_inputs`: what an EAGLE-3
+        # head reads (runtime/native/speculative/eagle3.py); every forward (eager, and the fused CUDA ones) keeps them
+        self.kept_inputs: frozenset[int] = frozenset()
+        self.layer_inputs: dict[int, torch.Tensor] = {}
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
@@ -166,6 +170,8 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         x = self.embed(input_ids)
         for i, layer in enumerate(self.layers):
+            if i in self.kept_inputs:
+                self.layer_inputs[i] = x
             x = layer(positions, x, kv_caches[i] if kv_caches else None, meta)
         return self.norm(x)
 

@@ -82,7 +82,7 @@ def load_proposer(config: EngineConfig, *, serving_demo: bool, tokenizer: Tokeni
     if config.speculative == "ngram":
         return NgramProposer(config.ngram_min, config.ngram_max)
     if config.speculative == "eagle":
-        return EagleProposer(resolve_eagle_path(config), target, runner, dtype, device)
+        return EagleProposer(resolve_eagle_path(config), target, runner, dtype, device, config.num_draft_tokens)
     if config.speculative != "draft":
         raise ValueError(f"unknown --speculative {config.speculative!r} (none, draft, ngram, eagle)")
     path = resolve_draft_path(config, serving_demo)

@@ -3,8 +3,8 @@
 The target's runner keeps each step's final hidden states (ModelRunner.keep_hidden): eager steps and the CPU's C++
 and compiled decode steps and the CUDA decode graphs hand them out, so plain and verification steps under EAGLE run
 as fast as without it (prompts' steps run op by op on CUDA: prefill graphs return logits only). An EAGLE-3 head
-reads the inputs of some of the target's layers too, through forward hooks, which only steps run op by op call (the
-loader then builds no C++ or compiled steps and captures no CUDA graphs). `observe` copies every sequence's rows into its buffer by position.
+reads the inputs of some of the target's layers too, which the target's forward keeps (LlamaModel.kept_inputs), and
+only steps run op by op hand out (the loader then builds no C++ or compiled steps and captures no CUDA graphs). `observe` copies every sequence's rows into its buffer by position.
 The head's entry at index i reads (h_i, e(x_{i+1})), so it can be computed once x_{i+1} is known: at a proposal for
 a sequence of N tokens, the head first catches up on the indices up to N-2 (its cache keeps them: they are verified
 tokens), whose last output drafts token 1; each further draft reads the previous output and the previous draft's
@@ -16,7 +16,6 @@ Proposals are argmax chains, verified as deterministic ones (n-gram's way).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,22 +80,29 @@ class EagleProposer:
     """Drafts chains with an EAGLE head over the target's hidden states (see the module docstring)."""
 
     def __init__(self, path: str, target: CausalLM, runner: ModelRunner, dtype: torch.dtype,
-                 device: torch.device) -> None:
+                 device: torch.device, num_draft_tokens: int = 1) -> None:
         self.head: EagleHead | Eagle3Head = load_head(path, dtype, device, len(target.model.layers))  # type: ignore[union-attr,arg-type]
         self.target = target
         self.runner = runner
         runner.keep_hidden = True
         self._states: dict[int, _HeadState] = {}
-        self._aux: dict[int, torch.Tensor] = {}  # layer -> its input in the last forward (EAGLE-3 heads)
-        for i in self.head.aux_layers:
-            target.model.layers[i].register_forward_pre_hook(self._keeper(i))  # type: ignore[union-attr,index]
+        # EAGLE-3 heads: the target's forward keeps these layers' inputs (LlamaModel.layer_inputs)
+        if self.head.aux_layers:
+            target.model.kept_inputs = frozenset(self.head.aux_layers)  # type: ignore[union-attr]
+        self._warm_up(num_draft_tokens + 1, device)
 
-    def _keeper(self, layer: int) -> Callable[[torch.nn.Module, tuple], None]:
-        """A pre-hook keeping `layer`'s input hidden states."""
-
-        def keep(_module: torch.nn.Module, args: tuple) -> None:
-            self._aux[layer] = args[1]  # forward(positions, x, kv_cache, meta)
-        return keep
+    @torch.inference_mode()
+    def _warm_up(self, rows: int, device: torch.device) -> None:
+        """A catch-up of `rows` indices and a chained step over dummy states, so that the first launch of each of the
+        head's kernels (module loading, library handles: tens of ms on a GPU) happens at start-up, not in the first
+        speculating steps, which the guard measures against plain ones and would find far behind."""
+        head = self.head
+        feed = torch.zeros(rows, head.o_proj.out_features, dtype=head.o_proj.weight.dtype, device=device)
+        empty = feed.new_zeros(head.kv_heads, 0, head.head_dim)
+        ids = torch.zeros(rows, dtype=torch.long, device=device)
+        for n in (rows, 1):
+            out, _, _, _ = head.extend(feed[:n], head.embed(ids[:n], self.target), 0, empty, empty)
+            head.logits(out[-1:], self.target).argmax(dim=-1).tolist()
 
     @property
     def reads_layer_inputs(self) -> bool:
@@ -119,7 +125,8 @@ class EagleProposer:
             return
         values, first_rows = kept
         if self.head.aux_layers:  # EAGLE-3: the inputs of three of the target's layers, side by side
-            values = torch.cat([self._aux[i] for i in self.head.aux_layers], dim=-1)
+            kept = self.target.model.layer_inputs  # type: ignore[union-attr]
+            values = torch.cat([kept[i] for i in self.head.aux_layers], dim=-1)
         values = self.head.feature(values)
         for b, seq in enumerate(seqs):
             start, count = inputs.start_pos[b], inputs.counts[b]
@@ -153,16 +160,15 @@ class EagleProposer:
         state.values[:, start - base : last + 1 - base] = values
         state.cached = last + 1
         out, feed = out[-1:], feed[-1:]
-        drafts: list[int] = []
+        drafts: list[torch.Tensor] = []  # on the device: the host waits once, for the whole chain
         for j in range(k):
-            token = int(head.logits(out, target).argmax(dim=-1))
+            token = head.logits(out, target).argmax(dim=-1)
             drafts.append(token)
             if j == k - 1:
                 break
             at = last + 1 + j  # chain entries: cached past `cached` and overwritten by the next catch-up
             out, feed, keys, values = head.extend(
-                feed, head.embed(torch.tensor([token], device=feed.device), target), at,
-                state.keys[:, : at - base], state.values[:, : at - base])
+                feed, head.embed(token, target), at, state.keys[:, : at - base], state.values[:, : at - base])
             state.keys[:, at - base : at + 1 - base] = keys
             state.values[:, at - base : at + 1 - base] = values
-        return drafts
+        return torch.cat(drafts).tolist()

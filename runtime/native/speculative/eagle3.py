@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from runtime.native.speculative.eagle_head import after_cache, rms_norm, rotate
+from runtime.native.speculative.eagle_head import after_cache, cached_rope, grouped_attention, rms_norm, rotate
 
 EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM"}
 
@@ -118,7 +118,7 @@ class Eagle3Head(nn.Module):
                past_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """As EagleHead.extend: (normed outputs for the logits, the pre-norm states the next step reads, k, v)."""
         length = hidden.shape[0]
-        cos, sin = self.rope(start + length, hidden.device, hidden.dtype)
+        cos, sin = cached_rope(self, start + length, hidden.device, hidden.dtype)
         x = torch.cat([rms_norm(embeds.to(hidden.dtype), self.input_layernorm, self.eps),
                        rms_norm(hidden, self.hidden_norm, self.eps)], dim=-1)[None]
         q = self.q_proj(x).view(1, length, self.heads, self.head_dim).transpose(1, 2)
@@ -126,10 +126,8 @@ class Eagle3Head(nn.Module):
         v = self.v_proj(x).view(1, length, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = rotate(q, cos[start:], sin[start:]), rotate(k, cos[start:], sin[start:])
         mask = after_cache(past_k.shape[1], length, hidden.device)
-        group = self.heads // self.kv_heads
         keys, values = torch.cat([past_k[None], k], dim=2), torch.cat([past_v[None], v], dim=2)
-        attn = F.scaled_dot_product_attention(q, keys.repeat_interleave(group, dim=1),
-                                              values.repeat_interleave(group, dim=1), attn_mask=mask)
+        attn = grouped_attention(q, keys, values, mask)
         residual = hidden[None] + self.o_proj(attn.transpose(1, 2).reshape(1, length, -1))
         h = rms_norm(residual, self.post_attention_layernorm, self.eps)
         residual = residual + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))

@@ -31,11 +31,36 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return x * cos + torch.cat([-b, a], dim=-1) * sin
 
 
-def after_cache(past: int, length: int, device: torch.device) -> torch.Tensor:
-    """The [T, past + T] mask of T new indices: every cached index, and causally each other."""
+def after_cache(past: int, length: int, device: torch.device) -> torch.Tensor | None:
+    """The [T, past + T] mask of T new indices: every cached index, and causally each other (None for one index,
+    which sees every key: no mask to build and apply)."""
+    if length == 1:
+        return None
     mask = torch.ones(length, past + length, dtype=torch.bool, device=device)
     mask[:, past:] = torch.ones(length, length, dtype=torch.bool, device=device).tril()
     return mask
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Attention of q [B, heads, T, D] over k, v [B, kv_heads, S, D]. Unmasked (one drafted index), SDPA reads the
+    shared heads itself; with a mask (a catch-up, training) the keys are repeated per query head, where SDPA's
+    memory-efficient kernels run (with enable_gqa a masked call falls back to the plain math)."""
+    group = q.shape[1] // k.shape[1]
+    if mask is None or group == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=group > 1)
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1),
+                                          attn_mask=mask)
+
+
+def cached_rope(head: nn.Module, length: int, device: torch.device, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`head.rope(length, ...)` from a table kept on the head and grown in powers of two: drafting asks for it at
+    every chain step, and computing it afresh cost ten kernels and a pass over every position each time."""
+    table = getattr(head, "_rope_table", None)
+    if table is None or table[0].shape[0] < length or table[0].device != device or table[0].dtype != dtype:
+        table = head.rope(max(64, 1 << (length - 1).bit_length()), device, dtype)
+        head._rope_table = table
+    return table[0][:length], table[1][:length]
 
 
 def chain_mask(length: int, passes: int, device: torch.device) -> list[torch.Tensor]:
@@ -83,11 +108,10 @@ class EagleHead(nn.Module):
 
     def layer(self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               mask: torch.Tensor | None) -> torch.Tensor:
-        """The rest of the decoder layer after q, k, v ([B, heads, T, D], roped): attention, o_proj, MLP, final norm."""
+        """The rest of the decoder layer after q, k, v ([B, heads / kv_heads, T, D], roped): attention, o_proj, MLP,
+        final norm."""
         batch, length = x.shape[0], x.shape[1]
-        group = self.heads // self.kv_heads
-        attn = F.scaled_dot_product_attention(q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1),
-                                              attn_mask=mask)
+        attn = grouped_attention(q, k, v, mask)
         x = x + self.o_proj(attn.transpose(1, 2).reshape(batch, length, -1))
         h = rms_norm(x, self.post_attention_layernorm, self.eps)
         x = x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
@@ -123,7 +147,7 @@ class EagleHead(nn.Module):
         for the indices before, which may begin later than 0) and causally to themselves: (outputs [T, H] for the
         logits, the hidden states the next chain step reads (the same here), their k and v [kv_heads, T, D])."""
         length = hidden.shape[0]
-        cos, sin = self.rope(start + length, hidden.device, hidden.dtype)
+        cos, sin = cached_rope(self, start + length, hidden.device, hidden.dtype)
         x, q, k, v = self.qkv(hidden[None], embeds[None], cos[start:], sin[start:])
         mask = after_cache(past_k.shape[1], length, hidden.device)
         out = self.layer(x, q, torch.cat([past_k[None], k], dim=2), torch.cat([past_v[None], v], dim=2), mask)
