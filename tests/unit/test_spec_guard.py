@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from runtime.native.speculative.guard import (BURST_STEPS, MARGIN, MIN_SAMPLES, RECHECK_STEPS, RETRY_MAX_STEPS, RETRY_STEPS,
+from runtime.native.speculative.guard import (BURST_SHARE, BURST_STEPS, MARGIN, MIN_SAMPLES, RECHECK_STEPS, RETRY_MAX_STEPS, RETRY_STEPS,
                                         SHORT_BURST, WINDOW, SpeculationGuard)
 
 
@@ -101,6 +101,20 @@ def test_while_plain_steps_win_speculation_is_retried_after_a_doubling_wait(spec
     assert waits[:3] == [RETRY_STEPS - 1, 2 * RETRY_STEPS - 1, 4 * RETRY_STEPS - 1]
     assert all(sum(kinds[i : i + burst]) == burst and not kinds[i + burst] for i in retries)
     assert 2 * RETRY_STEPS <= RETRY_MAX_STEPS
+
+
+def test_speculation_far_behind_is_retried_only_as_often_as_its_bursts_cost_a_small_share() -> None:
+    """2 tokens in 10 s (a fifth of plain's rate): a 4-step burst loses 16 plain steps' time, so the first retry
+    waits 16 / BURST_SHARE steps, not RETRY_STEPS, until the doubling retry wait passes that."""
+    clock = Clock()
+    guard = SpeculationGuard(clock)
+    explore = len(FAR_EXPLORE)
+    kinds = run(guard, clock, explore + 1500, 1, spec_cost=10.0, spec_accepted=1)[explore:]
+    retries = starts(kinds, True)
+    waits = [retries[0]] + [b - a - SHORT_BURST for a, b in zip(retries, retries[1:])]
+    wait = round(SHORT_BURST * 4 / BURST_SHARE)
+    assert 4 * RETRY_STEPS < wait < 8 * RETRY_STEPS
+    assert waits == [wait - 1] * 3 + [8 * RETRY_STEPS - 1]
 
 
 def test_while_speculation_wins_plain_steps_are_looked_at_every_recheck_steps() -> None:

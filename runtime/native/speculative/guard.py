@@ -19,7 +19,8 @@ steps that may speculate and of plain steps, and keeps the faster kind:
 - while plain steps win, a burst of speculating steps after RETRY_STEPS, a wait that doubles each time speculation
   loses again (up to RETRY_MAX_STEPS) and starts over once it wins: acceptance drifts with the traffic, and a
   request's first tokens often accept fewer drafts than its later ones. Where speculation lost by more than FAR the
-  burst is SHORT_BURST steps, measured on their own.
+  burst is SHORT_BURST steps, measured on their own, and the wait is at least long enough that the burst costs
+  BURST_SHARE of it.
 
 Rates are ratios of decayed sums (tokens over seconds, each sample weighing 1/WINDOW less per later sample of its
 kind), not averages of per-step rates: a speculating step emits 1 to k+1 tokens per sequence, and an average of those
@@ -33,6 +34,7 @@ a switch to it costs.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +52,10 @@ SHORT_BURST = 4
 RECHECK_STEPS = 256  # steps of speculation between looks at plain steps
 RETRY_STEPS = 64  # steps of plain decoding before speculation is tried again; doubled after each loss
 RETRY_MAX_STEPS = 2048
+# where speculation is far behind, the wait before a retry is also long enough that its SHORT_BURST steps cost at most
+# this share of the time between retries: an EAGLE head drafting op by op on the H200 ran at ~0.2x of plain steps,
+# and its 4-step bursts every 64-256 steps cost 0.72x overall at one stream (RESULTS.md, 2026-11-29 15:50)
+BURST_SHARE = 0.05
 WINDOW = 32  # samples of a kind in its decayed sums (the weight of a sample falls by 1/WINDOW per later one)
 
 
@@ -88,6 +94,15 @@ class _Rates:
     def speculation_wins(self) -> bool:
         return self.rate(True) > (1 + MARGIN) * self.rate(False)
 
+    def plain_wait(self) -> int:
+        """Plain steps before speculation is measured again: `retry`, or, where it measured far behind, enough that
+        a burst (SHORT_BURST steps at r times the plain rate: SHORT_BURST x (1/r - 1) plain steps' time lost) costs
+        at most BURST_SHARE of the wait (at most RETRY_MAX_STEPS)."""
+        if not (self.measured and self.far_behind()):
+            return self.retry
+        lost = SHORT_BURST * (self.rate(False) / max(self.rate(True), 1e-9) - 1)
+        return max(self.retry, min(RETRY_MAX_STEPS, math.ceil(lost / BURST_SHARE)))
+
     def choose(self) -> bool:
         if self.burst > 0:
             self.burst -= 1
@@ -101,7 +116,7 @@ class _Rates:
         if speculate:
             self.retry = RETRY_STEPS
         self.since += 1
-        if self.since < (RECHECK_STEPS if speculate else self.retry):
+        if self.since < (RECHECK_STEPS if speculate else self.plain_wait()):
             return speculate
         burst = BURST_STEPS[not speculate]
         if not speculate:
