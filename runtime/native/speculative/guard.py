@@ -54,7 +54,7 @@ RETRY_STEPS = 64  # steps of plain decoding before speculation is tried again; d
 RETRY_MAX_STEPS = 2048
 # where speculation is far behind, the wait before a retry is also long enough that its SHORT_BURST steps cost at most
 # this share of the time between retries: an EAGLE head drafting op by op on the H200 ran at ~0.2x of plain steps,
-# and its 4-step bursts every 64-256 steps cost 0.72x overall at one stream (RESULTS.md, 2026-11-29 15:50)
+# and its 4-step bursts every 64-256 steps cost 0.72x overall at one stream (RESULTS.md, 2026-11-29 14:42)
 BURST_SHARE = 0.05
 WINDOW = 32  # samples of a kind in its decayed sums (the weight of a sample falls by 1/WINDOW per later one)
 
