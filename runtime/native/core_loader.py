@@ -190,9 +190,9 @@ def _load(cfg: EngineConfig, model: ModelDescription, phases: StartupPhases, on_
         if peers is None and not eagle:
             runner.capture_prefill_graphs(cfg.max_num_tokens, max_blocks, lora_version=lambda: lora.slots.version)
         if eagle:
-            logger.warning("--speculative eagle on CUDA: the head drafts op by op (about 3 ms of host a step on an "
-                           "H200), and prompts' steps run op by op: slower than plain decoding for now (0.73x at one "
-                           "stream with the default model; docs/speculative_decoding.md)")
+            logger.warning("--speculative eagle on CUDA: measured slower than plain decoding (0.73x at one stream with "
+                           "the default model) while the head drafted op by op; its draft chain now runs as one CUDA "
+                           "graph, not measured yet, and prompts' steps run op by op (docs/speculative_decoding.md)")
     cpu_warm_up = None
     if native:  # its kernels are built: it serves from the first step
         use_cpu_kernels(True)

@@ -81,7 +81,14 @@ async def test_tiny_target_alone_batched_and_mixed_with_plain_requests(tiny) -> 
         : len(aborted.tokens[0])]
 
 
-async def test_tiny_target_exact_when_sequences_are_preempted(tiny) -> None:
+@pytest.mark.parametrize("chain_slots", [0, 2], ids=["op-by-op", "chain"])
+async def test_tiny_target_exact_when_sequences_are_preempted(tiny, chain_slots: int,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Preempted sequences recompute their states from the start, in a chain slot or not, and give their slots
+    back."""
+    from runtime.native import speculative
+
+    monkeypatch.setattr(speculative, "eagle_chain_slots", lambda config, device: chain_slots)
     target, head = tiny
     ps = prompts(5, seed=13)
     want = await plain_greedy(target, ps, 24)
@@ -90,15 +97,49 @@ async def test_tiny_target_exact_when_sequences_are_preempted(tiny) -> None:
         outs = await run_all(engine, [request(f"k{i}", p, 24) for i, p in enumerate(ps)])
         stats = engine.stats()
         engine.block_manager.check_invariants([])
+        proposer = engine.speculator.proposer
+        if chain_slots:  # every slot either free or held by one state, none lost to a preempted or finished sequence
+            held = [s.slot for s in proposer._states.values() if s.slot is not None]
+            assert sorted(proposer.chain.free + held) == [0, 1]
     assert [o.tokens[0] for o in outs] == want
     assert stats.preemptions > 0 and stats.spec_draft_tokens > 0
+
+
+async def test_the_draft_chain_proposes_what_drafting_op_by_op_does(tiny, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The draft chain (eagle_chain.py: static slots, the catch-up as a fixed window, attention masked over the slot),
+    run op by op on the CPU as a CUDA graph runs it: four sequences at once, two of them in the two slots, the others
+    drafting op by op; every proposal the same as without the chain, and the ids plain greedy's."""
+    from runtime.native import speculative
+
+    target, head = tiny
+    ps = prompts(4, seed=7)
+    want = await plain_greedy(target, ps, 24)
+    runs = []
+    for slots in (0, 2):
+        monkeypatch.setattr(speculative, "eagle_chain_slots", lambda config, device, n=slots: n)
+        async with running_engine(target, speculative="eagle", draft_model=head, num_draft_tokens=3) as engine:
+            proposer = engine.speculator.proposer
+            proposals: list[tuple[str, int, list[int]]] = []
+            chained = []
+            propose = proposer.propose
+            proposer.propose = lambda seq, k: proposals.append(  # type: ignore[method-assign]
+                (seq.request_id, seq.num_tokens, propose(seq, k))) or proposals[-1][2]
+            if slots:
+                chain_propose = proposer.chain.propose
+                proposer.chain.propose = lambda *a: chained.append(a[0]) or chain_propose(*a)  # type: ignore[method-assign]
+            outs = await run_all(engine, [request(f"e{i}", p, 24) for i, p in enumerate(ps)])
+        runs.append((sorted(proposals), [o.tokens[0] for o in outs], chained))
+    (plain, plain_ids, _), (chain, chain_ids, slots_used) = runs
+    assert plain_ids == chain_ids == want
+    assert chain == plain and len(plain) > 8
+    assert set(slots_used) == {0, 1} and 0 < len(slots_used) < len(chain)  # the other two sequences: op by op
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 async def test_cuda_graphs_hand_the_head_its_hidden_states(tiny) -> None:
     """On CUDA the decode and verification steps of an EAGLE engine replay graphs (only the prompts' steps run op by
-    op) and the head drafts from the hidden states they hand out: ids as plain greedy's (float32, same device), drafts
-    taken."""
+    op), the head drafts from the hidden states they hand out, through the draft chain's own graph: ids as plain
+    greedy's (float32, same device), drafts taken."""
     target, head = tiny
     ps = prompts(4, seed=5)
     async with running_engine(target, device="cuda") as engine:
@@ -107,6 +148,8 @@ async def test_cuda_graphs_hand_the_head_its_hidden_states(tiny) -> None:
                               num_draft_tokens=3) as engine:
         got = [o.tokens[0] for o in await run_all(engine, [request(f"e{i}", p, 32) for i, p in enumerate(ps)])]
         stats = engine.stats()
+        chain = engine.speculator.proposer.chain
+    assert chain is not None and chain.graphs and 3 in chain._graphs  # the draft chain replays its CUDA graph
     assert got == want
     assert stats.spec_steps > 0 and stats.spec_draft_tokens > 0
     assert stats.eager_iterations <= len(ps) < stats.iterations  # a step op by op per prompt at most

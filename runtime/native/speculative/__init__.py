@@ -68,6 +68,14 @@ def resolve_eagle_path(config: EngineConfig) -> str:
     raise ValueError("--speculative eagle needs --draft-model DIR (an EAGLE head trained for the served model)")
 
 
+def eagle_chain_slots(config: EngineConfig, device: torch.device) -> int:
+    """Sequences whose EAGLE drafting runs as one CUDA graph a proposal (eagle_chain.py): as many as may speculate at
+    once; none without CUDA graphs (op by op, the chain's static state buys nothing)."""
+    if device.type != "cuda" or not config.enable_cuda_graphs:
+        return 0
+    return config.speculative_max_concurrency or 4
+
+
 def load_proposer(config: EngineConfig, *, serving_demo: bool, tokenizer: Tokenizer, vocab_size: int,
                   dtype: torch.dtype, device: torch.device, target: CausalLM, runner: ModelRunner
                   ) -> NgramProposer | DraftProposer | EagleProposer | None:
@@ -82,7 +90,8 @@ def load_proposer(config: EngineConfig, *, serving_demo: bool, tokenizer: Tokeni
     if config.speculative == "ngram":
         return NgramProposer(config.ngram_min, config.ngram_max)
     if config.speculative == "eagle":
-        return EagleProposer(resolve_eagle_path(config), target, runner, dtype, device, config.num_draft_tokens)
+        return EagleProposer(resolve_eagle_path(config), target, runner, dtype, device, config.num_draft_tokens,
+                             eagle_chain_slots(config, device))
     if config.speculative != "draft":
         raise ValueError(f"unknown --speculative {config.speculative!r} (none, draft, ngram, eagle)")
     path = resolve_draft_path(config, serving_demo)

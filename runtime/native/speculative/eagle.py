@@ -25,6 +25,7 @@ from runtime.native.model_runner import ModelRunner
 from runtime.native.models.base import CausalLM
 from runtime.native.sequence import Sequence, SequenceStatus
 from runtime.native.speculative.eagle3 import EAGLE3_ARCHITECTURES, Eagle3Head
+from runtime.native.speculative.eagle_chain import EagleChain
 from runtime.native.speculative.eagle_head import EagleHead
 from runtime.native.step_inputs import StepInputs
 
@@ -63,9 +64,11 @@ class _HeadState:
     keys: torch.Tensor  # [kv_heads, capacity, D]: the head's cache, indices from `first`
     values: torch.Tensor
     cached: int  # head entries computed: indices first .. cached-1
+    slot: int | None = None  # its EagleChain slot, whose views the tensors above are (None: tensors of its own)
 
     def ensure(self, positions: int) -> None:
-        """Room for positions up to `positions` - 1."""
+        """Room for positions up to `positions` - 1 (a slot's views have room for every position of the context
+        window and a chain after it: EagleProposer's capacity)."""
         need = positions - self.first
         if need <= self.hidden.shape[0]:
             return
@@ -80,16 +83,25 @@ class EagleProposer:
     """Drafts chains with an EAGLE head over the target's hidden states (see the module docstring)."""
 
     def __init__(self, path: str, target: CausalLM, runner: ModelRunner, dtype: torch.dtype,
-                 device: torch.device, num_draft_tokens: int = 1) -> None:
+                 device: torch.device, num_draft_tokens: int = 1, chain_slots: int = 0) -> None:
         self.head: EagleHead | Eagle3Head = load_head(path, dtype, device, len(target.model.layers))  # type: ignore[union-attr,arg-type]
         self.target = target
         self.runner = runner
         runner.keep_hidden = True
         self._states: dict[int, _HeadState] = {}
+        # up to `chain_slots` sequences keep their state in static slots and draft through one CUDA graph a proposal
+        # (eagle_chain.py; EAGLE heads, not EAGLE-3 ones); the others, and every sequence without CUDA, op by op
+        self.chain = None
+        if chain_slots and isinstance(self.head, EagleHead):
+            # every position and a chain after them, in whole 64s (aligned rows for the attention mask)
+            capacity = -(-(target.spec.context_window + num_draft_tokens + 1) // 64) * 64
+            self.chain = EagleChain(self.head, target, chain_slots, capacity, device, graphs=device.type == "cuda")
         # EAGLE-3 heads: the target's forward keeps these layers' inputs (LlamaModel.layer_inputs)
         if self.head.aux_layers:
             target.model.kept_inputs = frozenset(self.head.aux_layers)  # type: ignore[union-attr]
         self._warm_up(num_draft_tokens + 1, device)
+        if self.chain is not None:
+            self.chain.warm_up(num_draft_tokens)
 
     @torch.inference_mode()
     def _warm_up(self, rows: int, device: torch.device) -> None:
@@ -115,7 +127,24 @@ class EagleProposer:
         return sum(p.numel() * p.element_size() for p in self.head.parameters())
 
     def release_finished(self) -> None:
-        self._states = {k: s for k, s in self._states.items() if s.seq.status is SequenceStatus.RUNNING}
+        for key, state in list(self._states.items()):
+            if state.seq.status is not SequenceStatus.RUNNING:
+                self._drop(key)
+
+    def _drop(self, seq_id: int) -> None:
+        state = self._states.pop(seq_id)
+        if state.slot is not None:
+            self.chain.free.append(state.slot)  # type: ignore[union-attr]
+
+    def _new_state(self, seq: Sequence, start: int, like: torch.Tensor) -> _HeadState:
+        """A sequence's state from position `start`: in a free chain slot where there is one, else its own tensors."""
+        head, chain = self.head, self.chain
+        if chain is not None and chain.free and start < chain.capacity:
+            slot = chain.free.pop()
+            return _HeadState(seq, start, *chain.views(slot, start), start, slot)
+        return _HeadState(seq, start, like.new_zeros(64, like.shape[1]), like.new_zeros(head.kv_heads, 64, head.head_dim),
+                          like.new_zeros(head.kv_heads, 64, head.head_dim), start)
+
 
     @torch.inference_mode()
     def observe(self, seqs: list[Sequence], inputs: StepInputs) -> None:
@@ -132,11 +161,9 @@ class EagleProposer:
             start, count = inputs.start_pos[b], inputs.counts[b]
             state = self._states.get(seq.seq_id)
             if state is None or start < state.first:  # new, or recomputed from earlier (preempted)
-                head = self.head
-                state = self._states[seq.seq_id] = _HeadState(
-                    seq, start, values.new_zeros(64, values.shape[1]),
-                    values.new_zeros(head.kv_heads, 64, head.head_dim), values.new_zeros(head.kv_heads, 64, head.head_dim),
-                    start)
+                if state is not None:
+                    self._drop(seq.seq_id)
+                state = self._states[seq.seq_id] = self._new_state(seq, start, values)
             state.ensure(start + count)
             state.hidden[start - state.first : start - state.first + count] = values[first_rows[b] : first_rows[b] + count]
             state.cached = min(state.cached, start)  # entries from `start` on read rows rewritten now
@@ -149,16 +176,14 @@ class EagleProposer:
         if state is None or last < state.first:
             return []
         state.ensure(last + 1 + k)
-        tokens, base = seq.token_ids, state.first
-        head, target = self.head, self.target
-        start = state.cached
-        out, feed, keys, values = head.extend(
-            state.hidden[start - base : last + 1 - base],
-            head.embed(torch.tensor(tokens[start + 1 : last + 2], device=state.hidden.device), target),
-            start, state.keys[:, : start - base], state.values[:, : start - base])
-        state.keys[:, start - base : last + 1 - base] = keys
-        state.values[:, start - base : last + 1 - base] = values
-        state.cached = last + 1
+        if state.slot is not None:  # the chain's graph: the last k+1 indices and the drafts; older ones op by op first
+            if state.cached < last - k:
+                self._extend(state, last - k - 1)
+            chained = self.chain.propose(state.slot, state.first, last, seq.token_ids, k)  # type: ignore[union-attr]
+            state.cached = last + 1
+            return chained
+        head, target, base = self.head, self.target, state.first
+        out, feed = self._extend(state, last)
         out, feed = out[-1:], feed[-1:]
         drafts: list[torch.Tensor] = []  # on the device: the host waits once, for the whole chain
         for j in range(k):
@@ -172,3 +197,17 @@ class EagleProposer:
             state.keys[:, at - base : at + 1 - base] = keys
             state.values[:, at - base : at + 1 - base] = values
         return torch.cat(drafts).tolist()
+
+    def _extend(self, state: _HeadState, last: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head's entries state.cached .. `last`, op by op, into its state: (outputs, the states the next chained
+        step reads), one row an index."""
+        head, base, start = self.head, state.first, state.cached
+        tokens = state.seq.token_ids
+        out, feed, keys, values = head.extend(
+            state.hidden[start - base : last + 1 - base],
+            head.embed(torch.tensor(tokens[start + 1 : last + 2], device=state.hidden.device), self.target),
+            start, state.keys[:, : start - base], state.values[:, : start - base])
+        state.keys[:, start - base : last + 1 - base] = keys
+        state.values[:, start - base : last + 1 - base] = values
+        state.cached = last + 1
+        return out, feed
