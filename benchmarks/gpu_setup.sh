@@ -1,5 +1,6 @@
 # Sourced by the device scripts (benchmarks/gpu_*.sh): the gateway's dependencies that the device lacks, installed
-# from the carried .whl/ (made here by `bash benchmarks/gpu_wheels.sh`) beside its torch/triton/transformers; L = $OUT/log.txt, which starts with the GPU's name.
+# from the carried .whl/ (made here by `bash benchmarks/gpu_wheels.sh`) beside its torch/triton/transformers;
+# L = $OUT/log.txt, which starts with the GPU's name.
 # The phases' clock: `left N` is N seconds or what is left of $BUDGET_S (set before sourcing), `stamp` logs a phase;
 # `cuda_tests N FILES...` runs test files on the GPU (ENGINE_TEST_DEVICE=cuda) into $OUT/tests_cuda.txt.
 set -u
