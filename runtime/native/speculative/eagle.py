@@ -4,7 +4,9 @@ The target's runner keeps each step's final hidden states (ModelRunner.keep_hidd
 and compiled decode steps and the CUDA decode graphs hand them out, so plain and verification steps under EAGLE run
 as fast as without it (prompts' steps run op by op on CUDA: prefill graphs return logits only). An EAGLE-3 head
 reads the inputs of some of the target's layers too, which the target's forward keeps (LlamaModel.kept_inputs), and
-only steps run op by op hand out (the loader then builds no C++ or compiled steps and captures no CUDA graphs). `observe` copies every sequence's rows into its buffer by position.
+only steps run op by op hand out (the loader then builds no C++ or compiled steps and captures no CUDA graphs).
+`observe` copies every sequence's rows into its buffer by position (on CUDA, for a few sequences, a slot of the draft
+chain, whose proposals are one graph each: eagle_chain.py).
 The head's entry at index i reads (h_i, e(x_{i+1})), so it can be computed once x_{i+1} is known: at a proposal for
 a sequence of N tokens, the head first catches up on the indices up to N-2 (its cache keeps them: they are verified
 tokens), whose last output drafts token 1; each further draft reads the previous output and the previous draft's
@@ -142,9 +144,9 @@ class EagleProposer:
         if chain is not None and chain.free and start < chain.capacity:
             slot = chain.free.pop()
             return _HeadState(seq, start, *chain.views(slot, start), start, slot)
-        return _HeadState(seq, start, like.new_zeros(64, like.shape[1]), like.new_zeros(head.kv_heads, 64, head.head_dim),
-                          like.new_zeros(head.kv_heads, 64, head.head_dim), start)
-
+        cache = (head.kv_heads, 64, head.head_dim)
+        return _HeadState(seq, start, like.new_zeros(64, like.shape[1]), like.new_zeros(cache), like.new_zeros(cache),
+                          start)
 
     @torch.inference_mode()
     def observe(self, seqs: list[Sequence], inputs: StepInputs) -> None:
@@ -154,8 +156,8 @@ class EagleProposer:
             return
         values, first_rows = kept
         if self.head.aux_layers:  # EAGLE-3: the inputs of three of the target's layers, side by side
-            kept = self.target.model.layer_inputs  # type: ignore[union-attr]
-            values = torch.cat([kept[i] for i in self.head.aux_layers], dim=-1)
+            layer_inputs = self.target.model.layer_inputs  # type: ignore[union-attr]
+            values = torch.cat([layer_inputs[i] for i in self.head.aux_layers], dim=-1)
         values = self.head.feature(values)
         for b, seq in enumerate(seqs):
             start, count = inputs.start_pos[b], inputs.counts[b]
