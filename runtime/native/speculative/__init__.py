@@ -55,15 +55,12 @@ def resolve_draft_path(config: EngineConfig, serving_demo: bool) -> str:
 
 
 def resolve_eagle_path(config: EngineConfig) -> str:
-    """--draft-model, or the default model's shipped EAGLE head (no --model; tools/demo_training/train_default_eagle.py)."""
+    """--draft-model, or the default model's shipped EAGLE head (no --model; runtime/demo/smollm2_eagle)."""
     if config.draft_model is not None:
         return config.draft_model
     if config.model is None:
         from runtime.demo import DEFAULT_EAGLE_DIR
 
-        if not (DEFAULT_EAGLE_DIR / "config.json").is_file():
-            raise ValueError("--speculative eagle: no EAGLE head is shipped for the default model yet; train one with "
-                             "`python -m tools.demo_training.train_default_eagle` and pass --draft-model DIR")
         return str(DEFAULT_EAGLE_DIR)
     raise ValueError("--speculative eagle needs --draft-model DIR (an EAGLE head trained for the served model)")
 
