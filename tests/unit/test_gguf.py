@@ -14,6 +14,8 @@ import json
 import logging
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -166,6 +168,11 @@ def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "cache" / "trtllm-gateway" / "gguf"
 
 
+def left_in(cache: Path) -> list[Path]:
+    """What a conversion left in the cache folder, besides the lock that serializes conversions."""
+    return [p for p in cache.iterdir() if p.name != ".converting.lock"]
+
+
 def _hf_gguf(path: Path):
     from transformers import AutoModelForCausalLM
 
@@ -233,6 +240,30 @@ def test_auto_dtype_keeps_values_exact(models_root: Path, tmp_path: Path, qtype:
     assert ModelSpec.from_pretrained(resolve_gguf(str(path), "bfloat16")).dtype == "bfloat16"
 
 
+def test_starts_side_by_side_convert_a_file_once(models_root: Path, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two starts on one file at once (threads here; processes alike: an flock): the second waits for the first's
+    conversion and takes its folder."""
+    path = write_gguf(build_tiny_model(models_root, "llama", **TINY_GGUF_SHAPE), tmp_path / "tiny.gguf")
+    convert, calls = gguf_module._convert, []
+    started = threading.Event()
+
+    def slow(*args: object) -> object:
+        calls.append(args)
+        started.set()
+        time.sleep(0.5)  # the other start arrives meanwhile
+        return convert(*args)
+
+    monkeypatch.setattr(gguf_module, "_convert", slow)
+    results: list[str] = []
+    first = threading.Thread(target=lambda: results.append(resolve_gguf(str(path))))
+    first.start()
+    started.wait(30)
+    results.append(resolve_gguf(str(path)))
+    first.join(30)
+    assert len(calls) == 1 and len(set(results)) == 1 and len(results) == 2
+
+
 def test_cache_is_reused_until_the_file_changes(
     models_root: Path, tmp_path: Path, cache_home: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -249,7 +280,7 @@ def test_cache_is_reused_until_the_file_changes(
     assert conversions[0].startswith(f"GGUF {path} converted to float32 checkpoint in ")
     assert conversions[0].endswith(f" s, cached in {first}")
     assert Path(first).parent.parent == cache_home
-    assert not [p for p in cache_home.iterdir() if p.name.startswith(".")]  # no temporary folder left
+    assert not [p for p in cache_home.iterdir() if p.name.startswith(".") and p.is_dir()]  # no temporary folder left
 
     os.utime(path, ns=(written, written + 1_000_000_000))
     assert resolve_gguf(str(path)) != first
@@ -318,7 +349,7 @@ def test_unsupported_quantization_names_the_file_type_and_the_supported_ones(
     with pytest.raises(ValueError, match=rf"{path}: tensor token_embd\.weight has quantization type TQ2_0, "
                                          r"which is not supported\. Supported types: F32, F16, BF16, Q8_0"):
         resolve_gguf(str(path))
-    assert not cache_home.exists() or not list(cache_home.iterdir())  # nothing half-written stays
+    assert not cache_home.exists() or not left_in(cache_home)  # nothing half-written stays
 
 
 def _smollm2_file() -> Path:
@@ -415,7 +446,7 @@ def test_an_unwritable_or_full_cache_folder_is_one_line_naming_it_the_room_and_x
     monkeypatch.setattr(gguf_module, "_convert", full)
     with pytest.raises(ValueError, match="No space left on device; it needs about"):
         resolve_gguf(str(path))
-    assert list(cache_home.iterdir()) == []  # the half-written folder is gone
+    assert left_in(cache_home) == []  # the half-written folder is gone
 
 
 def test_a_start_on_an_unwritable_cache_folder_says_so_in_one_line(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ factors, stored as tensors; its sliding window; Gemma 3's RoPE scaling; Qwen3-Mo
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import re
 import shutil
@@ -100,6 +101,30 @@ def resolve_gguf(path: str, dtype: str = "auto", cache_dir: Path | None = None) 
     if done.is_dir():
         logger.debug("GGUF %s: using the checkpoint converted before, cached in %s", found, done / name)
         return str(done / name)
+    with _converting(root):
+        if done.is_dir():  # another process converted it while this one waited
+            return str(done / name)
+        return _convert_into(found, dtype, root, done, name)
+
+
+@contextmanager
+def _converting(root: Path) -> Iterator[None]:
+    """One conversion at a time into the cache `root`, across processes: processes starting together on one file (a
+    test suite's workers, servers started side by side) each converted it, where the later ones can wait for the
+    first and take its folder. An flock, so a process killed while converting releases it."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        held = open(root / ".converting.lock", "a")  # noqa: SIM115 - held until the conversion ends
+    except OSError:  # an unwritable cache: the conversion below says so
+        yield
+        return
+    with held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        yield
+
+
+def _convert_into(found: Path, dtype: str, root: Path, done: Path, name: str) -> str:
+    """Convert `found` into the cache folder `done` (or alias an equal conversion cached under another dtype)."""
     reader = GGUFReader(found)  # parsed once (SmolLM2's 49k-token vocabulary takes ~3 s): sized, then converted
     same = _same_conversions(reader, found, dtype, root)
     for other in same:
