@@ -31,6 +31,10 @@ from runtime.native.speculative.eagle_chain import EagleChain
 from runtime.native.speculative.eagle_head import EagleHead
 from runtime.native.step_inputs import StepInputs
 
+# the draft chain attends over a slot's whole capacity each step (its keys repeated per query head), so its slots and
+# that read grow with the context window: kept to windows of up to 32k positions until measured (a head shaped like
+# an 8B target's with a 128k window: ~3 GB of slots, ~1 GB of repeated keys a chained step)
+CHAIN_MAX_POSITIONS = 32768
 _CONFIG_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
                   "rms_norm_eps", "rope_theta")
 
@@ -94,9 +98,9 @@ class EagleProposer:
         # up to `chain_slots` sequences keep their state in static slots and draft through one CUDA graph a proposal
         # (eagle_chain.py; EAGLE heads, not EAGLE-3 ones); the others, and every sequence without CUDA, op by op
         self.chain = None
-        if chain_slots and isinstance(self.head, EagleHead):
-            # every position and a chain after them, in whole 64s (aligned rows for the attention mask)
-            capacity = -(-(target.spec.context_window + num_draft_tokens + 1) // 64) * 64
+        # every position and a chain after them, in whole 64s (aligned rows for the attention mask)
+        capacity = -(-(target.spec.context_window + num_draft_tokens + 1) // 64) * 64
+        if chain_slots and isinstance(self.head, EagleHead) and capacity <= CHAIN_MAX_POSITIONS:
             self.chain = EagleChain(self.head, target, chain_slots, capacity, device, graphs=device.type == "cuda")
         # EAGLE-3 heads: the target's forward keeps these layers' inputs (LlamaModel.layer_inputs)
         if self.head.aux_layers:
