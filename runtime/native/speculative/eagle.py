@@ -145,7 +145,7 @@ class EagleProposer:
     def _new_state(self, seq: Sequence, start: int, like: torch.Tensor) -> _HeadState:
         """A sequence's state from position `start`: in a free chain slot where there is one, else its own tensors."""
         head, chain = self.head, self.chain
-        if chain is not None and chain.free and start < chain.capacity:
+        if chain is not None and chain.free:  # (its capacity holds every position of the context window)
             slot = chain.free.pop()
             return _HeadState(seq, start, *chain.views(slot, start), start, slot)
         cache = (head.kv_heads, 64, head.head_dim)

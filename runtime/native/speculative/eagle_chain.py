@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from runtime.native.models.base import CausalLM
-from runtime.native.speculative.eagle_head import EagleHead
+from runtime.native.speculative.eagle_head import EagleHead, cached_rope
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ class EagleChain:
         self.keys = torch.zeros(slots, kv, capacity, dim, dtype=dtype, device=device)
         self.values = torch.zeros_like(self.keys)
         self.free = list(range(slots))
-        self.cos, self.sin = head.rope(capacity, device, dtype)
+        self.cos, self.sin = cached_rope(head, capacity, device, dtype)  # the table the op-by-op path reads too
         self.positions = torch.arange(capacity, device=device)
         # per k: the inputs (slot, first position, last verified index, the window's next tokens) on the device and in
         # pinned host memory, the drafts, and the graph
