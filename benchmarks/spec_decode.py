@@ -28,8 +28,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import io
 import json
 import platform
+import pstats
 import statistics
 import subprocess
 import tempfile
@@ -128,7 +131,7 @@ def chat_prompts(model_dir: str, count: int = 16) -> list[str]:
 
 
 async def run_mode(config: EngineConfig, concurrency: int, num_requests: int, max_tokens: int,
-                   prompts: list[str], ignore_eos: bool) -> Run:
+                   prompts: list[str], ignore_eos: bool, profile: Path | None = None) -> Run:
     engine = NativeEngine(config)
     await engine.start()
     try:
@@ -151,9 +154,15 @@ async def run_mode(config: EngineConfig, concurrency: int, num_requests: int, ma
             async with sem:
                 return await one(i)
 
+        if profile is not None:  # the engine's steps, in its step thread (a profiler sees only its own thread)
+            profiler, step = cProfile.Profile(), engine.step
+            engine.step = lambda: profiler.runcall(step)  # type: ignore[method-assign]
         start, cpu_start = time.perf_counter(), time.process_time()
         outs = await asyncio.gather(*(gated(i) for i in range(num_requests)))
         seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+        if profile is not None:
+            engine.step = step  # type: ignore[method-assign]
+            _write_profile(profiler, profile)
         after, draft_after = engine.stats(), _draft_eager_steps(engine)
         guard = engine.speculator.guard if engine.speculator is not None else None
         rates = {d: r for d in range(1, concurrency + 1)
@@ -165,6 +174,16 @@ async def run_mode(config: EngineConfig, concurrency: int, num_requests: int, ma
     steps = (after.iterations - before.iterations, after.eager_iterations - before.eager_iterations,
              draft_after - draft_before)
     return Run(seconds, cpu_seconds, sum(map(len, outs)), outs, spec, steps, rates)
+
+
+def _write_profile(profiler: cProfile.Profile, out: Path) -> None:
+    """The timed window's engine steps on the host: the top functions by own and by total time."""
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    for order in ("tottime", "cumulative"):
+        stats.sort_stats(order).print_stats(45)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text.getvalue())
 
 
 def _draft_eager_steps(engine: NativeEngine) -> int:
@@ -189,8 +208,9 @@ async def bench(args: argparse.Namespace) -> list[Row]:
                                       ngram_max=args.ngram_max, max_kv_tokens=args.max_kv_tokens,
                                       speculative_max_concurrency=args.speculative_max_concurrency,
                                       speculative_guard=args.speculative_guard)
+                profile = args.profile / f"profile_{mode}_c{concurrency}.txt" if args.profile and round_ == 0 else None
                 runs.setdefault(mode, []).append(await run_mode(config, concurrency, num_requests, args.max_tokens,
-                                                                args.prompt_texts, args.prompts == "code"))
+                                                                args.prompt_texts, args.prompts == "code", profile))
         base = runs["none"]
         for mode, mode_runs in runs.items():
             proposed, accepted, steps = (sum(r.spec[i] for r in mode_runs) for i in range(3))
@@ -237,6 +257,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="stop speculating where measured steps show it slower (the server's option and default)")
     p.add_argument("--repeat", type=int, default=1, help="rounds of all modes; medians are reported")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--profile", type=Path, default=None,
+                   help="folder: the first round's timed window of each mode under cProfile (slower: for where the "
+                        "host's time goes, not for the figures)")
     args = p.parse_args(argv)
     if args.modes[0] != "none":
         args.modes = ["none"] + [m for m in args.modes if m != "none"]  # the baseline runs first
