@@ -185,14 +185,14 @@ def _load(cfg: EngineConfig, model: ModelDescription, phases: StartupPhases, on_
     elif cfg.enable_cuda_graphs and device.type == "cuda":
         # (under EAGLE they also hand out the final hidden states: runner.keep_hidden)
         runner.capture_decode_graphs(decode_rows, max_blocks, lora_version=lambda: lora.slots.version)
-        # prefill and mixed graphs hand out logits only: under EAGLE those steps run op by op; under tensor
-        # parallelism too
-        if peers is None and not eagle:
+        # (not under tensor parallelism: those steps run op by op; under EAGLE prefill graphs hand out the hidden
+        # states too, and mixed graphs, which do not, are not captured)
+        if peers is None:
             runner.capture_prefill_graphs(cfg.max_num_tokens, max_blocks, lora_version=lambda: lora.slots.version)
         if eagle:
-            logger.warning("--speculative eagle on CUDA: measured slower than plain decoding (0.73x at one stream with "
-                           "the default model) while the head drafted op by op; its draft chain now runs as one CUDA "
-                           "graph, not measured yet, and prompts' steps run op by op (docs/speculative_decoding.md)")
+            logger.warning("--speculative eagle on CUDA: measured slower than plain decoding (0.67x at one stream with "
+                           "the default model on an H200, 2026-11-29: a speculative step waits for its drafts and its "
+                           "verification in turn; docs/speculative_decoding.md)")
     cpu_warm_up = None
     if native:  # its kernels are built: it serves from the first step
         use_cpu_kernels(True)

@@ -75,19 +75,45 @@ class PendingStep:
 
 class Forward(NamedTuple):
     """A step's forward pass: hidden states (op by op) or float32 logits (graphs), and where each input's new
-    tokens start in them; `decode`: the decode graph's output when one graph ran the whole step."""
+    tokens start in them; `decode`: the decode graph's output when one graph ran the whole step; `kept`: every new
+    token's final hidden state and where each input's start, from graphs that keep them (prefill graphs under EAGLE)."""
 
     values: torch.Tensor
     first_rows: list[int]
     are_logits: bool
     decode: DecodeOutput | None = None
+    kept: tuple[torch.Tensor, list[int]] | None = None
 
     @property
-    def hidden(self) -> torch.Tensor | None:
-        """The final hidden states of every row, where the step has them."""
+    def hidden(self) -> tuple[torch.Tensor, list[int]] | None:
+        """The final hidden states of every new token and where each input's start, where the step has them."""
         if not self.are_logits:
-            return self.values
-        return self.decode.hidden if self.decode is not None else None
+            return self.values, self.first_rows
+        if self.decode is not None and self.decode.hidden is not None:
+            return self.decode.hidden, self.first_rows
+        return self.kept
+
+
+def _kept_rows(inputs: StepInputs, most: int, decoded: DecodeOutput | None,
+               prefill: PrefillGraphs) -> tuple[torch.Tensor, list[int]]:
+    """The final hidden states of a step run as a decode graph (the inputs of at most `most` tokens) and a prefill
+    graph (the others): the decode rows', then the prompts', each part's in its inputs' order, and where each
+    input's rows start."""
+    assert prefill.hidden is not None
+    rows = sum(n for n in inputs.counts if n <= most)
+    starts, decode_row, prompt_row = [], 0, rows
+    for n in inputs.counts:
+        if n <= most:
+            starts.append(decode_row)
+            decode_row += n
+        else:
+            starts.append(prompt_row)
+            prompt_row += n
+    prompts = prefill.hidden[: prompt_row - rows]
+    if decoded is None:
+        return prompts, starts
+    assert decoded.hidden is not None
+    return torch.cat([decoded.hidden[:rows], prompts]), starts
 
 
 def _split_rows(inputs: StepInputs, most: int, prompt_row: int) -> list[int]:
@@ -183,8 +209,8 @@ class ModelRunner:
         from runtime.native.cuda.prefill_graphs import PrefillGraphs
 
         self.prefill_graphs = PrefillGraphs(self.model, self.kv_caches, self.block_size, max_tokens,
-                                            max_blocks_per_seq, self.lora, lora_version)
-        if isinstance(self.graphs, DecodeGraphs):
+                                            max_blocks_per_seq, self.lora, lora_version, keep_hidden=self.keep_hidden)
+        if isinstance(self.graphs, DecodeGraphs) and not self.keep_hidden:  # (mixed graphs hand out logits only)
             self.mixed_graphs = MixedGraphs(self.graphs, self.prefill_graphs, lora_version)
 
     def compile_decode(self, max_blocks_per_seq: int, scratch_block: int) -> CompiledDecode:
@@ -219,8 +245,7 @@ class ModelRunner:
         self.copy_blocks(copies)
         forward = self._forward(inputs, self.last_sampled)
         self.last_sampled = None
-        hidden = forward.hidden if self.keep_hidden else None
-        self.hidden = (hidden, forward.first_rows) if hidden is not None else None
+        self.hidden = forward.hidden if self.keep_hidden else None
         # Rows needing logits: every new token of inputs that return all logits, else the last one; each sample row
         # is drawn from its input's last row in `logits`.
         rows: list[int] = []
@@ -305,8 +330,9 @@ class ModelRunner:
         step; run op by op those steps held the engine core to a third of its decode rate, RESULTS.md).
         """
         graphs, prefill = self.graphs, self.prefill_graphs
-        if self.keep_hidden:  # (prefill and mixed graphs hand out logits only)
-            graphs, prefill = graphs if graphs is not None and graphs.hands_out_hidden else None, None
+        if self.keep_hidden:  # graphs that hand out no hidden states are not for these steps
+            graphs = graphs if graphs is not None and graphs.hands_out_hidden else None
+            prefill = prefill if prefill is not None and prefill.keep_hidden else None
         if graphs is not None and graphs.accepts(inputs):
             if self.peers is None:
                 out = graphs.run(inputs, last_sampled, self.block_tables)  # one row per new token, in order
@@ -321,15 +347,17 @@ class ModelRunner:
             for most in (MAX_ROWS_PER_SEQ, 1):
                 rest = inputs.select([b for b, n in enumerate(inputs.counts) if n <= most])
                 prompts = inputs.select([b for b, n in enumerate(inputs.counts) if n > most])
-                if self.mixed_graphs is not None and self.mixed_graphs.accepts(rest, prompts):
+                if (self.mixed_graphs is not None and not self.keep_hidden
+                        and self.mixed_graphs.accepts(rest, prompts)):
                     logits, prompt_row = self.mixed_graphs.run(rest, prompts, last_sampled, self.block_tables)
                     return Forward(logits, _split_rows(inputs, most, prompt_row), True)
                 if prefill.accepts(prompts) and (not rest or (graphs is not None and graphs.accepts(rest))):
-                    parts = ([graphs.run(rest, last_sampled, self.block_tables).logits]  # type: ignore[union-attr]
-                             if rest else [])
+                    decoded = graphs.run(rest, last_sampled, self.block_tables) if rest else None  # type: ignore[union-attr]
+                    parts = [decoded.logits] if decoded is not None else []
                     parts.append(prefill.run(prompts))
                     first_rows = _split_rows(inputs, most, len(rest.token_ids))
-                    return Forward(torch.cat(parts) if rest else parts[0], first_rows, True)
+                    kept = _kept_rows(inputs, most, decoded, prefill) if self.keep_hidden else None
+                    return Forward(torch.cat(parts) if rest else parts[0], first_rows, True, kept=kept)
         self.eager_steps += 1
         if self.lora is not None:  # per-token adapter slots for the hooked Linears (runtime/native/lora/apply.py)
             self.lora.set(inputs.counts, inputs.adapter_slots)

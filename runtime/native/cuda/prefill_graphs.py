@@ -155,7 +155,7 @@ class PrefillGraphs:
 
     def __init__(self, model: CausalLM, kv_caches: list[torch.Tensor], block_size: int, max_tokens: int,
                  max_blocks_per_seq: int, lora: LoraBatch | None = None,
-                 lora_version: Callable[[], int] = lambda: 0) -> None:
+                 lora_version: Callable[[], int] = lambda: 0, keep_hidden: bool = False) -> None:
         device = kv_caches[0].device
         self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
         self.sizes = prefill_bucket_sizes(min(max_tokens, MAX_PREFILL_GRAPH_TOKENS))
@@ -168,6 +168,11 @@ class PrefillGraphs:
         self.logits = torch.empty((MAX_PREFILL_SEQS, model.spec.vocab_size), dtype=torch.float32,
                                   device=device)
         self.lora, self.lora_version = lora, lora_version
+        # with keep_hidden (an EAGLE head reads them) every graph also copies all its rows' final hidden states into
+        # one static [rows, hidden] buffer, allocated by the first forward (the largest bucket's warm-up, outside any
+        # capture)
+        self.keep_hidden = keep_hidden
+        self.hidden: torch.Tensor | None = None
         self.captured_version = lora_version()
         self.pool = None
         self.graphs = self._capture()
@@ -201,6 +206,10 @@ class PrefillGraphs:
     def _forward(self, bucket: int) -> None:
         ids, positions, meta = self.step_inputs(bucket)
         hidden = self.model(ids, positions, self.kv_caches, meta)
+        if self.keep_hidden:
+            if self.hidden is None:
+                self.hidden = hidden.new_empty((self.layout.rows, hidden.shape[1]))
+            self.hidden[:bucket].copy_(hidden)
         self.model.compute_logits(hidden.index_select(0, self.last_rows), out=self.logits)
 
     def pad_for_capture(self) -> None:
@@ -237,7 +246,7 @@ class PrefillGraphs:
 
     def run(self, inputs: Sequence[StepInput]) -> torch.Tensor:
         """Replay the bucket's graph; float32 logits [len(inputs), vocab] of each input's last token (valid until
-        the next run)."""
+        the next run; with keep_hidden, `hidden`'s first rows hold every new token's final hidden state, in order)."""
         version = self.lora_version()
         if version != self.captured_version:
             self.graphs = {}  # free them before capturing their replacements
