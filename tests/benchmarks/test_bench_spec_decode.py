@@ -19,7 +19,7 @@ pytestmark = pytest.mark.benchmark_smoke
 def spec_json(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("spec") / "spec-k4.json"
     spec_decode.main(["--dtype", "float32", "--concurrency", "1", "--requests-per-slot", "1", "--max-tokens", "8",
-                      "--num-draft-tokens", "4", "--json", str(out)])
+                      "--num-draft-tokens", "4", "--json", str(out), "--profile", str(out.parent / "profile")])
     return out
 
 
@@ -33,6 +33,9 @@ def test_spec_decode_rows(spec_json: Path) -> None:
     assert rows["draft"]["outputs_equal_baseline"] and rows["ngram"]["outputs_equal_baseline"]  # greedy, float32
     assert 0 <= rows["draft"]["acceptance_rate"] <= 1
     assert data["meta"]["args"]["num_draft_tokens"] == "4"
+    for mode in rows:  # --profile: the engine's steps under cProfile, a file a mode
+        profile = (spec_json.parent / "profile" / f"profile_{mode}_c1.txt").read_text()
+        assert "engine_core.py" in profile and "Ordered by: cumulative time" in profile
 
 
 def test_plot_spec_sweep(spec_json: Path, tmp_path: Path) -> None:
