@@ -101,30 +101,27 @@ def _kept_rows(inputs: StepInputs, most: int, decoded: DecodeOutput | None,
     input's rows start."""
     assert prefill.hidden is not None
     rows = sum(n for n in inputs.counts if n <= most)
-    starts, decode_row, prompt_row = [], 0, rows
-    for n in inputs.counts:
-        if n <= most:
-            starts.append(decode_row)
-            decode_row += n
-        else:
-            starts.append(prompt_row)
-            prompt_row += n
-    prompts = prefill.hidden[: prompt_row - rows]
+    prompts = prefill.hidden[: sum(inputs.counts) - rows]
+    starts = _split_rows(inputs, most, rows, every_prompt_row=True)
     if decoded is None:
         return prompts, starts
     assert decoded.hidden is not None
     return torch.cat([decoded.hidden[:rows], prompts]), starts
 
 
-def _split_rows(inputs: StepInputs, most: int, prompt_row: int) -> list[int]:
+def _split_rows(inputs: StepInputs, most: int, prompt_row: int, every_prompt_row: bool = False) -> list[int]:
     """Row of each input's first new token in the logits of a step split in two: every token of the inputs of at
     most `most` tokens, in order from row 0, then one row per other input (a prompt's last token) from
-    `prompt_row`; a prompt's "first row" is placed so that its last token lands on its one row."""
+    `prompt_row`; a prompt's "first row" is placed so that its last token lands on its one row. With
+    `every_prompt_row` a prompt has a row per token (hidden states), from its first."""
     rows, row, prompt = [], 0, prompt_row
     for n in inputs.counts:
         if n <= most:
             rows.append(row)
             row += n
+        elif every_prompt_row:
+            rows.append(prompt)
+            prompt += n
         else:
             rows.append(prompt - (n - 1))
             prompt += 1
