@@ -27,6 +27,7 @@ from gguf.quants import dequantize, quantize
 from safetensors.torch import load_file
 
 import runtime.native.models.gguf as gguf_module
+from runtime.gguf_cache import default_cache_dir
 from runtime.model_spec import ModelSpec
 from runtime.native.models import load_model
 from runtime.native.models.gguf import SUPPORTED_TYPES, resolve_gguf
@@ -154,6 +155,11 @@ def _add_tokenizer(writer: GGUFWriter, tokenizer: dict, config: dict) -> None:
     writer.add_pad_token_id(config["pad_token_id"])
     writer.add_add_bos_token(False)
     writer.add_chat_template(CHATML_TEMPLATE)
+
+
+# the cache every process of this machine converts into (as collected, before the fixture below points each test
+# at its own): SmolLM2's conversion is shared there with the default model's servers and engines of the suite
+SHARED_CACHE = default_cache_dir()
 
 
 @pytest.fixture(scope="module")
@@ -364,7 +370,9 @@ async def test_smollm2_q4_1_greedy_equals_transformers(monkeypatch: pytest.Monke
     """The real SmolLM2-135M-Instruct Q4_1 file: its chat template renders, the conversion holds every tensor of
     the file as the `gguf` package dequantizes it (Q/K rows in the HF order, llama.cpp's permutation undone) and
     the file's hyperparameters, and 16 greedy tokens of a chat prompt through our engine (float32) equal
-    transformers' generate on that checkpoint.
+    transformers' generate on that checkpoint. The conversion is the machine's shared one (SHARED_CACHE: made here
+    or by whichever process of the suite asked first; a conversion of its own cost ~8 s of the suite's CPU); the
+    tiny files' tests convert into caches of their own.
 
     transformers' own whole-model GGUF load is the same dequantization and un-permutation (it took 12-14 s of
     this test, mostly re-parsing the file's metadata); test_engine_matches_transformers_gguf_load compares the
@@ -378,7 +386,7 @@ async def test_smollm2_q4_1_greedy_equals_transformers(monkeypatch: pytest.Monke
 
     with monkeypatch.context() as patch:
         patch.setattr(gguf_module, "GGUFReader", reading)
-        folder = resolve_gguf(str(path), "float32")
+        folder = resolve_gguf(str(path), "float32", SHARED_CACHE)
     tokenizer = Tokenizer.from_pretrained(folder)
     chat = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = tokenizer.hf.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
@@ -413,7 +421,7 @@ async def test_smollm2_q4_1_greedy_equals_transformers(monkeypatch: pytest.Monke
     readers.clear()
     del reader, in_file, converted
 
-    async with running_engine(path, kv_block_size=16, max_model_len=512) as engine:
+    async with running_engine(Path(folder), kv_block_size=16, max_model_len=512) as engine:
         out = await collect(engine, request("a", ids, 16))
     expected = await expected_ids
     assert out.tokens[0] == expected
