@@ -1,8 +1,9 @@
 """EAGLE proposer: the head of eagle_head.py drafts a chain from the target's own hidden states.
 
 The target's runner keeps each step's final hidden states (ModelRunner.keep_hidden): eager steps and the CPU's C++
-and compiled decode steps and the CUDA decode graphs hand them out, so plain and verification steps under EAGLE run
-as fast as without it (prompts' steps run op by op on CUDA: prefill graphs return logits only). An EAGLE-3 head
+and compiled decode steps and the CUDA decode and prefill graphs hand them out, so plain, verification and prompts'
+steps under EAGLE run as fast as without it (on CUDA a step where prompts join decode rows replays both graphs: the
+mixed graphs, which return logits only, are not captured). An EAGLE-3 head
 reads the inputs of some of the target's layers too, which the target's forward keeps (LlamaModel.kept_inputs), and
 only steps run op by op hand out (the loader then builds no C++ or compiled steps and captures no CUDA graphs).
 `observe` copies every sequence's rows into its buffer by position (on CUDA, for a few sequences, a slot of the draft
