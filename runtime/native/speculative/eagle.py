@@ -32,9 +32,10 @@ from runtime.native.speculative.eagle_chain import EagleChain
 from runtime.native.speculative.eagle_head import EagleHead
 from runtime.native.step_inputs import StepInputs
 
-# the draft chain attends over a slot's whole capacity each step (its keys repeated per query head), so its slots and
-# that read grow with the context window: kept to windows of up to 32k positions until measured (a head shaped like
-# an 8B target's with a 128k window: ~3 GB of slots, ~1 GB of repeated keys a chained step)
+# the draft chain's slots hold every position of the context window, and its attention reads (its keys repeated per
+# query head) as many as a sequence has, in powers of two: kept to windows of up to 32k positions until measured (a
+# head shaped like an 8B target's with a 128k window: ~3 GB of slots, ~1 GB of repeated keys a chained step at the
+# end of its window)
 CHAIN_MAX_POSITIONS = 32768
 _CONFIG_FIELDS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
                   "rms_norm_eps", "rope_theta")
