@@ -32,5 +32,8 @@ serve: install
 # that the last files to run are short.
 # Bytecode is written even where PYTHONDONTWRITEBYTECODE is set: pytest caches its rewritten test modules there
 # (without, each worker and child run rewrote about 700 modules again: 7 s each).
+# torch.compile compiles in the process that asks (TORCHINDUCTOR_COMPILE_THREADS=1): by default every process that
+# compiles started a pool of compile-worker processes, each importing torch, though the workers keep every core busy
+# (~1.8 s of CPU a compiling process; the suite 298-300 -> 288 s on the 2-core box, 2026-11-29).
 test: install
-	PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
+	PYTHONDONTWRITEBYTECODE= TORCHINDUCTOR_COMPILE_THREADS=1 $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
