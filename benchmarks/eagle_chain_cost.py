@@ -80,7 +80,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--work", type=Path, default=Path("/tmp/eagle_chain_cost"))
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--smoke", action="store_true", help="a small vocabulary and few calls (CPU: timings mean nothing)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a small vocabulary and few calls (on the CPU: timings mean nothing)")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), torch.bfloat16 if args.device == "cuda" else torch.float32
     shape = SMOKE if args.smoke else SMOLLM2
