@@ -190,7 +190,7 @@ def _load(cfg: EngineConfig, model: ModelDescription, phases: StartupPhases, on_
         if peers is None:
             runner.capture_prefill_graphs(cfg.max_num_tokens, max_blocks, lora_version=lambda: lora.slots.version)
         if eagle:
-            logger.warning("--speculative eagle on CUDA: measured slower than plain decoding at one stream (0.93x with "
+            logger.warning("--speculative eagle on CUDA: measured slower than plain decoding at one stream (0.96x with "
                            "the default model on an H200, 2026-11-29: a speculative step waits for its drafts and its "
                            "verification in turn; docs/speculative_decoding.md)")
     cpu_warm_up = None
