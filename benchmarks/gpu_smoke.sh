@@ -24,6 +24,7 @@ ENTRIES=(
   "decode_b1 40 python -m benchmarks.decode_b1 --smoke"
   "decode_b1_timers 40 python -m benchmarks.decode_b1 --smoke --timers"
   "eagle_chain_cost 40 python -m benchmarks.eagle_chain_cost --smoke --device cuda --lengths 100 700 --drafts 2 --calls 5 --work $W/models --out $W/eagle_chain"
+  "few_token_step 40 python -m benchmarks.few_token_step --shape tiny --rows 1 3 --out $W/few_token_step --work $W/models"
   "spec_decode 50 python -m benchmarks.spec_decode --device cuda --max-tokens 16 --concurrency 1 4 --requests-per-slot 1"
   "gpu_families 60 python -m benchmarks.gpu_families --smoke --device cuda --out $W/families"
   "gpu_moe_profile 60 python -m benchmarks.gpu_moe_profile --smoke --device cuda --steps 5 --profile-steps 1 --out $W/moe_profile"

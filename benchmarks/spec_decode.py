@@ -17,7 +17,8 @@ no training: the cheapest draft any Llama-family checkpoint gives). `--repeat R`
 baseline; the `cpu` column is the same ratio in tokens per CPU-second of this process, the
 steadier figure on a machine shared with other work. Greedy outputs are bit-exact in float32 on the CPU; in
 bf16 the K+1-token verify forward rounds differently from one-token decode steps, so near-tied logits may
-pick the other token (the demo's shipped dtype is bf16: pass --dtype float32 for the exactness check). On
+pick the other token (the demo's shipped dtype is bf16: pass --dtype float32 for the exactness check), except on
+CUDA where a verification's rows run one-token steps' GEMV kernels (docs/speculative_decoding.md, Exactness). On
 CUDA even float32 ids depend on the batch's shape at near ties, with or without speculation (cuBLAS picks its
 kernels by the number of rows: the same greedy requests one at a time and eight at once part there), so
 `exact` can read NO on a GPU when nothing is wrong.

@@ -14,7 +14,7 @@ from runtime.request import TokenLogprob
 
 def test_batch_sizes_cover_every_batch_with_bounded_padding() -> None:
     sizes = graph_batch_sizes(256)
-    assert sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 256 and sizes == sorted(set(sizes))
+    assert sizes[:5] == [1, 2, 3, 4, 8] and sizes[-1] == 256 and sizes == sorted(set(sizes))
     for batch in range(1, 257):
         bucket = pick_bucket(sizes, batch)
         assert bucket is not None and bucket >= batch
@@ -24,7 +24,7 @@ def test_batch_sizes_cover_every_batch_with_bounded_padding() -> None:
 
 def test_batch_sizes_end_at_the_max_batch_size() -> None:
     assert graph_batch_sizes(1) == [1]
-    assert graph_batch_sizes(5) == [1, 2, 4, 5]
+    assert graph_batch_sizes(5) == [1, 2, 3, 4, 5]
     assert graph_batch_sizes(64)[-2:] == [56, 64]
     assert graph_batch_sizes(100)[-3:] == [80, 96, 100]
 

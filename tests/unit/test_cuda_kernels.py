@@ -29,7 +29,7 @@ if RUN_HERE:
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=34)
+    run_in_interpreter(__file__, passed=37)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -277,6 +277,31 @@ def test_one_token_projections_equal_the_eager_modules_they_fuse() -> None:
 
 
 @kernels
+@pytest.mark.parametrize("tokens", [2, 4])
+def test_each_token_of_a_multi_token_gemv_has_the_bits_of_its_own_call(tokens: int) -> None:
+    """gemv of 2-4 tokens reads each weight tile once for all of them, and gives each token exactly what a call for
+    that token alone gives (so verification rows and plain decoding's one row sum alike), with each fused prologue
+    and epilogue, past a tile's edge in rows and columns."""
+    g = torch.Generator().manual_seed(3)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(DEVICE, torch.float16)
+
+    weight, bias, norm_weight = rand(6, 1100), rand(6), rand(1100)  # two row tiles (the second partial), two of K
+    x, residual, gate_up = rand(tokens, 1100), rand(tokens, 6), rand(tokens, 2200)
+    calls = [dict(), dict(bias=bias), dict(norm=(norm_weight, 1e-5)), dict(residual=residual),
+             dict(silu=True, residual=residual)]
+    for fused_ops in calls:
+        inputs = gate_up if fused_ops.get("silu") else x
+        together = gemv(inputs, weight, **fused_ops)
+        for t in range(tokens):
+            alone = {key: value[t : t + 1] if key == "residual" else value for key, value in fused_ops.items()}
+            assert torch.equal(together[t : t + 1], gemv(inputs[t : t + 1], weight, **alone)), (fused_ops, t)
+    logits = gemv(x, weight, out=torch.empty(tokens, 6, dtype=torch.float32, device=DEVICE))
+    assert torch.equal(logits[1:2], gemv(x[1:2], weight, out=torch.empty(1, 6, dtype=torch.float32, device=DEVICE)))
+
+
+@kernels
 def test_a_one_token_step_through_fused_projections_equals_the_unfused_step(tmp_path, monkeypatch) -> None:
     """A tiny bf16 Llama's one-token decode step over a filled cache: the GEMV path (four kernels a layer, the
     norms, SwiGLU and residual adds inside) gives the hidden state the general fused path gives, and its logits
@@ -500,3 +525,28 @@ def test_the_fused_rope_kernels_store_and_read_an_fp8_cache_through_its_scales()
                                 kv_scales=FP8_SCALES)
     assert torch.equal(got_cache.view(torch.uint8), want_cache.view(torch.uint8))
     assert torch.equal(got, want)
+
+
+@kernels
+def test_each_row_of_a_few_token_step_has_the_bits_of_its_own_one_token_step(tmp_path) -> None:
+    """Three one-token rows in one step (a decode graph's rows: a small batch, or one sequence's verification rows)
+    run their projections as GEMVs of three tokens: each row's hidden state and float32 logits equal, bit for bit,
+    those of a step of that row alone (what makes greedy speculation exact in 16 bits)."""
+    from runtime.native.models import load_model
+    from tests.tiny_models import build_tiny_model
+
+    model = load_model(str(build_tiny_model(tmp_path, "llama")), torch.bfloat16, torch.device(DEVICE))
+    fused.use_fused_kernels(model)
+    inner, spec = model.model, model.spec
+    g = torch.Generator().manual_seed(5)
+    caches = [torch.randn(2, NUM_BLOCKS, BS, spec.num_kv_heads, spec.head_dim, generator=g).to(DEVICE, torch.bfloat16)
+              for _ in inner.layers]
+    tables, contexts = [[5, 2, 9], [1, 3], [4, 6, 8]], [11, 6, 9]
+    ids, positions = torch.tensor([7, 3, 12], device=DEVICE), torch.tensor(contexts, device=DEVICE)
+    together = inner(ids, positions, [c.clone() for c in caches], _meta([1, 1, 1], contexts, tables))
+    logits = model.compute_logits(together)
+    for r in range(3):
+        alone = inner(ids[r : r + 1], positions[r : r + 1], [c.clone() for c in caches],
+                      _meta([1], contexts[r : r + 1], tables[r : r + 1]))
+        assert torch.equal(together[r : r + 1], alone), r
+        assert torch.equal(logits[r : r + 1], model.compute_logits(alone)), r

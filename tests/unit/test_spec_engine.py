@@ -78,6 +78,25 @@ async def test_greedy_with_speculation_equals_plain_greedy_alone_and_batched(pai
         assert stats.iterations < 5 * 24 // 2  # far fewer steps than one per token
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", ["draft-self", "ngram"])
+async def test_bf16_greedy_speculation_at_one_stream_equals_plain_greedy_on_cuda(pair, mode: str) -> None:
+    """bf16 on CUDA, one request at a time: a verification's rows (a decode graph's one-token rows) go through the
+    GEMV kernels of one-token steps, each row with the bits of its own step (runtime/native/cuda/gemv.py), so greedy
+    speculation gives plain greedy's ids exactly, near ties included."""
+    target, _ = pair
+    ps = prompts(4, seed=5)
+    bf16 = {"device": "cuda", "dtype": "bfloat16"}
+    async with running_engine(target, **bf16) as engine:
+        want = [(await collect(engine, request(f"p{i}", p, 32))).tokens[0] for i, p in enumerate(ps)]
+    cfg = {"speculative": "ngram"} if mode == "ngram" else {"speculative": "draft", "draft_model": str(target)}
+    async with running_engine(target, num_draft_tokens=3, **bf16, **cfg) as engine:
+        got = [(await collect(engine, request(f"s{i}", p, 32))).tokens[0] for i, p in enumerate(ps)]
+        stats = engine.stats()
+    assert stats.spec_accepted_tokens > 0
+    assert got == want
+
+
 # Greedy verification takes the raw argmax on the device unless a processor can move it; these options
 # must go through the processed rows (one per draft prefix: the penalties see the drafts as output).
 PROCESSORS: dict[str, dict] = {

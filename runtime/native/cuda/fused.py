@@ -33,7 +33,7 @@ from torch import nn
 from runtime.native.attention_metadata import AttentionMetadata
 from runtime.native.cuda import paged_attention, pdl
 from runtime.native.cuda.fp8_quant import fp8_buffers
-from runtime.native.cuda.gemv import gemv
+from runtime.native.cuda.gemv import MAX_TOKENS, gemv, takes_tokens
 from runtime.native.cuda.norms import add_rms_norm, rms_norm, scaled_norm
 from runtime.native.cuda.one_token_moe import one_token_moe
 from runtime.native.cuda.paged_attention import attend_decode_group, attend_over_cache, to_cache
@@ -276,7 +276,7 @@ def _llama_forward(self: nn.Module, input_ids: torch.Tensor, positions: torch.Te
 
     layers = self.layers
     x = self.embed(input_ids)
-    if x.shape[0] == 1 and kv_caches and one_token_projections(self):
+    if kv_caches and _gemv_step(self, x.shape[0]):
         return _one_token_forward(self, x, positions, kv_caches, meta)
     norm = layers[0].input_layernorm
     fp8 = _fp8_buffers_for(layers[0].self_attn.qkv_proj, x)
@@ -317,10 +317,33 @@ def one_token_projections(model: nn.Module) -> bool:
                for linear in linears + [m.gate_up_proj for m in dense] + [m.down_proj for m in dense])
 
 
+def _gemv_step(model: nn.Module, tokens: int) -> bool:
+    """Whether a step of `tokens` tokens runs its projections as GEMVs (_one_token_forward): one token where
+    one_token_projections allows; up to MAX_TOKENS where, besides, every layer is dense (an experts layer's kernels
+    take one token) and every projection's tile holds that many tokens' accumulators (takes_tokens; the model's
+    shapes decide, so it is asked once per count). Each token of a GEMV call has the bits of its own call, so a
+    sequence's verification rows (one-token rows of a decode graph: runtime/native/cuda/graphs.py) sum as its
+    one-token steps do, and greedy speculation equals plain greedy decoding in 16 bits too."""
+    from runtime.native.models.llama import LlamaMLP
+
+    if not one_token_projections(model):
+        return False
+    if tokens == 1:
+        return True
+    fits = model.__dict__.setdefault("_gemv_fits", {})  # tokens -> whether every projection takes them
+    if tokens not in fits:
+        weights = [linear.weight for layer in model.layers if isinstance(layer.mlp, LlamaMLP)
+                   for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+                                  layer.mlp.down_proj)]
+        fits[tokens] = len(weights) == 4 * len(model.layers) and all(takes_tokens(w, tokens) for w in weights)
+    return tokens <= MAX_TOKENS and fits[tokens]
+
+
 def _one_token_forward(self: nn.Module, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
                        meta: AttentionMetadata) -> torch.Tensor:
-    """_llama_forward for one token: four GEMV kernels a layer carry its RMSNorms, SwiGLU and residual adds (an
-    experts layer: the router's GEMV, the routing and two expert kernels, runtime/native/cuda/one_token_moe.py)."""
+    """_llama_forward for one token (or a few: _gemv_step): four GEMV kernels a layer carry its RMSNorms, SwiGLU and
+    residual adds (an experts layer, one token: the router's GEMV, the routing and two expert kernels,
+    runtime/native/cuda/one_token_moe.py)."""
     from runtime.native.models.llama import LlamaMLP
 
     for i, layer in enumerate(self.layers):
@@ -346,14 +369,20 @@ def _project(linear: nn.Module, x: torch.Tensor, **fused: Any) -> torch.Tensor:
 
 
 def _compute_logits(self: nn.Module, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """CausalLM.compute_logits, with one 16-bit row through the GEMV kernel: it writes the float32 logits itself
-    (no cast pass) and reads the 128k-row output embedding of a Llama-3 faster than cuBLAS does."""
+    """CausalLM.compute_logits, with one 16-bit row (or a few, where the step's projections ran as GEMVs: _gemv_step)
+    through the GEMV kernel: it writes the float32 logits itself (no cast pass), reads the 128k-row output embedding
+    of a Llama-3 faster than cuBLAS does, and gives each row the bits it gets alone (verification rows pick what
+    one-token steps pick)."""
     weight = self.output_embedding()
-    if (hidden.shape[0] != 1 or weight.dtype not in (torch.bfloat16, torch.float16) or hidden.stride(-1) != 1
+    rows, inner = hidden.shape[0], self.model
+    # several rows as the step's own projections ran (cuBLAS there: cuBLAS here too, which was faster, H200)
+    several = getattr(inner.forward, "__func__", None) is _llama_forward and _gemv_step(inner, rows)
+    if (rows > MAX_TOKENS or not takes_tokens(weight, rows) or (rows > 1 and not several)
+            or weight.dtype not in (torch.bfloat16, torch.float16) or hidden.stride(-1) != 1
             or self.spec.final_logit_softcap):
         return type(self).compute_logits(self, hidden, out)
     if out is None:
-        out = torch.empty((1, weight.shape[0]), dtype=torch.float32, device=weight.device)
+        out = torch.empty((hidden.shape[0], weight.shape[0]), dtype=torch.float32, device=weight.device)
     return gemv(hidden, weight, pdl=pdl.ENABLED, out=out)
 
 

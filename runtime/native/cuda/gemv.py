@@ -17,10 +17,11 @@ Each rounds to the activation dtype where the eager modules do (runtime/native/c
 order of the dot product's float32 sums differs from cuBLAS. With `pdl` (runtime/native/cuda/pdl.py) the kernel starts
 while the one before it drains: its first weight tile is loaded before it waits for that kernel's output.
 
-Steps of more tokens keep cuBLAS: this kernel run once per row (one program per row and tile, a tile's rows side
-by side to share its loads through L2) was slower than cuBLAS past 2 rows on the H100 (benchmarks/RESULTS.md,
-2026-11-27), so a verification's rows and plain decoding's single row sum in different orders (bf16 greedy
-speculation may part from plain decoding at near ties).
+Steps of 2 to MAX_TOKENS tokens (a sequence's verification rows, a small batch) run `_gemv_tokens_kernel`: each
+weight tile is loaded once for all of them, and each token gets _gemv_kernel's products and sums in _gemv_kernel's
+order, the same tile: its bits are those of a call for it alone, so verification and plain decoding agree in 16
+bits. (An earlier form, this kernel run once per row with a tile's rows side by side to share loads through L2, was
+slower than cuBLAS past 2 rows on the H100: benchmarks/RESULTS.md, 2026-11-27.) Longer steps keep cuBLAS.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ TILES: dict[tuple[int, int], tuple[int, int, int]] = {
     (3072, 2048): (8, 2048, 4), (2048, 2048): (2, 1024, 8), (16384, 2048): (4, 1024, 4), (2048, 8192): (4, 2048, 8),
     (128256, 2048): (2, 1024, 4), (4096, 4096): (8, 512, 8), (128256, 4096): (16, 256, 4), (128, 2048): (1, 2048, 4)}
 DEFAULT_TILE = (4, 1024, 4)
+MAX_TOKENS = 4  # tokens a call may bring (a few accumulators a token, held in registers)
+# float32 accumulators a thread may hold over a call's tokens (BLOCK_N x BLOCK_K / threads each): past it the tokens
+# kernel lost to cuBLAS (H200, 2026-11-29, benchmarks/few_token_step.py, a whole step: SmolLM2-135M's tiles, 32 a
+# token, 2 / 3 / 4 tokens 0.66 / 0.77 / 0.95 ms against cuBLAS's 0.92 / 0.93 / 0.92 and one token's 0.61;
+# Llama-3.2-1B's q/k/v tile, 128 a token: 2 tokens 1.17 ms against 1.03)
+ACCUMULATORS = 96
 # FP8 weights' own tiles where they differ (half the bytes a row, so wider column tiles keep as many bytes in flight):
 # the best of benchmarks/gpu_quant.py's sweep on the H200 (2026-11-28) for Llama-3.1-8B's shapes; others: TILES
 FP8_TILES: dict[tuple[int, int], tuple[int, int, int]] = {
@@ -103,6 +110,13 @@ def _gemv_kernel(
         col_mask = cols < K
         w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
         acc += w.to(tl.float32) * input_tile(x_ptr, norm_ptr, cols, col_mask, rstd, K, dtype, NORM, SILU)[None, :]
+    store_sums(acc, rows, row_mask, out_ptr, res_ptr, bias_ptr, scale_ptr, dtype, RESIDUAL, BIAS, SCALED)
+
+
+@triton.jit
+def store_sums(acc, rows, row_mask, out_ptr, res_ptr, bias_ptr, scale_ptr, dtype: tl.constexpr,
+               RESIDUAL: tl.constexpr, BIAS: tl.constexpr, SCALED: tl.constexpr):
+    """One token's outputs at `rows` from its products `acc` [BLOCK_N, BLOCK_K]: their sums and the epilogue."""
     out = tl.sum(acc, axis=1)
     if SCALED:  # FP8 weights: each row's scale, on the float32 sum
         out *= tl.load(scale_ptr + rows, mask=row_mask, other=0.0)
@@ -113,28 +127,101 @@ def _gemv_kernel(
     tl.store(out_ptr + rows, out.to(dtype).to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
+@triton.jit
+def _gemv_tokens_kernel(
+    x_ptr, w_ptr, out_ptr, res_ptr, norm_ptr, bias_ptr, scale_ptr, eps, N, x_stride, out_stride, res_stride,
+    TOKENS: tl.constexpr, K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    NORM: tl.constexpr, SILU: tl.constexpr, RESIDUAL: tl.constexpr, BIAS: tl.constexpr, SCALED: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """_gemv_kernel for 2-4 tokens: each weight tile is read once for all of them, and each token's products and
+    sums are _gemv_kernel's, in its order (token t's rows at x_ptr + t * x_stride, and so on)."""
+    dtype = x_ptr.dtype.element_ty
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    offs = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * K
+    w = tl.load(w_rows + offs[None, :], mask=row_mask[:, None] & (offs < K)[None, :], other=0.0)
+    wait_for_previous_kernel(PDL)
+    x1, x2, x3 = x_ptr + x_stride, x_ptr + 2 * x_stride, x_ptr + 3 * x_stride
+    rstd0, rstd1, rstd2, rstd3 = 0.0, 0.0, 0.0, 0.0
+    if NORM:
+        rstd0 = input_rstd(x_ptr, eps, K, BLOCK_K)
+        rstd1 = input_rstd(x1, eps, K, BLOCK_K)
+        if TOKENS > 2:
+            rstd2 = input_rstd(x2, eps, K, BLOCK_K)
+        if TOKENS > 3:
+            rstd3 = input_rstd(x3, eps, K, BLOCK_K)
+    first = offs < K
+    acc0 = w.to(tl.float32) * input_tile(x_ptr, norm_ptr, offs, first, rstd0, K, dtype, NORM, SILU)[None, :]
+    acc1 = w.to(tl.float32) * input_tile(x1, norm_ptr, offs, first, rstd1, K, dtype, NORM, SILU)[None, :]
+    acc2 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc3 = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    if TOKENS > 2:
+        acc2 = w.to(tl.float32) * input_tile(x2, norm_ptr, offs, first, rstd2, K, dtype, NORM, SILU)[None, :]
+    if TOKENS > 3:
+        acc3 = w.to(tl.float32) * input_tile(x3, norm_ptr, offs, first, rstd3, K, dtype, NORM, SILU)[None, :]
+    for k in range(BLOCK_K, K, BLOCK_K):
+        cols = k + offs
+        col_mask = cols < K
+        w = tl.load(w_rows + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+        acc0 += w.to(tl.float32) * input_tile(x_ptr, norm_ptr, cols, col_mask, rstd0, K, dtype, NORM, SILU)[None, :]
+        acc1 += w.to(tl.float32) * input_tile(x1, norm_ptr, cols, col_mask, rstd1, K, dtype, NORM, SILU)[None, :]
+        if TOKENS > 2:
+            acc2 += w.to(tl.float32) * input_tile(x2, norm_ptr, cols, col_mask, rstd2, K, dtype, NORM, SILU)[None, :]
+        if TOKENS > 3:
+            acc3 += w.to(tl.float32) * input_tile(x3, norm_ptr, cols, col_mask, rstd3, K, dtype, NORM, SILU)[None, :]
+    store_sums(acc0, rows, row_mask, out_ptr, res_ptr, bias_ptr, scale_ptr, dtype, RESIDUAL, BIAS, SCALED)
+    store_sums(acc1, rows, row_mask, out_ptr + out_stride, res_ptr + res_stride, bias_ptr, scale_ptr, dtype,
+               RESIDUAL, BIAS, SCALED)
+    if TOKENS > 2:
+        store_sums(acc2, rows, row_mask, out_ptr + 2 * out_stride, res_ptr + 2 * res_stride, bias_ptr, scale_ptr,
+                   dtype, RESIDUAL, BIAS, SCALED)
+    if TOKENS > 3:
+        store_sums(acc3, rows, row_mask, out_ptr + 3 * out_stride, res_ptr + 3 * res_stride, bias_ptr, scale_ptr,
+                   dtype, RESIDUAL, BIAS, SCALED)
+
+
+def _tile(n: int, k: int, fp8: bool) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps) of a [n, k] weight."""
+    block_n, block_k, warps = (fp8 and FP8_TILES.get((n, k))) or TILES.get((n, k), DEFAULT_TILE)
+    return block_n, min(block_k, triton.next_power_of_2(k)), warps
+
+
+def takes_tokens(weight: torch.Tensor, tokens: int) -> bool:
+    """Whether a call of `tokens` tokens over `weight` stays within ACCUMULATORS (one token always does)."""
+    block_n, block_k, warps = _tile(*weight.shape, weight.element_size() == 1)
+    return tokens == 1 or (tokens <= MAX_TOKENS and tokens * block_n * block_k <= ACCUMULATORS * 32 * warps)
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          norm: tuple[torch.Tensor, float] | None = None, silu: bool = False,
          residual: torch.Tensor | None = None, pdl: bool = False, out: torch.Tensor | None = None,
          scale: torch.Tensor | None = None) -> torch.Tensor:
-    """y = W f(x) (+ bias) (+ residual) for one token: x [1, K] ([1, 2K] with silu), weight [N, K] -> [1, N].
-    f is RMSNorm with `norm` = (norm weight, eps), the SwiGLU with `silu`, else the identity. `out`: where to write
-    y (a float32 one gets y rounded to the activations' dtype first, as a cast of F.linear's output). `scale`:
-    float32 [N] row scales of an FP8 weight (W = weight * scale[:, None])."""
+    """y = W f(x) (+ bias) (+ residual) for 1 to MAX_TOKENS tokens: x [T, K] ([T, 2K] with silu), weight [N, K] ->
+    [T, N]; each token's y has the bits a call for it alone gives (fast only where takes_tokens). f is RMSNorm with `norm` = (norm weight, eps), the
+    SwiGLU with `silu`, else the identity. `out`: where to write y (a float32 one gets y rounded to the activations'
+    dtype first, as a cast of F.linear's output). `scale`: float32 [N] row scales of an FP8 weight
+    (W = weight * scale[:, None])."""
     n, k = weight.shape
-    assert x.shape[0] == 1 and x.stride(-1) == 1, "one token, contiguous"
+    tokens = x.shape[0]
+    assert 1 <= tokens <= MAX_TOKENS and x.stride(-1) == 1, "1 to MAX_TOKENS tokens, rows contiguous"
     assert (scale is None) == (weight.element_size() != 1), "FP8 weights come with their row scales"
     if out is None:
-        out = torch.empty((1, n), dtype=x.dtype, device=weight.device)
-    assert out.shape == (1, n) and out.is_contiguous()
-    block_n, block_k, warps = (scale is not None and FP8_TILES.get((n, k))) or TILES.get((n, k), DEFAULT_TILE)
+        out = torch.empty((tokens, n), dtype=x.dtype, device=weight.device)
+    assert out.shape == (tokens, n) and out.stride(-1) == 1
+    assert residual is None or (residual.shape == (tokens, n) and residual.stride(-1) == 1)
+    block_n, block_k, warps = _tile(n, k, scale is not None)
     norm_weight, eps = norm if norm is not None else (weight, 0.0)
-    _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, out, residual if residual is not None else out, norm_weight,
-        bias if bias is not None else weight, scale if scale is not None else weight, eps, n,
-        K=k, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(k)),
-        NORM=norm is not None, SILU=silu, RESIDUAL=residual is not None, BIAS=bias is not None,
-        SCALED=scale is not None, PDL=pdl,
-        num_warps=warps, **launch_options(pdl),
-    )
+    args = (x, weight, out, residual if residual is not None else out, norm_weight,
+            bias if bias is not None else weight, scale if scale is not None else weight, eps, n)
+    flags = dict(K=k, BLOCK_N=block_n, BLOCK_K=block_k, NORM=norm is not None,
+                 SILU=silu, RESIDUAL=residual is not None, BIAS=bias is not None, SCALED=scale is not None, PDL=pdl,
+                 num_warps=warps, **launch_options(pdl))
+    grid = (triton.cdiv(n, block_n),)
+    if tokens == 1:
+        _gemv_kernel[grid](*args, **flags)
+    else:
+        _gemv_tokens_kernel[grid](*args, x.stride(0), out.stride(0),
+                                  residual.stride(0) if residual is not None else 0, TOKENS=tokens, **flags)
     return out
