@@ -374,16 +374,21 @@ def _compute_logits(self: nn.Module, hidden: torch.Tensor, out: torch.Tensor | N
     of a Llama-3 faster than cuBLAS does, and gives each row the bits it gets alone (verification rows pick what
     one-token steps pick)."""
     weight = self.output_embedding()
-    rows, inner = hidden.shape[0], self.model
-    # several rows as the step's own projections ran (cuBLAS there: cuBLAS here too, which was faster, H200)
-    several = getattr(inner.forward, "__func__", None) is _llama_forward and _gemv_step(inner, rows)
-    if (rows > MAX_TOKENS or not takes_tokens(weight, rows) or (rows > 1 and not several)
+    rows = hidden.shape[0]
+    if (rows > MAX_TOKENS or not takes_tokens(weight, rows) or (rows > 1 and not _several_rows_as_gemvs(self, rows))
             or weight.dtype not in (torch.bfloat16, torch.float16) or hidden.stride(-1) != 1
             or self.spec.final_logit_softcap):
         return type(self).compute_logits(self, hidden, out)
     if out is None:
-        out = torch.empty((hidden.shape[0], weight.shape[0]), dtype=torch.float32, device=weight.device)
+        out = torch.empty((rows, weight.shape[0]), dtype=torch.float32, device=weight.device)
     return gemv(hidden, weight, pdl=pdl.ENABLED, out=out)
+
+
+def _several_rows_as_gemvs(model: nn.Module, rows: int) -> bool:
+    """Whether the CausalLM `model`'s step of `rows` rows ran its projections as GEMVs (_gemv_step), so its logits go
+    through them too (where the step took cuBLAS, cuBLAS was the faster for the logits too: H200, 2026-11-29)."""
+    inner = getattr(model, "model", None)
+    return getattr(getattr(inner, "forward", None), "__func__", None) is _llama_forward and _gemv_step(inner, rows)
 
 
 def use_fused_kernels(model: nn.Module) -> int:
