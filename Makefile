@@ -36,4 +36,5 @@ serve: install
 # compiles started a pool of compile-worker processes, each importing torch, though the workers keep every core busy
 # (~1.8 s of CPU a compiling process; the suite 298-300 -> 288 s on the 2-core box, 2026-11-29).
 test: install
-	PYTHONDONTWRITEBYTECODE= TORCHINDUCTOR_COMPILE_THREADS=1 $(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20
+	PYTHONDONTWRITEBYTECODE= TORCHINDUCTOR_COMPILE_THREADS=1 \
+		$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20

@@ -62,7 +62,8 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--work", type=Path, default=Path("/tmp/few_token_step"))
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--smoke", action="store_true", help="the tiny shape on the CPU, op by op (timings mean nothing)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the tiny shape on the CPU, op by op (timings mean nothing)")
     args = parser.parse_args()
     from runtime.native.cuda import fused
 

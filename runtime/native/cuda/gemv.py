@@ -199,10 +199,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
          residual: torch.Tensor | None = None, pdl: bool = False, out: torch.Tensor | None = None,
          scale: torch.Tensor | None = None) -> torch.Tensor:
     """y = W f(x) (+ bias) (+ residual) for 1 to MAX_TOKENS tokens: x [T, K] ([T, 2K] with silu), weight [N, K] ->
-    [T, N]; each token's y has the bits a call for it alone gives (fast only where takes_tokens). f is RMSNorm with `norm` = (norm weight, eps), the
-    SwiGLU with `silu`, else the identity. `out`: where to write y (a float32 one gets y rounded to the activations'
-    dtype first, as a cast of F.linear's output). `scale`: float32 [N] row scales of an FP8 weight
-    (W = weight * scale[:, None])."""
+    [T, N]; each token's y has the bits a call for it alone gives (faster than cuBLAS only where takes_tokens). f is
+    RMSNorm with `norm` = (norm weight, eps), the SwiGLU with `silu`, else the identity. `out`: where to write y (a
+    float32 one gets y rounded to the activations' dtype first, as a cast of F.linear's output). `scale`: float32 [N]
+    row scales of an FP8 weight (W = weight * scale[:, None])."""
     n, k = weight.shape
     tokens = x.shape[0]
     assert 1 <= tokens <= MAX_TOKENS and x.stride(-1) == 1, "1 to MAX_TOKENS tokens, rows contiguous"
