@@ -21,15 +21,14 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu_models import make_checkpoint
+from benchmarks.gpu_models import SMOLLM2_135M, make_checkpoint
 from runtime.native.models import load_model
 from runtime.native.speculative.eagle import load_head
 from runtime.native.speculative.eagle_chain import EagleChain
 
 HEAD = Path(__file__).resolve().parent.parent / "runtime" / "demo" / "smollm2_eagle"
-SMOLLM2 = dict(hidden_size=576, num_hidden_layers=2, num_attention_heads=9, num_key_value_heads=3,
-               intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True, head_dim=64)
-SMOKE = dict(SMOLLM2, vocab_size=2048)
+TARGET = dict(SMOLLM2_135M, num_hidden_layers=2)  # the chain reads its embedding and lm_head only
+SMOKE = dict(TARGET, vocab_size=2048)
 
 
 def proposal_us(chain: EagleChain, length: int, k: int, calls: int) -> tuple[float, float]:
@@ -84,7 +83,7 @@ def main() -> None:
                         help="a small vocabulary and few calls (on the CPU: timings mean nothing)")
     args = parser.parse_args()
     device, dtype = torch.device(args.device), torch.bfloat16 if args.device == "cuda" else torch.float32
-    shape = SMOKE if args.smoke else SMOLLM2
+    shape = SMOKE if args.smoke else TARGET
     calls = 3 if args.smoke else args.calls
     target = load_model(str(make_checkpoint(args.work / f"target_{shape['vocab_size']}", shape, dtype)), dtype,
                         device)

@@ -16,19 +16,22 @@ from pathlib import Path
 import torch
 
 from benchmarks.cuda_timing import HostEvent, cuda_event, ms_per_call
-from benchmarks.gpu_models import LLAMA_1B, TINY, make_checkpoint
+from benchmarks.gpu_models import LLAMA_1B, SMOLLM2_135M, TINY, make_checkpoint
 from runtime.native.attention_metadata import AttentionMetadata
 from runtime.native.models import load_model
 
-SMOLLM2 = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-               intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True, head_dim=64)
-SHAPES = {"smollm2": SMOLLM2, "1b": LLAMA_1B, "tiny": TINY}
+SHAPES = {"smollm2": SMOLLM2_135M, "1b": LLAMA_1B, "tiny": TINY}
 BLOCK = 16
+
+
+def blocks_per_row(context: int) -> int:
+    """KV blocks of a row after `context` cached tokens (and its own)."""
+    return -(-(context + 1) // BLOCK)
 
 
 def rows_meta(rows: int, context: int, device: torch.device) -> AttentionMetadata:
     """`rows` one-token rows, each its own sequence of `context` cached tokens and its own blocks."""
-    blocks = -(-(context + 1) // BLOCK)
+    blocks = blocks_per_row(context)
     tables = torch.arange(rows * blocks, dtype=torch.int32, device=device).view(rows, blocks)
     slots = tables[:, context // BLOCK].long() * BLOCK + context % BLOCK
     lens = torch.full((rows,), context + 1, dtype=torch.int32, device=device)
@@ -75,7 +78,7 @@ def main() -> None:
     if not args.smoke:
         fused.use_fused_kernels(model)
     heads, dim = shape["num_key_value_heads"], shape["head_dim"]
-    blocks = max(args.rows) * (-(-(args.context + 1) // BLOCK))
+    blocks = max(args.rows) * blocks_per_row(args.context)
     caches = [torch.zeros(2, blocks, BLOCK, heads, dim, dtype=dtype, device=device)
               for _ in range(shape["num_hidden_layers"])]
     result: dict[str, object] = {"shape": args.shape, "context": args.context, "gemv_ms": {}, "cublas_ms": {}}

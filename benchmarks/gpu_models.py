@@ -29,6 +29,9 @@ LLAMA_1B = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, 
 # A draft for LLAMA_1B in the spirit of Llama-3.2's small siblings: same vocabulary and tokenizer, 2 layers.
 LLAMA_1B_DRAFT = dict(hidden_size=512, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
                       intermediate_size=1536, vocab_size=128256, tie_word_embeddings=True, head_dim=64)
+# the default model's shape (SmolLM2-135M-Instruct)
+SMOLLM2_135M = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                    intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True, head_dim=64)
 SMALL = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
              intermediate_size=512, vocab_size=2048, tie_word_embeddings=False, head_dim=32)
 # gpu_bench --smoke: every phase's code in seconds, on the CPU too (tests/benchmarks)
