@@ -110,12 +110,12 @@ class Server:
 
     def front_end_cpu_seconds(self) -> float:
         """CPU time so far of the gateway's HTTP front ends: the process started and its descendants, less the
-        engine core (`python -m runtime.native.core_process`) and anything below it."""
+        engine core and anything below the zygote it forks from (`python -m runtime.native.zygote`)."""
         total, todo = 0.0, [self.proc.pid]
         while todo:
             pid = todo.pop()
             try:
-                if b"runtime.native.core_process" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if b"runtime.native.zygote" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     continue
                 total += _cpu_seconds(pid)
                 todo += [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]

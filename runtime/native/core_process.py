@@ -1,6 +1,5 @@
-"""The engine-core process: a NativeEngine driven by messages from the front end (runtime/process/client.py).
-
-    python -m runtime.native.core_process < CoreArgs as msgpack    # started by EngineClient, not by hand
+"""The engine-core process: a NativeEngine driven by messages from the front end (runtime/process/client.py), which
+launches it (`run`, runtime/process/launcher.py: a process named `engine-core`).
 
 The front end has already tokenized and validated each request; here it is checked again (a message is decoded,
 not trusted) and handed to the step thread (after its grammar compiles, when it has one). Nothing in one message
@@ -323,11 +322,12 @@ def _addressee(data: bytes, front_ends: int) -> tuple[str, int] | None:
     return request_id, front_end
 
 
-def main() -> int:
-    """Entry point of the engine-core process (see the module docstring); non-zero on failure."""
+def run(encoded_args: bytes) -> int:
+    """Entry point of the engine-core process (see the module docstring), launched by the front end
+    (runtime/process/launcher.py) with its CoreArgs; non-zero on failure."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    args = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=CoreArgs)
+    args = msgspec.msgpack.decode(encoded_args, type=CoreArgs)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s engine-core %(name)s: %(message)s")
     exit_when_orphaned(args.parent_pid)
@@ -336,7 +336,3 @@ def main() -> int:
         return asyncio.run(server.serve())
     finally:
         server.close()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

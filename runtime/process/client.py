@@ -1,7 +1,7 @@
 """EngineClient: the native engine run in its own process, seen from the front end as an Engine.
 
     engine = EngineClient(config)      # what runtime.build_engine returns for backend "native"
-    await engine.start()               # spawns the engine-core process (runtime/native/core_process.py)
+    await engine.start()               # launches the engine-core process (runtime/native/core_process.py)
 
 Split (vLLM v1's): this process keeps HTTP, tokenization, chat templates, validation and the text of the outputs
 (runtime/async_engine.py, runtime/output_processor.py); the core process keeps the scheduler, KV blocks, model,
@@ -30,7 +30,6 @@ import logging
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from runtime.delivery import END, Mailbox
 from runtime.engine import EngineStats, ModelInfo
 from runtime.errors import EngineFailedError, EngineNotReadyError, InvalidRequestError
 from runtime.output_processor import OutputProcessor
+from runtime.process.launcher import Child, launch
 from runtime.process.messages import (
     Abort,
     AddRequest,
@@ -67,7 +67,7 @@ from runtime.process.messages import (
     to_front_end,
 )
 from runtime.request import GenerationRequest, OutputDelta
-from runtime.served_model import builds_cpu_kernels, convert_apart, describe_served_model, with_our_packages
+from runtime.served_model import builds_cpu_kernels, convert_apart, describe_served_model
 from runtime.tokenizer import Tokenizer
 from runtime.validation import PreparedRequest
 from runtime.workers import WorkerPool
@@ -110,7 +110,7 @@ class EngineClient(AsyncEngine):
         self._queues: dict[str, tuple[Mailbox, int]] = {}  # request id -> (its deltas, samples)
         self._lora_calls: dict[int, asyncio.Future[None]] = {}
         self._call_ids = itertools.count()
-        self._process: subprocess.Popen[bytes] | None = None  # front end 0's child
+        self._process: Child | None = None  # front end 0's child
         self._started = False
         self._exit_fd: int | None = None
         self._folder: str | None = None
@@ -176,13 +176,8 @@ class EngineClient(AsyncEngine):
                     front_end.count)
 
     def _spawn_core(self, addresses: list[Addresses]) -> None:
-        # a fresh interpreter: no copy of this process's threads, sockets or CUDA state, no re-import of __main__
         args = CoreArgs(self.config, addresses, os.getpid(), logging.getLogger().getEffectiveLevel())
-        self._process = subprocess.Popen([sys.executable, "-m", "runtime.native.core_process"], stdin=subprocess.PIPE,
-                                         env=with_our_packages(os.environ))
-        assert self._process.stdin is not None
-        self._process.stdin.write(msgspec.msgpack.encode(args))
-        self._process.stdin.close()
+        self._process = launch("engine-core", "runtime.native.core_process:run", msgspec.msgpack.encode(args))
         atexit.register(self._kill)  # a front end that exits without shutdown() leaves no core behind
         self._watch_core(self._process.pid)
 

@@ -23,11 +23,12 @@ BODY = {"model": MODEL_NAME, "prompt": "The quick brown fox", "max_tokens": 16, 
 
 
 def tree(served: Served) -> tuple[psutil.Process, psutil.Process]:
-    """(the other front end, the engine core) under the first front end."""
+    """(the other front end, the engine core) under the first front end (the core under the zygote it forked from:
+    runtime/process/launcher.py)."""
     children = psutil.Process(served.proc.pid).children(recursive=True)
-    names = {" ".join(p.cmdline()[1:3]): p for p in children}
-    assert set(names) == {"-m gateway.api_servers", "-m runtime.native.core_process"}, names
-    return names["-m gateway.api_servers"], names["-m runtime.native.core_process"]
+    names = {p.name() if p.name() == "engine-core" else " ".join(p.cmdline()[1:3]): p for p in children}
+    assert set(names) == {"-m gateway.api_servers", "-m runtime.native.zygote", "engine-core"}, names
+    return names["-m gateway.api_servers"], names["engine-core"]
 
 
 # test -> how many front ends its server has. The sharing test and the dead-front-end test use one server (the
@@ -98,7 +99,7 @@ def test_front_ends_share_the_port_and_the_engine_core(servers: Callable[[int], 
 def test_sigterm_drains_every_front_end_and_leaves_no_process(servers: Callable[[int], Served]) -> None:
     served = servers(3)
     procs = psutil.Process(served.proc.pid).children(recursive=True)
-    assert len(procs) == 3  # two more front ends and the core
+    assert len(procs) == 4  # two more front ends, the zygote and the core (runtime/process/launcher.py)
     body = {**BODY, "max_tokens": 120, "stream": True}
     clients = [httpx.Client(timeout=60) for _ in range(6)]
     streams = [c.stream("POST", served.url + "/v1/completions", json=body) for c in clients]

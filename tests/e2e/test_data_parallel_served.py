@@ -28,7 +28,7 @@ def dp_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 def _cores(served: Served) -> list[psutil.Process]:
     return [p for p in psutil.Process(served.proc.pid).children(recursive=True)
-            if "runtime.native.core_process" in " ".join(p.cmdline())]
+            if p.name() == "engine-core"]
 
 
 def _per_core(served: Served, name: str) -> dict[str, float]:

@@ -58,6 +58,11 @@ class Served:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def engine_core(self) -> psutil.Process:
+        """Its engine-core process (under the zygote it forked from: runtime/process/launcher.py)."""
+        (core,) = [p for p in psutil.Process(self.proc.pid).children(recursive=True) if p.name() == "engine-core"]
+        return core
+
 
 # Runs the real CLI in a process whose native engine loop dies on the first request whose prompt is "die".
 DYING_SERVER = """
@@ -136,7 +141,7 @@ def served(request: pytest.FixtureRequest, servers: dict[str, Served]) -> Served
 
 def test_sigterm_drains_streams_in_flight_then_exits_0(served: Served) -> None:
     proc, url, log_path = served.proc, served.url, served.log
-    (core,) = psutil.Process(proc.pid).children(recursive=True)  # the engine-core process
+    core = served.engine_core()
 
     results: list[dict] = []
     started = threading.Barrier(STREAMS + 1)
@@ -215,7 +220,7 @@ def test_engine_death_turns_readiness_false_and_exits_nonzero(served: Served) ->
 
 def test_a_killed_engine_core_ends_streams_with_an_error_and_the_server_exits_nonzero(served: Served) -> None:
     proc, url = served.proc, served.url
-    (core,) = psutil.Process(proc.pid).children(recursive=True)
+    core = served.engine_core()
     body = {"model": MODEL_NAME, "prompt": "long", "max_tokens": 240, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
         lines = r.iter_lines()

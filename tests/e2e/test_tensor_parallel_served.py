@@ -29,7 +29,7 @@ def tp_servers(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 def _worker(served: Served) -> psutil.Process:
     """The server's one tensor-parallel worker process (under its engine-core process)."""
     (worker,) = [p for p in psutil.Process(served.proc.pid).children(recursive=True)
-                 if "runtime.native.parallel.worker" in " ".join(p.cmdline())]
+                 if p.name() == "tp-worker-1"]
     return worker
 
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,8 +23,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from runtime.config import EngineConfig
-from runtime.process.client import with_our_packages
 from runtime.native.core_process import Addresses, CoreArgs
+from runtime.process.launcher import launch
 from runtime.process.messages import (
     AddRequest, Attach, ErrorInfo, Ready, Rejected, StepOutputs, _with_header, to_front_end,
 )
@@ -50,11 +48,7 @@ class CoreDriver:
         self._receiver.bind(addresses.to_front_end)
         config = EngineConfig(model=str(checkpoint), **ENGINE)
         args = CoreArgs(config, [addresses], os.getpid(), logging.CRITICAL)
-        self.process = subprocess.Popen([sys.executable, "-m", "runtime.native.core_process"], stdin=subprocess.PIPE,
-                                        env=with_our_packages(os.environ))
-        assert self.process.stdin is not None
-        self.process.stdin.write(msgspec.msgpack.encode(args))
-        self.process.stdin.close()
+        self.process = launch("engine-core", "runtime.native.core_process:run", msgspec.msgpack.encode(args))
         self.outcomes: dict[str, Any] = {}  # request id -> ErrorInfo (refused) or its deltas' finish reasons
         self.tokens: dict[str, list[int]] = {}
         self.readies = 0

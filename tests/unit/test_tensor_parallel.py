@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,9 @@ import torch
 from runtime.architectures import UnsupportedArchitectureError
 from runtime.native.models.linear import Linear, Shard
 from runtime.native.parallel import group as tp_group
+from runtime.native.parallel import workers
 from runtime.native.parallel.group import TensorParallel
+from runtime.process import launcher
 from tests.engine_harness import collect, hf_greedy, load_hf, request, running_engine
 from tests.lora_adapters import make_peft_adapter, peft_greedy
 from tests.tiny_models import FAMILIES, SLIDING_WINDOW, build_tiny_model
@@ -136,11 +137,20 @@ async def test_what_tp_does_not_serve_is_refused_at_start(models, tmp_path: Path
 async def test_a_worker_that_cannot_start_fails_the_start(models, monkeypatch: pytest.MonkeyPatch) -> None:
     """Not a group that waits for it without end."""
     path, _ = models["llama"]
-    monkeypatch.setattr(sys, "executable", "/bin/false")  # the worker process exits at once, with 1
+
+    def launch_failing(name: str, entry: str, args: bytes) -> launcher.Child:
+        return launcher.launch(name, "tests.unit.test_tensor_parallel:exit_at_once", args)
+
+    monkeypatch.setattr(workers, "launch", launch_failing)
     with pytest.raises(RuntimeError, match="worker 1 exited with code 1 before joining"):
         async with running_engine(path, tensor_parallel_size=2):
             pass
     assert tp_group.current().size == 1
+
+
+def exit_at_once(args: bytes) -> int:
+    """A worker process's entry that exits at once, with 1."""
+    return 1
 
 
 def test_shares_of_heads_kv_heads_and_vocabulary() -> None:

@@ -1,8 +1,7 @@
 """A tensor-parallel worker process (ranks 1..N-1): loads its share of the weights, then makes each model call that
 rank 0 broadcasts (runtime/native/parallel/messages.py) until Stop. No scheduler, sampler or requests here: rank 0
-runs those once and gathers the logits. It dies with its parent (rank 0's process: runtime/process/parent.py).
-
-    python -m runtime.native.parallel.worker < msgpack(WorkerArgs)
+runs those once and gathers the logits. Rank 0 launches it (`run`, runtime/process/launcher.py: a process named
+`tp-worker-N`); it dies with rank 0's process (runtime/process/parent.py).
 """
 
 from __future__ import annotations
@@ -119,8 +118,9 @@ class Worker:
                 self.lora.slots.place(slot, key, lora_weights)
 
 
-def main() -> int:
-    args = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=WorkerArgs)
+def run(encoded_args: bytes) -> int:
+    """Entry point of a worker process, launched by rank 0 (runtime/process/launcher.py) with its WorkerArgs."""
+    args = msgspec.msgpack.decode(encoded_args, type=WorkerArgs)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s tp-worker-{args.rank} %(name)s: %(message)s")
     exit_when_orphaned(args.parent_pid)
@@ -128,7 +128,3 @@ def main() -> int:
     worker.serve()
     dist.destroy_process_group()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +42,7 @@ from runtime.native.parallel.messages import (
     join_group,
     joining_key,
 )
+from runtime.process.launcher import Child, launch
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class Workers:
         self._lora_changes: list[SlotChange] = []  # since the last Forward (appended from any thread)
         self._lora_lock = threading.Lock()
         store = dist.TCPStore(HOST, 0, size, is_master=True, timeout=IDLE_TIMEOUT, wait_for_workers=False)
-        self._procs: list[subprocess.Popen[bytes]] = []
+        self._procs: list[Child] = []
         try:
             for rank in range(1, size):
                 self._start(WorkerArgs(config, rank, size, store.port, str(rank_device(device, rank)), os.getpid()))
@@ -88,14 +88,8 @@ class Workers:
         self._tp = tp
 
     def _start(self, args: WorkerArgs) -> None:
-        proc = subprocess.Popen([sys.executable, "-m", "runtime.native.parallel.worker"], stdin=subprocess.PIPE)
+        proc = launch(f"tp-worker-{args.rank}", "runtime.native.parallel.worker:run", msgspec.msgpack.encode(args))
         self._procs.append(proc)
-        assert proc.stdin is not None
-        try:
-            proc.stdin.write(msgspec.msgpack.encode(args))
-            proc.stdin.close()
-        except BrokenPipeError:  # it exited at once: _wait_until_joining says so
-            pass
         threading.Thread(target=self._watch, args=(args.rank, proc), name=f"tp-worker-{args.rank}", daemon=True).start()
 
     def _wait_until_joining(self, store: dist.Store) -> None:
@@ -117,7 +111,7 @@ class Workers:
                 proc.kill()
                 proc.wait()
 
-    def _watch(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+    def _watch(self, rank: int, proc: Child) -> None:
         proc.wait()
         if self._stopping:
             return
@@ -194,5 +188,5 @@ class Workers:
         tp_group.use(tp_group.TensorParallel())
 
 
-def _exited(rank: int, proc: subprocess.Popen[bytes]) -> str:
+def _exited(rank: int, proc: Child) -> str:
     return f"tensor-parallel worker {rank} (pid {proc.pid}) exited with code {proc.returncode}"
