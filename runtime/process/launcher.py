@@ -68,7 +68,10 @@ class Child:
 
     def kill(self) -> None:
         if self.returncode is None:
-            os.kill(self.pid, signal.SIGKILL)
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:  # exited; the zygote's word of it is on its way
+                pass
 
 
 class _Zygote:
