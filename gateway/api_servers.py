@@ -48,6 +48,7 @@ log = logging.getLogger("gateway.api_servers")
 
 RESTART_WINDOW = 10.0  # s: a front end that dies sooner after its start waits longer before the next one
 MAX_RESTART_PAUSE = 30.0  # s
+FIRST_SERVES_POLL = 0.05  # s between looks for front end 0's readiness (while this one's engine is ready)
 
 class _Child(msgspec.Struct):
     """What front end `index` gets on its stdin."""
@@ -93,6 +94,23 @@ class Restarts(Collector):
                                   "died.", value=self.count())
 
 
+class FirstServes:
+    """Whether front end 0 serves yet: a file of the front ends' shared folder, made when its engine is ready. The
+    others take connections only after that (and their own engine's start): one ready first answered /health 200 on
+    the shared port while front end 0 still refused requests there (503, still loading)."""
+
+    def __init__(self, folder: str) -> None:
+        self._file = Path(folder) / "first-front-end-serves"
+
+    def mark(self) -> None:
+        """Front end 0 serves (its engine is ready)."""
+        self._file.touch()
+
+    async def wait(self) -> None:
+        while not self._file.exists():
+            await asyncio.sleep(FIRST_SERVES_POLL)
+
+
 class FrontEnds:
     """Front ends 1..N-1, seen from the first: started, restarted when they die, told to stop, waited for."""
 
@@ -100,6 +118,7 @@ class FrontEnds:
         self.count = settings.api_servers
         self.stopping = False
         self.restarts = Restarts(folder)
+        self.first_serves = FirstServes(folder)
         self._settings, self._folder, self._sock = settings, folder, sock
         self._lock = threading.Lock()  # _procs: replaced by the watchers, read by signal() and _wait_all()
         self._procs = [self._start(index) for index in range(1, self.count)]
@@ -217,7 +236,8 @@ def main() -> int:
     orphaned = drain_when_orphaned(child.parent_pid, child.settings.drain_timeout + STOP_GRACE_S)
     sock = socket.socket(fileno=child.fd)
     engine = EngineClient(child.settings.engine, FrontEnd(child.index, child.count, child.folder))
-    code = run_server(child.settings, engine, sock, None, index=child.index, restarts=Restarts(child.folder))
+    code = run_server(child.settings, engine, sock, None, index=child.index, restarts=Restarts(child.folder),
+                      serve_after=FirstServes(child.folder).wait)
     return 1 if orphaned.is_set() else code
 
 

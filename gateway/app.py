@@ -11,7 +11,7 @@ loaded, 200 after) and shuts it down on exit. app.state holds `engine`, `setting
 `responses` (gateway.response_store.ResponseStore: stored Responses API responses), `startup_error` and
 `fatal_error` (the engine died while serving). The server may set `on_ready` (called once the engine has
 started), `on_fatal` (called when it fails to start or dies), `before_engine_shutdown` (awaited before the engine
-shuts down) and `serve_when_ready` (start serving only once the engine has started).
+shuts down) and `serve_after` (start serving only once the engine has started and it has returned).
 """
 
 from __future__ import annotations
@@ -138,10 +138,11 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
             raise
     # A front end beside others on one port (--api-servers) takes connections only once it serves: the first
     # answers /health (503 while loading) for all of them.
-    started = asyncio.get_running_loop().create_future() if getattr(app.state, "serve_when_ready", False) else None
+    serve_after: Callable[[], Awaitable[None]] | None = getattr(app.state, "serve_after", None)
+    started = asyncio.get_running_loop().create_future() if serve_after is not None else None
     task = asyncio.create_task(start_then_watch(started))
-    if started is not None:
-        await started
+    if started is not None and serve_after is not None and await started:
+        await serve_after()
     try:
         yield
     finally:

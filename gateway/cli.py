@@ -14,7 +14,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from gateway.settings import (
@@ -122,10 +122,12 @@ def serve(settings: Settings) -> int:
 
 
 def run_server(settings: Settings, engine: Engine | None = None, sock: socket.socket | None = None,
-               others: FrontEnds | None = None, index: int = 0, restarts: Collector | None = None) -> int:
+               others: FrontEnds | None = None, index: int = 0, restarts: Collector | None = None,
+               serve_after: Callable[[], Awaitable[None]] | None = None) -> int:
     """One front end: the app over `engine` (None: built from the settings) on `sock` (None: bind host:port).
-    Front end 0 supervises `others` (--api-servers); the others (`index` > 0) leave SIGINT to it. `restarts`:
-    the front ends' restart count, reported on /metrics."""
+    Front end 0 supervises `others` (--api-servers); the others (`index` > 0) leave SIGINT to it and take
+    connections once their engine has started and `serve_after()` has returned. `restarts`: the front ends' restart
+    count, reported on /metrics."""
     import uvicorn
 
     from gateway.app import create_app
@@ -160,9 +162,14 @@ def run_server(settings: Settings, engine: Engine | None = None, sock: socket.so
             logging.getLogger("gateway").error("fatal: %s; exiting", why)
         server.should_exit = True
 
+    def ready() -> None:
+        freeze_startup_objects()
+        if others is not None:
+            others.first_serves.mark()
+
     app.state.on_fatal = fatal
-    app.state.on_ready = freeze_startup_objects
-    app.state.serve_when_ready = index > 0  # front end 0 answers /health while the model loads
+    app.state.on_ready = ready
+    app.state.serve_after = serve_after  # (None: front end 0, which answers /health while the model loads)
     if others is not None:  # the core outlives the other front ends: they drain first
         restarts = others.restarts
         others.watch()
