@@ -129,7 +129,12 @@ class _Zygote:
         self._started.put(None)
 
     def close(self) -> None:
-        """Let it exit (it does when this end of its socket closes)."""
+        """Let it exit (it does when this end of its socket closes). shutdown() first: a plain close() leaves the
+        socket open while the reader thread's recv holds it, and the zygote waits for an end that does not come."""
+        try:
+            self._socket.shutdown(socket.SHUT_RDWR)
+        except OSError:  # (closed already: the zygote went first)
+            pass
         self._socket.close()
         try:
             self.process.wait(ZYGOTE_EXIT)
