@@ -51,3 +51,18 @@ def test_a_killed_child_reports_the_signal_and_a_running_one_times_out() -> None
         child.wait(0.2)
     child.kill()
     assert child.wait(30) == -signal.SIGKILL
+
+
+LAUNCHER_EXITS = """
+import atexit
+from runtime.process import launcher
+atexit.register(lambda: print("zygote exit code", launcher._zygote.process.returncode))  # runs after its close()
+print("child exit code", launcher.launch("probe-child", "tests.unit.test_launcher:report", b"0").wait(60))
+"""
+
+
+def test_the_zygote_exits_by_itself_when_its_launcher_exits() -> None:
+    """Not killed after waiting ZYGOTE_EXIT s (which every server's stop once waited)."""
+    done = subprocess.run([sys.executable, "-c", LAUNCHER_EXITS], cwd=Path(__file__).resolve().parents[2],
+                          capture_output=True, text=True, timeout=120)
+    assert "child exit code 0" in done.stdout and "zygote exit code 0" in done.stdout, done.stdout + done.stderr
