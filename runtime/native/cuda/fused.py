@@ -330,13 +330,15 @@ def _gemv_step(model: nn.Module, tokens: int) -> bool:
         return False
     if tokens == 1:
         return True
+    if tokens > MAX_TOKENS:
+        return False
     fits = model.__dict__.setdefault("_gemv_fits", {})  # tokens -> whether every projection takes them
     if tokens not in fits:
         weights = [linear.weight for layer in model.layers if isinstance(layer.mlp, LlamaMLP)
                    for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
                                   layer.mlp.down_proj)]
         fits[tokens] = len(weights) == 4 * len(model.layers) and all(takes_tokens(w, tokens) for w in weights)
-    return tokens <= MAX_TOKENS and fits[tokens]
+    return fits[tokens]
 
 
 def _one_token_forward(self: nn.Module, x: torch.Tensor, positions: torch.Tensor, kv_caches: list[torch.Tensor],
