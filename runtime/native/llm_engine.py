@@ -156,6 +156,7 @@ class NativeEngine(AsyncEngine):
         await asyncio.to_thread(self._thread.join)
         self._prepare.shutdown()
         if self.core is not None and self.core.runner.peers is not None:
+            self.core.runner.release_graphs()
             await asyncio.to_thread(self.core.runner.peers.stop)
         gc.unfreeze()  # what this engine held may be freed by the collector again (tests start many engines)
 

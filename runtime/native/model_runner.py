@@ -19,6 +19,7 @@ own (runtime/native/parallel/), with the step's host inputs (`host_step`) from w
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Sequence
 from itertools import accumulate
 from typing import TYPE_CHECKING, NamedTuple
@@ -209,6 +210,14 @@ class ModelRunner:
                                             max_blocks_per_seq, self.lora, lora_version, keep_hidden=self.keep_hidden)
         if isinstance(self.graphs, DecodeGraphs) and not self.keep_hidden:  # (mixed graphs hand out logits only)
             self.mixed_graphs = MixedGraphs(self.graphs, self.prefill_graphs, lora_version)
+
+    def release_graphs(self) -> None:
+        """Drop the captured steps and wait for the device (before a tensor-parallel group is destroyed: NCCL waits in
+        destroy_process_group for the collectives that live CUDA graphs hold)."""
+        self.graphs = self.prefill_graphs = self.mixed_graphs = None
+        gc.collect()  # (graphs sit in reference cycles with their buffers' owners)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def compile_decode(self, max_blocks_per_seq: int, scratch_block: int) -> CompiledDecode:
         """Single-stream decode steps on CPU, compiled and warmed up in KV block `scratch_block` (after

@@ -126,5 +126,6 @@ def run(encoded_args: bytes) -> int:
     exit_when_orphaned(args.parent_pid)
     worker = Worker(args)
     worker.serve()
+    worker.runner.release_graphs()
     dist.destroy_process_group()
     return 0
