@@ -38,7 +38,7 @@ class EngineConfig:
     default_max_tokens: int | None = 2048  # most tokens a request without max_tokens generates, within the context window (none: up to its end, as vLLM)
     # section: batching and KV cache
     max_batch_size: int = 64  # most sequences in one step
-    max_num_tokens: int | None = None  # tokens per step (prefill + decode); default: on a GPU, what keeps a step's prefill near 50 ms (8192 for a 1B model, 2048 for 8B: runtime/native/step_tokens.py), 2048 on CPU
+    max_num_tokens: int | None = None  # tokens per step (prefill + decode); default: on a GPU, what keeps a step's prefill near 50 ms (8192 for a 1B model, 2048 for 8B, 4096 for 8B in FP8: runtime/native/step_tokens.py), 2048 on CPU
     max_queue_size: int = 1024  # waiting requests; over it: QueueFullError
     kv_block_size: int = 16  # tokens per KV block
     max_kv_tokens: int | None = None  # KV cache size in tokens; None: from kv_cache_fraction (GPU), one context window for the batch (CPU, runtime/native/kv_cache.py)

@@ -10,6 +10,7 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -36,6 +37,8 @@ from runtime.model_spec import ModelSpec
 from runtime.native.models import kv_cache_bytes_per_token, load_model
 from runtime.native.models.attention import attention_layers
 from runtime.native.models.cpu_weights import prepare_cpu_weights
+from runtime.native.models.fp8 import native_fp8
+from runtime.native.models.fp8_checkpoint import checkpoint_is_fp8
 from runtime.native.models.kv_scales import FP8, describe_kv_scales
 from runtime.native.parallel.workers import Workers
 from runtime.native.sampler import Sampler
@@ -71,8 +74,10 @@ def describe_model(config: EngineConfig) -> ModelDescription:
                           CpuFeatures.detect())
     else:
         dtype = resolve_dtype(config.dtype, device, DTYPES[served.spec.dtype])
-    info = dataclasses.replace(served.info, dtype=dtype_name(dtype), device=str(device),
-                               max_num_tokens=config.max_num_tokens or default_max_num_tokens(served.spec, device.type))
+    fp8_products = native_fp8(device) and (config.quantization == "fp8"
+                                           or checkpoint_is_fp8(Path(served.path), served.spec.config))
+    info = dataclasses.replace(served.info, dtype=dtype_name(dtype), device=str(device), max_num_tokens=(
+        config.max_num_tokens or default_max_num_tokens(served.spec, device.type, fp8_products)))
     return ModelDescription(served.path, served.spec, device, dtype, info)
 
 

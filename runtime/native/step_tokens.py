@@ -6,6 +6,8 @@ step. On CUDA the right size depends on the model: on an H200 (benchmarks/RESULT
 latency too, while the 8B shape gained 3% at 4,096 and its p99 inter-token latency doubled (a 4,096-token step takes
 ~100 ms there). What they share is the step's time, so the default holds a step's products near STEP_FLOPS:
 8,192 tokens for 1B models and smaller, 2,048 for 8B ones, 4,096 between (Qwen3-30B-A3B's 3B active weights).
+FP8 weights on FP8 tensor cores multiply at twice the rate, so their products count half: 4,096 tokens for an 8B
+FP8 model (256 x 128/128 on an H200: +1.4-3% over 2,048, RESULTS.md 2026-11-30).
 On CPU steps are slow at any size: 2,048 as before.
 """
 
@@ -32,12 +34,13 @@ def weights_per_token(spec: ModelSpec) -> int:
     return total
 
 
-def default_max_num_tokens(spec: ModelSpec, device_type: str) -> int:
-    """The largest power of 2 of tokens whose products stay within STEP_FLOPS, in [MIN_TOKENS, MAX_TOKENS] (CUDA);
-    CPU_TOKENS elsewhere."""
+def default_max_num_tokens(spec: ModelSpec, device_type: str, fp8_products: bool = False) -> int:
+    """The largest power of 2 of tokens whose products stay within STEP_FLOPS, in [MIN_TOKENS, MAX_TOKENS] (CUDA; FP8
+    products count half); CPU_TOKENS elsewhere."""
     if device_type != "cuda":
         return CPU_TOKENS
+    flops_per_token = 2 * weights_per_token(spec) / (2 if fp8_products else 1)
     tokens = MIN_TOKENS
-    while tokens * 2 <= MAX_TOKENS and tokens * 2 * 2 * weights_per_token(spec) <= STEP_FLOPS:
+    while tokens * 2 <= MAX_TOKENS and tokens * 2 * flops_per_token <= STEP_FLOPS:
         tokens *= 2
     return tokens

@@ -40,6 +40,15 @@ def test_a_gpu_step_holds_about_40_tflop_of_prompt_products(model: str, weights:
     assert default_max_num_tokens(spec, "cpu") == 2048
 
 
+@pytest.mark.parametrize(("model", "tokens"), [("Llama-3.2-1B", 8192), ("Llama-3.1-8B", 4096),
+                                               ("Qwen3-30B-A3B", 8192)])
+def test_fp8_products_count_half(model: str, tokens: int) -> None:
+    """FP8 tensor cores multiply at twice bf16's rate: the same step time holds twice the tokens (within 8192)."""
+    spec = ModelSpec.from_config(SHAPES[model])
+    assert default_max_num_tokens(spec, "cuda", fp8_products=True) == tokens
+    assert default_max_num_tokens(spec, "cpu", fp8_products=True) == 2048
+
+
 @pytest.mark.parametrize("engine_process", [False, True])
 @pytest.mark.parametrize(("given", "used"), [(None, 2048), (24, 24)])
 async def test_the_core_and_the_front_end_use_the_same_tokens_a_step(tmp_path: Path, engine_process: bool,
