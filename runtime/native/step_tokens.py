@@ -7,7 +7,7 @@ latency too, while the 8B shape gained 3% at 4,096 and its p99 inter-token laten
 ~100 ms there). What they share is the step's time, so the default holds a step's products near STEP_FLOPS:
 8,192 tokens for 1B models and smaller, 2,048 for 8B ones, 4,096 between (Qwen3-30B-A3B's 3B active weights).
 FP8 weights on FP8 tensor cores multiply at twice the rate, so their products count half: 4,096 tokens for an 8B
-FP8 model (256 x 128/128 on an H200: +1.4-3% over 2,048, RESULTS.md 2026-11-30).
+FP8 model (256 x 128/128 on an H200: +1.4-3% over 2,048, RESULTS.md 2026-11-29 23:50).
 On CPU steps are slow at any size: 2,048 as before.
 """
 
