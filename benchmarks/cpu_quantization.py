@@ -71,7 +71,7 @@ def _perplexity(model: Any, ids: list[int], window: int) -> float:
     nll, count = 0.0, 0
     with torch.no_grad():
         for start in range(0, len(ids) - 1, window):
-            chunk = torch.tensor([ids[start:start + window + 1]])
+            chunk = torch.tensor([ids[start:start + window + 1]], device=model.device)
             if chunk.shape[1] < 2:
                 break
             logits = model(chunk[:, :-1]).logits.float()
@@ -81,16 +81,17 @@ def _perplexity(model: Any, ids: list[int], window: int) -> float:
 
 
 def perplexities(model_path: str, dtype: torch.dtype, window: int, max_tokens: int, settings: Sequence[str],
-                 replace: Callable[[str, str, torch.nn.Linear], None]) -> tuple[int, dict[str, float]]:
-    """(tokens scored, perplexity per setting) of transformers' model of `model_path`, each of its Linears (name,
-    module) given to `replace(setting, name, module)` first, under no_grad."""
+                 replace: Callable[[str, str, torch.nn.Linear], None],
+                 device: str = "cpu") -> tuple[int, dict[str, float]]:
+    """(tokens scored, perplexity per setting) of transformers' model of `model_path` on `device`, each of its
+    Linears (name, module) given to `replace(setting, name, module)` first, under no_grad."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     ids = tokenizer(TEXT.read_text())["input_ids"][:max_tokens]
     perplexity = {}
     for setting in settings:
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).eval()
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
         with torch.no_grad():
             for name, module in model.named_modules():
                 if isinstance(module, torch.nn.Linear):

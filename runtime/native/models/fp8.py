@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
+FAST_ACCUM = True  # Hopper's FP8 products without the periodic promotion of partial sums to float32 (vLLM's CUTLASS FP8 GEMMs' schedule)
 MIN_SCALE = 1e-12  # the smallest scale: an all-zero row or token quantizes to zeros, not NaNs
 
 
@@ -124,7 +125,8 @@ def _scaled_product(x: torch.Tensor, xq: torch.Tensor, x_scale: torch.Tensor, we
     w_scale = scale.view(1, -1)
     if x.dtype == torch.bfloat16 and x.is_cuda and _capability(x.device) >= (9, 0):
         # per-row scales inside the product (Hopper's CUTLASS kernels); its output is bf16 only
-        return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=x.dtype)
+        return torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=w_scale, out_dtype=x.dtype,
+                                use_fast_accum=FAST_ACCUM)
     # Ada, or float16 activations (or the CPU): float32 output, the scales applied after
     one = torch.ones((), dtype=torch.float32, device=x.device)
     y = torch._scaled_mm(xq, weight.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
