@@ -13,7 +13,8 @@
 # gpu_moe_profile 20; http_vs_core ran past its 60 s. Guesses: decode_b1_timers 20, gpu_quant 40, gpu_bench 100.
 # gpu_load_profile, prefill_attention and gemm_shapes (issue 48) ran at full size on 2026-11-29, not yet as these entries.
 # Not entries: benchmarks/gpu_models.py (a library: gpu_bench, decode_b1 and http_vs_core run it), cuda_timing.py
-# (a library: every entry that times on the GPU runs it), and the other gpu_*.sh scripts, which are these modules
+# (a library: every entry that times on the GPU runs it), nccl_graph_destroy.py and gpu_tp.py (two GPUs:
+# benchmarks/gpu_tp.sh runs them), and the other gpu_*.sh scripts, which are these modules
 # at real shapes (no quick mode) plus the CUDA test files.
 W=/tmp/gpu_smoke
 ENTRIES=(
@@ -26,6 +27,7 @@ ENTRIES=(
   "eagle_chain_cost 40 python -m benchmarks.eagle_chain_cost --smoke --device cuda --lengths 100 700 --drafts 2 --calls 5 --work $W/models --out $W/eagle_chain"
   "few_token_step 40 python -m benchmarks.few_token_step --shape tiny --rows 1 3 --out $W/few_token_step --work $W/models"
   "spec_decode 50 python -m benchmarks.spec_decode --device cuda --max-tokens 16 --concurrency 1 4 --requests-per-slot 1"
+  "fp8_quality 40 python -m benchmarks.fp8_quality --device cuda --model demo --text-tokens 128 --window 64"
   "gpu_families 60 python -m benchmarks.gpu_families --smoke --device cuda --out $W/families"
   "gpu_moe_profile 60 python -m benchmarks.gpu_moe_profile --smoke --device cuda --steps 5 --profile-steps 1 --out $W/moe_profile"
   "gpu_quant 60 python -m benchmarks.gpu_quant --smoke --device cuda --out $W/quant"

@@ -23,7 +23,8 @@ NOT_ENTRIES = {"gpu_models": "a library of checkpoints and baselines: the gpu_be
                "cuda_timing": "a library (the event timing loop): every entry that times on the GPU runs it",
                "gpu_int4_gemv": "gpu_quant's int4_gemv phase: the gpu_quant entry runs it on the GPU",
                "int4_gemv_sass": "compiles for sm_90 without a GPU: tests/benchmarks/test_int4_gemv_sass.py runs it",
-               "gpu_tp": "needs two GPUs: benchmarks/gpu_tp.sh runs its tests and figures on the 2-GPU machine"}
+               "gpu_tp": "needs two GPUs: benchmarks/gpu_tp.sh runs its tests and figures on the 2-GPU machine",
+               "nccl_graph_destroy": "needs two GPUs: benchmarks/gpu_tp.sh runs it on the 2-GPU machine"}
 
 
 class Parsed(Exception):
