@@ -212,12 +212,13 @@ class ModelRunner:
             self.mixed_graphs = MixedGraphs(self.graphs, self.prefill_graphs, lora_version)
 
     def release_graphs(self) -> None:
-        """Drop the captured steps and wait for the device (before a tensor-parallel group is destroyed: NCCL waits in
-        destroy_process_group for the collectives that live CUDA graphs hold)."""
+        """On CUDA, drop the captured steps and wait for the device (before a tensor-parallel group is destroyed: NCCL
+        waits in destroy_process_group for the collectives that live CUDA graphs hold)."""
+        if self.device.type != "cuda":
+            return
         self.graphs = self.prefill_graphs = self.mixed_graphs = None
-        gc.collect()  # (graphs sit in reference cycles with their buffers' owners)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        gc.collect()  # (a graph still in a reference cycle would keep its collectives)
+        torch.cuda.synchronize(self.device)
 
     def compile_decode(self, max_blocks_per_seq: int, scratch_block: int) -> CompiledDecode:
         """Single-stream decode steps on CPU, compiled and warmed up in KV block `scratch_block` (after
