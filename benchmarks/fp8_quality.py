@@ -2,6 +2,7 @@
 channel, as runtime/native/models/fp8_checkpoint.py's quantize_model stores them) against the same model in bf16, in one run.
 
     python -m benchmarks.fp8_quality                 # the default model (SmolLM2-135M-Instruct), on the CPU
+    python -m benchmarks.fp8_quality --device cuda   # on a GPU with FP8 tensor cores: the five settings
 
 Settings: "bf16" (the checkpoint's weights), "fp8 weights" (every projection but the output head replaced by its E4M3
 round trip: what the one-token GEMV multiplies, and what the CPU and pre-Ada GPUs serve), "fp8 weights + activations"
@@ -9,8 +10,6 @@ round trip: what the one-token GEMV multiplies, and what the CPU and pre-Ada GPU
 With `--device cuda` on a GPU with FP8 tensor cores, two more: "fp8 tensor cores" (every projection but the head
 through the engine's own FP8 product, runtime/native/models/fp8.py's fp8_linear, float32 sums promoted periodically) and
 "fp8 tensor cores, fast accumulation" (its FAST_ACCUM: the partial sums stay in the tensor cores).
-
-    python -m benchmarks.fp8_quality --device cuda   # on an H200: the five settings
 Text and windows as benchmarks/cpu_quantization.py's quality figure (docs/scaling.md, windows of 512 tokens).
 """
 
