@@ -4,9 +4,10 @@
     py-spy record --subprocesses -o b1.txt -f raw -- python -m benchmarks.decode_b1 --seconds 10
     python -m benchmarks.decode_b1 --timers --seconds 5           # in-process, with host timers around the step's parts
     python -m benchmarks.decode_b1 --smoke [--timers]             # a tiny model on the CPU, for the test suite
+    python -m benchmarks.decode_b1 --timers --streams 256 --tokens 128   # the host's share of a 256-row step
 
-Requests of `--tokens` tokens (128-token prompts) run one after another until `--seconds` have passed; prints the
-median inter-token gap as the caller sees it, as JSON. `--timers` runs the engine in this process and wraps the
+Requests of `--tokens` tokens (128-token prompts) run one after another (`--streams` of them at once) until
+`--seconds` have passed; prints the median inter-token gap as the caller sees it, as JSON. `--timers` runs the engine in this process and wraps the
 step's parts (scheduling, launch, graph replay, sampler, the wait for the device, output handling) in
 perf_counter timers: each part's mean host microseconds per step, without a profiler's distortion (a timer costs
 well under a microsecond). On CUDA it then times `CUDAGraph.replay()` on the host, back to back on a busy
@@ -127,8 +128,10 @@ def replay_host_us(engine: NativeEngine, replays: int = 60) -> dict[str, float]:
 async def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    config = EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=8,
-                          max_kv_tokens=8 * 4096, max_model_len=4096, enable_prefix_caching=False)
+    streams = args.streams
+    config = EngineConfig(model=str(folder), device=device, dtype="bfloat16", max_batch_size=max(8, streams),
+                          max_kv_tokens=max(8 * 4096, streams * (128 + args.tokens + 16)), max_model_len=4096,
+                          enable_prefix_caching=False)
     engine: NativeEngine | EngineClient = NativeEngine(config) if args.timers else EngineClient(config)
     await engine.start()
     await engine.warmed_up()  # the CPU's compiled steps, built while eager ones serve
@@ -142,12 +145,14 @@ async def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
             steps0 = engine.stats().iterations if isinstance(engine, NativeEngine) else 0
             stop_at = time.perf_counter() + args.seconds
             i = 0
-            while time.perf_counter() < stop_at or i < 2:  # two requests at least, whatever the machine's speed
-                prompt = gm.random_prompts(1, 128, vocab, seed=i)[0]
-                _, arrivals, _ = await _stream(engine, _request(f"b1-{i}", prompt, args.tokens))
-                gaps.extend(b - a for a, b in zip(arrivals[1:], arrivals[2:]))
-                i += 1
-            result.update(itl_ms_p50=statistics.median(gaps) * 1e3, tokens=len(gaps) + i)
+            while time.perf_counter() < stop_at or i < 2 * streams:  # two rounds at least, whatever the machine's speed
+                prompts = gm.random_prompts(streams, 128, vocab, seed=i)
+                done = await asyncio.gather(*(_stream(engine, _request(f"b1-{i + k}", prompt, args.tokens))
+                                              for k, prompt in enumerate(prompts)))
+                for _, arrivals, _ in done:
+                    gaps.extend(b - a for a, b in zip(arrivals[1:], arrivals[2:]))
+                i += streams
+            result.update(itl_ms_p50=statistics.median(gaps) * 1e3, tokens=len(gaps) + i, streams=streams)
         if isinstance(engine, NativeEngine) and engine.runner.graphs is not None and device == "cuda":
             result["replay_host_us"] = replay_host_us(engine)
     finally:
@@ -166,6 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--tokens", type=int, default=1024, help="tokens per request")
     parser.add_argument("--timers", action="store_true", help="in-process engine, host timers around its parts")
+    parser.add_argument("--streams", type=int, default=1, help="requests decoding at once (a step's rows)")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
     shape = gm.TINY if args.smoke else gm.LLAMA_1B

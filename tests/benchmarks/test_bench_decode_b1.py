@@ -27,3 +27,11 @@ def test_timers_cover_every_step(capsys: pytest.CaptureFixture[str]) -> None:
     for name in ("NativeEngine.step", "EngineCore.step", "Scheduler.schedule", "Scheduler.update_from_output",
                  "ModelRunner.launch", "Sampler.__call__", "Outbox.put"):
         assert parts[name]["calls_per_step"] >= 1.0 and positive(parts[name]["us_per_step"]), name
+
+
+def test_streams_decode_together(capsys: pytest.CaptureFixture[str]) -> None:
+    """--streams: that many requests at once, each step's rows; the timers per step as before."""
+    decode_b1.main(["--smoke", "--timers", "--streams", "4"])
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert result["streams"] == 4 and result["tokens"] >= 4 * 16
+    assert result["host_us_per_step"]["Scheduler.update_from_output"]["calls_per_step"] >= 1.0
