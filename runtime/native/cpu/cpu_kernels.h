@@ -1,7 +1,7 @@
 // What the CPU kernels' C++ files call of each other (one extension, built by runtime/native/cpu/paged_attention.py).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <functional>

@@ -11,7 +11,8 @@
 // The values are those of the eager step: the same kernels for the products and attention, the same formulas
 // elsewhere, and in bfloat16 the same roundings to bfloat16 wherever the eager step holds a bfloat16 tensor.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 

@@ -11,7 +11,8 @@
 // or four NEON registers elsewhere); with the head size and group size known at compile time the query and
 // the accumulators stay in registers.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>

@@ -17,7 +17,8 @@
 // bytes: scale * sum_i q x + (offset - 8 scale) * sum_i x. Either way every x row reuses the weights it loaded,
 // up to kRowBlock rows at a time, so a step of many rows still reads each weight once from memory.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
