@@ -154,9 +154,10 @@ class EngineClient(AsyncEngine):
         self._receiver = zmq.asyncio.Context.instance().socket(zmq.PULL)
         self._receiver.setsockopt(zmq.RCVHWM, 0)
         self._receiver.bind(addresses.to_front_end)
-        if front_end.index == 0:
-            self._spawn_core([front_end.addresses(self._folder, i) for i in range(front_end.count)])
-        try:  # the tokenizer (and its detokenizing table: text is made here) loads while the core starts
+        try:
+            if front_end.index == 0:
+                await self._spawn_core([front_end.addresses(self._folder, i) for i in range(front_end.count)])
+            # the tokenizer (and its detokenizing table: text is made here) loads while the core starts
             self.outputs = await asyncio.to_thread(_output_processor, self.config.tokenizer or self.model_path)
             self.tokenizer = self.outputs.tokenizer
             ready = await self._first_message()
@@ -175,9 +176,12 @@ class EngineClient(AsyncEngine):
         logger.info("engine core running in process %d (front end %d of %d)", ready.pid, front_end.index + 1,
                     front_end.count)
 
-    def _spawn_core(self, addresses: list[Addresses]) -> None:
+    async def _spawn_core(self, addresses: list[Addresses]) -> None:
         args = CoreArgs(self.config, addresses, os.getpid(), logging.getLogger().getEffectiveLevel())
-        self._process = launch("engine-core", "runtime.native.core_process:run", msgspec.msgpack.encode(args))
+        # in a thread: a process's first launch starts its zygote (a Python start with torch: seconds on a busy
+        # machine), and meanwhile this event loop answers /health ("starting the engine core")
+        self._process = await asyncio.to_thread(launch, "engine-core", "runtime.native.core_process:run",
+                                                msgspec.msgpack.encode(args))
         atexit.register(self._kill)  # a front end that exits without shutdown() leaves no core behind
         self._watch_core(self._process.pid)
 

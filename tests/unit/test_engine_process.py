@@ -278,3 +278,38 @@ def test_time_is_comparable_across_processes() -> None:
     """Deadlines and delta times are time.monotonic() values taken in the other process."""
     other = float(subprocess.check_output([sys.executable, "-c", "import time; print(time.monotonic())"]))
     assert abs(other - time.monotonic()) < 5
+
+
+def test_the_port_answers_while_the_core_launches(checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process's first launch starts its zygote (a Python start with torch: seconds on a busy machine); the front
+    end's event loop answers /health meanwhile (it once blocked in the launch, and /health timed out)."""
+    import threading
+
+    import httpx
+
+    import runtime.process.client as client
+    from gateway.settings import Settings
+    from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, RunningServer, free_port, loading, wait_for
+
+    gate, launching = threading.Event(), threading.Event()
+    launch = client.launch
+
+    def slow_launch(*args: Any) -> Any:
+        launching.set()
+        gate.wait(60)
+        return launch(*args)
+
+    monkeypatch.setattr(client, "launch", slow_launch)
+    engine = EngineConfig(**{**DEFAULT_ENGINE_OPTIONS, "model": str(checkpoint), "engine_process": True})
+    server = RunningServer(Settings(grpc_port=None, port=free_port(), drain_timeout=0.0, engine=engine))
+    server._thread.start()
+    try:
+        wait_for(launching.is_set, 60, "the launch")
+        health = httpx.get(server.url + "/health", timeout=2)
+        assert (health.status_code, health.json()) == (503, {"status": "loading", "phase": "starting the engine core"})
+        gate.set()
+        wait_for(lambda: not loading(server.url), 60, "readiness")
+        assert httpx.get(server.url + "/health").status_code == 200
+    finally:
+        gate.set()
+        server.stop()
