@@ -26,7 +26,9 @@ import torch.nn.functional as F
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)  # 448
-FAST_ACCUM = True  # Hopper's FP8 products without the periodic promotion of partial sums to float32 (vLLM's CUTLASS FP8 GEMMs' schedule)
+# Hopper's FP8 products without the periodic promotion of partial sums to float32, as vLLM's CUTLASS FP8 GEMMs run
+# (docs/quantization.md: +5.5% 8B throughput, +0.6% perplexity on the default model)
+FAST_ACCUM = True
 MIN_SCALE = 1e-12  # the smallest scale: an all-zero row or token quantizes to zeros, not NaNs
 
 
