@@ -10,8 +10,8 @@ Requests of `--tokens` tokens (128-token prompts) run one after another (`--stre
 `--seconds` have passed; prints the median inter-token gap as the caller sees it, as JSON. `--timers` runs the
 engine in this process and wraps the step's parts (scheduling, launch, graph replay, sampler, the wait for the
 device, output handling) in perf_counter timers: each part's mean host microseconds per step, without a profiler's
-distortion (a timer costs well under a microsecond). On CUDA it then times `CUDAGraph.replay()` on the host, back to back on a busy
-device: the same batch-1 graph each time, two graphs in turn, and one at a time on an idle device.
+distortion (a timer costs well under a microsecond). On CUDA it then times `CUDAGraph.replay()` on the host, back
+to back on a busy device: the same batch-1 graph each time, two graphs in turn, and one at a time on an idle device.
 """
 
 from __future__ import annotations
