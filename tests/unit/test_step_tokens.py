@@ -49,6 +49,32 @@ def test_fp8_products_count_half(model: str, tokens: int) -> None:
     assert default_max_num_tokens(spec, "cpu", fp8_products=True) == 2048
 
 
+@pytest.mark.parametrize(("quantization", "checkpoint_fp8", "tokens"), [
+    ("none", False, 2048), ("fp8", False, 4096), ("none", True, 4096)])
+def test_an_fp8_8b_model_on_fp8_tensor_cores_steps_4096_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              quantization: str, checkpoint_fp8: bool,
+                                                              tokens: int) -> None:
+    """describe_model counts FP8 products half for `--quantization fp8` and for an FP8 checkpoint, on a device with
+    FP8 tensor cores (stood in for here: the folder holds the 8B's config and a tokenizer, no weights)."""
+    import json
+
+    import torch
+
+    import runtime.native.core_loader as core_loader
+    from benchmarks.gpu_families import SHAPES as GPU_SHAPES, write_config
+
+    model_type, shape = GPU_SHAPES["llama-3.1-8b"]
+    folder = write_config(tmp_path / "llama-8b", model_type, shape)
+    if checkpoint_fp8:
+        config = json.loads((folder / "config.json").read_text())
+        config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+        (folder / "config.json").write_text(json.dumps(config))
+    monkeypatch.setattr(core_loader, "resolve_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(core_loader, "native_fp8", lambda device: True)
+    model = core_loader.describe_model(EngineConfig(model=str(folder), quantization=quantization, dtype="bfloat16"))
+    assert model.info.max_num_tokens == tokens
+
+
 @pytest.mark.parametrize("engine_process", [False, True])
 @pytest.mark.parametrize(("given", "used"), [(None, 2048), (24, 24)])
 async def test_the_core_and_the_front_end_use_the_same_tokens_a_step(tmp_path: Path, engine_process: bool,
