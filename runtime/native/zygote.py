@@ -1,13 +1,13 @@
 """The process our child processes fork from (runtime/process/launcher.py starts one per launching process, at its
 first launch): a fresh interpreter that imports the engine core's and the tensor-parallel worker's modules (torch and
-the model code with them) and transformers' tokenizers once, then forks a child for each request on its socket. Importing them starts no thread
-that matters to a fork and touches no GPU.
+the model code with them) and transformers' tokenizers once, then forks a child for each request on its socket.
+Importing them starts no thread that matters to a fork and touches no GPU.
 
     python -m runtime.native.zygote FD    # FD: its end of the launcher's socket pair; started by the launcher
 
-A request is a pickled Launch (runtime/process/launcher.py) with the launcher's stdout and stderr attached (SCM_RIGHTS); the answer is
-("started", pid), and ("exited", pid, code) when that child exits (code as subprocess's returncode: minus the
-signal). The forked child returns out of `main` with its entry's exit code, so it ends as a `python -m` process
+A request is a pickled Launch (runtime/process/launcher.py) with the launcher's stdout and stderr attached
+(SCM_RIGHTS); the answer is ("started", pid), and ("exited", pid, code) when that child exits (code as subprocess's
+returncode: minus the signal). The forked child returns out of `main` with its entry's exit code, so it ends as a `python -m` process
 would: atexit handlers, non-daemon threads joined, streams flushed.
 
 It ignores SIGINT and SIGTERM: a signal sent to the whole process group reaches it too, and it must outlive the

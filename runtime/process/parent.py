@@ -23,9 +23,9 @@ PR_SET_PDEATHSIG = 1  # prctl(2) option: the signal the kernel sends when the pa
 def exit_when_orphaned(parent_pid: int) -> None:
     """Die with the process that launched this one (the engine core with the first front end, a tensor-parallel
     worker with rank 0's process): it would otherwise step on for streams no one reads, holding the GPU. Its OS parent
-    is the forkserver (runtime/process/launcher.py), so it watches the launching process itself: on Linux through a
+    is the zygote (runtime/process/launcher.py), so it watches the launching process itself: on Linux through a
     pidfd, readable the moment that process exits; elsewhere by a look every PARENT_POLL s. The kernel also kills it
-    when the forkserver dies (Linux). (Other front ends drain instead: gateway/api_servers.py.)"""
+    when the zygote dies (Linux). (Other front ends drain instead: gateway/api_servers.py.)"""
     if sys.platform == "linux":
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 

@@ -1,5 +1,5 @@
-"""benchmarks/fp8_quality.py and benchmarks/int4_quality.py on the tiny model: a perplexity line per setting, bf16 first;
-the FP8 tensor-core settings (a GPU's; on the CPU fp8_linear's own product) through the same replacement."""
+"""benchmarks/fp8_quality.py and benchmarks/int4_quality.py on the tiny model: a perplexity line per setting, bf16
+first; the FP8 tensor-core settings (a GPU's; on the CPU fp8_linear's own product) through the same replacement."""
 
 from __future__ import annotations
 
