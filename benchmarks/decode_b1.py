@@ -174,6 +174,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--streams", type=int, default=1, help="requests decoding at once (a step's rows)")
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args(argv)
+    if args.streams < 1:
+        parser.error(f"--streams must be at least 1, got {args.streams}")
     shape = gm.TINY if args.smoke else gm.LLAMA_1B
     if args.smoke:
         args.seconds, args.tokens = min(args.seconds, 0.1), min(args.tokens, 16)
