@@ -68,10 +68,11 @@ def _read_eos_ids(path: str, filename: str) -> list[int]:
     return [int(v) for v in value] if isinstance(value, list) else [int(value)]
 
 
-def _load_hf(path: str) -> Any:
-    """transformers' tokenizer of folder `path`: the class its tokenizer_config.json names (its Fast variant first, as
-    AutoTokenizer picks), loaded directly: AutoTokenizer's config machinery imports torch, which the front end never
-    loads. AutoTokenizer itself only when the folder names no class transformers has."""
+def tokenizer_class(path: str) -> Any:
+    """transformers' tokenizer class for folder `path`: the one its tokenizer_config.json names (its Fast variant
+    first, as AutoTokenizer picks), imported directly: AutoTokenizer's config machinery imports torch, which the front
+    end never loads. AutoTokenizer itself only when the folder names no class transformers has. (The first lookup
+    is transformers' lazy import, which two threads must not run at once: runtime/process/data_parallel.py.)"""
     import transformers
 
     file = os.path.join(path, "tokenizer_config.json")
@@ -82,11 +83,10 @@ def _load_hf(path: str) -> Any:
     if isinstance(name, str) and name:
         for candidate in dict.fromkeys([name if name.endswith("Fast") else f"{name}Fast", name]):
             try:
-                cls = getattr(transformers, candidate)
+                return getattr(transformers, candidate)
             except (AttributeError, ImportError):
                 continue
-            return cls.from_pretrained(path, local_files_only=True)
-    return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return transformers.AutoTokenizer
 
 
 class Tokenizer:
@@ -127,7 +127,7 @@ class Tokenizer:
     @classmethod
     def from_pretrained(cls, path: str) -> Tokenizer:
         """Load the tokenizer in folder `path`; eos ids merged with generation_config.json/config.json."""
-        hf = _load_hf(path)
+        hf = tokenizer_class(path).from_pretrained(path, local_files_only=True)
         extra = _read_eos_ids(path, "generation_config.json") + _read_eos_ids(path, "config.json")
         return cls(hf, extra)
 

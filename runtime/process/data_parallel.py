@@ -18,8 +18,6 @@ import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import transformers
-
 from runtime.async_engine import AsyncEngine
 from runtime.config import EngineConfig
 from runtime.default_model import gguf_to_convert
@@ -29,6 +27,7 @@ from runtime.errors import EngineNotReadyError, InvalidRequestError
 from runtime.process.client import EngineClient
 from runtime.process.router import Router
 from runtime.request import GenerationRequest, OutputDelta
+from runtime.tokenizer import tokenizer_class
 from runtime.served_model import convert_apart
 from runtime.validation import PreparedRequest
 from runtime.workers import WorkerPool
@@ -82,9 +81,9 @@ class DataParallelEngine(AsyncEngine):
             await asyncio.to_thread(convert_apart, self.config)
             self._make_cores()
         self._phase = None
-        # transformers' lazy imports, done once before the cores load their tokenizers in threads at once (two
-        # threads importing them together found `transformers.AutoTokenizer` missing)
-        await asyncio.to_thread(lambda: transformers.AutoTokenizer)
+        # transformers' lazy import of the tokenizer's class, done once before the cores load their tokenizers in
+        # threads at once (two threads importing together found `transformers.AutoTokenizer` missing)
+        await asyncio.to_thread(tokenizer_class, self.config.tokenizer or self.cores[0].model_path)
         await asyncio.gather(*(core.start() for core in self.cores))
         self.tokenizer, self.outputs = self.cores[0].tokenizer, self.cores[0].outputs
         self._started = True

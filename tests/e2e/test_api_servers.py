@@ -16,7 +16,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.e2e.conftest import MODEL_NAME, free_port, wait_for
+from tests.e2e.conftest import MODEL_NAME, SSL_CONTEXT, free_port, wait_for
 from tests.e2e.test_shutdown import Served, start_together, stop_all
 
 BODY = {"model": MODEL_NAME, "prompt": "The quick brown fox", "max_tokens": 16, "temperature": 0, "ignore_eos": True}
@@ -70,7 +70,7 @@ def test_front_ends_share_the_port_and_the_engine_core(servers: Callable[[int], 
     cpu_before = sum(other.cpu_times()[:2])
 
     def complete(i: int) -> str:
-        with httpx.Client(timeout=60) as c:  # a new connection each: the kernel picks the front end
+        with httpx.Client(timeout=60, verify=SSL_CONTEXT) as c:  # a new connection each: the kernel picks the front end
             if i % 2:  # streamed: most tokens reach the front end as id columns of the core's step messages
                 with c.stream("POST", served.url + "/v1/completions", json={**BODY, "stream": True}) as r:
                     assert r.status_code == 200
@@ -101,7 +101,7 @@ def test_sigterm_drains_every_front_end_and_leaves_no_process(servers: Callable[
     procs = psutil.Process(served.proc.pid).children(recursive=True)
     assert len(procs) == 4  # two more front ends, the zygote and the core (runtime/process/launcher.py)
     body = {**BODY, "max_tokens": 120, "stream": True}
-    clients = [httpx.Client(timeout=60) for _ in range(6)]
+    clients = [httpx.Client(timeout=60, verify=SSL_CONTEXT) for _ in range(6)]
     streams = [c.stream("POST", served.url + "/v1/completions", json=body) for c in clients]
     responses = [s.__enter__() for s in streams]
     lines = [r.iter_lines() for r in responses]
@@ -122,7 +122,7 @@ def served_by(url: str, front_ends: list[psutil.Process], stack: ExitStack, max_
               first_token: Callable[[], None] = lambda: None) -> tuple[int, Any]:
     """A stream opened on `url` and held open in `stack`: (the pid of the front end serving it, its lines).
     `first_token` runs as soon as its first event is read."""
-    client = stack.enter_context(httpx.Client(timeout=60))
+    client = stack.enter_context(httpx.Client(timeout=60, verify=SSL_CONTEXT))
     body = {**BODY, "max_tokens": max_tokens, "stream": True}
     response = stack.enter_context(client.stream("POST", url + "/v1/completions", json=body))
     assert response.status_code == 200

@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, MODEL_NAME, free_port, wait_for
+from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, MODEL_NAME, POLL, free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAMS = 4
@@ -42,7 +42,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
     def ready() -> bool:
         assert proc.poll() is None, f"server exited with {proc.returncode}"
         try:
-            return httpx.get(url + "/health", timeout=2).status_code == 200
+            return POLL.get(url + "/health").status_code == 200
         except httpx.TransportError:
             return False
     wait_for(ready, timeout, "the server to be ready")
@@ -176,7 +176,7 @@ def test_sigterm_drains_streams_in_flight_then_exits_0(served: Served) -> None:
     proc.send_signal(signal.SIGTERM)
 
     # Draining: readiness false and new requests refused with 503, while the streams go on.
-    wait_for(lambda: httpx.get(url + "/health").status_code == 503, 10, "readiness to turn 503")
+    wait_for(lambda: POLL.get(url + "/health").status_code == 503, 10, "readiness to turn 503")
     assert httpx.get(url + "/health").json() == {"status": "draining"}
     # Triton's probes answer as Triton does, not with the drain's 503: a failed liveness probe gets the pod killed
     assert httpx.get(url + "/v2/health/live").status_code == 200

@@ -490,7 +490,7 @@ def test_the_port_answers_while_a_gguf_file_converts(models_root: Path, tmp_path
 
     from gateway.settings import Settings
     from runtime.config import EngineConfig
-    from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, RunningServer, free_port, loading, wait_for
+    from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, POLL, RunningServer, free_port, loading, wait_for
 
     path = write_gguf(build_tiny_model(models_root, "llama"), tmp_path / "tiny.gguf")
     gate = threading.Event()
@@ -505,7 +505,7 @@ def test_the_port_answers_while_a_gguf_file_converts(models_root: Path, tmp_path
             "status": "loading",
             "phase": "converting the GGUF file into a checkpoint (once: it is cached for the next starts)"}
         gate.set()
-        wait_for(lambda: httpx.get(server.url + "/health").status_code == 200, 120, "readiness")
+        wait_for(lambda: POLL.get(server.url + "/health").status_code == 200, 120, "readiness")
         r = httpx.post(server.url + "/v1/completions", json={"model": "tiny", "prompt": [5, 9, 17], "max_tokens": 4,
                                                              "temperature": 0, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
