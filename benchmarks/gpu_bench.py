@@ -238,8 +238,9 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
     finally:
         await engine.shutdown()
         del engine
-        gc.collect()
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():  # its memory back before the next engine (a CPU smoke's is small)
+            gc.collect()
+            torch.cuda.empty_cache()
     # The engine core in its own process (what the server runs by default; this loop only reads its outputs),
     # then the in-process engine with async scheduling off (each step waits for its tokens before the next is
     # prepared), then also without CUDA graphs (same kernels, launched eagerly).
@@ -277,8 +278,8 @@ async def engine_phase(folder: Path, out: Path, profile: bool, device: str = "cu
         finally:
             await engine.shutdown()
             del engine
-            gc.collect()
             if torch.cuda.is_available():
+                gc.collect()
                 torch.cuda.empty_cache()
     # the engine core under the shape of the HTTP load at 256 streams (closed loop, several client processes)
     if s.consumer_processes > 1:

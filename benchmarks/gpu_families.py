@@ -191,8 +191,9 @@ class Phases:
             self.failed = True
             self.results[key] = {"error": traceback.format_exc()}
             print(self.results[key]["error"], file=sys.stderr)
-        gc.collect()  # a phase's model (61 GB for the MoE shape) before the next one's
-        if torch.cuda.is_available():
+        if torch.cuda.is_available():  # a phase's model (61 GB for the MoE shape) freed before the next one's (the
+            # CPU runs smoke shapes, and a full collection costs ~1 s in a test worker's heap, a phase at a time)
+            gc.collect()
             torch.cuda.empty_cache()
         print(f"{self.path.stem}: {key} {time.perf_counter() - t:.1f}s: {json.dumps(self.results[key])[:self.printed]}",
               flush=True)

@@ -82,8 +82,8 @@ async def measure(folder: Path, device: str, s: Sizes, tokens: dict[str, int], s
     finally:
         await engine.shutdown()
         del engine
-        gc.collect()
         if torch.cuda.is_available():
+            gc.collect()
             torch.cuda.empty_cache()
     return res
 
