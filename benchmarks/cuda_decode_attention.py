@@ -42,7 +42,7 @@ def per_call_us(fn, calls: int) -> float:
     return ms_per_call(graph.replay, rounds=5) * 1000 / calls
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="1,8,64")
     parser.add_argument("--contexts", default="129,256,1024")
@@ -51,7 +51,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=50)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
     from runtime.native.cuda import paged_attention
@@ -59,21 +59,27 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32  # the interpreter's bf16 dot products are wrong
     heads, kv_heads, head_dim = (32, 8, args.head_dim) if not args.smoke else (4, 2, 16)
-    for rows, context in itertools.product(map(int, args.rows.split(",")), map(int, args.contexts.split(","))):
-        q, _, _, cache, meta = decode_step([context] * rows, heads, kv_heads, head_dim, dtype)
-        q, cache = q.to(device), cache.to(device)
-        for name in ("seq_lens", "block_tables"):
-            setattr(meta, name, getattr(meta, name).to(device))
-        ref = paged_attention.decode_attention(q, cache, meta, head_dim**-0.5)
-        for block_n, warps in itertools.product(map(int, args.block_n.split(",")), map(int, args.num_warps.split(","))):
-            paged_attention.DECODE_BLOCK_N, paged_attention.DECODE_NUM_WARPS = block_n, warps
-            out = paged_attention.decode_attention(q, cache, meta, head_dim**-0.5)
-            us = per_call_us(lambda _: paged_attention.decode_attention(q, cache, meta, head_dim**-0.5), args.calls)
-            kv_bytes = 2 * rows * context * kv_heads * head_dim * cache.element_size()
-            print(json.dumps({"rows": rows, "context": context, "block_n": block_n, "num_warps": warps,
-                              "us": round(us, 2), "tb_s": round(kv_bytes / us / 1e6, 2),
-                              "max_diff": float((out.float() - ref.float()).abs().max())}),
-                  flush=True)
+    default = paged_attention.DECODE_BLOCK_N, paged_attention.DECODE_NUM_WARPS
+    tiles = list(itertools.product(map(int, args.block_n.split(",")), map(int, args.num_warps.split(","))))
+    try:
+        for rows, context in itertools.product(map(int, args.rows.split(",")), map(int, args.contexts.split(","))):
+            q, _, _, cache, meta = decode_step([context] * rows, heads, kv_heads, head_dim, dtype)
+            q, cache = q.to(device), cache.to(device)
+            for name in ("seq_lens", "block_tables"):
+                setattr(meta, name, getattr(meta, name).to(device))
+            paged_attention.DECODE_BLOCK_N, paged_attention.DECODE_NUM_WARPS = default  # the reference: shipped tile
+            ref = paged_attention.decode_attention(q, cache, meta, head_dim**-0.5)
+            for block_n, warps in tiles:
+                paged_attention.DECODE_BLOCK_N, paged_attention.DECODE_NUM_WARPS = block_n, warps
+                out = paged_attention.decode_attention(q, cache, meta, head_dim**-0.5)
+                us = per_call_us(lambda _: paged_attention.decode_attention(q, cache, meta, head_dim**-0.5), args.calls)
+                kv_bytes = 2 * rows * context * kv_heads * head_dim * cache.element_size()
+                print(json.dumps({"rows": rows, "context": context, "block_n": block_n, "num_warps": warps,
+                                  "us": round(us, 2), "tb_s": round(kv_bytes / us / 1e6, 2),
+                                  "max_diff": float((out.float() - ref.float()).abs().max())}),
+                      flush=True)
+    finally:  # the shipped tile again: the test suite runs this in a process of its own tests
+        paged_attention.DECODE_BLOCK_N, paged_attention.DECODE_NUM_WARPS = default
 
 
 if __name__ == "__main__":

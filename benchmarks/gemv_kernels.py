@@ -36,7 +36,7 @@ SHAPES = {"qkv": (3072, 2048, "norm"), "o": (2048, 2048, "residual"), "gate_up":
 SMOKE_SHAPES = {"qkv": (48, 32, "norm"), "down": (32, 64, "silu+residual")}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="qkv,o,gate_up,down,lm_head", help=f"of {', '.join(SHAPES)}")
     parser.add_argument("--block-n", default="4,8,16,32")
@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--peak-gbs", type=float, default=3350.0, help="memory bandwidth for the floor (H100 SXM)")
     parser.add_argument("--smoke", action="store_true")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.smoke and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
     import torch.nn.functional as F

@@ -26,11 +26,16 @@ import torch
 
 RUN_HERE = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 kernels = pytest.mark.skipif(not RUN_HERE, reason="runs in the interpreter child process")
+# a GPU benchmark's CPU smoke run (tests/benchmarks): in the interpreter child, which has Python, torch and Triton
+# started already (a `python -m benchmarks.X` of its own cost each ~3 s of CPU); a GPU runs the benchmark itself in
+# benchmarks/gpu_smoke.sh
+interpreter_only = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" or torch.cuda.is_available(),
+                                      reason="a CPU smoke run of a GPU benchmark: in the interpreter child process")
 
 # pytest plugins the kernel tests do not use, left out of the child: loading them (and rewriting their modules'
 # asserts) took 2-3 s per child here
 UNUSED_PLUGINS = ("langsmith_plugin", "schemathesis", "hypothesispytest", "benchmark", "anyio")
-CHILD_TIMEOUT = 900.0  # s: the seven files take about 90 s alone, more beside the workers
+CHILD_TIMEOUT = 900.0  # s: its files take about a minute alone, more beside the workers
 
 ROOT = Path(__file__).resolve().parent.parent  # pytest's rootdir (pyproject.toml): node ids are relative to it
 

@@ -7,17 +7,22 @@ import json
 
 import pytest
 
-from tests.benchmarks.smoke import output_of, run_module
+from tests.triton_interpreter import interpreter_only, run_in_interpreter
 
 pytestmark = pytest.mark.benchmark_smoke
 pytest.importorskip("triton")
 
 
-def test_every_setting_runs_and_agrees() -> None:
-    proc = run_module("gemv_kernels", "--smoke", "--block-n", "4,8", "--block-k", "16,64", "--num-warps", "4",
-                      timeout=240)
-    assert proc.returncode == 0, output_of(proc)
-    rows = [json.loads(line) for line in proc.stdout.splitlines()]
+def test_kernels_in_triton_interpreter() -> None:
+    run_in_interpreter(__file__, passed=1)
+
+
+@interpreter_only
+def test_every_setting_runs_and_agrees(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import gemv_kernels
+
+    gemv_kernels.main(["--smoke", "--block-n", "4,8", "--block-k", "16,64", "--num-warps", "4"])
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     gemv = [r for r in rows if r.get("setting") == "gemv"]
     assert [(r["shape"], r["block_n"], r["block_k"]) for r in gemv] == [
         (shape, n, k) for shape in ("qkv", "down") for n in (4, 8) for k in (16, 64)]

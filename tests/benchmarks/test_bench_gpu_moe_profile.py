@@ -8,15 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmarks.smoke import output_of, positive, run_module
+from tests.benchmarks.smoke import positive
+from tests.triton_interpreter import interpreter_only, run_in_interpreter
 
 pytestmark = pytest.mark.benchmark_smoke
 pytest.importorskip("triton")
 
 
+def test_kernels_in_triton_interpreter() -> None:
+    run_in_interpreter(__file__, passed=1)
+
+
+@interpreter_only
 def test_every_phase_runs_and_writes_its_figures(tmp_path: Path) -> None:
-    proc = run_module("gpu_moe_profile", "--smoke", "--out", str(tmp_path), timeout=240)
-    assert proc.returncode == 0, output_of(proc)
+    from benchmarks import gpu_moe_profile
+
+    assert gpu_moe_profile.main(["--smoke", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "gpu_moe_profile.json").read_text())
     b1, layer = result["b1"], result["moe_layer"]
     assert positive(result["bandwidth_tb_s"], b1["step_ms"], b1["floor_ms"], b1["vs_floor"], b1["general_moe_ms"])

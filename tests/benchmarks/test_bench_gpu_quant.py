@@ -8,16 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.benchmarks.smoke import output_of, positive, run_module
+from tests.benchmarks.smoke import positive
+from tests.triton_interpreter import interpreter_only, run_in_interpreter
 
 pytestmark = pytest.mark.benchmark_smoke
 pytest.importorskip("triton")
 
 
+def test_kernels_in_triton_interpreter() -> None:
+    run_in_interpreter(__file__, passed=1)
+
+
+@interpreter_only
 def test_every_phase_runs_and_writes_its_figures(tmp_path: Path) -> None:
-    proc = run_module("gpu_quant", "--smoke", "--device", "cpu", "--out", str(tmp_path), timeout=240,
-                      env={"TRITON_INTERPRET": "1"})
-    assert proc.returncode == 0, output_of(proc)
+    from benchmarks import gpu_quant
+
+    assert gpu_quant.main(["--smoke", "--device", "cpu", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "gpu_quant.json").read_text())
     assert set(result["kernels"]) == {"qkv", "o", "gate_up", "down"}
     for figures in result["kernels"].values():

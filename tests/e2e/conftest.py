@@ -35,7 +35,8 @@ MODEL_NAME = "tiny"
 # an SSL context (the CA bundle parsed: ~20 ms of CPU); a poll every 20 ms kept a core busy while a server started
 # (py-spy over the suite, 2026-11-30: 170 s of samples). No kept connections: each poll connects afresh, as before.
 POLL = httpx.Client(timeout=2.0, limits=httpx.Limits(max_keepalive_connections=0))
-# for tests that make many clients: httpx builds an SSL context per client unless given one (plain HTTP leaves it unused)
+# for tests that make many clients: httpx builds an SSL context per client unless given one (plain HTTP leaves it
+# unused)
 SSL_CONTEXT = ssl.create_default_context()
 FAKES = Path(__file__).resolve().parent.parent / "fakes"
 
