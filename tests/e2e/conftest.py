@@ -35,8 +35,8 @@ MODEL_NAME = "tiny"
 # an SSL context (the CA bundle parsed: ~20 ms of CPU); a poll every 20 ms kept a core busy while a server started
 # (py-spy over the suite, 2026-11-30: 170 s of samples). No kept connections: each poll connects afresh, as before.
 POLL = httpx.Client(timeout=2.0, limits=httpx.Limits(max_keepalive_connections=0))
-# for tests that make many clients: httpx builds an SSL context per client unless given one (plain HTTP leaves it
-# unused)
+# for the clients tests make by the hundred (the SDK's, a test each): httpx builds an SSL context per client unless
+# given one (plain HTTP leaves it unused)
 SSL_CONTEXT = ssl.create_default_context()
 FAKES = Path(__file__).resolve().parent.parent / "fakes"
 
@@ -177,19 +177,21 @@ def backend_name(server: RunningServer) -> str:
 
 @pytest.fixture
 def http(server: RunningServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=60) as c:
+    with httpx.Client(base_url=server.url, timeout=60, verify=SSL_CONTEXT) as c:
         yield c
 
 
 @pytest.fixture
 def client(server: RunningServer) -> openai.OpenAI:
     """The official OpenAI SDK on `server` (no retries, so errors surface as they are)."""
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0,
+                         http_client=openai.DefaultHttpxClient(verify=SSL_CONTEXT))
 
 
 @pytest.fixture
 def aclient(server: RunningServer) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    return openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0,
+                              http_client=openai.DefaultAsyncHttpxClient(verify=SSL_CONTEXT))
 
 
 @pytest.fixture(scope="session")
