@@ -49,13 +49,15 @@ MAX_TOKENS = 4  # tokens a call may bring (a few accumulators a token, held in r
 # token, 2 / 3 / 4 tokens 0.66 / 0.77 / 0.95 ms against cuBLAS's 0.92 / 0.93 / 0.92 and one token's 0.61;
 # Llama-3.2-1B's q/k/v tile, 128 a token: 2 tokens 1.17 ms against 1.03)
 ACCUMULATORS = 96
-# FP8 weights' own tiles where they differ (half the bytes a row, so wider column tiles keep as many bytes in flight):
-# the best of benchmarks/gpu_quant.py's sweep on the H200 (2026-11-28) for Llama-3.1-8B's shapes; others: TILES
+# FP8 weights' own tiles where they differ (half the bytes a row, so other tiles keep as many bytes in flight): for
+# Llama-3.1-8B's shapes the best of a sweep with each projection's step flags (q/k/v and gate/up with the RMSNorm
+# prologue, o and down with the residual epilogue, down with the SwiGLU prologue; PDL) on the H200, 2026-11-30, whose
+# tiles made the graphed batch-1 step 2.867 -> 2.737 ms (benchmarks/RESULTS.md); others: TILES
 FP8_TILES: dict[tuple[int, int], tuple[int, int, int]] = {
-    (6144, 4096): (4, 2048, 4),  # q/k/v: 10.49 -> 9.91 us
-    (4096, 4096): (8, 4096, 8),  # o: 8.25 -> 8.00
-    (28672, 4096): (8, 4096, 8),  # gate/up: 43.26 -> 38.42
-    (4096, 14336): (4, 2048, 4),  # down: 25.80 -> 20.95
+    (6144, 4096): (8, 512, 4),  # q/k/v: 12.05 -> 10.90 us
+    (4096, 4096): (8, 1024, 4),  # o: 11.11 -> 7.31
+    (28672, 4096): (8, 4096, 8),  # gate/up: 33.58 (kept)
+    (4096, 14336): (8, 1024, 4),  # down: 21.91 -> 20.25
 }
 
 
