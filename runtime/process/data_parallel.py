@@ -27,8 +27,8 @@ from runtime.errors import EngineNotReadyError, InvalidRequestError
 from runtime.process.client import EngineClient
 from runtime.process.router import Router
 from runtime.request import GenerationRequest, OutputDelta
-from runtime.tokenizer import tokenizer_class
 from runtime.served_model import convert_apart
+from runtime.tokenizer import tokenizer_class
 from runtime.validation import PreparedRequest
 from runtime.workers import WorkerPool
 
