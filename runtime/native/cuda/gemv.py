@@ -52,11 +52,11 @@ ACCUMULATORS = 96
 # FP8 weights' own tiles where they differ (half the bytes a row, so other tiles keep as many bytes in flight): for
 # Llama-3.1-8B's shapes the best of a sweep with each projection's step flags (q/k/v and gate/up with the RMSNorm
 # prologue, o and down with the residual epilogue, down with the SwiGLU prologue; PDL) on the H200, 2026-11-30, whose
-# tiles made the graphed batch-1 step 2.867 -> 2.737 ms (benchmarks/RESULTS.md); others: TILES
+# tiles made the graphed batch-1 step 2.867 -> 2.707 ms (benchmarks/RESULTS.md); others: TILES
 FP8_TILES: dict[tuple[int, int], tuple[int, int, int]] = {
     (6144, 4096): (8, 512, 4),  # q/k/v: 12.05 -> 10.90 us
     (4096, 4096): (8, 1024, 4),  # o: 11.11 -> 7.31
-    (28672, 4096): (8, 4096, 8),  # gate/up: 33.58 (kept)
+    (28672, 4096): (16, 256, 4),  # gate/up: (8, 4096, 8) was fastest alone; in the step 2.740 -> 2.707 ms
     (4096, 14336): (8, 1024, 4),  # down: 21.91 -> 20.25
 }
 
