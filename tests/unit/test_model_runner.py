@@ -204,11 +204,15 @@ class MixedOpByOp:
 def test_async_engine_through_graph_stand_ins_gives_transformers_ids(checkpoint: Path,
                                                                     hf_model: torch.nn.Module) -> None:
     """With async scheduling and stand-ins for the decode, prefill and mixed graphs (their contracts, run op by op):
-    four streams of requests of different lengths, so prompts join decode rows whose tokens are still pending on
-    the device. No step runs op by op; steps go through the mixed stand-in, or (prompts over its 30 tokens) a
-    decode plus a prefill replay; every request's ids are transformers' greedy ones."""
+    a long request, then beside its decode rows (tokens still pending on the device) a short prompt alone and four
+    streams of requests of different lengths. Each step kind is met whatever the machine's speed (without the long
+    request, a busy box once served no short prompt beside decode rows). No step runs op by op; steps go through the
+    mixed stand-in, or (prompts over its 30 tokens) a decode plus a prefill replay; every request's ids are
+    transformers' greedy ones."""
     rng = random.Random(5)
     prompts = [[rng.randrange(3, 300) for _ in range(rng.randrange(20, 41))] for _ in range(12)]
+    long_prompt, long_tokens = [rng.randrange(3, 300) for _ in range(36)], 100  # alone first: the prefill stand-in
+    short_prompt = [rng.randrange(3, 300) for _ in range(24)]  # then alone beside its decode rows: the mixed one
 
     async def main() -> tuple[list[tuple[list[int], int, list[int]]], int, set[tuple[int, int, int]]]:
         async with running_engine(checkpoint, async_scheduling=True, max_batch_size=8) as engine:
@@ -235,7 +239,12 @@ def test_async_engine_through_graph_stand_ins_gives_transformers_ids(checkpoint:
                     got = await collect(engine, request(f"s{s}-{j}", prompt, max_tokens))
                     out.append((prompt, max_tokens, got.tokens[0]))
                 return out
-            done = [r for rs in await asyncio.gather(*(stream(s) for s in range(4))) for r in rs]
+            decoding = asyncio.Event()
+            long = asyncio.create_task(collect(engine, request("long", long_prompt, long_tokens), started=decoding))
+            await decoding.wait()
+            done = [(short_prompt, 5, (await collect(engine, request("short", short_prompt, 5))).tokens[0])]
+            done += [r for rs in await asyncio.gather(*(stream(s) for s in range(4))) for r in rs]
+            done.append((long_prompt, long_tokens, (await long).tokens[0]))
             return done, runner.eager_steps - eager, kinds
 
     done, eager_steps, kinds = asyncio.run(main())
