@@ -1,31 +1,15 @@
-"""Helpers of the benchmark smoke tests: run a script as `python -m`, check figures, serve the gateway in a thread."""
+"""Helpers of the benchmark smoke tests: check figures, serve the gateway in a thread."""
 
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
-
 
 from tests.e2e.conftest import DEFAULT_ENGINE_OPTIONS, RunningServer
 from tests.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def run_module(module: str, *args: str, timeout: float = 120.0, env: dict[str, str] | None = None
-               ) -> subprocess.CompletedProcess[str]:
-    """`python -m benchmarks.<module> ARGS` from the repository root; its output captured."""
-    return subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
-
-
-def output_of(proc: subprocess.CompletedProcess[str]) -> str:
-    """The tail of a finished process's output, for assertion messages."""
-    return f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
 
 
 def positive(*values: Any) -> bool:
