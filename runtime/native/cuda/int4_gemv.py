@@ -204,10 +204,11 @@ def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, parts_ptr, arrivals_p
 # the tile (BLOCK_N, WORDS, num_warps, AHEAD, SPLIT, PAIRS; SPLIT 0: AUTO_PROGRAMS programs a multiprocessor, split-K
 # where the tiles alone are fewer; PAIRS 1 or 2: two weights an instruction, 16-bit x only) by the weight's (N, K), else
 # DEFAULT: the fastest of benchmarks/gpu_int4_gemv.py's sweep per Llama-3.1-8B projection on an H200 (RESULTS.md,
-# 2026-11-29 12:40 UTC: PAIRS 2 won on all four)
+# 2026-11-29 12:40 UTC: PAIRS 2 won on all four). Gate/up's fastest alone, (256, 16, 8, 1, 0, 2), made the graphed
+# batch-1 step 3% slower than DEFAULT (2.851 against 2.765 ms, 2026-11-30): every shape takes DEFAULT
 Tile = tuple[int, int, int, int, int, int]
 DEFAULT: Tile = (128, 16, 4, 2, 0, 2)
-SHAPES: dict[tuple[int, int], Tile] = {(28672, 4096): (256, 16, 8, 1, 0, 2)}
+SHAPES: dict[tuple[int, int], Tile] = {}
 AUTO_PROGRAMS = 4
 _multiprocessors: dict[torch.device, int] = {}
 
