@@ -4,7 +4,8 @@
 # TP=2 against TP=1, each with and without CUDA graphs; batch-1 decode, 256 x 128/128, all-reduce time per step).
 #   run tool: command "bash benchmarks/gpu_tp.sh", kind nvidia-h200-x2, carry [".whl"] (wheels of the gateway's
 #   dependencies that the device lacks, installed with --no-deps beside its torch/triton/transformers).
-# Lands in $OUT: log.txt, nccl_destroy.txt, tests_cuda.txt, tp/ (gpu_tp.json, tp2_trace_b1.json, tp2_eager_trace_b1.json), tp.txt.
+# Lands in $OUT: log.txt, nccl_destroy.txt, tests_cuda.txt, tp/ (gpu_tp.json, tp2_trace_b1.json,
+# tp2_eager_trace_b1.json), tp.txt.
 # PHASES picks a subset of "tests bench"; BUDGET_S (default 420, plus about 20 s of setup) bounds the phases together.
 BUDGET_S=${BUDGET_S:-420}
 source benchmarks/gpu_setup.sh

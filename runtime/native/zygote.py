@@ -7,8 +7,8 @@ Importing them starts no thread that matters to a fork and touches no GPU.
 
 A request is a pickled Launch (runtime/process/launcher.py) with the launcher's stdout and stderr attached
 (SCM_RIGHTS); the answer is ("started", pid), and ("exited", pid, code) when that child exits (code as subprocess's
-returncode: minus the signal). The forked child returns out of `main` with its entry's exit code, so it ends as a `python -m` process
-would: atexit handlers, non-daemon threads joined, streams flushed.
+returncode: minus the signal). The forked child returns out of `main` with its entry's exit code, so it ends as a
+`python -m` process would: atexit handlers, non-daemon threads joined, streams flushed.
 
 It ignores SIGINT and SIGTERM: a signal sent to the whole process group reaches it too, and it must outlive the
 engine core, which keeps serving while its front end drains (its children die with it: runtime/process/parent.py).
