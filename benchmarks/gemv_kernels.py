@@ -23,17 +23,17 @@ import torch
 from benchmarks.cuda_decode_attention import per_call_us
 
 # name: (N, K, fused prologue/epilogue); Llama-3.2-1B: hidden 2048, 32 + 2 x 8 heads of 64, MLP 8192, vocab 128256
-SHAPES = {"qkv": (3072, 2048, "norm"), "o": (2048, 2048, "residual"), "gate_up": (16384, 2048, "norm"),
-          "down": (2048, 8192, "silu+residual"), "lm_head": (128256, 2048, ""),
+SHAPES = {"qkv": (3072, 2048, "norm"), "o": (2048, 2048, "residual"), "gate_up": (16384, 2048, "norm+glu"),
+          "down": (2048, 8192, "residual"), "lm_head": (128256, 2048, ""),
           # issue 43's shapes (--shapes l8b_qkv,...): Llama-3.1-8B (and Qwen3-8B's q/k/v and o, the same), Qwen3-8B's
           # MLP and head, Qwen3-30B-A3B's attention, router and head (its experts run runtime/native/cuda/one_token_moe.py's
           # own kernels: benchmarks/gpu_moe_profile.py)
-          "l8b_qkv": (6144, 4096, "norm"), "l8b_o": (4096, 4096, "residual"), "l8b_gate_up": (28672, 4096, "norm"),
-          "l8b_down": (4096, 14336, "silu+residual"), "l8b_lm_head": (128256, 4096, ""),
-          "q8b_gate_up": (24576, 4096, "norm"), "q8b_down": (4096, 12288, "silu+residual"),
+          "l8b_qkv": (6144, 4096, "norm"), "l8b_o": (4096, 4096, "residual"), "l8b_gate_up": (28672, 4096, "norm+glu"),
+          "l8b_down": (4096, 14336, "residual"), "l8b_lm_head": (128256, 4096, ""),
+          "q8b_gate_up": (24576, 4096, "norm+glu"), "q8b_down": (4096, 12288, "residual"),
           "q8b_lm_head": (151936, 4096, ""), "q30b_qkv": (5120, 2048, "norm"), "q30b_o": (2048, 4096, "residual"),
           "q30b_router": (128, 2048, "norm"), "q30b_lm_head": (151936, 2048, "")}
-SMOKE_SHAPES = {"qkv": (48, 32, "norm"), "down": (32, 64, "silu+residual")}
+SMOKE_SHAPES = {"qkv": (48, 32, "norm"), "gate_up": (64, 32, "norm+glu"), "down": (32, 64, "residual")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -66,21 +66,21 @@ def main(argv: list[str] | None = None) -> None:
     best: dict[str, dict] = {}
     for name, (n, k, fused) in shapes.items():
         weights = [torch.randn(n, k, generator=g).to(device, dtype) * k**-0.5 for _ in range(layers)]
-        x = torch.randn(1, 2 * k if "silu" in fused else k, generator=g).to(device, dtype)
+        x = torch.randn(1, k, generator=g).to(device, dtype)
         norm_weight = torch.randn(k, generator=g).to(device, dtype)
         residual = torch.randn(1, n, generator=g).to(device, dtype)
-        options = {"norm": (norm_weight, 1e-5) if "norm" in fused else None, "silu": "silu" in fused,
+        options = {"norm": (norm_weight, 1e-5) if "norm" in fused else None, "glu": "glu" in fused,
                    "residual": residual if "residual" in fused else None}
 
         def cublas(i: int) -> torch.Tensor:
-            return F.linear(silu_and_mul(x) if options["silu"] else x, weights[i])
+            return F.linear(x, weights[i])
 
         def around(i: int) -> torch.Tensor:  # the unfused step's other kernels of this projection
             out = residual
             if options["norm"] is not None:
                 out = rms_norm(x, norm_weight, 1e-5)
-            if options["silu"]:
-                out = silu_and_mul(x)
+            if options["glu"]:
+                out = silu_and_mul(residual)
             if options["residual"] is not None:
                 out = residual + residual
             return out
@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> None:
             v = x
             if options["norm"] is not None:
                 v = rms_norm(x, norm_weight, 1e-5)
-            if options["silu"]:
-                v = silu_and_mul(x)
             out = F.linear(v, weights[i])
+            if options["glu"]:
+                out = silu_and_mul(out)
             return out + residual if options["residual"] is not None else out
 
         want = unfused(0)

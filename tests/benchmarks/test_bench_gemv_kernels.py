@@ -25,7 +25,7 @@ def test_every_setting_runs_and_agrees(capsys: pytest.CaptureFixture[str]) -> No
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     gemv = [r for r in rows if r.get("setting") == "gemv"]
     assert [(r["shape"], r["block_n"], r["block_k"]) for r in gemv] == [
-        (shape, n, k) for shape in ("qkv", "down") for n in (4, 8) for k in (16, 64)]
+        (shape, n, k) for shape in ("qkv", "gate_up", "down") for n in (4, 8) for k in (16, 64)]
     assert all(r["max_diff"] < 0.1 for r in gemv)  # bf16 outputs of size ~1-3: a few rounding steps at most
-    assert [r["shape"] for r in rows if r.get("setting") == "cublas"] == ["qkv", "down"]
-    assert set(rows[-1]["best"]) == {"qkv", "down"}
+    assert [r["shape"] for r in rows if r.get("setting") == "cublas"] == ["qkv", "gate_up", "down"]
+    assert set(rows[-1]["best"]) == {"qkv", "gate_up", "down"}

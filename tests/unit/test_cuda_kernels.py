@@ -268,9 +268,8 @@ def test_one_token_projections_equal_the_eager_modules_they_fuse() -> None:
     norm.weight.data = rand(96)
     assert _bf16_close(gemv(x, weight, norm=(norm.weight, norm.eps)), linear(norm(x)))
     assert _bf16_close(gemv(x, weight, residual=residual), residual + linear(x))
-    gate_up = rand(1, 192)
-    act = (torch.nn.functional.silu(gate_up[:, :96]) * gate_up[:, 96:])
-    assert _bf16_close(gemv(gate_up, weight, silu=True, residual=residual), residual + linear(act))
+    gate, up = linear(x).split(20, dim=-1)  # the weight as a fused gate/up: 20 pairs
+    assert _bf16_close(gemv(x, weight, glu=True), torch.nn.functional.silu(gate) * up)
     wide = rand(300, 1100)  # rows and columns past a tile's edge
     v = rand(1, 1100)
     assert _bf16_close(gemv(v, wide), torch.nn.functional.linear(v.float(), wide.float()).to(bf))
@@ -288,15 +287,14 @@ def test_each_token_of_a_multi_token_gemv_has_the_bits_of_its_own_call(tokens: i
         return torch.randn(*shape, generator=g).to(DEVICE, torch.float16)
 
     weight, bias, norm_weight = rand(6, 1100), rand(6), rand(1100)  # two row tiles (the second partial), two of K
-    x, residual, gate_up = rand(tokens, 1100), rand(tokens, 6), rand(tokens, 2200)
+    x, residual = rand(tokens, 1100), rand(tokens, 6)
     calls = [dict(), dict(bias=bias), dict(norm=(norm_weight, 1e-5)), dict(residual=residual),
-             dict(silu=True, residual=residual)]
+             dict(norm=(norm_weight, 1e-5), glu=True)]  # glu: 3 gate/up pairs, the second tile's partial
     for fused_ops in calls:
-        inputs = gate_up if fused_ops.get("silu") else x
-        together = gemv(inputs, weight, **fused_ops)
+        together = gemv(x, weight, **fused_ops)
         for t in range(tokens):
             alone = {key: value[t : t + 1] if key == "residual" else value for key, value in fused_ops.items()}
-            assert torch.equal(together[t : t + 1], gemv(inputs[t : t + 1], weight, **alone)), (fused_ops, t)
+            assert torch.equal(together[t : t + 1], gemv(x[t : t + 1], weight, **alone)), (fused_ops, t)
     logits = gemv(x, weight, out=torch.empty(tokens, 6, dtype=torch.float32, device=DEVICE))
     assert torch.equal(logits[1:2], gemv(x[1:2], weight, out=torch.empty(1, 6, dtype=torch.float32, device=DEVICE)))
 

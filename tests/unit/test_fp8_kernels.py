@@ -62,9 +62,10 @@ def test_the_fp8_gemv_equals_the_dequantized_weight_with_each_fused_prologue_and
     norm = RMSNorm(1100, 1e-5, dtype=dtype).to(DEVICE)
     norm.weight.data = rand(1100)
     assert _close(gemv(x, weight, norm=(norm.weight, norm.eps), scale=scale), linear(norm(x)), step)
-    gate_up = rand(1, 2200)
-    act = F.silu(gate_up[:, :1100]) * gate_up[:, 1100:]
-    assert _close(gemv(gate_up, weight, silu=True, residual=residual, scale=scale), residual + linear(act), step)
+    assert _close(gemv(x, weight, residual=residual, scale=scale), residual + linear(x), step)
+    gate, up = linear(norm(x)).split(150, dim=-1)  # the weight as a fused gate/up: 150 pairs
+    glu = gemv(x, weight, norm=(norm.weight, norm.eps), glu=True, scale=scale)
+    assert _close(glu, F.silu(gate) * up, step)
     logits = torch.empty(1, 300, dtype=torch.float32, device=DEVICE)  # float32 out: rounded to dtype first
     assert _close(gemv(x, weight, scale=scale, out=logits), linear(x), step)
 

@@ -360,8 +360,8 @@ def _one_token_forward(self: nn.Module, x: torch.Tensor, positions: torch.Tensor
         if not isinstance(mlp, LlamaMLP):
             x = one_token_moe(mlp, x, norm)
             continue
-        h = _project(mlp.gate_up_proj, x, norm=(norm.weight, norm.eps))
-        x = _project(mlp.down_proj, h, silu=True, residual=x)
+        h = _project(mlp.gate_up_proj, x, norm=(norm.weight, norm.eps), glu=True)
+        x = _project(mlp.down_proj, h, residual=x)
     return rms_norm(x, self.norm.weight, self.norm.eps)
 
 

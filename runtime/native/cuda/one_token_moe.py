@@ -37,7 +37,7 @@ import triton.language as tl
 
 from runtime.native.cuda import pdl
 from runtime.native.cuda.arrivals import arrived_last, counters
-from runtime.native.cuda.gemv import gemv, input_rstd, input_tile
+from runtime.native.cuda.gemv import gemv, input_rstd, input_tile, rstd_block
 from runtime.native.cuda.moe import gated
 from runtime.native.cuda.pdl import wait_for_previous_kernel
 from runtime.native.models.moe import MoE
@@ -94,7 +94,7 @@ def _route_kernel(logits_ptr, ids_ptr, weights_ptr, E: tl.constexpr, BLOCK_E: tl
 def _gate_up_kernel(
     x_ptr, norm_ptr, eps, ids_ptr, w_ptr, bias_ptr, h_ptr, alpha, limit, stride_we,
     H: tl.constexpr, I: tl.constexpr, CLAMPED: tl.constexpr, BIAS: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_K: tl.constexpr, RSTD_BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
     """h[j, rows] = act(gate rows . RMSNorm(x) (+ bias), up rows . RMSNorm(x) (+ bias)) of the j-th chosen expert."""
     wait_for_previous_kernel(PDL)  # the ids (x, before them) are earlier kernels' outputs
@@ -110,14 +110,14 @@ def _gate_up_kernel(
     # the first weight tiles are in flight while the norm's scale is computed (x is read from L2)
     w_gate = tl.load(gate_rows + offs[None, :], mask=mask, other=0.0)
     w_up = tl.load(up_rows + offs[None, :], mask=mask, other=0.0)
-    rstd = input_rstd(x_ptr, eps, H, BLOCK_K)
-    normed = input_tile(x_ptr, norm_ptr, offs, offs < H, rstd, H, dtype, True, False)[None, :]
+    rstd = input_rstd(x_ptr, eps, H, RSTD_BLOCK)
+    normed = input_tile(x_ptr, norm_ptr, offs, offs < H, rstd, dtype, True)[None, :]
     acc_gate = w_gate.to(tl.float32) * normed
     acc_up = w_up.to(tl.float32) * normed
     for k in range(BLOCK_K, H, BLOCK_K):
         cols = k + offs
         col_mask = cols < H
-        normed = input_tile(x_ptr, norm_ptr, cols, col_mask, rstd, H, dtype, True, False)[None, :]
+        normed = input_tile(x_ptr, norm_ptr, cols, col_mask, rstd, dtype, True)[None, :]
         mask = row_mask[:, None] & col_mask[None, :]
         acc_gate += tl.load(gate_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32) * normed
         acc_up += tl.load(up_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32) * normed
@@ -187,7 +187,8 @@ def one_token_moe(moe: MoE, x: torch.Tensor, norm: RMSNorm) -> torch.Tensor:
     _gate_up_kernel[(top_k, triton.cdiv(inter, block_n))](
         x, norm.weight, norm.eps, ids, w13, w13 if b13 is None else b13, h, spec.alpha, spec.limit, w13.stride(0),
         H=hidden, I=inter, CLAMPED=spec.activation == "swiglu_clamp", BIAS=b13 is not None, BLOCK_N=block_n,
-        BLOCK_K=min(block_k, triton.next_power_of_2(hidden)), num_warps=warps, **launch,
+        BLOCK_K=min(block_k, triton.next_power_of_2(hidden)), RSTD_BLOCK=rstd_block(hidden), num_warps=warps,
+        **launch,
     )
     out = torch.empty_like(x)
     products = torch.empty((top_k, hidden), dtype=x.dtype, device=x.device)
