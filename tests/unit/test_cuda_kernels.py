@@ -29,7 +29,7 @@ if RUN_HERE:
 
 
 def test_kernels_in_triton_interpreter() -> None:
-    run_in_interpreter(__file__, passed=37)
+    run_in_interpreter(__file__, passed=38)
 
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -361,6 +361,31 @@ def test_rope_and_decode_attention_in_one_kernel_equal_the_two_kernels(dtype: to
     if torch.cuda.is_available() and dtype == torch.bfloat16 and not head_norms:  # the interpreter truncates bf16
         _, eager_k = rotary(positions, q, k)  # the eager module's K, bit for bit
         assert torch.equal(got_cache[0].view(-1, HKV * D)[meta.slot_mapping[:2]], eager_k[:2])
+
+
+@kernels
+def test_rope_decode_kernel_stores_the_rows_before_it_that_continue_its_sequence() -> None:
+    """A step continuing one sequence by three rows (a verification's: each attends over the ones before it), after
+    a sequence that shares its first blocks and is one token shorter, then a padded row: rope_decode_attention gives
+    the bits of rope_store_kv then decode_attention, in the output and the cache. (Each program stores its sequence's
+    earlier rows' K and V too, the same bits, so its reads do not depend on when their programs run; the other
+    sequence's row, at the position before the first of them, is told apart by its slot.)"""
+    g = torch.Generator().manual_seed(16)
+    shared = [5, 9, 2]
+    tables = [shared + [20], shared + [7], shared + [7], shared + [7], [0]]
+    meta = _meta([1, 1, 1, 1, 1], [12, 13, 14, 15, 0], tables)
+    meta.slot_mapping[4], meta.seq_lens[4] = -1, 0
+    cache = torch.randn(2, NUM_BLOCKS, BS, HKV, D, generator=g).to(DEVICE)
+    rotary = RotaryEmbedding(D, 64, RopeConfig(10000.0, "default", {})).to(DEVICE)
+    q, k, v = torch.randn(5, (H + 2 * HKV) * D, generator=g).to(DEVICE).split([H * D, HKV * D, HKV * D], dim=-1)
+    positions = torch.tensor([12, 13, 14, 15, 0], device=DEVICE)
+    want_cache = cache.clone()
+    rotated = rope_store_kv(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, D, want_cache, meta.slot_mapping)
+    want = decode_attention(rotated.view(5, H, D), want_cache, meta, D**-0.5).view(5, H * D)
+    got_cache = cache.clone()
+    got = rope_decode_attention(positions, q, k, v, rotary.cos_cache, rotary.sin_cache, got_cache, meta, D**-0.5)
+    assert torch.equal(got_cache, want_cache)
+    assert torch.equal(got, want)
 
 
 @kernels

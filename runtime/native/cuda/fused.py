@@ -123,7 +123,12 @@ def _rope_decode_kernel(
     WINDOWED: tl.constexpr, SINKS: tl.constexpr, NORM: tl.constexpr, OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr,
 ):
     """_rope_store_kv_kernel then paged_attention's _decode_kernel, for one (sequence, KV head): the new token's
-    rotated K and its V of this head go to its slot, its query group is rotated in registers, then attends."""
+    rotated K and its V of this head go to its slot, its query group is rotated in registers, then attends.
+
+    A step that continues a sequence by several rows (a verification's, a draft model's catch-up: one row a token,
+    in order) has each row attend over the keys of the rows before it, which their own programs store: programs of
+    one kernel run in no guaranteed order, so each program also stores the K and V of the rows before it that continue
+    its sequence (the same bits their own programs store) before its barrier, and its loads see them."""
     wait_for_previous_kernel(PDL)
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -131,15 +136,19 @@ def _rope_decode_kernel(
     cos, sin, partner, sign, d_mask = _rope_factors(pos_ptr, cos_ptr, sin_ptr, b, stride_cache, D, BLOCK_D, dtype)
     offs_d = tl.arange(0, BLOCK_D)
     slot = tl.load(slot_ptr + b).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
+    table = tables_ptr + b * stride_tb
     if slot >= 0:  # slot < 0: a padded row of a replayed graph, which stores nothing
-        one = tl.arange(0, 1)[:, None]  # the KV head as a one-row tile, the shape _rotate works on
-        mask = (one >= 0) & d_mask[None, :]
-        k = _rotate(k_ptr + b * stride_k + kvh * D + one, mask, cos, sin, partner, sign, dtype, k_norm_ptr, k_eps, D,
-                    NORM, OFFSET, WEIGHT_F32)
-        row = (slot * HKV + kvh) * D + one + offs_d[None, :]
-        tl.store(cache_ptr + row, to_cache(k, k_scale, cache_ptr), mask=mask)
-        v = tl.load(v_ptr + b * stride_v + kvh * D + one + offs_d[None, :], mask=mask)
-        tl.store(cache_ptr + v_offset + row, to_cache(v, v_scale, cache_ptr), mask=mask)
+        _store_row_kv(b, slot, cos, sin, partner, sign, d_mask, k_ptr, v_ptr, stride_k, stride_v, kvh, cache_ptr,
+                      v_offset, k_scale, v_scale, k_norm_ptr, k_eps, dtype, HKV, D, NORM, OFFSET, WEIGHT_F32)
+    earlier = b * 0 + 1  # rows back
+    while _continues_sequence(b - earlier, seq_len - 1 - earlier, slot_ptr, seq_lens_ptr, table, BLOCK_SIZE):
+        row = b - earlier
+        row_cos, row_sin, _, _, _ = _rope_factors(pos_ptr, cos_ptr, sin_ptr, row, stride_cache, D, BLOCK_D, dtype)
+        _store_row_kv(row, tl.load(slot_ptr + row).to(tl.int64), row_cos, row_sin, partner, sign, d_mask, k_ptr,
+                      v_ptr, stride_k, stride_v, kvh, cache_ptr, v_offset, k_scale, v_scale, k_norm_ptr, k_eps, dtype,
+                      HKV, D, NORM, OFFSET, WEIGHT_F32)
+        earlier += 1
     offs_g = tl.arange(0, BLOCK_G)
     mask = (offs_g < GROUP)[:, None] & d_mask[None, :]
     heads = kvh * GROUP + offs_g
@@ -147,12 +156,36 @@ def _rope_decode_kernel(
                 NORM, OFFSET, WEIGHT_F32)
     q = (q.to(tl.float32) * scale).to(dtype)  # (times k_scale: as paged_attention's kernels read an FP8 cache)
     tl.debug_barrier()  # this program's K/V stores are seen by its loads below
-    seq_len = tl.load(seq_lens_ptr + b).to(tl.int32)
-    out = attend_decode_group(q, heads, offs_g < GROUP, seq_len, cache_ptr, tables_ptr + b * stride_tb, kvh, v_offset,
-                              window, sinks_ptr, BLOCK_G, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, WINDOWED,
-                              SINKS)
+    out = attend_decode_group(q, heads, offs_g < GROUP, seq_len, cache_ptr, table, kvh, v_offset, window, sinks_ptr,
+                              BLOCK_G, BLOCK_SIZE, HKV, D, BLOCK_D, BLOCK_N, PRECISION, WINDOWED, SINKS)
     tl.store(out_ptr + b * stride_o + heads[:, None] * D + offs_d[None, :],
              (out * v_scale).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_row_kv(t, slot, cos, sin, partner, sign, d_mask, k_ptr, v_ptr, stride_k, stride_v, kvh, cache_ptr, v_offset,
+                  k_scale, v_scale, k_norm_ptr, k_eps, dtype, HKV: tl.constexpr, D: tl.constexpr, NORM: tl.constexpr,
+                  OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr):
+    """Row t's rotated K and its V of KV head `kvh` (RoPE factors `cos`, `sin`: its position's) to cache slot `slot`."""
+    one = tl.arange(0, 1)[:, None]  # the KV head as a one-row tile, the shape _rotate works on
+    mask = (one >= 0) & d_mask[None, :]
+    k = _rotate(k_ptr + t * stride_k + kvh * D + one, mask, cos, sin, partner, sign, dtype, k_norm_ptr, k_eps, D,
+                NORM, OFFSET, WEIGHT_F32)
+    row = (slot * HKV + kvh) * D + one + tl.arange(0, cos.shape[0])[None, :]
+    tl.store(cache_ptr + row, to_cache(k, k_scale, cache_ptr), mask=mask)
+    v = tl.load(v_ptr + t * stride_v + kvh * D + one + tl.arange(0, cos.shape[0])[None, :], mask=mask)
+    tl.store(cache_ptr + v_offset + row, to_cache(v, v_scale, cache_ptr), mask=mask)
+
+
+@triton.jit
+def _continues_sequence(row, pos, slot_ptr, seq_lens_ptr, table, BLOCK_SIZE: tl.constexpr):
+    """Whether step row `row` holds the token at position `pos` of the sequence whose block table is `table`: its
+    slot is where that table puts `pos` (a slot being written belongs to one sequence), its length pos + 1."""
+    ok = (row >= 0) & (pos >= 0)
+    slot = tl.load(slot_ptr + row, mask=ok, other=-1).to(tl.int64)
+    ok = ok & (slot >= 0) & (tl.load(seq_lens_ptr + row, mask=ok, other=0) == pos + 1)
+    block = tl.load(table + pos // BLOCK_SIZE, mask=ok, other=0).to(tl.int64)
+    return ok & (slot == block * BLOCK_SIZE + pos % BLOCK_SIZE)
 
 
 def _norm_arguments(norms: tuple[nn.Module, nn.Module] | None,
