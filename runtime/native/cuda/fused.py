@@ -168,12 +168,13 @@ def _store_row_kv(t, slot, cos, sin, partner, sign, d_mask, k_ptr, v_ptr, stride
                   OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr):
     """Row t's rotated K and its V of KV head `kvh` (RoPE factors `cos`, `sin`: its position's) to cache slot `slot`."""
     one = tl.arange(0, 1)[:, None]  # the KV head as a one-row tile, the shape _rotate works on
+    lanes = one + tl.arange(0, cos.shape[0])[None, :]
     mask = (one >= 0) & d_mask[None, :]
     k = _rotate(k_ptr + t * stride_k + kvh * D + one, mask, cos, sin, partner, sign, dtype, k_norm_ptr, k_eps, D,
                 NORM, OFFSET, WEIGHT_F32)
-    row = (slot * HKV + kvh) * D + one + tl.arange(0, cos.shape[0])[None, :]
+    row = (slot * HKV + kvh) * D + lanes
     tl.store(cache_ptr + row, to_cache(k, k_scale, cache_ptr), mask=mask)
-    v = tl.load(v_ptr + t * stride_v + kvh * D + one + tl.arange(0, cos.shape[0])[None, :], mask=mask)
+    v = tl.load(v_ptr + t * stride_v + kvh * D + lanes, mask=mask)
     tl.store(cache_ptr + v_offset + row, to_cache(v, v_scale, cache_ptr), mask=mask)
 
 
