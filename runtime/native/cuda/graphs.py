@@ -7,7 +7,9 @@ A graph row is one new token: its id, position, KV slot and the length of its se
 including it. A plain decode step has one row per sequence; a step that continues a sequence with
 several tokens (speculative verification of K drafts plus one, a draft model catching up) has one row
 per token, each attending over the cache up to its own position: every row's K/V is stored before
-attention runs, so the decode kernel sees the step's earlier tokens, causally, with no extra kernel.
+attention runs, so the decode kernel sees the step's earlier tokens, causally, with no extra kernel (where RoPE,
+the store and attention are one kernel, each row's program also stores the rows before it of its sequence:
+runtime/native/cuda/fused.py).
 
 Each graph reads its inputs from one static int32 buffer: ids, positions, slots, lengths, LoRA
 adapter slots and "previous sample" rows packed as int64 [6, max_rows], then the rows' block tables,
