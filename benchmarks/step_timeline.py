@@ -39,7 +39,8 @@ SHAPE_NAMES = [*SHAPES, "llama-3.2-1b"]
 
 
 def kernel_spans(run: Any, steps: int, cuda: bool) -> list[tuple[str, float, float]]:
-    """(name, start us, end us) of every kernel of `steps` calls of `run` (on the CPU: top-level operators), in order."""
+    """(name, start us, end us) of every kernel of `steps` calls of `run`, in order (on the CPU: top-level
+    operators)."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
