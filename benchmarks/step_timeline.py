@@ -3,6 +3,7 @@
     python -m benchmarks.step_timeline --out DIR                                  # on a GPU: Llama-3.1-8B, bf16
     python -m benchmarks.step_timeline --shape qwen3-30b-a3b --out DIR
     python -m benchmarks.step_timeline --quantization fp8 --out DIR              # FP8 weights (--quantization fp8)
+    python -m benchmarks.step_timeline --quantization int4 --out DIR             # INT4 (AWQ's form, random values)
     python -m benchmarks.step_timeline --smoke --out DIR                          # a tiny shape on the CPU, seconds
     python -m benchmarks.step_timeline --smoke --device cuda --out DIR            # the tiny shape on the GPU
 
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="llama-3.1-8b", choices=SHAPE_NAMES)
-    parser.add_argument("--quantization", default="none", choices=["none", "fp8"])
+    parser.add_argument("--quantization", default="none", choices=["none", "fp8", "int4"])
     parser.add_argument("--context", type=int, default=160)
     parser.add_argument("--steps", type=int, default=20, help="profiled replays (the first is left out)")
     parser.add_argument("--smoke", action="store_true", help="the tiny shape (on the CPU unless --device cuda)")
@@ -107,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     else:
         model_type, shape = ("llama", gm.LLAMA_1B) if args.shape == "llama-3.2-1b" else SHAPES[args.shape]
     folder = write_config(args.out / args.shape, model_type, shape)
-    model = random_model(str(folder), torch.bfloat16, device, quantization=args.quantization)
+    if args.quantization == "int4":
+        from benchmarks.gpu_quant import random_int4_model
+
+        model = random_int4_model(str(folder), torch.bfloat16, device)
+    else:
+        model = random_model(str(folder), torch.bfloat16, device, quantization=args.quantization)
     if cuda:
         from runtime.native.cuda import enable_cuda_kernels
 

@@ -81,6 +81,8 @@ def _rotate(rows, mask, cos, sin, partner, sign, dtype, norm_ptr, eps, D: tl.con
         d_mask = offs_d < D
         x = scaled_norm(x * rstd, norm_ptr, offs_d, d_mask, dtype, OFFSET, WEIGHT_F32).to(tl.float32)
         x_partner = scaled_norm(x_partner * rstd, norm_ptr, partner, d_mask, dtype, OFFSET, WEIGHT_F32).to(tl.float32)
+    if dtype == tl.float32:  # one rounding where the compiler may contract the product and the sum: contracted in
+        return tl.fma(x, cos[None, :], sign[None, :] * (x_partner * sin[None, :]))  # each kernel, the same bits
     return ((x * cos[None, :]).to(dtype).to(tl.float32)
             + sign[None, :] * (x_partner * sin[None, :]).to(dtype).to(tl.float32)).to(dtype)
 

@@ -209,7 +209,9 @@ def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, parts_ptr, arrivals_p
 Tile = tuple[int, int, int, int, int, int]
 DEFAULT: Tile = (128, 16, 4, 2, 0, 2)
 SHAPES: dict[tuple[int, int], Tile] = {}
-AUTO_PROGRAMS = 4
+# 3 (a DEFAULT tile's registers let 3 programs share a multiprocessor: one wave) made the graphed 8B batch-1 step
+# 2.887 -> 2.642 ms against 4 (2 2.672, 5 2.967, 6 2.851, 8 2.934; H200, 2026-11-30, benchmarks/RESULTS.md)
+AUTO_PROGRAMS = 3
 _multiprocessors: dict[torch.device, int] = {}
 
 
