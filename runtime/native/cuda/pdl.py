@@ -5,6 +5,11 @@ Why: a batch-1 decode step is ~100 kernels of a few microseconds each, and each 
 programs, their first loads) would otherwise follow the previous kernel's last program. Every kernel launched with
 `launch_options()` must call `wait_for_previous_kernel` before it reads anything an earlier kernel wrote and before
 it writes anything; it then also lets the kernel after it start early. CUDA graphs keep the dependency.
+
+The one exception: a step's metadata (positions, slots, sequence lengths, block tables) may be read before the wait.
+Only ordinary launches and copies write it (runtime/native/cuda/step_io.py; no kernel launched this way does), and a
+programmatic launch starts only once the launch before it has started its own dependents, which an ordinary launch
+does when it finishes: by then every write of the metadata has finished.
 """
 
 from __future__ import annotations
