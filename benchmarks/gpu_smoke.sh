@@ -32,6 +32,7 @@ ENTRIES=(
   "gpu_moe_profile 60 python -m benchmarks.gpu_moe_profile --smoke --device cuda --steps 5 --profile-steps 1 --out $W/moe_profile"
   "gpu_quant 60 python -m benchmarks.gpu_quant --smoke --device cuda --out $W/quant"
   "step_timeline 40 python -m benchmarks.step_timeline --smoke --device cuda --steps 5 --out $W/step_timeline"
+  "step_timeline_int4 40 python -m benchmarks.step_timeline --smoke --device cuda --quantization int4 --out $W/tl_int4"
   "http_vs_core 60 python -m benchmarks.http_vs_core --smoke --device cuda --rounds 1 --streams 4 --out $W/http_vs_core --work $W/models"
   "gpu_load_profile 60 python -m benchmarks.gpu_load_profile --smoke --device cuda --shapes llama-3.1-8b --mix-shapes llama-3.1-8b --core-shapes llama-3.1-8b --out $W/load"
   "prefill_attention 40 python -m benchmarks.cuda_prefill_attention --smoke --block-m 64,128 --num-warps 4 --num-stages 2 --calls 5"
