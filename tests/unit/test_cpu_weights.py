@@ -29,10 +29,11 @@ def test_int8_rows_round_to_their_channel_scale_and_the_kernel_matches_the_dequa
     assert q.qweight.dtype == torch.int8 and q.scale.dtype == dtype and q.qweight.abs().max() >= 126
     steps = w.float() / q.scale.float()[:, None]
     assert ((steps - q.qweight.float()).abs() <= 0.5 + 1e-4).all()  # each weight off by at most half a step
-    x = torch.randn(MAX_ROWS["int8"] + 7, 64, dtype=dtype)
-    want = torch.nn.functional.linear(x.float(), q.dequantize().float())
     tol = 1e-4 if dtype == torch.float32 else 0.1
-    assert torch.allclose(q.matmul(x).float(), want, atol=tol, rtol=0.02)
+    for rows in (1, 2, 3, 5, 8, MAX_ROWS["int8"] + 7):  # one row: 8 tiles a block (6 here: the edge); more: one
+        x = torch.randn(rows, 64, dtype=dtype)
+        want = torch.nn.functional.linear(x.float(), q.dequantize().float())
+        assert torch.allclose(q.matmul(x).float(), want, atol=tol, rtol=0.02)
 
 
 def test_int4_groups_round_to_their_own_scale_and_the_kernel_matches_the_dequantized_product() -> None:
@@ -43,7 +44,7 @@ def test_int4_groups_round_to_their_own_scale_and_the_kernel_matches_the_dequant
     step = (groups.amax(-1) - groups.amin(-1)) / 15
     error = (q.dequantize() - w).view(48, 2, INT4_GROUP).abs()
     assert (error <= step[..., None] / 2 + 1e-5).all()  # each weight off by at most half its group's step
-    for rows in (1, 2, 3, 4, 8, 13):  # the kernel's blocks of rows and tiles, and their edges
+    for rows in (1, 2, 3, 4, 5, 6, 7, 8, 13):  # the kernel's blocks of rows and tiles, and their edges
         x = torch.randn(rows, 2 * INT4_GROUP)
         assert torch.allclose(q.matmul(x), torch.nn.functional.linear(x, q.dequantize()), atol=1e-4)
 
@@ -54,7 +55,7 @@ def test_int4_bf16_products_match_the_dequantized_product_at_every_row_count() -
     w = torch.randn(150, 3 * INT4_GROUP, dtype=torch.bfloat16)  # 10 tiles, the last ragged: blocks of 8, 4, 2 and edges
     q = quantize_int4(w)
     exact = replace(q, scale=q.scale.float(), offset=q.offset.float()).dequantize()  # (q - 8) * scale + offset
-    for rows in (1, 2, 3, 5, 8, 17):
+    for rows in (1, 2, 3, 4, 5, 7, 8, 17):
         x = torch.randn(rows, 3 * INT4_GROUP, dtype=torch.bfloat16)
         want = torch.nn.functional.linear(x.float(), exact)
         assert ((q.matmul(x).float() - want).abs() <= want.abs() * 2**-8 + 1e-3).all()  # the bf16 output's rounding
