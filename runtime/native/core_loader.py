@@ -160,7 +160,7 @@ def _load(cfg: EngineConfig, model: ModelDescription, phases: StartupPhases, on_
         lora.slots.on_change = peers.lora_changed
     runner.lora = lora.batch
     proposer = load_proposer(cfg, serving_demo=cfg.model == DEMO, tokenizer=tokenizer, vocab_size=spec.vocab_size,
-                             dtype=dtype, device=device, target=weights, runner=runner)
+                             dtype=dtype, device=device, target=weights, runner=runner, cpu_quantization=quantization)
     activations = runner.profile_activation_bytes(cfg.max_num_tokens, cfg.max_batch_size, window)
     kv_dtype = FP8 if cfg.kv_cache_dtype == "fp8" else dtype
     bytes_per_token = kv_cache_bytes_per_token(spec, kv_dtype)

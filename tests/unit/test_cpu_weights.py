@@ -140,3 +140,19 @@ async def test_bf16_engine_decodes_the_same_tokens_with_prepacked_weights(
     packed = await greedy()
     monkeypatch.setattr(cpu_weights, "can_prepack", lambda weight: False)
     assert packed == await greedy()
+
+
+def test_an_eagle_heads_plain_linears_take_the_targets_cpu_forms() -> None:
+    """prepare_plain_linears (an EAGLE head's torch nn.Linear layers on CPU): with int4, each layer's products are
+    its int4 form's, at any leading shape; float32 without quantization has no faster form and is left as it is."""
+    torch.manual_seed(0)
+    head = torch.nn.Sequential(torch.nn.Linear(2 * INT4_GROUP, 48, bias=False), torch.nn.Linear(48, 40, bias=True))
+    x = torch.randn(2, 2, 2 * INT4_GROUP)  # 4 rows: within int8's MAX_ROWS
+    plain = head(x)
+    assert cpu_weights.prepare_plain_linears(head, "none") == 0 and torch.equal(head(x), plain)
+    assert cpu_weights.prepare_plain_linears(head, "int4") > 0
+    first, second = head[0], head[1]
+    hidden = torch.nn.functional.linear(x, quantize_int4(first.weight.data).dequantize())
+    want = torch.nn.functional.linear(hidden, quantize_int8(second.weight.data).dequantize(), second.bias)
+    assert torch.allclose(head(x), want, atol=1e-4)  # 48 inputs, not int4's groups of 32: int8 for a few rows
+    assert not torch.allclose(head(x), plain, atol=1e-4)

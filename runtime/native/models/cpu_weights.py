@@ -27,6 +27,7 @@ DRAM as in a real step, RESULTS.md 2026-11-26), milliseconds of matrix products 
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 from dataclasses import dataclass
 from typing import Literal
@@ -219,6 +220,24 @@ def prepare_cpu_weights(model: nn.Module, quantization: Quantization) -> int:
         added += _bytes(form)
     _return_freed_memory()
     return added
+
+
+def prepare_plain_linears(module: nn.Module, quantization: Quantization) -> int:
+    """prepare_cpu_weights for the torch nn.Linear layers of `module` (an EAGLE head's projections): each one's
+    forward through its CPU forms (its weight kept: forms that serve a few rows fall back to it); the bytes added."""
+    added = 0
+    for linear in module.modules():
+        if type(linear) is nn.Linear:
+            form = cpu_weight(linear.weight, quantization)
+            if _bytes(form):
+                linear.forward = functools.partial(_plain_linear, form, linear)  # type: ignore[method-assign]
+                added += _bytes(form)
+    return added
+
+
+def _plain_linear(form: CpuWeight, linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    rows = x.reshape(-1, linear.in_features)
+    return form.linear(rows, linear.weight, linear.bias).reshape(*x.shape[:-1], linear.out_features)
 
 
 def _return_freed_memory() -> None:

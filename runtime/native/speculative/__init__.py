@@ -18,6 +18,7 @@ import torch
 from runtime.native.block_manager import BlockManager
 from runtime.native.model_runner import ModelRunner
 from runtime.native.models.base import CausalLM
+from runtime.native.models.cpu_weights import Quantization
 from runtime.config import EngineConfig
 from runtime.native.speculative.draft import (
     DraftProposer,
@@ -74,10 +75,11 @@ def eagle_chain_slots(config: EngineConfig, device: torch.device) -> int:
 
 
 def load_proposer(config: EngineConfig, *, serving_demo: bool, tokenizer: Tokenizer, vocab_size: int,
-                  dtype: torch.dtype, device: torch.device, target: CausalLM, runner: ModelRunner
-                  ) -> NgramProposer | DraftProposer | EagleProposer | None:
+                  dtype: torch.dtype, device: torch.device, target: CausalLM, runner: ModelRunner,
+                  cpu_quantization: Quantization = "none") -> NgramProposer | DraftProposer | EagleProposer | None:
     """The configured proposer (the draft model is loaded here, before the KV caches are sized; an EAGLE head reads
-    the target's embedding, lm_head and the hidden states its `runner` keeps)."""
+    the target's embedding, lm_head and the hidden states its `runner` keeps, and on CPU takes the target's weight-only
+    `cpu_quantization`)."""
     if config.speculative == "none":
         return None
     if config.num_draft_tokens < 1:
@@ -88,7 +90,7 @@ def load_proposer(config: EngineConfig, *, serving_demo: bool, tokenizer: Tokeni
         return NgramProposer(config.ngram_min, config.ngram_max)
     if config.speculative == "eagle":
         return EagleProposer(resolve_eagle_path(config), target, runner, dtype, device, config.num_draft_tokens,
-                             eagle_chain_slots(config, device))
+                             eagle_chain_slots(config, device), cpu_quantization)
     if config.speculative != "draft":
         raise ValueError(f"unknown --speculative {config.speculative!r} (none, draft, ngram, eagle)")
     path = resolve_draft_path(config, serving_demo)

@@ -26,6 +26,7 @@ import torch
 
 from runtime.native.model_runner import ModelRunner
 from runtime.native.models.base import CausalLM
+from runtime.native.models.cpu_weights import Quantization, prepare_plain_linears
 from runtime.native.sequence import Sequence, SequenceStatus
 from runtime.native.speculative.eagle3 import EAGLE3_ARCHITECTURES, Eagle3Head
 from runtime.native.speculative.eagle_chain import EagleChain
@@ -91,8 +92,13 @@ class EagleProposer:
     """Drafts chains with an EAGLE head over the target's hidden states (see the module docstring)."""
 
     def __init__(self, path: str, target: CausalLM, runner: ModelRunner, dtype: torch.dtype,
-                 device: torch.device, num_draft_tokens: int = 1, chain_slots: int = 0) -> None:
+                 device: torch.device, num_draft_tokens: int = 1, chain_slots: int = 0,
+                 cpu_quantization: Quantization = "none") -> None:
         self.head: EagleHead | Eagle3Head = load_head(path, dtype, device, len(target.model.layers))  # type: ignore[union-attr,arg-type]
+        if device.type == "cpu":
+            # the target's CPU forms (weight-only quantized as it is), whose one-row products are ~3x F.linear's on
+            # the head's shapes: a head step of the default model 1.39 -> 0.48 ms (bf16, int4; 2-core box)
+            prepare_plain_linears(self.head, cpu_quantization)
         self.target = target
         self.runner = runner
         runner.keep_hidden = True
