@@ -137,7 +137,7 @@ def test_padded_decode_rows_store_nothing_and_return_zeros() -> None:
 @kernels
 def test_prefill_padded_to_a_graph_bucket_equals_the_unpadded_step() -> None:
     """A prefill graph's step (runtime/native/cuda/prefill_graphs.py): 70 new tokens over 9 cached, padded to 192
-    rows with KV slot -1 and a tile for every 64 rows; the real rows get the unpadded result, padding stores
+    rows with KV slot -1 and a tile for every BLOCK_M rows; the real rows get the unpadded result, padding stores
     nothing."""
     q, k, v, cache, meta = _case([70], [9], seed=3)
     ref, ref_cache = _reference(q, k, v, cache, meta)
@@ -145,8 +145,9 @@ def test_prefill_padded_to_a_graph_bucket_equals_the_unpadded_step() -> None:
     padded = [torch.cat((t, torch.randn(pad, *t.shape[1:], device=DEVICE))) for t in (q, k, v)]
     meta.slot_mapping = torch.cat((meta.slot_mapping, torch.full((pad,), -1, device=DEVICE)))
     meta.query_lens_host, meta.max_query_len = [192], 192
-    meta.derived["triton_prefill_tiles"] = (torch.tensor([[0, 0, 0], [0, 64, 128]], dtype=torch.int32, device=DEVICE),
-                                            PREFILL_TILE)
+    offsets = list(range(0, 192, PREFILL_TILE.block_m))
+    meta.derived["triton_prefill_tiles"] = (torch.tensor([[0] * len(offsets), offsets], dtype=torch.int32,
+                                                         device=DEVICE), PREFILL_TILE)
     ours = cache.clone()
     out = triton_paged_attention(*padded, ours, meta, D**-0.5)
     assert torch.equal(ours, ref_cache)
@@ -155,7 +156,7 @@ def test_prefill_padded_to_a_graph_bucket_equals_the_unpadded_step() -> None:
 
 @kernels
 def test_prefill_tiles() -> None:
-    assert prefill_tiles([5, 130, 64], 64) == ([0, 1, 1, 1, 2], [0, 0, 64, 128, 0])
+    assert prefill_tiles([5, 130, 64], 64) == ([0, 1, 1, 1, 2], [0, 128, 64, 0, 0])  # the most keys first
     # 16-bit queries of head size 128 take the wider tile; float32 (twice the shared memory) and other sizes the default
     assert prefill_tile(128, torch.bfloat16) == PrefillTile(128, 8, 3) == prefill_tile(128, torch.float16)
     assert prefill_tile(128, torch.float32) == prefill_tile(64, torch.bfloat16) == PREFILL_TILE
