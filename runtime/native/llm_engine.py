@@ -278,8 +278,12 @@ class NativeEngine(AsyncEngine):
                         raise RuntimeError(self._worker_failure)
                     if self._stopping and not self._aborts:
                         break
-                if self.step() == 0 and not self._aborts:
-                    time.sleep(0.001)  # work is queued but cannot run yet; do not spin
+                if self.step() == 0:
+                    # work is queued but cannot run yet: do not spin, but take a new request at once (a sleep here
+                    # delayed the next request of a one-stream client by up to its length)
+                    with self._cond:
+                        if not (self._inbox or self._aborts or self._stopping or self._worker_failure):
+                            self._cond.wait(0.001)
         except BaseException as exc:  # the loop must never die silently: fail everyone, turn not ready
             logger.exception("native engine loop died")
             self._loop_error = exc

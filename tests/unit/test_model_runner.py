@@ -312,7 +312,8 @@ def test_pack_prefill_lays_out_sequences_and_tiles() -> None:
     assert out[layout.context: layout.seq_lens].tolist() == [6, 0, 0]
     assert out[layout.seq_lens: layout.last].tolist() == [76, 3, 0]
     assert out[layout.last: layout.tile_seqs].tolist() == [69, 72, 0]
-    assert out[layout.tile_seqs: layout.tables].tolist() == [0, 0, 1, 0, 0, 64, 0, 96]  # the last: past its tokens
+    # each sequence's tiles with the most keys first; the spare tile: past sequence 0's tokens
+    assert out[layout.tile_seqs: layout.tables].tolist() == [0, 0, 1, 0, 64, 0, 0, 96]
     tables = out[layout.tables:].reshape(3, 6)
     assert tables[0, :5].tolist() == [4, 0, 3, 2, 1] and tables[1, 0] == 5
     assert used == layout.tables + 6 + 1  # the second table's one block, not the spare rows

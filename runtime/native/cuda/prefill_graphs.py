@@ -26,6 +26,7 @@ into a new buffer with adapter stacks); steps with an adapter run eagerly.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -111,43 +112,36 @@ class PrefillLayout(NamedTuple):
 
 def pack_prefill(inputs: Sequence[StepInput], block_size: int, layout: PrefillLayout, out: np.ndarray) -> int:
     """Write the step's inputs into `out` (int64, laid out as `layout`); returns how many leading elements the
-    device needs (the block tables past the last sequence's are left out of the copy)."""
-    rows = layout.rows
+    device needs (the block tables past the last sequence's are left out of the copy). Few numpy calls: each costs
+    microseconds of the host time before a prompt's graph starts (benchmarks/RESULTS.md, 2026-11-30)."""
+    rows, seqs, tiles, width = layout.rows, layout.seqs, layout.tiles, layout.max_blocks
     lengths = [len(inp.token_ids) for inp in inputs]
-    starts = np.array([inp.start_pos for inp in inputs], dtype=np.int64)
-    total = sum(lengths)
-    ends = np.cumsum(lengths)
-    out[:total] = np.concatenate([inp.token_ids for inp in inputs])
-    out[total:rows] = 0
-    positions = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths)])
-    out[rows: rows + total] = positions
-    out[rows + total: 2 * rows] = 0
+    starts = [inp.start_pos for inp in inputs]
+    ends = list(itertools.accumulate(lengths))
+    total, spare = ends[-1], seqs - len(inputs)
+    positions = out[rows: 2 * rows]
     slots = out[2 * rows: 3 * rows]
-    slots[total:] = -1
-    tables = out[layout.tables: layout.size].reshape(layout.seqs, layout.max_blocks)
+    tables_at = layout.tables
     begin = 0
-    for b, inp in enumerate(inputs):
+    for b, (inp, start, end) in enumerate(zip(inputs, starts, ends)):
+        out[begin: end] = inp.token_ids
+        pos = np.arange(start, start + end - begin)
+        positions[begin: end] = pos
         table = np.asarray(inp.block_table, dtype=np.int64)
-        tables[b, : len(table)] = table
-        pos = positions[begin: ends[b]]
-        slots[begin: ends[b]] = table[pos // block_size] * block_size + pos % block_size
-        begin = ends[b]
-    k, seqs = len(inputs), layout.seqs
-    out[layout.query_start: layout.query_start + seqs + 1] = total  # spare sequences: empty, at the end
-    out[layout.query_start] = 0
-    out[layout.query_start + 1: layout.query_start + 1 + k] = ends
-    out[layout.context: layout.context + seqs] = 0
-    out[layout.context: layout.context + k] = starts
-    out[layout.seq_lens: layout.seq_lens + seqs] = 0
-    out[layout.seq_lens: layout.seq_lens + k] = starts + lengths
-    out[layout.last: layout.last + seqs] = 0
-    out[layout.last: layout.last + k] = ends - 1
+        out[tables_at + b * width: tables_at + b * width + len(table)] = table
+        slots[begin: end] = table[pos // block_size] * block_size + pos % block_size
+        begin = end
+    out[total: rows] = 0
+    positions[total:] = 0
+    slots[total:] = -1
     tile_seqs, offsets = prefill_tiles(lengths, layout.tile.block_m)
-    out[layout.tile_seqs: layout.tile_seqs + layout.tiles] = 0
-    out[layout.tile_seqs: layout.tile_seqs + len(tile_seqs)] = tile_seqs
-    out[layout.tile_offsets: layout.tile_offsets + layout.tiles] = rows  # past sequence 0's tokens: does nothing
-    out[layout.tile_offsets: layout.tile_offsets + len(offsets)] = offsets
-    return layout.tables + (k - 1) * layout.max_blocks + len(inputs[-1].block_table)
+    # the per-sequence fields and the tile map, in layout order: spare sequences empty at the end (query starts at
+    # the total), spare tiles past sequence 0's tokens (they do nothing)
+    out[layout.query_start: tables_at] = (
+        [0, *ends] + [total] * spare + starts + [0] * spare + [s + n for s, n in zip(starts, lengths)] + [0] * spare
+        + [e - 1 for e in ends] + [0] * spare + tile_seqs + [0] * (tiles - len(tile_seqs)) + offsets
+        + [rows] * (tiles - len(offsets)))
+    return tables_at + (len(inputs) - 1) * width + len(inputs[-1].block_table)
 
 
 class PrefillGraphs:
