@@ -5,8 +5,8 @@
 # benchmarks/gpu_setup.sh installs. `echo /.whl/ >> .git/info/exclude` once if git shows it.
 set -eu
 names="annotated-types gguf httptools msgspec orjson pydantic pydantic-core pytest-asyncio python-rapidjson pyzmq
-sse-starlette starlette tritonclient typing-inspection uvicorn xgrammar apache-tvm-ffi openai jiter distro httpx2 httpcore2
-truststore sniffio anyio h11 idna"
+sse-starlette starlette tritonclient typing-inspection uvicorn xgrammar apache-tvm-ffi openai jiter distro
+httpx2 httpcore2 truststore sniffio anyio h11 idna"
 pins=()
 for name in $names; do
   pin=$(grep -i "^$name==" constraints.txt) || { echo "$name is not in constraints.txt" >&2; exit 1; }
