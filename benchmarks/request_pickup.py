@@ -5,7 +5,7 @@ one-token requests back to back (the next one as soon as the last token arrives)
     python -m benchmarks.request_pickup                      # 40 requests a round, 2 rounds each way
     python -m benchmarks.request_pickup --requests 4 --rounds 1   # the test suite's smoke run
 
-Async scheduling (the CUDA default) is on: the step after a request's last launch only collects its token, runs
+Async scheduling (on by default with a GPU) is on: the step after a request's last launch only collects its token, runs
 nothing new, and the step thread then waits a moment before it looks again; a request sent back to back arrives in
 that wait (benchmarks/RESULTS.md, 2026-11-30). Prints one JSON line: median milliseconds a round, for each way.
 """
