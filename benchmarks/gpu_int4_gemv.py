@@ -24,7 +24,7 @@ TILES = [(128, 16, 4, 1, 0, 0), (64, 16, 4, 1, 0, 0), (64, 16, 4, 2, 0, 0),
 
 
 def _random_int4(n: int, k: int, device: str, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-    """Random packed words, zero points and bf16 scales in int4.py's layout, groups of GROUP."""
+    """Random packed words, zero points and bf16 scales as loaded (int4.py's output-major form), groups of GROUP."""
     qweight = torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, generator=gen).to(device)
     zeros = torch.randint(0, 16, (n, k // GROUP), dtype=torch.uint8, generator=gen).to(device)
     scales = (torch.rand(n, k // GROUP, generator=gen) * 0.004 + 0.002).to(device, torch.bfloat16)
@@ -45,21 +45,22 @@ def gemv_figures(device: str, shapes: dict[str, tuple[int, int]], bandwidth: flo
     """Per shape: each tile's us, its ratio to the floor and its error against the reference; `best`, the fastest
     of those within bf16 rounding. Without `sweep`, the first tile only (a smoke run)."""
     from runtime.native.cuda import pdl
+    from runtime.native.cuda.int4 import tile_major
     from runtime.native.cuda.int4_gemv import int4_gemv
 
     gen = torch.Generator().manual_seed(0)
     res: dict[str, Any] = {}
     for name, (n, k) in shapes.items():
-        stored = [_random_int4(n, k, device, gen)]
+        loaded = _random_int4(n, k, device, gen)
         copies = max(2, -(-min_bytes // (n * k // 2)))
-        stored += [tuple(t.clone() for t in stored[0]) for _ in range(copies - 1)]
+        stored = [tile_major(*loaded) for _ in range(copies)]
         x = torch.randn(1, k, generator=gen).to(device, torch.bfloat16)
-        want = _reference(x, *stored[0])
+        want = _reference(x, *loaded)
         floor_us = (n * k // 2 + 3 * n * (k // GROUP)) / (bandwidth * 1e12) * 1e6
         figures: dict[str, Any] = {"floor_us": floor_us}
         for tile in TILES if sweep else TILES[:1]:
-            got = int4_gemv(x, *stored[0], tile=tile, pdl=pdl.ENABLED).float()
-            us = per_call_us(lambda i: int4_gemv(x, *stored[i], tile=tile, pdl=pdl.ENABLED), copies)
+            got = int4_gemv(x, *stored[0], n, tile=tile, pdl=pdl.ENABLED).float()
+            us = per_call_us(lambda i: int4_gemv(x, *stored[i], n, tile=tile, pdl=pdl.ENABLED), copies)
             error = ((got - want).abs().max() / want.abs().max()).item()
             figures["x".join(map(str, tile))] = {"us": us, "vs_floor": us / floor_us, "max_rel_err": error}
         timed = {key: f for key, f in figures.items() if isinstance(f, dict) and f["max_rel_err"] < 1e-2}

@@ -101,14 +101,14 @@ def _int4_figures(weight: torch.Tensor, x: torch.Tensor, rows: torch.Tensor, cop
     """The INT4 GEMV and GEMM on `weight` quantized round to nearest in groups of INT4_GROUP (on the CPU, once: the
     copies are clones), and the GEMV's error against the reference dequantization."""
     from runtime.native.cuda import int4
-    from runtime.native.cuda.int4 import int4_linear
+    from runtime.native.cuda.int4 import int4_linear, tile_major
     from runtime.native.models.int4_checkpoint import dequantize, kernel_layout, quantize_rtn
 
     n, k = weight.shape
     groups = torch.arange(k) // INT4_GROUP
     q, zeros, scales = quantize_rtn(weight.cpu(), groups, k // INT4_GROUP, symmetric=False)
-    packed = [t.to(weight.device) for t in kernel_layout(q, zeros, scales, torch.bfloat16)]
-    stored = [[t.clone() for t in packed] for _ in range(copies)]
+    packed = [*(t.to(weight.device) for t in tile_major(*kernel_layout(q, zeros, scales, torch.bfloat16))), n]
+    stored = [[t.clone() for t in packed[:3]] + [n] for _ in range(copies)]
     want = F.linear(x.float(), dequantize(q, zeros, scales, groups).to(weight.device))
     got = int4_linear(x, *packed).float()
     floor_us = (n * k // 2 + 3 * n * (k // INT4_GROUP)) / (bandwidth * 1e12) * 1e6
@@ -129,7 +129,7 @@ def random_int4_model(path: str, dtype: torch.dtype | None = None, device: torch
                       context_window: int | None = None, quantization: str = "none", int4_kernels: bool = True) -> Any:
     """gpu_families.random_model with every decoder projection in the INT4 form an AWQ checkpoint is kept in on CUDA
     (int4_checkpoint.to_int4_form, groups of INT4_GROUP), filled at random on the device."""
-    from runtime.native.models.int4_checkpoint import to_int4_form
+    from runtime.native.models.int4_checkpoint import tile_int4, to_int4_form
     from runtime.native.models.linear import Linear
 
     model = gf.random_model(path, dtype, device, context_window, quantization)
@@ -140,6 +140,7 @@ def random_int4_model(path: str, dtype: torch.dtype | None = None, device: torch
             module.qweight.random_(-2**31, 2**31 - 1, generator=gen)
             module.qzeros.random_(0, 16, generator=gen)
             module.qscales.uniform_(0.002, 0.006, generator=gen)
+            tile_int4(module)
     return model
 
 

@@ -27,7 +27,7 @@ from tests.triton_interpreter import RUN_HERE, kernels, run_in_interpreter
 
 if RUN_HERE:
     from runtime.native.cuda import arrivals
-    from runtime.native.cuda.int4 import int4_linear
+    from runtime.native.cuda.int4 import int4_linear, tile_major
     from runtime.native.cuda.int4_gemv import int4_gemv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -48,8 +48,14 @@ def _awq_weight(n: int, k: int, group: int, seed: int,
     scales = scales.to(scale_dtype).float()
     qweight, qzeros = pack(q, 1, AWQ_PACK_ORDER), pack(zeros, 1, AWQ_PACK_ORDER)
     reference = dequantize_awq(qweight, qzeros, scales)
-    stored = kernel_layout(*unpack_awq(qweight, qzeros), scales, torch.float32)
-    return tuple(t.to(DEVICE) for t in stored), reference.to(DEVICE)
+    return _kernel_tensors(*unpack_awq(qweight, qzeros), scales, torch.float32), reference.to(DEVICE)
+
+
+def _kernel_tensors(q: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> tuple:
+    """Unpacked values (q [in, out], zero points and scales [groups, out]) as the kernels' tile-major tensors on
+    DEVICE, and N: the arguments after x of int4_linear and int4_gemv."""
+    stored = tile_major(*kernel_layout(q, zeros, scales, dtype))
+    return (*(t.to(DEVICE) for t in stored), q.shape[1])
 
 
 @kernels
@@ -71,8 +77,8 @@ def test_the_int4_product_equals_the_reference_dequantized_product(rows: int) ->
 def test_the_int4_product_in_bfloat16_is_within_its_rounding(rows: int) -> None:
     packed, reference = _awq_weight(64, 128, group=32, seed=9, scale_dtype=torch.bfloat16)
     x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(8)).to(DEVICE, torch.bfloat16)
-    qweight, zeros, scales = packed
-    got = int4_linear(x, qweight, zeros, scales.bfloat16())
+    qweight, zeros, scales, n = packed
+    got = int4_linear(x, qweight, zeros, scales.bfloat16(), n)
     torch.testing.assert_close(got.float(), F.linear(x.float(), reference), rtol=2e-2, atol=5e-2)
 
 
@@ -85,7 +91,7 @@ def _edge_weight(n: int, k: int, group: int, dtype: torch.dtype) -> tuple[tuple[
     zeros[:, 0], zeros[:, 1], q[:, 2], zeros[:, 2], q[:, 3] = 0, 15, 15, 0, 0
     scales = (torch.rand(k // group, n, generator=g) * 0.1 + 0.01).to(dtype).float()
     reference = dequantize(q, zeros, scales, torch.arange(k) // group)
-    return tuple(t.to(DEVICE) for t in kernel_layout(q, zeros, scales, dtype)), reference.to(DEVICE)
+    return _kernel_tensors(q, zeros, scales, dtype), reference.to(DEVICE)
 
 
 @kernels

@@ -42,15 +42,38 @@ from runtime.native.cuda.pdl import launch_options, wait_for_previous_kernel
 MAGIC = 0x4B000000
 
 
+# rows of the layout's tiles (int4.py): a GEMV program's BLOCK_N rows (a divisor of it) read one group's words as
+# one contiguous run (8 KB at 128 rows x 16 words), and their zero points and scales as two
+TILE_ROWS = 256
+_TILE_ROWS = tl.constexpr(TILE_ROWS)
+
+
 @triton.jit
-def _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word, end, K: tl.constexpr, GROUPS: tl.constexpr,
-               GROUP: tl.constexpr, WORDS: tl.constexpr):
-    """Packed words word .. word + WORDS - 1 of `rows` (int32 [BLOCK_N, WORDS], all in one group) and that group's
-    zero point (int32 [BLOCK_N]) and scale (float32) of each row; zeros from `end` on (a step past the part's end)."""
-    mask = row_mask & (rows * 0 + word < end)
-    words = word + tl.arange(0, WORDS)
-    packed = tl.load(q_ptr + rows.to(tl.int64)[:, None] * (K // 8) + words[None, :], mask=mask[:, None], other=0)
-    group = rows.to(tl.int64) * GROUPS + word // (GROUP // 8)
+def stored_group(first, group, GROUPS: tl.constexpr):
+    """The index of (row `first`, group `group`) in the zero points and scales of int4.py's layout (row first + i:
+    this + i, within the rows' tile)."""
+    return ((first // _TILE_ROWS * GROUPS + group) * _TILE_ROWS + first % _TILE_ROWS).to(tl.int64)
+
+
+@triton.jit
+def stored_words(first, word, GROUPS: tl.constexpr, GROUP: tl.constexpr, WORDS: tl.constexpr):
+    """The index of packed word `word` of row `first` in int4.py's layout (row first + i: this + i GROUP / 8), for
+    steps of WORDS words from a multiple of WORDS: written as a multiple of WORDS, which lets the compiler load
+    the step's words in 16-byte vectors."""
+    within = word // WORDS % (GROUP // 8 // WORDS) * WORDS
+    return stored_group(first, word // (GROUP // 8), GROUPS) * (GROUP // 8) + within
+
+
+@triton.jit
+def _step_tile(q_ptr, z_ptr, s_ptr, first, local, row_mask, word, end, GROUPS: tl.constexpr, GROUP: tl.constexpr,
+               WORDS: tl.constexpr):
+    """Packed words word .. word + WORDS - 1 of rows first + local (int32 [BLOCK_N, WORDS], all in one group) and
+    that group's zero point (int32 [BLOCK_N]) and scale (float32) of each row; zeros from `end` on (a step past the
+    part's end)."""
+    mask = row_mask & (local * 0 + word < end)
+    words = stored_words(first, word, GROUPS, GROUP, WORDS) + local[:, None] * (GROUP // 8) + tl.arange(0, WORDS)
+    packed = tl.load(q_ptr + words, mask=mask[:, None], other=0)
+    group = stored_group(first, word // (GROUP // 8), GROUPS) + local
     zero = tl.load(z_ptr + group, mask=mask, other=0).to(tl.int32)
     scale = tl.load(s_ptr + group, mask=mask, other=0.0).to(tl.float32)
     return packed, zero, scale
@@ -147,7 +170,7 @@ def _fma_dot(magic, x_ptr, packed, zero, word, BLOCK_N: tl.constexpr, WORDS: tl.
 
 
 @triton.jit
-def _span(magic, x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, step, following, K: tl.constexpr,
+def _span(magic, x_ptr, q_ptr, z_ptr, s_ptr, first, local, row_mask, start, end, step, following,
           GROUPS: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, WORDS: tl.constexpr, AHEAD: tl.constexpr,
           PAIRS: tl.constexpr):
     """The sums over words start .. end - 1 (module docstring): float32 [BLOCK_N]. `step` is the first step's
@@ -155,7 +178,8 @@ def _span(magic, x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, step, f
     arithmetic (in flight meanwhile)."""
     acc = tl.zeros([BLOCK_N, WORDS // 2 if PAIRS == 2 else WORDS], tl.float32)
     for word in range(start, end, WORDS):
-        later = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, word + AHEAD * WORDS, end, K, GROUPS, GROUP, WORDS)
+        later = _step_tile(q_ptr, z_ptr, s_ptr, first, local, row_mask, word + AHEAD * WORDS, end, GROUPS, GROUP,
+                           WORDS)
         packed, zero, scale = step
         if PAIRS:
             dot = _pairs_dot(x_ptr, packed, zero, word, WORDS, PAIRS)
@@ -178,17 +202,19 @@ def _int4_gemv_kernel(x_ptr, q_ptr, z_ptr, s_ptr, out_ptr, parts_ptr, arrivals_p
     (of n_parts; SPLIT_K: more than one. Run-time values: a split does not compile a kernel of its own)."""
     tile = tl.program_id(0)
     part = tl.program_id(1)
-    rows = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    first = tile * BLOCK_N
+    local = tl.arange(0, BLOCK_N)
+    rows = first + local
     row_mask = rows < N
     start = part * span
     end = tl.minimum(start + span, K // 8)
     # the weights do not depend on the kernel before: the first tiles are in flight during the wait
-    first = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, K, GROUPS, GROUP, WORDS)
-    following = first
+    step = _step_tile(q_ptr, z_ptr, s_ptr, first, local, row_mask, start, end, GROUPS, GROUP, WORDS)
+    following = step
     if AHEAD == 2:
-        following = _step_tile(q_ptr, z_ptr, s_ptr, rows, row_mask, start + WORDS, end, K, GROUPS, GROUP, WORDS)
+        following = _step_tile(q_ptr, z_ptr, s_ptr, first, local, row_mask, start + WORDS, end, GROUPS, GROUP, WORDS)
     wait_for_previous_kernel(PDL)  # x is the previous kernel's output (and the counters its to reset)
-    y = _span(magic, x_ptr, q_ptr, z_ptr, s_ptr, rows, row_mask, start, end, first, following, K, GROUPS, GROUP,
+    y = _span(magic, x_ptr, q_ptr, z_ptr, s_ptr, first, local, row_mask, start, end, step, following, GROUPS, GROUP,
               BLOCK_N, WORDS, AHEAD, PAIRS)
     if not SPLIT_K:
         tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=row_mask)
@@ -223,15 +249,16 @@ def _split(device: torch.device, tiles: int, steps: int) -> int:
     return max(1, min(steps, -(-AUTO_PROGRAMS * _multiprocessors[device] // tiles)))
 
 
-def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor,
+def int4_gemv(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, scales: torch.Tensor, n: int,
               tile: Tile | None = None, pdl: bool = False) -> torch.Tensor:
-    """x [1, K] (contiguous) times the INT4 weight: [1, N] in x's dtype. `tile`: else SHAPES' or DEFAULT. PAIRS
-    applies to 16-bit x (4-byte aligned) compiled for a GPU; float32 x and Triton's interpreter (no inline PTX) take
-    the float32 path."""
-    n, groups = scales.shape
+    """x [1, K] (contiguous) times the INT4 weight of N rows (int4.py's layout): [1, N] in x's dtype. `tile`: else
+    SHAPES' or DEFAULT (BLOCK_N a divisor of TILE_ROWS). PAIRS applies to 16-bit x (4-byte aligned) compiled for a
+    GPU; float32 x and Triton's interpreter (no inline PTX) take the float32 path."""
+    groups = zeros.shape[1]
     k = x.shape[1]
     group = k // groups
     block_n, words, warps, ahead, split, pairs = tile or SHAPES.get((n, k), DEFAULT)
+    assert TILE_ROWS % block_n == 0
     # x read as 32-bit words (pairs): 4-byte aligned
     if x.dtype not in (torch.bfloat16, torch.float16) or x.data_ptr() % 4 or isinstance(_int4_gemv_kernel,
                                                                                         InterpretedFunction):

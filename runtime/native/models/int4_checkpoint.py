@@ -126,6 +126,15 @@ def to_int4_form(linear: Linear, groups: int) -> None:
     linear.qscales = nn.Parameter(torch.empty(out, groups, dtype=dtype, device=device), requires_grad=False)
 
 
+def tile_int4(linear: Linear) -> None:
+    """Repack `linear`'s loaded INT4 tensors (to_int4_form's, filled) into the kernels' tile-major layout."""
+    from runtime.native.cuda.int4 import tile_major  # Triton: only where INT4 weights are kept
+
+    for name, tensor in zip(("qweight", "qzeros", "qscales"), tile_major(linear.qweight, linear.qzeros,
+                                                                         linear.qscales)):
+        setattr(linear, name, nn.Parameter(tensor, requires_grad=False))
+
+
 def kernel_group(group: int) -> bool:
     """Whether runtime/native/cuda/int4.py's kernels take groups of `group` input columns (else: dequantized)."""
     return group >= 16 and group & (group - 1) == 0  # the GEMM's K tiles: powers of 2 within one group
@@ -247,6 +256,8 @@ class Int4Reader:
         if self._held:
             raise ValueError(f"INT4 weights missing packed tensors in the checkpoint: {', '.join(sorted(self._held))}")
         self._attach_grids()
+        for name in self.kept:
+            tile_int4(self.model.get_submodule(name))
         if self.kept:
             logger.info("%s INT4 checkpoint: %d projections kept in INT4 (Triton kernels)%s", self.method.upper(),
                         len(self.kept), f", {self.dequantized} dequantized to {self.dtype}" if self.dequantized else "")

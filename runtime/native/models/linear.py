@@ -92,7 +92,8 @@ class Linear(nn.Module):
         # FP8 weights (runtime/native/models/fp8_checkpoint.py makes them parameters): float32 [out] and [1]
         self.register_parameter("weight_scale", None)
         self.register_parameter("input_scale", None)
-        # INT4 weights (int4_checkpoint.py's to_int4_form): int32 [out, in/8], uint8 [out, groups], [out, groups]
+        # INT4 weights (int4_checkpoint.py's to_int4_form): int32 [out, in/8], uint8 [out, groups], [out, groups] as
+        # loaded, then in the kernels' tile-major layout (runtime/native/cuda/int4.py)
         self.register_parameter("qweight", None)
         self.register_parameter("qzeros", None)
         self.register_parameter("qscales", None)
@@ -119,7 +120,7 @@ class Linear(nn.Module):
             from runtime.native.cuda.int4 import int4_linear  # Triton: imported only where INT4 weights are kept
 
             rows = x.reshape(-1, self.in_features).contiguous()
-            y = int4_linear(rows, self.qweight, self.qzeros, self.qscales, self.bias)
+            y = int4_linear(rows, self.qweight, self.qzeros, self.qscales, self.out_features, self.bias)
             return y.reshape(*x.shape[:-1], self.out_features)
         if self.weight.dtype == FP8:
             return fp8_linear(x, self.weight, self.weight_scale, self.input_scale, self.bias)
