@@ -302,12 +302,13 @@ def test_pack_prefill_lays_out_sequences_and_tiles() -> None:
     layout = PrefillLayout(rows=96, seqs=3, tiles=4, max_blocks=6)
     out = np.full(layout.size, 99, dtype=np.int64)
     used = pack_prefill([StepInput(list(range(1, 71)), 6, [4, 0, 3, 2, 1]),  # 70 over 6 cached: 2 tiles
-                         StepInput([7, 8, 9], 0, [5])], 16, layout, out)
-    assert out[:73].tolist() == list(range(1, 71)) + [7, 8, 9] and set(out[73:96]) == {0}
-    assert out[96:169].tolist() == list(range(6, 76)) + [0, 1, 2] and set(out[169:192]) == {0}
+                         StepInput([7, 8, 9], 0, [5])], 16, layout, out, bucket=80)
+    # the padding rows up to the bucket's 80; the rows past it, which the bucket's graph does not read, left alone
+    assert out[:73].tolist() == list(range(1, 71)) + [7, 8, 9] and set(out[73:80]) == {0} and set(out[80:96]) == {99}
+    assert out[96:169].tolist() == list(range(6, 76)) + [0, 1, 2] and set(out[169:176]) == {0}
     slots = out[192:288]
     assert slots[:3].tolist() == [70, 71, 72] and slots[69] == 16 + 11  # position 75: block 4 of the table
-    assert slots[70:73].tolist() == [80, 81, 82] and set(slots[73:].tolist()) == {-1}
+    assert slots[70:73].tolist() == [80, 81, 82] and set(slots[73:80].tolist()) == {-1} and set(slots[80:]) == {99}
     assert out[layout.query_start: layout.context].tolist() == [0, 70, 73, 73]
     assert out[layout.context: layout.seq_lens].tolist() == [6, 0, 0]
     assert out[layout.seq_lens: layout.last].tolist() == [76, 3, 0]

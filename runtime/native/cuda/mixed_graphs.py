@@ -115,7 +115,7 @@ class MixedGraphs:
         assert rows is not None and tokens is not None and columns[ADAPTERS].max() < 0
         graph = self.graphs[self.decode.turn][(rows, tokens)]
         self.decode.stage(columns, tables, rows, last_sampled)
-        self.prefill.stage(prompts)
+        self.prefill.stage(prompts, tokens)
         graph.replay()
         self.decode.replayed_now()
         return self.logits[: rows + len(prompts)], rows

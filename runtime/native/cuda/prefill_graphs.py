@@ -110,8 +110,10 @@ class PrefillLayout(NamedTuple):
         return self.tables + self.seqs * self.max_blocks
 
 
-def pack_prefill(inputs: Sequence[StepInput], block_size: int, layout: PrefillLayout, out: np.ndarray) -> int:
-    """Write the step's inputs into `out` (int64, laid out as `layout`); returns how many leading elements the
+def pack_prefill(inputs: Sequence[StepInput], block_size: int, layout: PrefillLayout, out: np.ndarray,
+                 bucket: int) -> int:
+    """Write the step's inputs into `out` (int64, laid out as `layout`) for the graph of `bucket` token rows (the
+    rows past it, which that graph does not read, are left as they are); returns how many leading elements the
     device needs (the block tables past the last sequence's are left out of the copy). Few numpy calls: each costs
     microseconds of the host time before a prompt's graph starts (benchmarks/RESULTS.md, 2026-11-30)."""
     rows, seqs, tiles, width = layout.rows, layout.seqs, layout.tiles, layout.max_blocks
@@ -122,18 +124,19 @@ def pack_prefill(inputs: Sequence[StepInput], block_size: int, layout: PrefillLa
     positions = out[rows: 2 * rows]
     slots = out[2 * rows: 3 * rows]
     tables_at = layout.tables
+    in_block = np.arange(block_size)
     begin = 0
     for b, (inp, start, end) in enumerate(zip(inputs, starts, ends)):
         out[begin: end] = inp.token_ids
-        pos = np.arange(start, start + end - begin)
-        positions[begin: end] = pos
+        positions[begin: end] = np.arange(start, start + end - begin)
         table = np.asarray(inp.block_table, dtype=np.int64)
         out[tables_at + b * width: tables_at + b * width + len(table)] = table
-        slots[begin: end] = table[pos // block_size] * block_size + pos % block_size
+        # every slot of the table's blocks in position order; the sequence's new positions are a run of them
+        slots[begin: end] = (table[:, None] * block_size + in_block).ravel()[start: start + end - begin]
         begin = end
-    out[total: rows] = 0
-    positions[total:] = 0
-    slots[total:] = -1
+    out[total: bucket] = 0
+    positions[total: bucket] = 0
+    slots[total: bucket] = -1
     tile_seqs, offsets = prefill_tiles(lengths, layout.tile.block_m)
     # the per-sequence fields and the tile map, in layout order: spare sequences empty at the end (query starts at
     # the total), spare tiles past sequence 0's tokens (they do nothing)
@@ -248,12 +251,12 @@ class PrefillGraphs:
             self.captured_version = version
         bucket = pick_bucket(self.sizes, sum(len(inp.token_ids) for inp in inputs))
         assert bucket is not None
-        self.stage(inputs)
+        self.stage(inputs, bucket)
         self.graphs[bucket].replay()
         return self.logits[: len(inputs)]
 
-    def stage(self, inputs: Sequence[StepInput]) -> None:
-        """Queue the copy of the step's inputs into the static buffer (pack_prefill)."""
+    def stage(self, inputs: Sequence[StepInput], bucket: int) -> None:
+        """Queue the copy of the step's inputs into the static buffer (pack_prefill) for the graph of `bucket` rows."""
         staged = self.staging.take()
-        used = pack_prefill(inputs, self.block_size, self.layout, staged.numpy())
+        used = pack_prefill(inputs, self.block_size, self.layout, staged.numpy(), bucket)
         self.staging.copy(self.buffer[:used], staged[:used])
