@@ -91,9 +91,11 @@ def _rotate(rows, mask, cos, sin, partner, sign, dtype, norm_ptr, eps, D: tl.con
 def _rope_store_kv_kernel(
     pos_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, qo_ptr, cache_ptr, slot_ptr, v_offset,
     stride_q, stride_k, stride_v, stride_cache, q_norm_ptr, k_norm_ptr, q_eps, k_eps, k_scale, v_scale,
-    HQ: tl.constexpr, HK: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    PDL: tl.constexpr, NORM: tl.constexpr, OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr,
+    HQ: tl.constexpr, HK: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HK: tl.constexpr, D: tl.constexpr,
+    BLOCK_D: tl.constexpr, PDL: tl.constexpr, NORM: tl.constexpr, OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr,
 ):
+    """A token's q heads (BLOCK_H rows) and its K and V heads (BLOCK_HK rows: a tile of the query heads' rows, three
+    quarters masked at 32 / 8 heads, made the K and V steps as long as the q step)."""
     wait_for_previous_kernel(PDL)
     t = tl.program_id(0).to(tl.int64)
     dtype = qo_ptr.dtype.element_ty
@@ -106,12 +108,14 @@ def _rope_store_kv_kernel(
     tl.store(qo_ptr + t * HQ * D + heads, q, mask=mask)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot >= 0:  # slot < 0: a padded row of a replayed graph, which stores nothing
-        mask = (offs_h < HK)[:, None] & d_mask[None, :]
-        k = _rotate(k_ptr + t * stride_k + offs_h[:, None] * D, mask, cos, sin, partner, sign, dtype, k_norm_ptr,
+        offs_kv = tl.arange(0, BLOCK_HK)
+        kv_heads = offs_kv[:, None] * D + tl.arange(0, BLOCK_D)[None, :]
+        kv_mask = (offs_kv < HK)[:, None] & d_mask[None, :]
+        k = _rotate(k_ptr + t * stride_k + offs_kv[:, None] * D, kv_mask, cos, sin, partner, sign, dtype, k_norm_ptr,
                     k_eps, D, NORM, OFFSET, WEIGHT_F32)
-        tl.store(cache_ptr + slot * HK * D + heads, to_cache(k, k_scale, cache_ptr), mask=mask)
-        v = tl.load(v_ptr + t * stride_v + heads, mask=mask)
-        tl.store(cache_ptr + v_offset + slot * HK * D + heads, to_cache(v, v_scale, cache_ptr), mask=mask)
+        tl.store(cache_ptr + slot * HK * D + kv_heads, to_cache(k, k_scale, cache_ptr), mask=kv_mask)
+        v = tl.load(v_ptr + t * stride_v + kv_heads, mask=kv_mask)
+        tl.store(cache_ptr + v_offset + slot * HK * D + kv_heads, to_cache(v, v_scale, cache_ptr), mask=kv_mask)
 
 
 @triton.jit(do_not_specialize=["stride_tb"],
@@ -223,9 +227,9 @@ def rope_store_kv(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
         _rope_store_kv_kernel[(tokens,)](
             positions, cos_cache, sin_cache, q, k, v, q_out, kv_cache, slot_mapping,
             num_blocks * block_size * hk * head_dim, q.stride(0), k.stride(0), v.stride(0), cos_cache.stride(0),
-            *norm_args, kv_scales.k, kv_scales.v, HQ=hq, HK=hk, BLOCK_H=triton.next_power_of_2(max(hq, hk)),
-            D=head_dim,
-            BLOCK_D=triton.next_power_of_2(head_dim), PDL=pdl.ENABLED, **norm_options, **pdl.launch_options(),
+            *norm_args, kv_scales.k, kv_scales.v, HQ=hq, HK=hk, BLOCK_H=triton.next_power_of_2(hq),
+            BLOCK_HK=triton.next_power_of_2(hk), D=head_dim, BLOCK_D=triton.next_power_of_2(head_dim), PDL=pdl.ENABLED,
+            **norm_options, **pdl.launch_options(),
         )
     return q_out
 
