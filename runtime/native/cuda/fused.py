@@ -397,17 +397,26 @@ def _one_token_forward(self: nn.Module, x: torch.Tensor, positions: torch.Tensor
         if i in self.kept_inputs:
             self.layer_inputs[i] = x
         attn, mlp = layer.self_attn, layer.mlp
-        norm = layer.input_layernorm
-        qkv = _project(attn.qkv_proj, x, norm=(norm.weight, norm.eps))
+        qkv = _normed_project(attn.qkv_proj, x, layer.input_layernorm)
         out = _rope_and_attend(attn, positions, *attn.qkv_proj.split(qkv), kv_caches[i], meta)
         x = _project(attn.o_proj, out, residual=x)
         norm = layer.post_attention_layernorm
         if not isinstance(mlp, LlamaMLP):
             x = one_token_moe(mlp, x, norm)
             continue
-        h = _project(mlp.gate_up_proj, x, norm=(norm.weight, norm.eps), glu=True)
+        h = _normed_project(mlp.gate_up_proj, x, norm, glu=True)
         x = _project(mlp.down_proj, h, residual=x)
     return rms_norm(x, self.norm.weight, self.norm.eps)
+
+
+def _normed_project(linear: nn.Module, x: torch.Tensor, norm: nn.Module, **fused: Any) -> torch.Tensor:
+    """`linear` on RMSNorm `norm` of x: in the GEMV's prologue (each program computes 1 / rms), or, for FP8 weights,
+    by the norm kernel before the GEMV: their narrow tiles make ~1,800 programs of the 8B's gate/up, each paying the
+    prologue (graphed 8B FP8 step 2.626 -> 2.568 ms, the 1B FP8 step equal; the same for 16-bit weights made the 1B's
+    step 1.2% and Qwen3-30B-A3B's 2.6% slower: H200, benchmarks/RESULTS.md, 2026-11-30)."""
+    if linear.weight_scale is not None:
+        return _project(linear, rms_norm(x, norm.weight, norm.eps, pdl=pdl.ENABLED), **fused)
+    return _project(linear, x, norm=(norm.weight, norm.eps), **fused)
 
 
 def _project(linear: nn.Module, x: torch.Tensor, **fused: Any) -> torch.Tensor:

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from runtime.native.cuda.fp8_quant import store_e4m3_row
+from runtime.native.cuda.pdl import launch_options, wait_for_previous_kernel
 from runtime.native.models.fp8 import FP8_MAX, MIN_SCALE
 
 
@@ -31,7 +32,8 @@ def scaled_norm(normed, w_ptr, offs, mask, dtype, OFFSET: tl.constexpr, WEIGHT_F
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, q_ptr, scale_ptr, stride_x, stride_o, eps, N: tl.constexpr,
                      BLOCK: tl.constexpr, OFFSET: tl.constexpr, WEIGHT_F32: tl.constexpr, FP8: tl.constexpr,
-                     FMAX: tl.constexpr, SMALLEST: tl.constexpr):
+                     FMAX: tl.constexpr, SMALLEST: tl.constexpr, PDL: tl.constexpr):
+    wait_for_previous_kernel(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -70,9 +72,11 @@ def _fp8_options(fp8: tuple[torch.Tensor, torch.Tensor] | None, out: torch.Tenso
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0,
-             weight_in_float32: bool = False, fp8: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+             weight_in_float32: bool = False, fp8: tuple[torch.Tensor, torch.Tensor] | None = None,
+             pdl: bool = False) -> torch.Tensor:
     """weight * (x / rms(x)) over the last dim, float32 inside; x [..., N] (offset, weight_in_float32: RMSNorm's).
-    `fp8`: (E4M3 [T, N], float32 [T, 1]) that get each normed row quantized per token (fp8_quant.py's fp8_buffers)."""
+    `fp8`: (E4M3 [T, N], float32 [T, 1]) that get each normed row quantized per token (fp8_quant.py's fp8_buffers).
+    `pdl`: launched as a programmatic dependent (runtime/native/cuda/pdl.py; the GEMVs of a one-token step are)."""
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -82,7 +86,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 
         block = triton.next_power_of_2(n)
         _rms_norm_kernel[(x2.shape[0],)](x2, weight, out, stride_x=x2.stride(0), stride_o=out.stride(0), eps=eps, N=n,
                                          BLOCK=block, OFFSET=offset, WEIGHT_F32=weight_in_float32 or offset != 0.0,
-                                         **_fp8_options(fp8, out), num_warps=min(16, max(1, block // 256)))
+                                         **_fp8_options(fp8, out), num_warps=min(16, max(1, block // 256)),
+                                         PDL=pdl, **launch_options(pdl))
     return out.view(x.shape)
 
 
