@@ -93,6 +93,7 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, zeros: torch.Tensor, sca
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
         shape = dict(K=k, GROUPS=groups, GROUP=group)
         block_n, block_k, warps, stages = GEMM_TILE
+        assert TILE_ROWS % block_n == 0
         block_m = 16 if m <= 16 else 32 if m <= 32 else 64
         _int4_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n))](
             x, qweight, zeros, scales, out, m, n, **shape, BLOCK_M=block_m, BLOCK_N=block_n,
