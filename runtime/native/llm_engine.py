@@ -271,8 +271,7 @@ class NativeEngine(AsyncEngine):
         try:
             while True:
                 with self._cond:
-                    while not (self._stopping or self._inbox or self._aborts or core.has_work()
-                               or self._worker_failure):
+                    while not (self._called() or core.has_work()):
                         self._cond.wait()
                     if self._worker_failure is not None:
                         raise RuntimeError(self._worker_failure)
@@ -282,12 +281,17 @@ class NativeEngine(AsyncEngine):
                     # work is queued but cannot run yet: do not spin, but take a new request at once (a sleep here
                     # delayed the next request of a one-stream client by up to its length)
                     with self._cond:
-                        if not (self._inbox or self._aborts or self._stopping or self._worker_failure):
+                        if not self._called():
                             self._cond.wait(0.001)
         except BaseException as exc:  # the loop must never die silently: fail everyone, turn not ready
             logger.exception("native engine loop died")
             self._loop_error = exc
             self._fail_everything(f"EngineFailedError: the engine loop died: {exc!r}")
+
+    def _called(self) -> bool:
+        """Whether the step thread has something to take besides queued work: a new request, an abort, the shutdown,
+        a dead worker (under self._cond)."""
+        return bool(self._stopping or self._inbox or self._aborts or self._worker_failure)
 
     def step(self) -> int:
         """Hand new requests and aborts to the core, run one core step and hand its output over. Returns the number
